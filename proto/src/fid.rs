@@ -1,0 +1,131 @@
+//! File identifiers, as in Lustre: a 64-bit sequence, a 32-bit object id within the sequence and
+//! a 32-bit version. A sequence is granted to one server, which then hands out object ids in it
+//! without asking anyone, so FIDs are unique cluster-wide without a central counter.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A cluster-wide unique identifier of a file, directory or object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Fid {
+    pub seq: u64,
+    pub oid: u32,
+    pub ver: u32,
+}
+
+/// Sequences below this are reserved for well-known objects (the root, the registries).
+pub const FIRST_NORMAL_SEQ: u64 = 0x2_0000_0400;
+
+impl Fid {
+    pub const fn new(seq: u64, oid: u32, ver: u32) -> Self {
+        Fid { seq, oid, ver }
+    }
+
+    /// The 16-byte little-endian form used as a key on disk: seq, oid, ver.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..12].copy_from_slice(&self.oid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.ver.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: [u8; 16]) -> Self {
+        let word = |r: std::ops::Range<usize>| {
+            let mut w = [0u8; 8];
+            w[..r.len()].copy_from_slice(&b[r]);
+            u64::from_le_bytes(w)
+        };
+        Fid {
+            seq: word(0..8),
+            oid: word(8..12) as u32,
+            ver: word(12..16) as u32,
+        }
+    }
+}
+
+/// Lustre's printed form: `[0x200000400:0x1:0x0]`.
+impl fmt::Display for Fid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{:#x}:{:#x}:{:#x}]", self.seq, self.oid, self.ver)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("not a FID (expected [0xSEQ:0xOID:0xVER]): {0:?}")]
+pub struct FidParseError(pub String);
+
+impl FromStr for Fid {
+    type Err = FidParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || FidParseError(s.to_owned());
+        let inner = s
+            .trim()
+            .strip_prefix('[')
+            .and_then(|s| s.strip_suffix(']'))
+            .ok_or_else(bad)?;
+        let mut parts = inner.split(':');
+        let mut field = |max: u64| -> Result<u64, FidParseError> {
+            let p = parts.next().ok_or_else(bad)?;
+            let hex = p.strip_prefix("0x").ok_or_else(bad)?;
+            let v = u64::from_str_radix(hex, 16).map_err(|_| bad())?;
+            if v > max {
+                return Err(bad());
+            }
+            Ok(v)
+        };
+        let seq = field(u64::MAX)?;
+        let oid = field(u32::MAX as u64)? as u32;
+        let ver = field(u32::MAX as u64)? as u32;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Fid { seq, oid, ver })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn prints_like_lustre() {
+        assert_eq!(
+            Fid::new(0x200000400, 1, 0).to_string(),
+            "[0x200000400:0x1:0x0]"
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for s in [
+            "",
+            "[]",
+            "[0x1:0x2]",
+            "[0x1:0x2:0x3:0x4]",
+            "[1:2:3]",
+            "[0x1:0x100000000:0x0]",
+        ] {
+            assert!(s.parse::<Fid>().is_err(), "{s} parsed");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn text_and_bytes_round_trip(seq: u64, oid: u32, ver: u32) {
+            let fid = Fid::new(seq, oid, ver);
+            prop_assert_eq!(fid.to_string().parse::<Fid>().unwrap(), fid);
+            prop_assert_eq!(Fid::from_bytes(fid.to_bytes()), fid);
+        }
+
+        #[test]
+        fn byte_order_is_seq_then_oid_then_ver(a: (u64, u32, u32), b: (u64, u32, u32)) {
+            let (fa, fb) = (Fid::new(a.0, a.1, a.2), Fid::new(b.0, b.1, b.2));
+            prop_assert_eq!(fa.cmp(&fb), a.cmp(&b));
+        }
+    }
+}

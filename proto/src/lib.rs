@@ -1,0 +1,19 @@
+//! The vocabulary every lode process shares: identifiers (FIDs, NIDs), the frame that carries
+//! every message, the message bodies and the status codes carried back in replies.
+//!
+//! This crate does no I/O and owns no threads. Everything here is plain data and pure functions,
+//! so every other crate (and every fuzz target) can use it without a runtime.
+
+pub mod bulk;
+pub mod fid;
+pub mod frame;
+pub mod msg;
+pub mod nid;
+pub mod status;
+
+pub use bulk::BulkDesc;
+pub use fid::Fid;
+pub use frame::{FrameError, FrameKind, Header, HEADER_LEN, MAX_BODY, MAX_BULK};
+pub use msg::{Opcode, Rpc};
+pub use nid::{Net, Nid, NidError};
+pub use status::{RemoteError, StatusCode};
