@@ -24,3 +24,21 @@ impl BulkDesc {
         self.offset.checked_add(u64::from(self.len))
     }
 }
+
+/// Body of a `BulkPut` frame: where in the owner's region the payload that follows goes.
+/// The frame's xid is the xid of the request being served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkPutHead {
+    pub key: u64,
+    pub offset: u64,
+    /// crc32c of the payload, checked by the owner once the bytes have landed.
+    pub crc32c: u32,
+}
+
+/// Body of a `BulkData` frame: the outcome of the `BulkGet` with the same xid, followed on
+/// success by the payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkDataHead {
+    /// The payload's crc32c, or why the owner refused the range.
+    pub result: Result<u32, crate::RemoteError>,
+}

@@ -1,0 +1,385 @@
+//! Registered memory: the regions a node exposes to remote peers for bulk transfers.
+//!
+//! As with an RDMA NIC, the owner registers a buffer and gets a key; a peer that presents the
+//! key may read or write any range inside the region, and nothing else. Bytes land directly in
+//! the owner's buffer (a socket read on TCP, one copy on the simulated fabric), so a caller's
+//! buffer (later GPU memory) is the destination, with no staging copy.
+//!
+//! Accesses hold a range lock for as long as they touch the memory: readers may share a range,
+//! a writer excludes everyone on its range, and a conflicting access is refused (never waited
+//! for: two transfers on one range is a protocol bug a NIC would turn into corrupt data).
+//! Deregistration removes the key at once and waits for accesses in flight to finish.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::error::RegionError;
+
+/// Memory that can be registered for bulk transfers.
+///
+/// # Safety
+/// `dma_ptr` must return a pointer valid for reads and writes of `dma_len` bytes for as long as
+/// the value lives, and that pointer must not change when the value is moved (heap memory, not
+/// an inline array). Nothing else may touch that memory while the value is registered.
+pub unsafe trait DmaBuffer: Any + Send + Sync {
+    fn dma_ptr(&mut self) -> *mut u8;
+    fn dma_len(&self) -> usize;
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and the registered Vec is
+// owned by the region, so nobody can grow it.
+unsafe impl DmaBuffer for Vec<u8> {
+    fn dma_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn dma_len(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: as for Vec: heap memory, fixed length.
+unsafe impl DmaBuffer for Box<[u8]> {
+    fn dma_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn dma_len(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Most ranges locked at once in one region; past it, accesses are refused as conflicts.
+pub const MAX_ACCESSES_PER_REGION: usize = 1024;
+/// Most regions registered at once on one node.
+pub const MAX_REGIONS: usize = 65536;
+
+struct Access {
+    id: u64,
+    range: Range<u64>,
+    write: bool,
+}
+
+struct RegionInner {
+    key: u64,
+    ptr: *mut u8,
+    len: u64,
+    /// Owns the memory `ptr` points into; taken back on deregistration.
+    owner: Mutex<Option<Box<dyn Any + Send + Sync>>>,
+    accesses: Mutex<Vec<Access>>,
+    next_access: AtomicU64,
+    idle: Notify,
+}
+
+// SAFETY: `ptr` points into memory owned by `owner`, which lives as long as this struct. Every
+// dereference of `ptr` happens through a `RegionAccess`, whose range lock guarantees that no
+// two accesses with a writer among them overlap, so sharing across threads is sound.
+unsafe impl Send for RegionInner {}
+unsafe impl Sync for RegionInner {}
+
+impl RegionInner {
+    fn lock(self: &Arc<Self>, offset: u64, len: u64, write: bool) -> Result<RegionAccess, RegionError> {
+        let oob = || RegionError::OutOfBounds {
+            key: self.key,
+            offset,
+            len,
+            size: self.len,
+        };
+        let end = offset.checked_add(len).ok_or_else(oob)?;
+        if end > self.len {
+            return Err(oob());
+        }
+        let mut accesses = self.accesses.lock();
+        let clash = accesses
+            .iter()
+            .any(|a| (a.write || write) && a.range.start < end && offset < a.range.end);
+        if clash || accesses.len() >= MAX_ACCESSES_PER_REGION {
+            return Err(RegionError::Conflict {
+                key: self.key,
+                offset,
+                len,
+            });
+        }
+        let id = self.next_access.fetch_add(1, Ordering::Relaxed);
+        accesses.push(Access {
+            id,
+            range: offset..end,
+            write,
+        });
+        Ok(RegionAccess {
+            region: self.clone(),
+            id,
+            offset,
+            len: len as usize,
+            write,
+        })
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.accesses.lock().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A locked range of a region. Reads (and for a write lock, writes) go straight to the
+/// registered memory. Dropping it releases the range.
+pub struct RegionAccess {
+    region: Arc<RegionInner>,
+    id: u64,
+    offset: u64,
+    len: usize,
+    write: bool,
+}
+
+impl RegionAccess {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is inside the region (checked in `lock`), the memory is alive
+        // (we hold the region), and no writer overlaps it (the range lock).
+        unsafe {
+            std::slice::from_raw_parts(self.region.ptr.add(self.offset as usize), self.len)
+        }
+    }
+
+    /// The range as mutable memory; `None` unless the access was taken for writing.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        // SAFETY: as in `as_slice`, and this access is the only one on its range because it
+        // holds the write lock; `&mut self` keeps the slice unique on our side.
+        self.write.then(|| unsafe {
+            std::slice::from_raw_parts_mut(self.region.ptr.add(self.offset as usize), self.len)
+        })
+    }
+}
+
+impl Drop for RegionAccess {
+    fn drop(&mut self) {
+        let mut accesses = self.region.accesses.lock();
+        accesses.retain(|a| a.id != self.id);
+        if accesses.is_empty() {
+            self.region.idle.notify_waiters();
+        }
+    }
+}
+
+/// The regions one node has registered, by key.
+pub struct RegionTable {
+    regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
+    salt: u64,
+    next: AtomicU64,
+}
+
+impl RegionTable {
+    /// A table whose keys are derived from `salt`, so that keys from a previous incarnation of
+    /// the node (another salt) do not match.
+    pub fn new(salt: u64) -> Arc<Self> {
+        Arc::new(RegionTable {
+            regions: Mutex::new(HashMap::new()),
+            salt,
+            next: AtomicU64::new(1),
+        })
+    }
+
+    /// Registers `buf`; peers reach it through the returned handle's key.
+    pub fn register<B: DmaBuffer>(self: &Arc<Self>, buf: B) -> Result<Registered<B>, RegionError> {
+        let mut boxed = Box::new(buf);
+        let ptr = boxed.dma_ptr();
+        let len = boxed.dma_len() as u64;
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        // An odd multiplier is a bijection on u64, so keys never repeat within one table.
+        let key = self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let inner = Arc::new(RegionInner {
+            key,
+            ptr,
+            len,
+            owner: Mutex::new(Some(boxed)),
+            accesses: Mutex::new(Vec::new()),
+            next_access: AtomicU64::new(0),
+            idle: Notify::new(),
+        });
+        let mut regions = self.regions.lock();
+        if regions.len() >= MAX_REGIONS {
+            return Err(RegionError::Conflict {
+                key,
+                offset: 0,
+                len,
+            });
+        }
+        regions.insert(key, inner.clone());
+        Ok(Registered {
+            table: self.clone(),
+            inner,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Locks `offset..offset+len` of the region `key` on behalf of a remote peer.
+    pub fn access(&self, key: u64, offset: u64, len: u64, write: bool) -> Result<RegionAccess, RegionError> {
+        let region = self
+            .regions
+            .lock()
+            .get(&key)
+            .cloned()
+            .ok_or(RegionError::UnknownKey { key })?;
+        region.lock(offset, len, write)
+    }
+
+    /// Forgets every region, as a node's memory is lost when it crashes.
+    pub fn clear(&self) {
+        self.regions.lock().clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.regions.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The owner's handle on a registered buffer. Dropping it deregisters the key at once; the
+/// memory is freed after the last transfer in flight lets go of it.
+pub struct Registered<B> {
+    table: Arc<RegionTable>,
+    inner: Arc<RegionInner>,
+    _buf: PhantomData<B>,
+}
+
+impl<B: DmaBuffer> Registered<B> {
+    /// The key a peer presents to reach this region.
+    pub fn key(&self) -> u64 {
+        self.inner.key
+    }
+
+    pub fn len(&self) -> u64 {
+        self.inner.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// A descriptor for `offset..offset+len`, carrying the range's crc32c when `with_crc`
+    /// (the owner holds the data: a write).
+    pub fn desc(&self, offset: u64, len: u32, with_crc: bool) -> Result<proto::BulkDesc, RegionError> {
+        let crc32c = if with_crc {
+            Some(crc32c::crc32c(self.read(offset, u64::from(len))?.as_slice()))
+        } else {
+            let _bounds = self.inner.lock(offset, u64::from(len), false)?;
+            None
+        };
+        Ok(proto::BulkDesc {
+            key: self.key(),
+            offset,
+            len,
+            crc32c,
+        })
+    }
+
+    /// The owner's own read of a range; refused while a peer writes to it.
+    pub fn read(&self, offset: u64, len: u64) -> Result<RegionAccess, RegionError> {
+        self.inner.lock(offset, len, false)
+    }
+
+    /// The owner's own write to a range; refused while a peer reads or writes it.
+    pub fn write(&self, offset: u64, len: u64) -> Result<RegionAccess, RegionError> {
+        self.inner.lock(offset, len, true)
+    }
+
+    /// Removes the key, waits for transfers in flight to let go, and hands the buffer back.
+    pub async fn deregister(self) -> B {
+        self.table.regions.lock().remove(&self.inner.key);
+        self.inner.wait_idle().await;
+        let owner = self.inner.owner.lock().take();
+        match owner.map(|b| b.downcast::<B>()) {
+            Some(Ok(b)) => *b,
+            // The box is only ever set once, with a B, and only taken here (self is consumed).
+            _ => unreachable!("a registered buffer is taken back once, as its own type"),
+        }
+    }
+}
+
+impl<B> Drop for Registered<B> {
+    fn drop(&mut self) {
+        let mut regions = self.table.regions.lock();
+        if regions
+            .get(&self.inner.key)
+            .is_some_and(|r| Arc::ptr_eq(r, &self.inner))
+        {
+            regions.remove(&self.inner.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_reaches_only_what_was_registered() {
+        let table = RegionTable::new(7);
+        let reg = table.register(vec![0u8; 100]).unwrap();
+        let mut w = table.access(reg.key(), 10, 20, true).unwrap();
+        w.as_mut_slice().unwrap().fill(0xab);
+        drop(w);
+        assert!(reg.read(10, 20).unwrap().as_slice().iter().all(|&b| b == 0xab));
+        assert_eq!(reg.read(0, 10).unwrap().as_slice(), &[0u8; 10]);
+        assert!(matches!(table.access(reg.key(), 90, 11, false), Err(RegionError::OutOfBounds { .. })));
+        assert!(matches!(table.access(reg.key(), u64::MAX, 2, false), Err(RegionError::OutOfBounds { .. })));
+        assert!(matches!(table.access(reg.key() ^ 1, 0, 1, false), Err(RegionError::UnknownKey { .. })));
+    }
+
+    #[test]
+    fn overlapping_writers_are_refused_and_readers_share() {
+        let table = RegionTable::new(1);
+        let reg = table.register(vec![0u8; 64]).unwrap();
+        let r1 = table.access(reg.key(), 0, 32, false).unwrap();
+        let _r2 = table.access(reg.key(), 16, 32, false).unwrap();
+        assert!(matches!(table.access(reg.key(), 31, 2, true), Err(RegionError::Conflict { .. })));
+        let mut ro = table.access(reg.key(), 0, 1, false).unwrap();
+        assert!(ro.as_mut_slice().is_none());
+        drop(r1);
+        assert!(table.access(reg.key(), 48, 16, true).is_ok());
+    }
+
+    #[tokio::test]
+    async fn deregistering_revokes_the_key_and_returns_the_buffer() {
+        let table = RegionTable::new(3);
+        let reg = table.register(vec![5u8; 8]).unwrap();
+        let key = reg.key();
+        let buf = reg.deregister().await;
+        assert_eq!(buf, vec![5u8; 8]);
+        assert!(matches!(table.access(key, 0, 1, false), Err(RegionError::UnknownKey { .. })));
+        assert!(table.is_empty());
+    }
+
+    #[tokio::test]
+    async fn deregistration_waits_for_a_transfer_in_flight() {
+        let table = RegionTable::new(3);
+        let reg = table.register(vec![0u8; 8]).unwrap();
+        let mut access = table.access(reg.key(), 0, 8, true).unwrap();
+        let pending = tokio::spawn(reg.deregister());
+        tokio::task::yield_now().await;
+        assert!(!pending.is_finished());
+        access.as_mut_slice().unwrap().fill(9);
+        drop(access);
+        assert_eq!(pending.await.unwrap(), vec![9u8; 8]);
+    }
+}

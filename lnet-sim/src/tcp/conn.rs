@@ -1,0 +1,488 @@
+//! One TCP connection, used in both directions: calls out and their replies, requests in and
+//! the replies to them, and the bulk frames of either.
+//!
+//! A reader task decodes frames and routes them; a writer task drains a bounded queue of
+//! outgoing frames into a buffered socket and flushes when the queue runs dry, so many small
+//! messages share one system call. Bulk payloads are read straight into registered memory and
+//! written straight from it.
+//!
+//! Any framing error, a truncated stream, or a peer that stops reading closes the connection
+//! with a logged reason, and fails every call waiting on it; other connections are untouched.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use proto::bulk::{BulkDataHead, BulkPutHead};
+use proto::frame::{encode_frame, FrameKind, Header, HEADER_LEN};
+use proto::msg::{decode_body, encode_body};
+use proto::{BulkDesc, FrameError, Nid, Opcode, RemoteError, StatusCode};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use super::TcpConfig;
+use crate::error::NetError;
+use crate::region::{RegionAccess, RegionTable};
+use crate::service::{busy, verify_desc_crc, BoxFuture, BulkPeer, Dispatcher, Incoming};
+use crate::transport::{error_body, reply_result};
+
+/// Socket buffer sizes for the reader and writer.
+const IO_BUFFER: usize = 256 << 10;
+
+pub(crate) enum Payload {
+    Bytes(Bytes),
+    Region(RegionAccess),
+}
+
+impl Payload {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Bytes(b) => b,
+            Payload::Region(r) => r.as_slice(),
+        }
+    }
+}
+
+pub(crate) struct Outgoing {
+    frame: Vec<u8>,
+    payload: Option<Payload>,
+}
+
+struct Pending {
+    reply: oneshot::Sender<Result<Vec<u8>, NetError>>,
+    /// A bulk put for this call that failed on our side; it overrides the reply.
+    bulk_error: Option<NetError>,
+}
+
+type GetReply = oneshot::Sender<Result<Vec<u8>, NetError>>;
+
+pub(crate) struct Conn {
+    pub(crate) peer: Nid,
+    cfg: Arc<TcpConfig>,
+    out: mpsc::Sender<Outgoing>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    gets: Mutex<HashMap<u64, GetReply>>,
+    next_tag: AtomicU64,
+    closed: AtomicBool,
+    tasks: Mutex<Vec<AbortHandle>>,
+    regions: Arc<RegionTable>,
+    dispatcher: Option<Dispatcher>,
+}
+
+impl Conn {
+    /// Starts the reader and writer of a connected socket.
+    pub(crate) fn start(
+        stream: TcpStream,
+        peer: Nid,
+        cfg: Arc<TcpConfig>,
+        regions: Arc<RegionTable>,
+        dispatcher: Option<Dispatcher>,
+    ) -> Arc<Conn> {
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::channel(cfg.send_queue);
+        let conn = Arc::new(Conn {
+            peer,
+            cfg,
+            out: tx,
+            pending: Mutex::new(HashMap::new()),
+            gets: Mutex::new(HashMap::new()),
+            next_tag: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+            regions,
+            dispatcher,
+        });
+        let reader = {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                let reason = match conn.clone().read_loop(rd).await {
+                    Ok(()) => "peer closed the connection".to_owned(),
+                    Err(e) => e,
+                };
+                conn.close(&reason);
+            })
+        };
+        let writer = {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                if let Err(reason) = conn.write_loop(wr, rx).await {
+                    conn.close(&reason);
+                }
+            })
+        };
+        let mut tasks = conn.tasks.lock();
+        tasks.push(reader.abort_handle());
+        tasks.push(writer.abort_handle());
+        drop(tasks);
+        // A close that raced with the spawns must still stop both tasks.
+        if conn.is_closed() {
+            conn.close("closed while starting");
+        }
+        conn
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes the connection once, logging why, and fails everything waiting on it.
+    pub(crate) fn close(&self, reason: &str) {
+        let first = !self.closed.swap(true, Ordering::AcqRel);
+        if first {
+            tracing::info!(peer = %self.peer, reason, "connection closed");
+        }
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+        let closed = || NetError::Closed {
+            peer: self.peer.clone(),
+            reason: reason.to_owned(),
+        };
+        for (_, p) in self.pending.lock().drain() {
+            let _ = p.reply.send(Err(closed()));
+        }
+        for (_, g) in self.gets.lock().drain() {
+            let _ = g.send(Err(closed()));
+        }
+    }
+
+    /// Queues a frame, waiting at most `send_timeout` for room: a peer that does not drain its
+    /// socket for that long is cut off rather than allowed to pin our memory.
+    pub(crate) async fn send(&self, frame: Vec<u8>, payload: Option<Payload>) -> Result<(), NetError> {
+        let closed = |reason: &str| NetError::Closed {
+            peer: self.peer.clone(),
+            reason: reason.to_owned(),
+        };
+        if self.is_closed() {
+            return Err(closed("already closed"));
+        }
+        match tokio::time::timeout(self.cfg.send_timeout, self.out.send(Outgoing { frame, payload })).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(closed("writer gone")),
+            Err(_) => {
+                let reason = "peer stopped reading (send queue full)";
+                self.close(reason);
+                Err(closed(reason))
+            }
+        }
+    }
+
+    /// Registers a call awaiting the reply with `xid`.
+    pub(crate) fn expect_reply(&self, xid: u64) -> oneshot::Receiver<Result<Vec<u8>, NetError>> {
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(
+            xid,
+            Pending {
+                reply: tx,
+                bulk_error: None,
+            },
+        );
+        if self.is_closed() {
+            self.close("already closed");
+        }
+        rx
+    }
+
+    pub(crate) fn forget_reply(&self, xid: u64) {
+        self.pending.lock().remove(&xid);
+    }
+
+    async fn write_loop(
+        &self,
+        wr: tokio::net::tcp::OwnedWriteHalf,
+        mut rx: mpsc::Receiver<Outgoing>,
+    ) -> Result<(), String> {
+        let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
+        while let Some(first) = rx.recv().await {
+            let mut next = Some(first);
+            while let Some(msg) = next {
+                self.write_timed(&mut w, &msg.frame).await?;
+                if let Some(p) = &msg.payload {
+                    self.write_timed(&mut w, p.as_slice()).await?;
+                }
+                next = rx.try_recv().ok();
+            }
+            tokio::time::timeout(self.cfg.send_timeout, w.flush())
+                .await
+                .map_err(|_| "peer stopped reading (write timed out)".to_owned())?
+                .map_err(|e| format!("write failed: {e}"))?;
+        }
+        Ok(())
+    }
+
+    async fn write_timed<W: AsyncWrite + Unpin>(&self, w: &mut W, bytes: &[u8]) -> Result<(), String> {
+        tokio::time::timeout(self.cfg.send_timeout, w.write_all(bytes))
+            .await
+            .map_err(|_| "peer stopped reading (write timed out)".to_owned())?
+            .map_err(|e| format!("write failed: {e}"))
+    }
+
+    async fn read_loop(self: Arc<Self>, rd: tokio::net::tcp::OwnedReadHalf) -> Result<(), String> {
+        let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
+        let mut head = [0u8; HEADER_LEN];
+        loop {
+            // A clean end of stream is only allowed between frames.
+            if rd.fill_buf().await.map_err(|e| format!("read failed: {e}"))?.is_empty() {
+                return Ok(());
+            }
+            read_exact(&mut rd, &mut head).await?;
+            let header = Header::decode(&head).map_err(|e| format!("bad frame: {e}"))?;
+            let mut body = vec![0u8; header.body_len as usize];
+            read_exact(&mut rd, &mut body).await?;
+            header.verify(&body).map_err(|e| format!("bad frame: {e}"))?;
+            match header.kind {
+                FrameKind::Request => self.on_request(header, body).await,
+                FrameKind::Reply => self.on_reply(header, body),
+                FrameKind::BulkPut => self.on_bulk_put(&mut rd, header, &body).await?,
+                FrameKind::BulkGet => self.on_bulk_get(header, &body).await?,
+                FrameKind::BulkData => self.on_bulk_data(&mut rd, header, &body).await?,
+            }
+        }
+    }
+
+    async fn on_request(self: &Arc<Self>, header: Header, body: Vec<u8>) {
+        let (xid, opcode) = (header.xid, header.opcode);
+        let Some(dispatcher) = &self.dispatcher else {
+            let err = RemoteError::new(StatusCode::NoService, "this node serves no requests");
+            let _ = self.send_reply(xid, opcode, Err(err)).await;
+            return;
+        };
+        let Some(admitted) = dispatcher.admit() else {
+            let _ = self.send_reply(xid, opcode, Err(busy())).await;
+            return;
+        };
+        let conn = self.clone();
+        tokio::spawn(async move {
+            let req = Incoming {
+                from: conn.peer.clone(),
+                opcode,
+                xid,
+                body,
+            };
+            let bulk: Arc<dyn BulkPeer> = Arc::new(TcpBulk {
+                conn: conn.clone(),
+                xid,
+                opcode,
+            });
+            let out = admitted.run(req, bulk).await;
+            if let Err(e) = conn.send_reply(xid, opcode, out).await {
+                tracing::debug!(error = %e, "reply not sent");
+            }
+        });
+    }
+
+    async fn send_reply(&self, xid: u64, opcode: Opcode, out: Result<Vec<u8>, RemoteError>) -> Result<(), NetError> {
+        let mut header = Header::new(FrameKind::Reply, opcode, xid);
+        let body = match out {
+            Ok(body) => body,
+            Err(err) => {
+                header.error = true;
+                error_body(&err)
+            }
+        };
+        self.send(encode_frame(header, &body), None).await
+    }
+
+    fn on_reply(&self, header: Header, body: Vec<u8>) {
+        let Some(p) = self.pending.lock().remove(&header.xid) else {
+            tracing::debug!(peer = %self.peer, xid = header.xid, "reply to a call no longer waiting");
+            return;
+        };
+        let result = match p.bulk_error {
+            Some(e) => Err(e),
+            None => reply_result(&self.peer, header.error, body),
+        };
+        let _ = p.reply.send(result);
+    }
+
+    /// A server writes into our memory: the payload goes straight into the registered region.
+    async fn on_bulk_put<R: AsyncRead + Unpin>(&self, rd: &mut R, header: Header, body: &[u8]) -> Result<(), String> {
+        let head: BulkPutHead = decode_body(body).map_err(|e| format!("bad bulk put: {e}"))?;
+        let len = u64::from(header.bulk_len);
+        let outcome = match self.regions.access(head.key, head.offset, len, true) {
+            Ok(mut access) => {
+                let dst = access.as_mut_slice().unwrap_or_default();
+                read_exact(rd, dst).await?;
+                let actual = crc32c::crc32c(dst);
+                if actual == head.crc32c {
+                    Ok(())
+                } else {
+                    Err(NetError::Checksum {
+                        expected: head.crc32c,
+                        actual,
+                    })
+                }
+            }
+            Err(e) => {
+                discard(rd, len).await?;
+                Err(NetError::Region(e))
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(peer = %self.peer, xid = header.xid, error = %e, "bulk put refused");
+            if let Some(p) = self.pending.lock().get_mut(&header.xid) {
+                p.bulk_error.get_or_insert(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A server pulls from our memory: the payload is written straight from the region.
+    async fn on_bulk_get(&self, header: Header, body: &[u8]) -> Result<(), String> {
+        let desc: BulkDesc = decode_body(body).map_err(|e| format!("bad bulk get: {e}"))?;
+        let mut reply = Header::new(FrameKind::BulkData, header.opcode, header.xid);
+        let (head, payload) = match self.regions.access(desc.key, desc.offset, u64::from(desc.len), false) {
+            Ok(access) => {
+                let crc = desc.crc32c.unwrap_or_else(|| crc32c::crc32c(access.as_slice()));
+                reply.bulk_len = desc.len;
+                (BulkDataHead { result: Ok(crc) }, Some(Payload::Region(access)))
+            }
+            Err(e) => (
+                BulkDataHead {
+                    result: Err(RemoteError::new(StatusCode::Bulk, e.to_string())),
+                },
+                None,
+            ),
+        };
+        let body = encode_body(&head).map_err(|e| e.to_string())?;
+        // A send that fails has closed the connection; the reader stops on its next read.
+        let _ = self.send(encode_frame(reply, &body), payload).await;
+        Ok(())
+    }
+
+    /// The payload answering one of our bulk gets.
+    async fn on_bulk_data<R: AsyncRead + Unpin>(&self, rd: &mut R, header: Header, body: &[u8]) -> Result<(), String> {
+        let head: BulkDataHead = decode_body(body).map_err(|e| format!("bad bulk data: {e}"))?;
+        let waiter = self.gets.lock().remove(&header.xid);
+        let Some(waiter) = waiter else {
+            tracing::debug!(peer = %self.peer, tag = header.xid, "bulk data for a transfer no longer waiting");
+            return discard(rd, u64::from(header.bulk_len)).await;
+        };
+        let result = match head.result {
+            Ok(crc) => {
+                let mut data = vec![0u8; header.bulk_len as usize];
+                read_exact(rd, &mut data).await?;
+                let actual = crc32c::crc32c(&data);
+                if actual == crc {
+                    Ok(data)
+                } else {
+                    Err(NetError::Checksum { expected: crc, actual })
+                }
+            }
+            Err(err) => {
+                discard(rd, u64::from(header.bulk_len)).await?;
+                Err(NetError::Remote {
+                    peer: self.peer.clone(),
+                    err,
+                })
+            }
+        };
+        let _ = waiter.send(result);
+        Ok(())
+    }
+}
+
+async fn read_exact<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut [u8]) -> Result<(), String> {
+    match rd.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err("stream truncated mid-frame".to_owned()),
+        Err(e) => Err(format!("read failed: {e}")),
+    }
+}
+
+async fn discard<R: AsyncRead + Unpin>(rd: &mut R, len: u64) -> Result<(), String> {
+    let copied = tokio::io::copy(&mut rd.take(len), &mut tokio::io::sink())
+        .await
+        .map_err(|e| format!("read failed: {e}"))?;
+    if copied < len {
+        return Err("stream truncated mid-frame".to_owned());
+    }
+    Ok(())
+}
+
+/// The server's bulk channel to the peer of one request, over the request's connection.
+struct TcpBulk {
+    conn: Arc<Conn>,
+    xid: u64,
+    opcode: Opcode,
+}
+
+fn length_mismatch(desc: &BulkDesc, got: usize) -> NetError {
+    NetError::BulkLength {
+        expected: desc.len,
+        got,
+    }
+}
+
+impl BulkPeer for TcpBulk {
+    fn put(&self, desc: &BulkDesc, data: Bytes) -> BoxFuture<'static, Result<(), NetError>> {
+        let conn = self.conn.clone();
+        let (xid, opcode, desc) = (self.xid, self.opcode, desc.clone());
+        Box::pin(async move {
+            if data.len() != desc.len as usize {
+                return Err(length_mismatch(&desc, data.len()));
+            }
+            let head = BulkPutHead {
+                key: desc.key,
+                offset: desc.offset,
+                crc32c: crc32c::crc32c(&data),
+            };
+            let body = encode_body(&head).map_err(|err| NetError::Frame {
+                peer: conn.peer.clone(),
+                err,
+            })?;
+            let mut header = Header::new(FrameKind::BulkPut, opcode, xid);
+            header.bulk_len = desc.len;
+            conn.send(encode_frame(header, &body), Some(Payload::Bytes(data))).await
+        })
+    }
+
+    fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>> {
+        let conn = self.conn.clone();
+        let (opcode, desc) = (self.opcode, desc.clone());
+        Box::pin(async move {
+            if desc.len > proto::MAX_BULK {
+                return Err(NetError::Frame {
+                    peer: conn.peer.clone(),
+                    err: FrameError::BulkTooLarge { len: desc.len },
+                });
+            }
+            let tag = conn.next_tag.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            conn.gets.lock().insert(tag, tx);
+            let body = encode_body(&desc).map_err(|err| NetError::Frame {
+                peer: conn.peer.clone(),
+                err,
+            })?;
+            let sent = conn
+                .send(encode_frame(Header::new(FrameKind::BulkGet, opcode, tag), &body), None)
+                .await;
+            let result = match sent {
+                Ok(()) => match tokio::time::timeout(conn.cfg.bulk_timeout, rx).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err(NetError::Closed {
+                        peer: conn.peer.clone(),
+                        reason: "bulk get abandoned".into(),
+                    }),
+                    Err(_) => Err(NetError::Timeout {
+                        peer: conn.peer.clone(),
+                        after: conn.cfg.bulk_timeout,
+                    }),
+                },
+                Err(e) => Err(e),
+            };
+            conn.gets.lock().remove(&tag);
+            let data = result?;
+            if data.len() != desc.len as usize {
+                return Err(length_mismatch(&desc, data.len()));
+            }
+            verify_desc_crc(&desc, &data)?;
+            Ok(data)
+        })
+    }
+}

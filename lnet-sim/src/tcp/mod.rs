@@ -1,0 +1,272 @@
+//! The TCP backend: real sockets through tokio.
+//!
+//! An endpoint listens (if it serves) and keeps up to `conns_per_peer` connections to each peer
+//! it calls, spreading calls over them; a connection that failed is replaced on the next call to
+//! that peer. Accepted connections are capped at `max_connections`; past the cap, new ones are
+//! closed at once and logged.
+
+mod conn;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proto::frame::{encode_frame, FrameKind, Header};
+use proto::{Nid, Opcode};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+use crate::error::NetError;
+use crate::region::RegionTable;
+use crate::service::{BoxFuture, Dispatcher, Service, DEFAULT_QUEUE_SLOTS};
+use crate::transport::Transport;
+use conn::Conn;
+
+/// Limits and timeouts of a TCP endpoint.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// Connections kept to each peer we call. More than one lets bulk transfers to one peer use
+    /// both cores of a small machine.
+    pub conns_per_peer: usize,
+    /// Requests a server holds at once before it answers `Busy`.
+    pub queue_slots: usize,
+    /// Frames queued for one connection's writer.
+    pub send_queue: usize,
+    /// How long a connection may refuse to take our bytes before it is closed.
+    pub send_timeout: Duration,
+    /// How long a server waits for the data of a bulk get.
+    pub bulk_timeout: Duration,
+    /// Accepted connections a server keeps at once.
+    pub max_connections: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            conns_per_peer: 2,
+            queue_slots: DEFAULT_QUEUE_SLOTS,
+            send_queue: 1024,
+            send_timeout: Duration::from_secs(10),
+            bulk_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+        }
+    }
+}
+
+struct Inner {
+    nid: Nid,
+    cfg: Arc<TcpConfig>,
+    regions: Arc<RegionTable>,
+    dispatcher: Option<Dispatcher>,
+    peers: Mutex<HashMap<SocketAddr, Arc<PeerConns>>>,
+    accepted: Mutex<Vec<Weak<Conn>>>,
+    accept_task: Mutex<Option<AbortHandle>>,
+    next_xid: AtomicU64,
+}
+
+/// The connections to one peer; each slot is reconnected under its own lock.
+struct PeerConns {
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next: AtomicUsize,
+}
+
+/// A node on a TCP network.
+#[derive(Clone)]
+pub struct TcpEndpoint {
+    inner: Arc<Inner>,
+}
+
+impl TcpEndpoint {
+    /// Listens on `addr` and serves `service` there; also makes calls.
+    pub async fn bind(addr: SocketAddr, service: Arc<dyn Service>, cfg: TcpConfig) -> Result<Self, NetError> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let dispatcher = Dispatcher::new(service, cfg.queue_slots);
+        let ep = Self::new(Nid::Tcp(local), Some(dispatcher), cfg);
+        let weak = Arc::downgrade(&ep.inner);
+        let task = tokio::spawn(accept_loop(listener, weak));
+        *ep.inner.accept_task.lock() = Some(task.abort_handle());
+        tracing::info!(nid = %ep.inner.nid, "listening");
+        Ok(ep)
+    }
+
+    /// An endpoint that only makes calls (and serves bulk transfers of its own memory).
+    pub fn client(cfg: TcpConfig) -> Self {
+        Self::new(Nid::Tcp(SocketAddr::from(([0, 0, 0, 0], 0))), None, cfg)
+    }
+
+    fn new(nid: Nid, dispatcher: Option<Dispatcher>, cfg: TcpConfig) -> Self {
+        TcpEndpoint {
+            inner: Arc::new(Inner {
+                nid,
+                cfg: Arc::new(cfg),
+                regions: RegionTable::new(rand::random()),
+                dispatcher,
+                peers: Mutex::new(HashMap::new()),
+                accepted: Mutex::new(Vec::new()),
+                accept_task: Mutex::new(None),
+                next_xid: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// Accepted connections currently open.
+    pub fn accepted_connections(&self) -> usize {
+        let mut acc = self.inner.accepted.lock();
+        acc.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
+        acc.len()
+    }
+
+    async fn conn_to(&self, addr: SocketAddr) -> Result<Arc<Conn>, NetError> {
+        let peer = {
+            let mut peers = self.inner.peers.lock();
+            peers
+                .entry(addr)
+                .or_insert_with(|| {
+                    Arc::new(PeerConns {
+                        slots: (0..self.inner.cfg.conns_per_peer.max(1))
+                            .map(|_| tokio::sync::Mutex::new(None))
+                            .collect(),
+                        next: AtomicUsize::new(0),
+                    })
+                })
+                .clone()
+        };
+        let i = peer.next.fetch_add(1, Ordering::Relaxed) % peer.slots.len();
+        let mut slot = peer.slots[i].lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let nid = Nid::Tcp(addr);
+        let stream = TcpStream::connect(addr).await.map_err(|e| NetError::Unreachable {
+            peer: nid.clone(),
+            reason: e.to_string(),
+        })?;
+        tracing::debug!(peer = %nid, slot = i, "connected");
+        let conn = Conn::start(stream, nid, self.inner.cfg.clone(), self.inner.regions.clone(), None);
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+}
+
+async fn accept_loop(listener: TcpListener, ep: Weak<Inner>) {
+    loop {
+        let (stream, addr) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Running out of descriptors is transient; back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(ep) = ep.upgrade() else { return };
+        let mut accepted = ep.accepted.lock();
+        accepted.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
+        if accepted.len() >= ep.cfg.max_connections {
+            tracing::warn!(%addr, limit = ep.cfg.max_connections, "connection refused: too many connections");
+            continue;
+        }
+        let conn = Conn::start(
+            stream,
+            Nid::Tcp(addr),
+            ep.cfg.clone(),
+            ep.regions.clone(),
+            ep.dispatcher.clone(),
+        );
+        accepted.push(Arc::downgrade(&conn));
+    }
+}
+
+/// Removes a call's reply slot however the call ends (reply, error or deadline).
+struct PendingGuard {
+    conn: Arc<Conn>,
+    xid: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.conn.forget_reply(self.xid);
+    }
+}
+
+impl Transport for TcpEndpoint {
+    fn nid(&self) -> Nid {
+        self.inner.nid.clone()
+    }
+
+    fn regions(&self) -> &Arc<RegionTable> {
+        &self.inner.regions
+    }
+
+    fn call_raw<'a>(
+        &'a self,
+        peer: &'a Nid,
+        opcode: Opcode,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<Vec<u8>, NetError>> {
+        Box::pin(async move {
+            let Nid::Tcp(addr) = peer else {
+                return Err(NetError::WrongNetwork {
+                    nid: peer.clone(),
+                    want: "tcp",
+                });
+            };
+            let attempt = async {
+                let conn = self.conn_to(*addr).await?;
+                let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
+                let reply = conn.expect_reply(xid);
+                let _guard = PendingGuard {
+                    conn: conn.clone(),
+                    xid,
+                };
+                let frame = encode_frame(Header::new(FrameKind::Request, opcode, xid), &body);
+                conn.send(frame, None).await?;
+                reply.await.map_err(|_| NetError::Closed {
+                    peer: peer.clone(),
+                    reason: "connection dropped the call".into(),
+                })?
+            };
+            match tokio::time::timeout(deadline, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(NetError::Timeout {
+                    peer: peer.clone(),
+                    after: deadline,
+                }),
+            }
+        })
+    }
+}
+
+impl Inner {
+    fn shutdown(&self) {
+        if let Some(t) = self.accept_task.lock().take() {
+            t.abort();
+        }
+        for c in self.accepted.lock().drain(..).filter_map(|w| w.upgrade()) {
+            c.close("endpoint shut down");
+        }
+        let peers: Vec<_> = self.peers.lock().drain().map(|(_, p)| p).collect();
+        for slot in peers.iter().flat_map(|p| &p.slots) {
+            // A slot locked right now belongs to a call in progress, which owns the outcome.
+            if let Some(c) = slot.try_lock().ok().and_then(|mut s| s.take()) {
+                c.close("endpoint shut down");
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

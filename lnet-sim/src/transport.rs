@@ -1,0 +1,81 @@
+//! The caller's side of the network, the same on every backend: typed calls with a deadline,
+//! and memory registration for bulk transfers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::msg::{decode_body, encode_body};
+use proto::{Nid, Opcode, RemoteError, Rpc, StatusCode};
+
+use crate::error::NetError;
+use crate::region::{DmaBuffer, RegionTable, Registered};
+use crate::service::BoxFuture;
+
+/// One node's attachment to a network.
+pub trait Transport: Send + Sync + 'static {
+    /// This node's NID.
+    fn nid(&self) -> Nid;
+
+    /// The memory this node exposes to its peers.
+    fn regions(&self) -> &Arc<RegionTable>;
+
+    /// Sends one request and waits for its reply, for at most `deadline`. The reply body is
+    /// returned as sent; an error reply becomes [`NetError::Remote`] or [`NetError::Busy`].
+    fn call_raw<'a>(
+        &'a self,
+        peer: &'a Nid,
+        opcode: Opcode,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<Vec<u8>, NetError>>;
+
+    /// Registers `buf` so that peers can move bulk data in and out of it.
+    fn register<B: DmaBuffer>(&self, buf: B) -> Result<Registered<B>, NetError>
+    where
+        Self: Sized,
+    {
+        Ok(self.regions().register(buf)?)
+    }
+}
+
+/// Sends `req` to `peer` and decodes its reply.
+pub async fn call<R: Rpc, T: Transport + ?Sized>(
+    t: &T,
+    peer: &Nid,
+    req: &R,
+    deadline: Duration,
+) -> Result<R::Reply, NetError> {
+    let body = encode_body(req).map_err(|err| NetError::Frame {
+        peer: peer.clone(),
+        err,
+    })?;
+    let reply = t.call_raw(peer, R::OPCODE, body, deadline).await?;
+    decode_body(&reply).map_err(|err| NetError::Frame {
+        peer: peer.clone(),
+        err,
+    })
+}
+
+/// Turns a reply frame's body into the call's result.
+pub(crate) fn reply_result(peer: &Nid, error: bool, body: Vec<u8>) -> Result<Vec<u8>, NetError> {
+    if !error {
+        return Ok(body);
+    }
+    let err: RemoteError = decode_body(&body).map_err(|err| NetError::Frame {
+        peer: peer.clone(),
+        err,
+    })?;
+    Err(match err.code {
+        StatusCode::Busy => NetError::Busy { peer: peer.clone() },
+        _ => NetError::Remote {
+            peer: peer.clone(),
+            err,
+        },
+    })
+}
+
+/// The body of an error reply. Encoding plain data cannot fail; an empty body would be
+/// reported by the caller as an undecodable reply rather than lost.
+pub(crate) fn error_body(err: &RemoteError) -> Vec<u8> {
+    encode_body(err).unwrap_or_default()
+}
