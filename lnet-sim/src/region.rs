@@ -83,7 +83,12 @@ unsafe impl Send for RegionInner {}
 unsafe impl Sync for RegionInner {}
 
 impl RegionInner {
-    fn lock(self: &Arc<Self>, offset: u64, len: u64, write: bool) -> Result<RegionAccess, RegionError> {
+    fn lock(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<RegionAccess, RegionError> {
         let oob = || RegionError::OutOfBounds {
             key: self.key,
             offset,
@@ -153,9 +158,7 @@ impl RegionAccess {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the range is inside the region (checked in `lock`), the memory is alive
         // (we hold the region), and no writer overlaps it (the range lock).
-        unsafe {
-            std::slice::from_raw_parts(self.region.ptr.add(self.offset as usize), self.len)
-        }
+        unsafe { std::slice::from_raw_parts(self.region.ptr.add(self.offset as usize), self.len) }
     }
 
     /// The range as mutable memory; `None` unless the access was taken for writing.
@@ -230,7 +233,13 @@ impl RegionTable {
     }
 
     /// Locks `offset..offset+len` of the region `key` on behalf of a remote peer.
-    pub fn access(&self, key: u64, offset: u64, len: u64, write: bool) -> Result<RegionAccess, RegionError> {
+    pub fn access(
+        &self,
+        key: u64,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<RegionAccess, RegionError> {
         let region = self
             .regions
             .lock()
@@ -254,6 +263,10 @@ impl RegionTable {
     }
 }
 
+/// Keeps a region's memory alive (not its key) while a NIC holds a registration of it.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+pub(crate) struct KeepAlive(#[allow(dead_code)] Arc<RegionInner>);
+
 /// The owner's handle on a registered buffer. Dropping it deregisters the key at once; the
 /// memory is freed after the last transfer in flight lets go of it.
 pub struct Registered<B> {
@@ -263,6 +276,16 @@ pub struct Registered<B> {
 }
 
 impl<B: DmaBuffer> Registered<B> {
+    /// The region's memory and a handle that keeps it alive, for registering it with a NIC.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn raw_parts(&self) -> (*mut u8, usize, KeepAlive) {
+        (
+            self.inner.ptr,
+            self.inner.len as usize,
+            KeepAlive(self.inner.clone()),
+        )
+    }
+
     /// The key a peer presents to reach this region.
     pub fn key(&self) -> u64 {
         self.inner.key
@@ -278,9 +301,16 @@ impl<B: DmaBuffer> Registered<B> {
 
     /// A descriptor for `offset..offset+len`, carrying the range's crc32c when `with_crc`
     /// (the owner holds the data: a write).
-    pub fn desc(&self, offset: u64, len: u32, with_crc: bool) -> Result<proto::BulkDesc, RegionError> {
+    pub fn desc(
+        &self,
+        offset: u64,
+        len: u32,
+        with_crc: bool,
+    ) -> Result<proto::BulkDesc, RegionError> {
         let crc32c = if with_crc {
-            Some(crc32c::crc32c(self.read(offset, u64::from(len))?.as_slice()))
+            Some(crc32c::crc32c(
+                self.read(offset, u64::from(len))?.as_slice(),
+            ))
         } else {
             let _bounds = self.inner.lock(offset, u64::from(len), false)?;
             None
@@ -339,11 +369,25 @@ mod tests {
         let mut w = table.access(reg.key(), 10, 20, true).unwrap();
         w.as_mut_slice().unwrap().fill(0xab);
         drop(w);
-        assert!(reg.read(10, 20).unwrap().as_slice().iter().all(|&b| b == 0xab));
+        assert!(reg
+            .read(10, 20)
+            .unwrap()
+            .as_slice()
+            .iter()
+            .all(|&b| b == 0xab));
         assert_eq!(reg.read(0, 10).unwrap().as_slice(), &[0u8; 10]);
-        assert!(matches!(table.access(reg.key(), 90, 11, false), Err(RegionError::OutOfBounds { .. })));
-        assert!(matches!(table.access(reg.key(), u64::MAX, 2, false), Err(RegionError::OutOfBounds { .. })));
-        assert!(matches!(table.access(reg.key() ^ 1, 0, 1, false), Err(RegionError::UnknownKey { .. })));
+        assert!(matches!(
+            table.access(reg.key(), 90, 11, false),
+            Err(RegionError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            table.access(reg.key(), u64::MAX, 2, false),
+            Err(RegionError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            table.access(reg.key() ^ 1, 0, 1, false),
+            Err(RegionError::UnknownKey { .. })
+        ));
     }
 
     #[test]
@@ -352,7 +396,10 @@ mod tests {
         let reg = table.register(vec![0u8; 64]).unwrap();
         let r1 = table.access(reg.key(), 0, 32, false).unwrap();
         let _r2 = table.access(reg.key(), 16, 32, false).unwrap();
-        assert!(matches!(table.access(reg.key(), 31, 2, true), Err(RegionError::Conflict { .. })));
+        assert!(matches!(
+            table.access(reg.key(), 31, 2, true),
+            Err(RegionError::Conflict { .. })
+        ));
         let mut ro = table.access(reg.key(), 0, 1, false).unwrap();
         assert!(ro.as_mut_slice().is_none());
         drop(r1);
@@ -366,7 +413,10 @@ mod tests {
         let key = reg.key();
         let buf = reg.deregister().await;
         assert_eq!(buf, vec![5u8; 8]);
-        assert!(matches!(table.access(key, 0, 1, false), Err(RegionError::UnknownKey { .. })));
+        assert!(matches!(
+            table.access(key, 0, 1, false),
+            Err(RegionError::UnknownKey { .. })
+        ));
         assert!(table.is_empty());
     }
 

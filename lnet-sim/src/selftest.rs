@@ -59,7 +59,9 @@ impl Service for SelfTest {
                     let r: BulkRead = req.decode()?;
                     let data = pattern(r.seed, r.desc.len as usize);
                     let crc32c = crc32c::crc32c(&data);
-                    bulk.put(&r.desc, Bytes::from(data)).await.map_err(bulk_failed)?;
+                    bulk.put(&r.desc, Bytes::from(data))
+                        .await
+                        .map_err(bulk_failed)?;
                     reply::<BulkRead>(&BulkDone {
                         bytes: u64::from(r.desc.len),
                         crc32c,

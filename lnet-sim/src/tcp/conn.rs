@@ -19,7 +19,9 @@ use proto::bulk::{BulkDataHead, BulkPutHead};
 use proto::frame::{encode_frame, FrameKind, Header, HEADER_LEN};
 use proto::msg::{decode_body, encode_body};
 use proto::{BulkDesc, FrameError, Nid, Opcode, RemoteError, StatusCode};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -153,7 +155,11 @@ impl Conn {
 
     /// Queues a frame, waiting at most `send_timeout` for room: a peer that does not drain its
     /// socket for that long is cut off rather than allowed to pin our memory.
-    pub(crate) async fn send(&self, frame: Vec<u8>, payload: Option<Payload>) -> Result<(), NetError> {
+    pub(crate) async fn send(
+        &self,
+        frame: Vec<u8>,
+        payload: Option<Payload>,
+    ) -> Result<(), NetError> {
         let closed = |reason: &str| NetError::Closed {
             peer: self.peer.clone(),
             reason: reason.to_owned(),
@@ -161,7 +167,12 @@ impl Conn {
         if self.is_closed() {
             return Err(closed("already closed"));
         }
-        match tokio::time::timeout(self.cfg.send_timeout, self.out.send(Outgoing { frame, payload })).await {
+        match tokio::time::timeout(
+            self.cfg.send_timeout,
+            self.out.send(Outgoing { frame, payload }),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(closed("writer gone")),
             Err(_) => {
@@ -215,7 +226,11 @@ impl Conn {
         Ok(())
     }
 
-    async fn write_timed<W: AsyncWrite + Unpin>(&self, w: &mut W, bytes: &[u8]) -> Result<(), String> {
+    async fn write_timed<W: AsyncWrite + Unpin>(
+        &self,
+        w: &mut W,
+        bytes: &[u8],
+    ) -> Result<(), String> {
         tokio::time::timeout(self.cfg.send_timeout, w.write_all(bytes))
             .await
             .map_err(|_| "peer stopped reading (write timed out)".to_owned())?
@@ -227,14 +242,21 @@ impl Conn {
         let mut head = [0u8; HEADER_LEN];
         loop {
             // A clean end of stream is only allowed between frames.
-            if rd.fill_buf().await.map_err(|e| format!("read failed: {e}"))?.is_empty() {
+            if rd
+                .fill_buf()
+                .await
+                .map_err(|e| format!("read failed: {e}"))?
+                .is_empty()
+            {
                 return Ok(());
             }
             read_exact(&mut rd, &mut head).await?;
             let header = Header::decode(&head).map_err(|e| format!("bad frame: {e}"))?;
             let mut body = vec![0u8; header.body_len as usize];
             read_exact(&mut rd, &mut body).await?;
-            header.verify(&body).map_err(|e| format!("bad frame: {e}"))?;
+            header
+                .verify(&body)
+                .map_err(|e| format!("bad frame: {e}"))?;
             match header.kind {
                 FrameKind::Request => self.on_request(header, body).await,
                 FrameKind::Reply => self.on_reply(header, body),
@@ -276,7 +298,12 @@ impl Conn {
         });
     }
 
-    async fn send_reply(&self, xid: u64, opcode: Opcode, out: Result<Vec<u8>, RemoteError>) -> Result<(), NetError> {
+    async fn send_reply(
+        &self,
+        xid: u64,
+        opcode: Opcode,
+        out: Result<Vec<u8>, RemoteError>,
+    ) -> Result<(), NetError> {
         let mut header = Header::new(FrameKind::Reply, opcode, xid);
         let body = match out {
             Ok(body) => body,
@@ -301,7 +328,12 @@ impl Conn {
     }
 
     /// A server writes into our memory: the payload goes straight into the registered region.
-    async fn on_bulk_put<R: AsyncRead + Unpin>(&self, rd: &mut R, header: Header, body: &[u8]) -> Result<(), String> {
+    async fn on_bulk_put<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        header: Header,
+        body: &[u8],
+    ) -> Result<(), String> {
         let head: BulkPutHead = decode_body(body).map_err(|e| format!("bad bulk put: {e}"))?;
         let len = u64::from(header.bulk_len);
         let outcome = match self.regions.access(head.key, head.offset, len, true) {
@@ -336,19 +368,28 @@ impl Conn {
     async fn on_bulk_get(&self, header: Header, body: &[u8]) -> Result<(), String> {
         let desc: BulkDesc = decode_body(body).map_err(|e| format!("bad bulk get: {e}"))?;
         let mut reply = Header::new(FrameKind::BulkData, header.opcode, header.xid);
-        let (head, payload) = match self.regions.access(desc.key, desc.offset, u64::from(desc.len), false) {
-            Ok(access) => {
-                let crc = desc.crc32c.unwrap_or_else(|| crc32c::crc32c(access.as_slice()));
-                reply.bulk_len = desc.len;
-                (BulkDataHead { result: Ok(crc) }, Some(Payload::Region(access)))
-            }
-            Err(e) => (
-                BulkDataHead {
-                    result: Err(RemoteError::new(StatusCode::Bulk, e.to_string())),
-                },
-                None,
-            ),
-        };
+        let (head, payload) =
+            match self
+                .regions
+                .access(desc.key, desc.offset, u64::from(desc.len), false)
+            {
+                Ok(access) => {
+                    let crc = desc
+                        .crc32c
+                        .unwrap_or_else(|| crc32c::crc32c(access.as_slice()));
+                    reply.bulk_len = desc.len;
+                    (
+                        BulkDataHead { result: Ok(crc) },
+                        Some(Payload::Region(access)),
+                    )
+                }
+                Err(e) => (
+                    BulkDataHead {
+                        result: Err(RemoteError::new(StatusCode::Bulk, e.to_string())),
+                    },
+                    None,
+                ),
+            };
         let body = encode_body(&head).map_err(|e| e.to_string())?;
         // A send that fails has closed the connection; the reader stops on its next read.
         let _ = self.send(encode_frame(reply, &body), payload).await;
@@ -356,7 +397,12 @@ impl Conn {
     }
 
     /// The payload answering one of our bulk gets.
-    async fn on_bulk_data<R: AsyncRead + Unpin>(&self, rd: &mut R, header: Header, body: &[u8]) -> Result<(), String> {
+    async fn on_bulk_data<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        header: Header,
+        body: &[u8],
+    ) -> Result<(), String> {
         let head: BulkDataHead = decode_body(body).map_err(|e| format!("bad bulk data: {e}"))?;
         let waiter = self.gets.lock().remove(&header.xid);
         let Some(waiter) = waiter else {
@@ -371,7 +417,10 @@ impl Conn {
                 if actual == crc {
                     Ok(data)
                 } else {
-                    Err(NetError::Checksum { expected: crc, actual })
+                    Err(NetError::Checksum {
+                        expected: crc,
+                        actual,
+                    })
                 }
             }
             Err(err) => {
@@ -390,7 +439,9 @@ impl Conn {
 async fn read_exact<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut [u8]) -> Result<(), String> {
     match rd.read_exact(buf).await {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err("stream truncated mid-frame".to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err("stream truncated mid-frame".to_owned())
+        }
         Err(e) => Err(format!("read failed: {e}")),
     }
 }
@@ -438,7 +489,8 @@ impl BulkPeer for TcpBulk {
             })?;
             let mut header = Header::new(FrameKind::BulkPut, opcode, xid);
             header.bulk_len = desc.len;
-            conn.send(encode_frame(header, &body), Some(Payload::Bytes(data))).await
+            conn.send(encode_frame(header, &body), Some(Payload::Bytes(data)))
+                .await
         })
     }
 
@@ -460,7 +512,10 @@ impl BulkPeer for TcpBulk {
                 err,
             })?;
             let sent = conn
-                .send(encode_frame(Header::new(FrameKind::BulkGet, opcode, tag), &body), None)
+                .send(
+                    encode_frame(Header::new(FrameKind::BulkGet, opcode, tag), &body),
+                    None,
+                )
                 .await;
             let result = match sent {
                 Ok(()) => match tokio::time::timeout(conn.cfg.bulk_timeout, rx).await {

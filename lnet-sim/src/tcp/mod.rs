@@ -81,7 +81,11 @@ pub struct TcpEndpoint {
 
 impl TcpEndpoint {
     /// Listens on `addr` and serves `service` there; also makes calls.
-    pub async fn bind(addr: SocketAddr, service: Arc<dyn Service>, cfg: TcpConfig) -> Result<Self, NetError> {
+    pub async fn bind(
+        addr: SocketAddr,
+        service: Arc<dyn Service>,
+        cfg: TcpConfig,
+    ) -> Result<Self, NetError> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let dispatcher = Dispatcher::new(service, cfg.queue_slots);
@@ -146,12 +150,20 @@ impl TcpEndpoint {
             return Ok(c.clone());
         }
         let nid = Nid::Tcp(addr);
-        let stream = TcpStream::connect(addr).await.map_err(|e| NetError::Unreachable {
-            peer: nid.clone(),
-            reason: e.to_string(),
-        })?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| NetError::Unreachable {
+                peer: nid.clone(),
+                reason: e.to_string(),
+            })?;
         tracing::debug!(peer = %nid, slot = i, "connected");
-        let conn = Conn::start(stream, nid, self.inner.cfg.clone(), self.inner.regions.clone(), None);
+        let conn = Conn::start(
+            stream,
+            nid,
+            self.inner.cfg.clone(),
+            self.inner.regions.clone(),
+            None,
+        );
         *slot = Some(conn.clone());
         Ok(conn)
     }

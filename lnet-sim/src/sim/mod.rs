@@ -1,0 +1,395 @@
+//! The simulated fabric: an in-process network of named nodes (`node3@sim`), seeded and
+//! deterministic.
+//!
+//! Every message crosses a directed link with its own latency, bandwidth (a link sends one
+//! message at a time, so transfers queue behind each other), loss, duplication and reordering;
+//! links can be cut one way or both ways; nodes can crash (their memory and the calls waiting
+//! on them are lost) and restart as a new incarnation. All randomness comes from one seeded
+//! generator and all time from tokio's clock, so under a paused single-threaded runtime the
+//! same seed gives the same trace, event for event. Tokio's timers resolve to 1 ms, so a hop
+//! with a delay lands on the next millisecond tick at or after its exact arrival time (the trace
+//! records the exact time); a hop with no delay is delivered at once, without a timer.
+//!
+//! Bulk transfers follow RDMA's reliable-connection rules: they are not lost or duplicated, but
+//! they fail on a cut link or a crashed peer, and the bytes are copied straight between the
+//! server's buffer and the owner's registered region after the link's transfer time.
+
+mod node;
+mod trace;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proto::Nid;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::time::Instant;
+
+pub use node::SimEndpoint;
+pub use trace::{Fate, TraceEvent};
+
+use crate::error::NetError;
+use crate::service::Service;
+
+/// Longest latency a link may be given; a bound so that a typo cannot stall a run for a day.
+pub const MAX_LATENCY: Duration = Duration::from_secs(60);
+/// Most trace events kept; later events are counted but not stored.
+pub const MAX_TRACE: usize = 1 << 20;
+
+/// The behaviour of one direction of a link.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkParams {
+    /// One-way propagation delay.
+    pub latency: Duration,
+    /// Bytes per second; 0 means unlimited.
+    pub bandwidth: u64,
+    /// Probability that a message is lost.
+    pub loss: f64,
+    /// Probability that a message is delivered twice.
+    pub duplicate: f64,
+    /// Probability that a message is held back by up to `reorder_window`, letting later ones
+    /// overtake it.
+    pub reorder: f64,
+    pub reorder_window: Duration,
+}
+
+impl Default for LinkParams {
+    /// A perfect link: no delay, unlimited bandwidth, no faults.
+    fn default() -> Self {
+        LinkParams {
+            latency: Duration::ZERO,
+            bandwidth: 0,
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            reorder_window: Duration::ZERO,
+        }
+    }
+}
+
+impl LinkParams {
+    fn check(&self) -> Result<(), String> {
+        let prob = |p: f64| (0.0..=1.0).contains(&p);
+        if !(prob(self.loss) && prob(self.duplicate) && prob(self.reorder)) {
+            return Err("probabilities must lie in [0, 1]".into());
+        }
+        if self.latency > MAX_LATENCY || self.reorder_window > MAX_LATENCY {
+            return Err(format!("latency is limited to {MAX_LATENCY:?}"));
+        }
+        Ok(())
+    }
+
+    fn transfer_time(&self, bytes: u64) -> Duration {
+        if self.bandwidth == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(
+            (u128::from(bytes) * 1_000_000_000 / u128::from(self.bandwidth)) as u64,
+        )
+    }
+}
+
+type Link = (String, String);
+
+struct Slot {
+    generation: u64,
+    live: Option<Arc<node::NodeInner>>,
+}
+
+struct State {
+    rng: ChaCha8Rng,
+    start: Instant,
+    nodes: BTreeMap<String, Slot>,
+    default_link: LinkParams,
+    links: HashMap<Link, LinkParams>,
+    busy_until: HashMap<Link, Instant>,
+    cut: HashSet<Link>,
+    trace: Vec<TraceEvent>,
+    dropped_trace: u64,
+}
+
+pub(crate) struct FabricInner {
+    state: Mutex<State>,
+}
+
+/// An in-process network. Cheap to clone; every clone is the same fabric.
+#[derive(Clone)]
+pub struct Fabric {
+    inner: Arc<FabricInner>,
+}
+
+/// What the fabric decided for one message.
+pub(crate) struct Route {
+    pub(crate) arrivals: Vec<Instant>,
+}
+
+impl Fabric {
+    /// A fabric whose every random choice follows `seed`.
+    pub fn new(seed: u64) -> Fabric {
+        Fabric {
+            inner: Arc::new(FabricInner {
+                state: Mutex::new(State {
+                    rng: ChaCha8Rng::seed_from_u64(seed),
+                    start: Instant::now(),
+                    nodes: BTreeMap::new(),
+                    default_link: LinkParams::default(),
+                    links: HashMap::new(),
+                    busy_until: HashMap::new(),
+                    cut: HashSet::new(),
+                    trace: Vec::new(),
+                    dropped_trace: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Sets the parameters of every link without its own.
+    pub fn set_default_link(&self, params: LinkParams) -> Result<(), NetError> {
+        params.check().map_err(bad_param)?;
+        self.inner.state.lock().default_link = params;
+        Ok(())
+    }
+
+    /// Sets the parameters of the link from `from` to `to` (one direction).
+    pub fn set_link(&self, from: &str, to: &str, params: LinkParams) -> Result<(), NetError> {
+        params.check().map_err(bad_param)?;
+        self.inner
+            .state
+            .lock()
+            .links
+            .insert((from.to_owned(), to.to_owned()), params);
+        Ok(())
+    }
+
+    /// Starts a node (or restarts a crashed one as a new incarnation), serving `service` if
+    /// given. Its memory starts empty.
+    pub fn start_node(
+        &self,
+        name: &str,
+        service: Option<Arc<dyn Service>>,
+    ) -> Result<SimEndpoint, NetError> {
+        let nid = Nid::sim(name).map_err(|e| NetError::Unreachable {
+            peer: Nid::Sim(String::new()),
+            reason: e.to_string(),
+        })?;
+        let mut st = self.inner.state.lock();
+        let salt = st.rng.gen();
+        let slot = st.nodes.entry(name.to_owned()).or_insert(Slot {
+            generation: 0,
+            live: None,
+        });
+        if slot.live.is_some() {
+            return Err(NetError::Unreachable {
+                peer: nid,
+                reason: "a node with this name is already running".into(),
+            });
+        }
+        slot.generation += 1;
+        let node = node::NodeInner::new(nid, slot.generation, salt, service);
+        slot.live = Some(node.clone());
+        Ok(SimEndpoint::new(self.inner.clone(), node))
+    }
+
+    /// Crashes a node: it stops answering, its registered memory is gone, calls it was making
+    /// fail, and calls waiting on it fail as a reset connection would.
+    pub fn crash(&self, name: &str) {
+        let mut st = self.inner.state.lock();
+        let Some(node) = st.nodes.get_mut(name).and_then(|s| s.live.take()) else {
+            return;
+        };
+        let now = st.start.elapsed();
+        record(&mut st, TraceEvent::crash(now, name));
+        let others: Vec<_> = st.nodes.values().filter_map(|s| s.live.clone()).collect();
+        drop(st);
+        node.crashed();
+        for other in others {
+            other.peer_crashed(name);
+        }
+    }
+
+    /// Whether `name` is running.
+    pub fn is_up(&self, name: &str) -> bool {
+        self.inner
+            .state
+            .lock()
+            .nodes
+            .get(name)
+            .is_some_and(|s| s.live.is_some())
+    }
+
+    /// Drops every message from `from` to `to` until healed (a one-way partition).
+    pub fn cut_oneway(&self, from: &str, to: &str) {
+        self.inner
+            .state
+            .lock()
+            .cut
+            .insert((from.to_owned(), to.to_owned()));
+    }
+
+    /// Drops every message between `a` and `b`, both ways.
+    pub fn partition(&self, a: &str, b: &str) {
+        self.cut_oneway(a, b);
+        self.cut_oneway(b, a);
+    }
+
+    /// Restores every cut link.
+    pub fn heal(&self) {
+        self.inner.state.lock().cut.clear();
+    }
+
+    /// Everything the fabric decided so far, in order.
+    pub fn trace(&self) -> Vec<TraceEvent> {
+        self.inner.state.lock().trace.clone()
+    }
+}
+
+fn bad_param(reason: String) -> NetError {
+    NetError::Unreachable {
+        peer: Nid::Sim("fabric".into()),
+        reason,
+    }
+}
+
+fn record(st: &mut State, ev: TraceEvent) {
+    if st.trace.len() < MAX_TRACE {
+        st.trace.push(ev);
+    } else {
+        st.dropped_trace += 1;
+    }
+}
+
+impl FabricInner {
+    /// The live incarnation of `name`, if any.
+    pub(crate) fn live(&self, name: &str) -> Option<Arc<node::NodeInner>> {
+        self.state
+            .lock()
+            .nodes
+            .get(name)
+            .and_then(|s| s.live.clone())
+    }
+
+    fn is_current(st: &State, node: &node::NodeInner) -> bool {
+        st.nodes
+            .get(node.name())
+            .is_some_and(|s| s.generation == node.generation() && s.live.is_some())
+    }
+
+    /// Decides the fate of a message of `bytes` from `from` to `to`, and when each copy lands.
+    /// `Err` means the sender learns at once (unknown or crashed destination, sender crashed).
+    pub(crate) fn route(
+        &self,
+        from: &node::NodeInner,
+        to: &str,
+        kind: &'static str,
+        xid: u64,
+        bytes: u64,
+    ) -> Result<Route, NetError> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        let at = st.start.elapsed();
+        let peer = || Nid::Sim(to.to_owned());
+        let mut ev = TraceEvent::message(at, from.name(), to, kind, xid, bytes);
+        if !Self::is_current(&st, from) {
+            ev.fate = Fate::SenderDown;
+            record(&mut st, ev);
+            return Err(NetError::NodeDown {
+                peer: from.nid().clone(),
+            });
+        }
+        if !st.nodes.get(to).is_some_and(|s| s.live.is_some()) {
+            ev.fate = Fate::Down;
+            record(&mut st, ev);
+            return Err(NetError::NodeDown { peer: peer() });
+        }
+        let link = (from.name().to_owned(), to.to_owned());
+        let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
+        // Draw every random number up front, in a fixed order, so that one decision never
+        // shifts the draws of the next.
+        let (lost, dup, held, hold, dup_gap): (f64, f64, f64, f64, f64) = (
+            st.rng.gen(),
+            st.rng.gen(),
+            st.rng.gen(),
+            st.rng.gen(),
+            st.rng.gen(),
+        );
+        if st.cut.contains(&link) {
+            ev.fate = Fate::Partitioned;
+            record(&mut st, ev);
+            return Ok(Route { arrivals: vec![] });
+        }
+        if lost < params.loss {
+            ev.fate = Fate::Lost;
+            record(&mut st, ev);
+            return Ok(Route { arrivals: vec![] });
+        }
+        let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
+        let sent = depart + params.transfer_time(bytes);
+        st.busy_until.insert(link, sent);
+        let mut arrive = sent + params.latency;
+        if held < params.reorder {
+            arrive += params.reorder_window.mul_f64(hold);
+        }
+        let mut arrivals = vec![arrive];
+        if dup < params.duplicate {
+            arrivals.push(
+                arrive
+                    + params
+                        .latency
+                        .max(Duration::from_micros(1))
+                        .mul_f64(1.0 + dup_gap),
+            );
+        }
+        ev.fate = Fate::Delivered {
+            after: arrivals.iter().map(|a| a.duration_since(now)).collect(),
+        };
+        record(&mut st, ev);
+        Ok(Route { arrivals })
+    }
+
+    /// Like `route` for a bulk transfer: reliable, so never lost or duplicated, but refused on
+    /// a cut link. Returns when the last byte lands.
+    pub(crate) fn route_bulk(
+        &self,
+        from: &node::NodeInner,
+        to: &str,
+        kind: &'static str,
+        xid: u64,
+        bytes: u64,
+    ) -> Result<Instant, NetError> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        let at = st.start.elapsed();
+        let mut ev = TraceEvent::message(at, from.name(), to, kind, xid, bytes);
+        let peer = || Nid::Sim(to.to_owned());
+        let outcome = if !Self::is_current(&st, from) {
+            ev.fate = Fate::SenderDown;
+            Err(NetError::NodeDown {
+                peer: from.nid().clone(),
+            })
+        } else if !st.nodes.get(to).is_some_and(|s| s.live.is_some()) {
+            ev.fate = Fate::Down;
+            Err(NetError::NodeDown { peer: peer() })
+        } else if st.cut.contains(&(from.name().to_owned(), to.to_owned())) {
+            ev.fate = Fate::Partitioned;
+            Err(NetError::Unreachable {
+                peer: peer(),
+                reason: "link is cut".into(),
+            })
+        } else {
+            let link = (from.name().to_owned(), to.to_owned());
+            let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
+            let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
+            let sent = depart + params.transfer_time(bytes);
+            st.busy_until.insert(link, sent);
+            let arrive = sent + params.latency;
+            ev.fate = Fate::Delivered {
+                after: vec![arrive.duration_since(now)],
+            };
+            Ok(arrive)
+        };
+        record(&mut st, ev);
+        outcome
+    }
+}
