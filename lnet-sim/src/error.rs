@@ -29,6 +29,8 @@ pub enum NetError {
     Checksum { expected: u32, actual: u32 },
     #[error("{nid} is not a {want} NID")]
     WrongNetwork { nid: Nid, want: &'static str },
+    #[error("invalid setting: {0}")]
+    BadConfig(String),
     #[error("no RDMA device: {0}")]
     NoRdmaDevice(String),
     #[error("I/O error: {0}")]

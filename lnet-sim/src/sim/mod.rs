@@ -170,10 +170,7 @@ impl Fabric {
         name: &str,
         service: Option<Arc<dyn Service>>,
     ) -> Result<SimEndpoint, NetError> {
-        let nid = Nid::sim(name).map_err(|e| NetError::Unreachable {
-            peer: Nid::Sim(String::new()),
-            reason: e.to_string(),
-        })?;
+        let nid = Nid::sim(name).map_err(|e| NetError::BadConfig(e.to_string()))?;
         let mut st = self.inner.state.lock();
         let salt = st.rng.gen();
         let slot = st.nodes.entry(name.to_owned()).or_insert(Slot {
@@ -181,10 +178,7 @@ impl Fabric {
             live: None,
         });
         if slot.live.is_some() {
-            return Err(NetError::Unreachable {
-                peer: nid,
-                reason: "a node with this name is already running".into(),
-            });
+            return Err(NetError::BadConfig(format!("{nid} is already running")));
         }
         slot.generation += 1;
         let node = node::NodeInner::new(nid, slot.generation, salt, service);
@@ -246,10 +240,7 @@ impl Fabric {
 }
 
 fn bad_param(reason: String) -> NetError {
-    NetError::Unreachable {
-        peer: Nid::Sim("fabric".into()),
-        reason,
-    }
+    NetError::BadConfig(format!("link: {reason}"))
 }
 
 fn record(st: &mut State, ev: TraceEvent) {
@@ -276,8 +267,32 @@ impl FabricInner {
             .is_some_and(|s| s.generation == node.generation() && s.live.is_some())
     }
 
+    /// Refuses a message the sender would learn about at once: a crashed sender, or a
+    /// destination that is not running (a reset connection).
+    fn admit(st: &State, from: &node::NodeInner, to: &str) -> Result<Link, (Fate, NetError)> {
+        if !Self::is_current(st, from) {
+            let peer = from.nid().clone();
+            return Err((Fate::SenderDown, NetError::NodeDown { peer }));
+        }
+        if st.nodes.get(to).is_none_or(|s| s.live.is_none()) {
+            let peer = Nid::Sim(to.to_owned());
+            return Err((Fate::Down, NetError::NodeDown { peer }));
+        }
+        Ok((from.name().to_owned(), to.to_owned()))
+    }
+
+    /// Queues `bytes` on `link` behind what it is already sending; returns when the last byte
+    /// has left, and the link's parameters.
+    fn occupy(st: &mut State, link: Link, bytes: u64, now: Instant) -> (Instant, LinkParams) {
+        let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
+        let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
+        let sent = depart + params.transfer_time(bytes);
+        st.busy_until.insert(link, sent);
+        (sent, params)
+    }
+
     /// Decides the fate of a message of `bytes` from `from` to `to`, and when each copy lands.
-    /// `Err` means the sender learns at once (unknown or crashed destination, sender crashed).
+    /// `Err` means the sender learns at once (destination or sender down).
     pub(crate) fn route(
         &self,
         from: &node::NodeInner,
@@ -288,23 +303,15 @@ impl FabricInner {
     ) -> Result<Route, NetError> {
         let mut st = self.state.lock();
         let now = Instant::now();
-        let at = st.start.elapsed();
-        let peer = || Nid::Sim(to.to_owned());
-        let mut ev = TraceEvent::message(at, from.name(), to, kind, xid, bytes);
-        if !Self::is_current(&st, from) {
-            ev.fate = Fate::SenderDown;
-            record(&mut st, ev);
-            return Err(NetError::NodeDown {
-                peer: from.nid().clone(),
-            });
-        }
-        if !st.nodes.get(to).is_some_and(|s| s.live.is_some()) {
-            ev.fate = Fate::Down;
-            record(&mut st, ev);
-            return Err(NetError::NodeDown { peer: peer() });
-        }
-        let link = (from.name().to_owned(), to.to_owned());
-        let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
+        let mut ev = TraceEvent::message(st.start.elapsed(), from.name(), to, kind, xid, bytes);
+        let link = match Self::admit(&st, from, to) {
+            Ok(link) => link,
+            Err((fate, err)) => {
+                ev.fate = fate;
+                record(&mut st, ev);
+                return Err(err);
+            }
+        };
         // Draw every random number up front, in a fixed order, so that one decision never
         // shifts the draws of the next.
         let (lost, dup, held, hold, dup_gap): (f64, f64, f64, f64, f64) = (
@@ -314,32 +321,31 @@ impl FabricInner {
             st.rng.gen(),
             st.rng.gen(),
         );
-        if st.cut.contains(&link) {
-            ev.fate = Fate::Partitioned;
+        let params = st.links.get(&link).unwrap_or(&st.default_link);
+        let fate = if st.cut.contains(&link) {
+            Some(Fate::Partitioned)
+        } else if lost < params.loss {
+            Some(Fate::Lost)
+        } else {
+            None
+        };
+        if let Some(fate) = fate {
+            ev.fate = fate;
             record(&mut st, ev);
             return Ok(Route { arrivals: vec![] });
         }
-        if lost < params.loss {
-            ev.fate = Fate::Lost;
-            record(&mut st, ev);
-            return Ok(Route { arrivals: vec![] });
-        }
-        let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
-        let sent = depart + params.transfer_time(bytes);
-        st.busy_until.insert(link, sent);
+        let (sent, params) = Self::occupy(&mut st, link, bytes, now);
         let mut arrive = sent + params.latency;
         if held < params.reorder {
             arrive += params.reorder_window.mul_f64(hold);
         }
         let mut arrivals = vec![arrive];
         if dup < params.duplicate {
-            arrivals.push(
-                arrive
-                    + params
-                        .latency
-                        .max(Duration::from_micros(1))
-                        .mul_f64(1.0 + dup_gap),
-            );
+            let gap = params
+                .latency
+                .max(Duration::from_micros(1))
+                .mul_f64(1.0 + dup_gap);
+            arrivals.push(arrive + gap);
         }
         ev.fate = Fate::Delivered {
             after: arrivals.iter().map(|a| a.duration_since(now)).collect(),
@@ -360,36 +366,28 @@ impl FabricInner {
     ) -> Result<Instant, NetError> {
         let mut st = self.state.lock();
         let now = Instant::now();
-        let at = st.start.elapsed();
-        let mut ev = TraceEvent::message(at, from.name(), to, kind, xid, bytes);
-        let peer = || Nid::Sim(to.to_owned());
-        let outcome = if !Self::is_current(&st, from) {
-            ev.fate = Fate::SenderDown;
-            Err(NetError::NodeDown {
-                peer: from.nid().clone(),
-            })
-        } else if !st.nodes.get(to).is_some_and(|s| s.live.is_some()) {
-            ev.fate = Fate::Down;
-            Err(NetError::NodeDown { peer: peer() })
-        } else if st.cut.contains(&(from.name().to_owned(), to.to_owned())) {
-            ev.fate = Fate::Partitioned;
-            Err(NetError::Unreachable {
-                peer: peer(),
-                reason: "link is cut".into(),
-            })
-        } else {
-            let link = (from.name().to_owned(), to.to_owned());
-            let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
-            let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
-            let sent = depart + params.transfer_time(bytes);
-            st.busy_until.insert(link, sent);
-            let arrive = sent + params.latency;
-            ev.fate = Fate::Delivered {
+        let mut ev = TraceEvent::message(st.start.elapsed(), from.name(), to, kind, xid, bytes);
+        let outcome = match Self::admit(&st, from, to) {
+            Err((fate, err)) => Err((fate, err)),
+            Ok(link) if st.cut.contains(&link) => Err((
+                Fate::Partitioned,
+                NetError::Unreachable {
+                    peer: Nid::Sim(to.to_owned()),
+                    reason: "link is cut".into(),
+                },
+            )),
+            Ok(link) => {
+                let (sent, params) = Self::occupy(&mut st, link, bytes, now);
+                Ok(sent + params.latency)
+            }
+        };
+        ev.fate = match &outcome {
+            Ok(arrive) => Fate::Delivered {
                 after: vec![arrive.duration_since(now)],
-            };
-            Ok(arrive)
+            },
+            Err((fate, _)) => fate.clone(),
         };
         record(&mut st, ev);
-        outcome
+        outcome.map_err(|(_, err)| err)
     }
 }

@@ -29,7 +29,7 @@ use tokio::task::AbortHandle;
 use super::TcpConfig;
 use crate::error::NetError;
 use crate::region::{RegionAccess, RegionTable};
-use crate::service::{busy, verify_desc_crc, BoxFuture, BulkPeer, Dispatcher, Incoming};
+use crate::service::{busy, BoxFuture, BulkPeer, Dispatcher, Incoming};
 use crate::transport::{error_body, reply_result};
 
 /// Socket buffer sizes for the reader and writer.
@@ -60,7 +60,8 @@ struct Pending {
     bulk_error: Option<NetError>,
 }
 
-type GetReply = oneshot::Sender<Result<Vec<u8>, NetError>>;
+/// The data of a bulk get and its crc32c, already checked against the bytes.
+type GetReply = oneshot::Sender<Result<(Vec<u8>, u32), NetError>>;
 
 pub(crate) struct Conn {
     pub(crate) peer: Nid,
@@ -411,11 +412,10 @@ impl Conn {
         };
         let result = match head.result {
             Ok(crc) => {
-                let mut data = vec![0u8; header.bulk_len as usize];
-                read_exact(rd, &mut data).await?;
+                let data = read_new(rd, header.bulk_len as usize).await?;
                 let actual = crc32c::crc32c(&data);
                 if actual == crc {
-                    Ok(data)
+                    Ok((data, crc))
                 } else {
                     Err(NetError::Checksum {
                         expected: crc,
@@ -444,6 +444,20 @@ async fn read_exact<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut [u8]) -> Result<
         }
         Err(e) => Err(format!("read failed: {e}")),
     }
+}
+
+/// Reads `len` bytes into a new buffer, without first zeroing it.
+async fn read_new<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let mut limited = (&mut *rd).take((len - buf.len()) as u64);
+        match limited.read_buf(&mut buf).await {
+            Ok(0) => return Err("stream truncated mid-frame".to_owned()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("read failed: {e}")),
+        }
+    }
+    Ok(buf)
 }
 
 async fn discard<R: AsyncRead + Unpin>(rd: &mut R, len: u64) -> Result<(), String> {
@@ -532,11 +546,17 @@ impl BulkPeer for TcpBulk {
                 Err(e) => Err(e),
             };
             conn.gets.lock().remove(&tag);
-            let data = result?;
+            let (data, crc) = result?;
             if data.len() != desc.len as usize {
                 return Err(length_mismatch(&desc, data.len()));
             }
-            verify_desc_crc(&desc, &data)?;
+            // The bytes hash to `crc`; the owner's descriptor says what they should hash to.
+            if let Some(expected) = desc.crc32c.filter(|&e| e != crc) {
+                return Err(NetError::Checksum {
+                    expected,
+                    actual: crc,
+                });
+            }
             Ok(data)
         })
     }
