@@ -8,23 +8,21 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use proto::msg::{opcodes, pattern_byte, BulkDone, BulkRead, BulkWrite, Echo, Ping, Pong};
-use proto::{Nid, RemoteError, StatusCode};
+use proto::{RemoteError, StatusCode};
 
 use crate::error::NetError;
 use crate::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
 
 /// Serves the self-test opcodes.
 pub struct SelfTest {
-    nid: Nid,
     /// The last pattern served, by (seed, length): benchmarks read the same one over and over,
     /// and must measure the network, not the pattern generator.
     last: Mutex<Option<(u64, Bytes, u32)>>,
 }
 
 impl SelfTest {
-    pub fn new(nid: Nid) -> Arc<Self> {
+    pub fn new() -> Arc<Self> {
         Arc::new(SelfTest {
-            nid,
             last: Mutex::new(None),
         })
     }
@@ -69,7 +67,7 @@ impl Service for SelfTest {
                     let p: Ping = req.decode()?;
                     reply::<Ping>(&Pong {
                         nonce: p.nonce,
-                        nid: self.nid.clone(),
+                        nid: req.to.clone(),
                     })
                 }
                 opcodes::ECHO => {

@@ -22,6 +22,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug)]
 pub struct Incoming {
     pub from: Nid,
+    /// The NID the request was addressed to (this node, as the caller named it).
+    pub to: Nid,
     pub opcode: Opcode,
     pub xid: u64,
     pub body: Vec<u8>,

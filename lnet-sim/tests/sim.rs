@@ -24,8 +24,7 @@ fn sim(name: &str) -> Nid {
 
 fn fabric_with_server(seed: u64) -> Fabric {
     let f = Fabric::new(seed);
-    f.start_node("oss0", Some(SelfTest::new(sim("oss0"))))
-        .unwrap();
+    f.start_node("oss0", Some(SelfTest::new())).unwrap();
     f
 }
 
@@ -273,7 +272,7 @@ async fn a_crash_fails_waiting_calls_and_loses_registered_memory() {
     assert!(!f.is_up("s"));
 
     // The client crashes with memory registered: its keys die with it.
-    f.start_node("s", Some(SelfTest::new(sim("s")))).unwrap();
+    f.start_node("s", Some(SelfTest::new())).unwrap();
     let region = c.register(vec![0u8; 64]).unwrap();
     let key = region.key();
     f.crash("c");
@@ -308,9 +307,7 @@ async fn a_restarted_server_serves_again() {
         "a running node cannot be started twice"
     );
     f.crash("oss0");
-    let restarted = f
-        .start_node("oss0", Some(SelfTest::new(sim("oss0"))))
-        .unwrap();
+    let restarted = f.start_node("oss0", Some(SelfTest::new())).unwrap();
     assert_eq!(restarted.generation(), 2);
     call(&c, &sim("oss0"), &Ping { nonce: 2 }, T).await.unwrap();
 }

@@ -25,8 +25,7 @@ async fn server(service: Arc<dyn Service>, cfg: TcpConfig) -> (TcpEndpoint, Nid)
 }
 
 async fn selftest_server() -> (TcpEndpoint, Nid) {
-    let placeholder = Nid::Tcp("127.0.0.1:0".parse().unwrap());
-    server(SelfTest::new(placeholder), TcpConfig::default()).await
+    server(SelfTest::new(), TcpConfig::default()).await
 }
 
 #[tokio::test]
@@ -34,7 +33,7 @@ async fn ping_names_the_server_and_echo_returns_the_payload() {
     let (_srv, nid) = selftest_server().await;
     let client = TcpEndpoint::client(TcpConfig::default());
     let pong = call(&client, &nid, &Ping { nonce: 77 }, T).await.unwrap();
-    assert_eq!(pong.nonce, 77);
+    assert_eq!((pong.nonce, &pong.nid), (77, &nid));
     let payload: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let back = call(
         &client,
@@ -234,7 +233,7 @@ async fn a_dead_peer_is_an_error_and_a_restarted_one_is_reconnected() {
         .unwrap_err();
     assert!(err.is_retryable(), "{err}");
     let addr = nid.socket_addr().unwrap();
-    let _srv = TcpEndpoint::bind(addr, SelfTest::new(nid.clone()), TcpConfig::default())
+    let _srv = TcpEndpoint::bind(addr, SelfTest::new(), TcpConfig::default())
         .await
         .unwrap();
     let pong = call(&client, &nid, &Ping { nonce: 3 }, T).await.unwrap();

@@ -205,6 +205,7 @@ fn on_request(
     tokio::spawn(async move {
         let req = Incoming {
             from: Nid::Sim(from.clone()),
+            to: node.nid.clone(),
             opcode,
             xid,
             body,

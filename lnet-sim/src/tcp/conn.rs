@@ -65,6 +65,8 @@ type GetReply = oneshot::Sender<Result<(Vec<u8>, u32), NetError>>;
 
 pub(crate) struct Conn {
     pub(crate) peer: Nid,
+    /// Our end of the connection.
+    local: Nid,
     cfg: Arc<TcpConfig>,
     out: mpsc::Sender<Outgoing>,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -86,10 +88,15 @@ impl Conn {
         dispatcher: Option<Dispatcher>,
     ) -> Arc<Conn> {
         let _ = stream.set_nodelay(true);
+        let local = stream
+            .local_addr()
+            .map(Nid::Tcp)
+            .unwrap_or_else(|_| Nid::Tcp(([0, 0, 0, 0], 0).into()));
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::channel(cfg.send_queue);
         let conn = Arc::new(Conn {
             peer,
+            local,
             cfg,
             out: tx,
             pending: Mutex::new(HashMap::new()),
@@ -283,6 +290,7 @@ impl Conn {
         tokio::spawn(async move {
             let req = Incoming {
                 from: conn.peer.clone(),
+                to: conn.local.clone(),
                 opcode,
                 xid,
                 body,

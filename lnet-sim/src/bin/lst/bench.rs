@@ -148,7 +148,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         None => {
             let ep = TcpEndpoint::bind(
                 "127.0.0.1:0".parse()?,
-                SelfTest::new(Nid::sim("local")?),
+                SelfTest::new(),
                 TcpConfig::default(),
             )
             .await
@@ -211,7 +211,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     ];
 
     let fabric = Fabric::new(1);
-    fabric.start_node("server", Some(SelfTest::new(Nid::sim("server")?)))?;
+    fabric.start_node("server", Some(SelfTest::new()))?;
     let sim_client = Arc::new(fabric.start_node("client", None)?);
     let sim_bytes = bytes;
     let mut sim_cases = vec![

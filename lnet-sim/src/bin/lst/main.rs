@@ -63,8 +63,7 @@ fn main() -> Result<()> {
 }
 
 async fn serve(listen: SocketAddr) -> Result<()> {
-    let nid = Nid::Tcp(listen);
-    let ep = TcpEndpoint::bind(listen, SelfTest::new(nid), TcpConfig::default())
+    let ep = TcpEndpoint::bind(listen, SelfTest::new(), TcpConfig::default())
         .await
         .with_context(|| format!("listening on {listen}"))?;
     println!("serving the self-test service at {}", ep.nid());
