@@ -100,7 +100,16 @@ impl Admitted {
     /// Runs the handler; the caller sends what it returns as the reply.
     pub async fn run(self, req: Incoming, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
         let opcode = req.opcode;
-        let out = self.service.clone().handle(req, bulk).await;
+        let mut out = self.service.clone().handle(req, bulk).await;
+        if out
+            .as_ref()
+            .is_ok_and(|b| b.len() > proto::MAX_BODY as usize)
+        {
+            out = Err(RemoteError::new(
+                StatusCode::Internal,
+                "reply exceeds the body limit",
+            ));
+        }
         if let Err(e) = &out {
             tracing::debug!(?opcode, error = %e, "request failed");
         }

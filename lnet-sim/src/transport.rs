@@ -56,6 +56,19 @@ pub async fn call<R: Rpc, T: Transport + ?Sized>(
     })
 }
 
+/// Refuses a request body no receiver would accept, before it is sent.
+pub(crate) fn check_body(peer: &Nid, body: &[u8]) -> Result<(), NetError> {
+    if body.len() > proto::MAX_BODY as usize {
+        return Err(NetError::Frame {
+            peer: peer.clone(),
+            err: proto::FrameError::BodyTooLarge {
+                len: u32::try_from(body.len()).unwrap_or(u32::MAX),
+            },
+        });
+    }
+    Ok(())
+}
+
 /// Turns a reply frame's body into the call's result.
 pub(crate) fn reply_result(peer: &Nid, error: bool, body: Vec<u8>) -> Result<Vec<u8>, NetError> {
     if !error {

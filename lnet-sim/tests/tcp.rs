@@ -345,3 +345,34 @@ async fn a_peer_that_stops_reading_is_cut_off() {
             .expect("a non-reading peer was never cut off");
     }
 }
+
+#[tokio::test]
+async fn a_body_past_the_limit_is_refused_before_it_is_sent() {
+    let (_srv, nid) = selftest_server().await;
+    let client = TcpEndpoint::client(TcpConfig::default());
+    let huge = Echo {
+        payload: vec![0u8; proto::MAX_BODY as usize + 1],
+    };
+    let err = call(&client, &nid, &huge, T).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            NetError::Frame {
+                err: proto::FrameError::BodyTooLarge { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let raw = client
+        .call_raw(
+            &nid,
+            proto::msg::opcodes::ECHO,
+            vec![0u8; proto::MAX_BODY as usize + 1],
+            T,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(raw, NetError::Frame { .. }), "{raw}");
+    call(&client, &nid, &Ping { nonce: 1 }, T).await.unwrap();
+}

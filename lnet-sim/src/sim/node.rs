@@ -17,7 +17,7 @@ use crate::region::RegionTable;
 use crate::service::{
     busy, verify_desc_crc, BoxFuture, BulkPeer, Dispatcher, Incoming, Service, DEFAULT_QUEUE_SLOTS,
 };
-use crate::transport::{error_body, reply_result, Transport};
+use crate::transport::{check_body, error_body, reply_result, Transport};
 
 type Reply = oneshot::Sender<Result<Vec<u8>, NetError>>;
 
@@ -267,6 +267,7 @@ impl Transport for SimEndpoint {
                     want: "sim",
                 });
             };
+            check_body(peer, &body)?;
             if self.node.down.load(Ordering::Acquire) {
                 return Err(NetError::NodeDown {
                     peer: self.node.nid.clone(),

@@ -22,7 +22,7 @@ use tokio::task::AbortHandle;
 use crate::error::NetError;
 use crate::region::RegionTable;
 use crate::service::{BoxFuture, Dispatcher, Service, DEFAULT_QUEUE_SLOTS};
-use crate::transport::Transport;
+use crate::transport::{check_body, Transport};
 use conn::Conn;
 
 /// Limits and timeouts of a TCP endpoint.
@@ -233,6 +233,7 @@ impl Transport for TcpEndpoint {
                     want: "tcp",
                 });
             };
+            check_body(peer, &body)?;
             let attempt = async {
                 let conn = self.conn_to(*addr).await?;
                 let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
