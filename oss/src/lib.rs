@@ -1,5 +1,9 @@
-//! The object storage server: storage targets holding striped objects on NVMe through io_uring,
-//! with checksums on every block.
+//! The object storage server: storage targets holding the stripes of files as objects, on
+//! local disks through io_uring, with a checksum on every block.
 //!
-//! Nothing is built here yet; the crate holds its place in the workspace so the tree shows the
-//! architecture (see `docs/architecture.md`).
+//! - [`engine`]: how bytes reach the disk (io_uring, psync, and an in-memory crash simulator).
+//!
+//! File data arrives and leaves through the network layer's bulk transfers; this crate never
+//! sees a path of the namespace, only objects.
+
+pub mod engine;

@@ -1,0 +1,235 @@
+//! The I/O engines: how a storage target's bytes reach the disk.
+//!
+//! - [`uring`]: io_uring on dedicated threads, one ring per thread; the default.
+//! - [`psync`]: pread/pwrite on a thread pool; used where io_uring is unavailable, or by choice.
+//! - [`mem`]: an in-memory image for tests, which can crash (losing everything not synced) and
+//!   fail on command (EIO, ENOSPC).
+//!
+//! An operation that moves bytes takes an owned [`AlignedBuf`] and hands it back with its
+//! result, as io_uring requires (the kernel owns the buffer until the operation completes).
+//! Data files are opened with O_DIRECT: the target only ever does whole, aligned 4 KiB blocks.
+
+pub mod buf;
+pub mod mem;
+pub mod psync;
+pub mod uring;
+
+use std::fs::File;
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub use buf::{AlignedBuf, ALIGN};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// An open file of one engine.
+#[derive(Clone, Debug)]
+pub enum FileHandle {
+    Os(Arc<File>),
+    Mem(u64),
+}
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Must exist.
+    Existing,
+    /// Created if missing.
+    Create,
+    /// Created; an existing file is an error.
+    CreateNew,
+}
+
+/// Space on the filesystem holding a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Space {
+    pub total: u64,
+    pub free: u64,
+}
+
+/// What a storage target needs from the disk.
+pub trait Engine: Send + Sync + 'static {
+    /// The engine's name, for logs and `lode df`.
+    fn name(&self) -> &'static str;
+    /// Opens a file; `direct` asks for O_DIRECT (aligned I/O only).
+    fn open(&self, path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Makes the entries of a directory (creations, removals) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    fn len(&self, f: &FileHandle) -> io::Result<u64>;
+    fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()>;
+    /// Deallocates a range; it reads as zeros afterwards.
+    fn punch(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()>;
+    fn space(&self, path: &Path) -> io::Result<Space>;
+    /// Reads `buf.len()` bytes at `offset`; a short count means end of file.
+    fn read_at(
+        &self,
+        f: &FileHandle,
+        offset: u64,
+        buf: AlignedBuf,
+    ) -> BoxFuture<(AlignedBuf, io::Result<usize>)>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(
+        &self,
+        f: &FileHandle,
+        offset: u64,
+        buf: AlignedBuf,
+    ) -> BoxFuture<(AlignedBuf, io::Result<usize>)>;
+    /// Makes the file's data and size durable.
+    fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>>;
+}
+
+/// Which engine to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    /// io_uring if the kernel allows it, else psync.
+    Auto,
+    Uring,
+    Psync,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(EngineKind::Auto),
+            "uring" | "io_uring" => Ok(EngineKind::Uring),
+            "psync" => Ok(EngineKind::Psync),
+            _ => Err(format!("unknown engine {s:?} (auto, uring or psync)")),
+        }
+    }
+}
+
+/// Threads and queue depth of the disk engines.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    pub threads: usize,
+    /// Operations in flight per thread (ring size for io_uring).
+    pub queue_depth: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 2,
+            queue_depth: 64,
+        }
+    }
+}
+
+/// Starts the engine asked for, falling back from io_uring to psync under `Auto`, and logs
+/// which one runs.
+pub fn start(kind: EngineKind, cfg: EngineConfig) -> io::Result<Arc<dyn Engine>> {
+    let engine: Arc<dyn Engine> = match kind {
+        EngineKind::Uring => Arc::new(uring::Uring::start(cfg)?),
+        EngineKind::Psync => Arc::new(psync::Psync::start(cfg)),
+        EngineKind::Auto => match uring::Uring::start(cfg) {
+            Ok(u) => Arc::new(u),
+            Err(e) => {
+                tracing::warn!(error = %e, "io_uring unavailable; using psync");
+                Arc::new(psync::Psync::start(cfg))
+            }
+        },
+    };
+    tracing::info!(
+        engine = engine.name(),
+        threads = cfg.threads,
+        queue_depth = cfg.queue_depth,
+        "I/O engine started"
+    );
+    Ok(engine)
+}
+
+fn os_file(f: &FileHandle) -> io::Result<&Arc<File>> {
+    match f {
+        FileHandle::Os(file) => Ok(file),
+        FileHandle::Mem(_) => Err(io::Error::from_raw_os_error(libc::EBADF)),
+    }
+}
+
+/// The operations every OS-backed engine does the same way: plain system calls that do not
+/// move data.
+pub(crate) mod os {
+    use std::fs::{File, OpenOptions};
+    use std::io;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::{os_file, FileHandle, OpenMode, Space};
+
+    pub fn open(path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle> {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true);
+        match mode {
+            OpenMode::Existing => {}
+            OpenMode::Create => {
+                o.create(true);
+            }
+            OpenMode::CreateNew => {
+                o.create_new(true);
+            }
+        }
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        Ok(FileHandle::Os(Arc::new(o.open(path)?)))
+    }
+
+    pub fn sync_dir(path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+
+    pub fn len(f: &FileHandle) -> io::Result<u64> {
+        Ok(os_file(f)?.metadata()?.len())
+    }
+
+    pub fn set_len(f: &FileHandle, len: u64) -> io::Result<()> {
+        os_file(f)?.set_len(len)
+    }
+
+    pub fn punch(f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        let file = os_file(f)?;
+        let (off, len) = (i64::try_from(offset), i64::try_from(len));
+        let (Ok(off), Ok(len)) = (off, len) else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+        let rc = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off,
+                len,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    pub fn space(path: &Path) -> io::Result<Space> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: a valid C string and a pointer to a statvfs to fill.
+        if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: filled by the successful call.
+        let st = unsafe { st.assume_init() };
+        let frsize = st.f_frsize as u64;
+        Ok(Space {
+            total: st.f_blocks as u64 * frsize,
+            free: st.f_bavail as u64 * frsize,
+        })
+    }
+}
