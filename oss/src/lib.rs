@@ -2,8 +2,16 @@
 //! local disks through io_uring, with a checksum on every block.
 //!
 //! - [`engine`]: how bytes reach the disk (io_uring, psync, and an in-memory crash simulator).
+//! - [`object`]: one object's data and checksums, in 4 KiB blocks.
+//! - [`target`]: a storage target: a directory of objects and the id counter.
 //!
 //! File data arrives and leaves through the network layer's bulk transfers; this crate never
 //! sees a path of the namespace, only objects.
 
 pub mod engine;
+pub mod error;
+pub mod object;
+pub mod target;
+
+pub use error::TargetError;
+pub use target::{ScrubReport, Target};

@@ -17,6 +17,37 @@ pub enum StatusCode {
     Checksum,
     /// The server failed to carry out a valid request.
     Internal,
+    /// No such object (ENOENT).
+    NotFound,
+    /// Already exists (EEXIST).
+    Exists,
+    /// An argument is out of range: an offset past the size limit, a length past the I/O limit
+    /// (EINVAL, EFBIG).
+    Invalid,
+    /// The target is full (ENOSPC).
+    NoSpace,
+    /// The disk failed, or stored data failed its checksum (EIO). The message names the object
+    /// and the offset.
+    Io,
+}
+
+impl StatusCode {
+    /// The errno a POSIX caller sees for this code.
+    pub fn errno(self) -> i32 {
+        match self {
+            StatusCode::Busy => 16,       // EBUSY
+            StatusCode::BadRequest => 71, // EPROTO
+            StatusCode::NoService => 38,  // ENOSYS
+            StatusCode::Bulk => 5,        // EIO
+            StatusCode::Checksum => 5,    // EIO
+            StatusCode::Internal => 5,    // EIO
+            StatusCode::NotFound => 2,    // ENOENT
+            StatusCode::Exists => 17,     // EEXIST
+            StatusCode::Invalid => 22,    // EINVAL
+            StatusCode::NoSpace => 28,    // ENOSPC
+            StatusCode::Io => 5,          // EIO
+        }
+    }
 }
 
 /// An error reply: a code for programs and a message for people.

@@ -203,6 +203,23 @@ impl Engine for MemEngine {
         Ok(())
     }
 
+    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let end = offset.saturating_add(len);
+        let grow = end.saturating_sub(st.image(f)?.live.len() as u64);
+        if st.used() + grow > st.capacity {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let st = self.state.lock();
+        let files = st.live_names.keys().filter(|p| p.parent() == Some(dir));
+        let dirs = st.dirs.iter().filter(|p| p.parent() == Some(dir));
+        Ok(files.chain(dirs).cloned().collect())
+    }
+
     fn space(&self, _path: &Path) -> io::Result<Space> {
         let st = self.state.lock();
         Ok(Space {

@@ -64,6 +64,10 @@ pub trait Engine: Send + Sync + 'static {
     fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()>;
     /// Deallocates a range; it reads as zeros afterwards.
     fn punch(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()>;
+    /// Reserves space for a range, so that writing it cannot fail for lack of space.
+    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()>;
+    /// The entries of a directory (files and directories), in no particular order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<std::path::PathBuf>>;
     fn space(&self, path: &Path) -> io::Result<Space>;
     /// Reads `buf.len()` bytes at `offset`; a short count means end of file.
     fn read_at(
@@ -213,6 +217,27 @@ pub(crate) mod os {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+
+    pub fn allocate(f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        let file = os_file(f)?;
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, off, len) };
+        match rc {
+            0 => Ok(()),
+            // Filesystems without fallocate: the write itself will report a full disk.
+            _ if io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+
+    pub fn list(dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+        std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect()
     }
 
     pub fn space(path: &Path) -> io::Result<Space> {

@@ -96,6 +96,14 @@ impl Engine for Psync {
         os::punch(f, offset, len)
     }
 
+    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        os::allocate(f, offset, len)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+        os::list(dir)
+    }
+
     fn space(&self, path: &Path) -> io::Result<Space> {
         os::space(path)
     }

@@ -1,0 +1,467 @@
+//! One object: a data file and a checksum file, and the block rules that keep them honest.
+//!
+//! Data is stored and checked in 4 KiB blocks; every disk I/O is whole, aligned blocks, so data
+//! files are always opened O_DIRECT. A write that covers part of a block reads the block,
+//! checks it, and writes it back whole.
+//!
+//! The checksum file starts with a 32-byte header (magic, version, block size, logical size),
+//! then holds one 8-byte entry per block: the crc32c of the block's newest contents (`cur`) and
+//! of the contents last made durable (`prev`). A block is good if its crc32c matches either,
+//! or if it is all zeros and a slot is 0 (never written). The second slot is what lets a crash
+//! that kept a new checksum but lost the data it describes (or the reverse, on a real disk's
+//! writeback) read back the old block instead of an error. `prev` is replaced only by the first
+//! write to a block after a sync; later writes before the next sync change `cur` alone.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proto::Fid;
+use tokio::sync::RwLock;
+
+use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode};
+use crate::error::TargetError;
+
+/// Bytes per checksummed block.
+pub const BLOCK: u64 = 4096;
+/// Largest object: 16 TiB.
+pub const MAX_OBJECT_SIZE: u64 = 1 << 44;
+/// Largest single read or write: one bulk transfer.
+pub const MAX_IO: u64 = proto::MAX_BULK as u64;
+
+const META_MAGIC: [u8; 8] = *b"LODEOBJ\0";
+const META_VERSION: u32 = 1;
+pub(crate) const META_HEADER: u64 = 32;
+const ENTRY: u64 = 8;
+
+type Result<T> = std::result::Result<T, TargetError>;
+
+/// The checksum entry of one block: (cur, prev).
+type Entry = (u32, u32);
+
+/// Whether a block's contents match its entry.
+fn block_ok(data: &[u8], (cur, prev): Entry) -> bool {
+    let c = crc32c::crc32c(data);
+    c == cur || c == prev || ((cur == 0 || prev == 0) && data.iter().all(|&b| b == 0))
+}
+
+/// The blocks written since the last sync, as merged ranges.
+#[derive(Default)]
+struct Dirty(BTreeMap<u64, u64>);
+
+impl Dirty {
+    fn contains(&self, b: u64) -> bool {
+        self.0
+            .range(..=b)
+            .next_back()
+            .is_some_and(|(_, &end)| b < end)
+    }
+
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..=end)
+            .filter(|(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in overlapping {
+            self.0.remove(&s);
+            start = start.min(s);
+            end = end.max(e);
+        }
+        self.0.insert(start, end);
+    }
+
+    fn truncate(&mut self, end: u64) {
+        let above: Vec<u64> = self.0.range(end..).map(|(&s, _)| s).collect();
+        for s in above {
+            self.0.remove(&s);
+        }
+        if let Some((_, e)) = self.0.range_mut(..end).next_back() {
+            *e = (*e).min(end);
+        }
+    }
+}
+
+struct State {
+    size: u64,
+    dirty: Dirty,
+}
+
+/// Checks that `offset..offset+len` is a range an object may have.
+pub(crate) fn check_range(offset: u64, len: u64) -> Result<u64> {
+    if len > MAX_IO {
+        return Err(TargetError::Invalid(format!(
+            "I/O of {len} bytes exceeds the limit of {MAX_IO}"
+        )));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= MAX_OBJECT_SIZE => Ok(end),
+        _ => Err(TargetError::Invalid(format!(
+            "range {offset}+{len} is past the object size limit of {MAX_OBJECT_SIZE}"
+        ))),
+    }
+}
+
+pub(crate) struct Object {
+    pub fid: Fid,
+    engine: Arc<dyn Engine>,
+    data: FileHandle,
+    meta: FileHandle,
+    state: RwLock<State>,
+}
+
+impl Object {
+    /// Creates the files of a new, empty object (not yet durable: the caller syncs the
+    /// directory; an empty checksum file reads as an empty object).
+    pub fn create(
+        engine: &Arc<dyn Engine>,
+        fid: Fid,
+        data: &PathBuf,
+        meta: &PathBuf,
+    ) -> Result<()> {
+        let io = |e| TargetError::io(fid, 0, e);
+        engine.open(data, OpenMode::CreateNew, true).map_err(io)?;
+        engine.open(meta, OpenMode::CreateNew, false).map_err(io)?;
+        Ok(())
+    }
+
+    pub async fn open(
+        engine: Arc<dyn Engine>,
+        fid: Fid,
+        data: &PathBuf,
+        meta: &PathBuf,
+    ) -> Result<Object> {
+        let open = |p, direct| {
+            engine.open(p, OpenMode::Existing, direct).map_err(|e| {
+                if e.raw_os_error() == Some(libc::ENOENT) {
+                    TargetError::NotFound(fid)
+                } else {
+                    TargetError::io(fid, 0, e)
+                }
+            })
+        };
+        let (data, meta) = (open(data, true)?, open(meta, false)?);
+        let obj = Object {
+            fid,
+            engine,
+            data,
+            meta,
+            state: RwLock::new(State {
+                size: 0,
+                dirty: Dirty::default(),
+            }),
+        };
+        let size = obj.read_header().await?;
+        obj.state.write().await.size = size;
+        Ok(obj)
+    }
+
+    fn io(&self, offset: u64) -> impl Fn(std::io::Error) -> TargetError + '_ {
+        move |e| TargetError::io(self.fid, offset, e)
+    }
+
+    async fn pread(&self, f: &FileHandle, offset: u64, len: u64) -> Result<AlignedBuf> {
+        let (buf, r) = self
+            .engine
+            .read_at(f, offset, AlignedBuf::zeroed(len as usize))
+            .await;
+        // A short read is the end of the file: the rest of the buffer stays zero.
+        r.map_err(self.io(offset))?;
+        Ok(buf)
+    }
+
+    async fn pwrite(&self, f: &FileHandle, offset: u64, buf: AlignedBuf) -> Result<()> {
+        let (_, r) = self.engine.write_at(f, offset, buf).await;
+        r.map(|_| ()).map_err(self.io(offset))
+    }
+
+    async fn read_header(&self) -> Result<u64> {
+        let len = self.engine.len(&self.meta).map_err(self.io(0))?;
+        if len == 0 {
+            return Ok(0); // created, and the header never written: an empty object
+        }
+        let h = self.pread(&self.meta, 0, META_HEADER).await?;
+        let word =
+            |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
+        if h[..8] != META_MAGIC || word(8..12) != u64::from(META_VERSION) || word(12..16) != BLOCK {
+            return Err(TargetError::Damaged(format!(
+                "object {}: bad checksum file header",
+                self.fid
+            )));
+        }
+        Ok(word(16..24))
+    }
+
+    async fn write_header(&self, size: u64) -> Result<()> {
+        let mut h = AlignedBuf::zeroed(META_HEADER as usize);
+        h[..8].copy_from_slice(&META_MAGIC);
+        h[8..12].copy_from_slice(&META_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&(BLOCK as u32).to_le_bytes());
+        h[16..24].copy_from_slice(&size.to_le_bytes());
+        self.pwrite(&self.meta, 0, h).await
+    }
+
+    async fn read_entries(&self, b0: u64, n: u64) -> Result<Vec<Entry>> {
+        let raw = self
+            .pread(&self.meta, META_HEADER + b0 * ENTRY, n * ENTRY)
+            .await?;
+        Ok(raw
+            .chunks_exact(ENTRY as usize)
+            .map(|c| {
+                let cur = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let prev = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+                (cur, prev)
+            })
+            .collect())
+    }
+
+    async fn write_entries(&self, b0: u64, entries: &[Entry]) -> Result<()> {
+        let mut raw = AlignedBuf::zeroed(entries.len() * ENTRY as usize);
+        for (c, (cur, prev)) in raw.chunks_exact_mut(ENTRY as usize).zip(entries) {
+            c[..4].copy_from_slice(&cur.to_le_bytes());
+            c[4..].copy_from_slice(&prev.to_le_bytes());
+        }
+        self.pwrite(&self.meta, META_HEADER + b0 * ENTRY, raw).await
+    }
+
+    fn verify(&self, b0: u64, buf: &[u8], entries: &[Entry]) -> Result<()> {
+        for (i, (block, e)) in buf.chunks(BLOCK as usize).zip(entries).enumerate() {
+            if !block_ok(block, *e) {
+                return Err(TargetError::Checksum {
+                    fid: self.fid,
+                    offset: (b0 + i as u64) * BLOCK,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn size(&self) -> u64 {
+        self.state.read().await.size
+    }
+
+    /// Reads up to `len` bytes at `offset`: short at the end of the object, zeros in holes,
+    /// an error naming the block if any block fails its checksum.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
+        check_range(offset, len)?;
+        let st = self.state.read().await;
+        if offset >= st.size || len == 0 {
+            return Ok(Bytes::new());
+        }
+        let len = len.min(st.size - offset);
+        let (b0, b1) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
+        let buf = self
+            .pread(&self.data, b0 * BLOCK, (b1 - b0) * BLOCK)
+            .await?;
+        let entries = self.read_entries(b0, b1 - b0).await?;
+        self.verify(b0, &buf, &entries)?;
+        let start = (offset - b0 * BLOCK) as usize;
+        Ok(Bytes::from_owner(buf).slice(start..start + len as usize))
+    }
+
+    /// Writes `data` at `offset`, extending the object if needed; with `sync`, durably.
+    /// Returns the object's size.
+    pub async fn write(&self, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
+        let end = check_range(offset, data.len() as u64)?;
+        let mut st = self.state.write().await;
+        self.write_locked(&mut st, offset, end, data).await?;
+        if sync {
+            self.sync_locked(&mut st).await?;
+        }
+        Ok(st.size)
+    }
+
+    async fn write_locked(&self, st: &mut State, offset: u64, end: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (b0, b1) = (offset / BLOCK, end.div_ceil(BLOCK));
+        let n = b1 - b0;
+        let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
+        let mut entries = self.read_entries(b0, n).await?;
+        // Blocks only partly covered keep their other bytes: read and check them first.
+        let mut edges = vec![];
+        if offset % BLOCK != 0 {
+            edges.push(b0);
+        }
+        if end % BLOCK != 0 && !edges.contains(&(b1 - 1)) {
+            edges.push(b1 - 1);
+        }
+        for b in edges.into_iter().filter(|b| b * BLOCK < st.size) {
+            let old = self.pread(&self.data, b * BLOCK, BLOCK).await?;
+            let i = (b - b0) as usize;
+            self.verify(b, &old, &entries[i..=i])?;
+            buf[i * BLOCK as usize..(i + 1) * BLOCK as usize].copy_from_slice(&old);
+        }
+        let start = (offset - b0 * BLOCK) as usize;
+        buf[start..start + data.len()].copy_from_slice(data);
+
+        let before = entries.clone();
+        for (i, (block, e)) in buf
+            .chunks(BLOCK as usize)
+            .zip(entries.iter_mut())
+            .enumerate()
+        {
+            if !st.dirty.contains(b0 + i as u64) {
+                e.1 = e.0;
+            }
+            e.0 = crc32c::crc32c(block);
+        }
+        // Reserve the space first, so a full disk refuses the write before anything changes.
+        self.engine
+            .allocate(&self.data, b0 * BLOCK, n * BLOCK)
+            .map_err(self.io(b0 * BLOCK))?;
+        self.write_entries(b0, &entries).await?;
+        if let Err(e) = self.pwrite(&self.data, b0 * BLOCK, buf).await {
+            // The old data is still what the checksums must describe.
+            let _ = self.write_entries(b0, &before).await;
+            return Err(e);
+        }
+        st.dirty.insert(b0, b1);
+        if end > st.size {
+            self.write_header(end).await?;
+            st.size = end;
+        }
+        Ok(())
+    }
+
+    async fn sync_locked(&self, st: &mut State) -> Result<()> {
+        self.engine.sync(&self.data).await.map_err(self.io(0))?;
+        self.engine.sync(&self.meta).await.map_err(self.io(0))?;
+        st.dirty = Dirty::default();
+        Ok(())
+    }
+
+    /// Makes every write so far durable.
+    pub async fn sync(&self) -> Result<()> {
+        let mut st = self.state.write().await;
+        self.sync_locked(&mut st).await
+    }
+
+    /// Sets the size; bytes past a shrunk size are gone and read as zeros if the object grows
+    /// again. Durable on return.
+    pub async fn truncate(&self, size: u64) -> Result<()> {
+        check_range(size, 0)?;
+        let mut st = self.state.write().await;
+        if size < st.size {
+            let keep = size.div_ceil(BLOCK);
+            if size % BLOCK != 0 {
+                let zeros = vec![0u8; (BLOCK - size % BLOCK) as usize];
+                let end = keep * BLOCK;
+                self.write_locked(&mut st, size, end, &zeros).await?;
+            }
+            self.engine
+                .set_len(&self.data, keep * BLOCK)
+                .map_err(self.io(size))?;
+            self.engine
+                .set_len(&self.meta, META_HEADER + keep * ENTRY)
+                .map_err(self.io(size))?;
+            st.dirty.truncate(keep);
+        }
+        self.write_header(size).await?;
+        st.size = size;
+        self.sync_locked(&mut st).await
+    }
+
+    /// Deallocates `offset..offset+len` within the object; it reads as zeros. The size does
+    /// not change.
+    pub async fn punch(&self, offset: u64, len: u64) -> Result<()> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_OBJECT_SIZE)
+            .ok_or_else(|| {
+                TargetError::Invalid(format!(
+                    "range {offset}+{len} is past the object size limit"
+                ))
+            })?;
+        let mut st = self.state.write().await;
+        let end = end.min(st.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
+        if first >= last {
+            let zeros = vec![0u8; (end - offset) as usize];
+            return self.write_locked(&mut st, offset, end, &zeros).await;
+        }
+        if offset < first * BLOCK {
+            let zeros = vec![0u8; (first * BLOCK - offset) as usize];
+            self.write_locked(&mut st, offset, first * BLOCK, &zeros)
+                .await?;
+        }
+        if end > last * BLOCK {
+            let zeros = vec![0u8; (end - last * BLOCK) as usize];
+            self.write_locked(&mut st, last * BLOCK, end, &zeros)
+                .await?;
+        }
+        // Whole blocks: mark them unwritten (keeping the old checksum as `prev`), then free them.
+        for chunk_start in (first..last).step_by(65536) {
+            let chunk_end = (chunk_start + 65536).min(last);
+            let mut entries = self
+                .read_entries(chunk_start, chunk_end - chunk_start)
+                .await?;
+            for (i, e) in entries.iter_mut().enumerate() {
+                if !st.dirty.contains(chunk_start + i as u64) {
+                    e.1 = e.0;
+                }
+                e.0 = 0;
+            }
+            self.write_entries(chunk_start, &entries).await?;
+            st.dirty.insert(chunk_start, chunk_end);
+        }
+        self.engine
+            .punch(&self.data, first * BLOCK, (last - first) * BLOCK)
+            .map_err(self.io(first * BLOCK))
+    }
+
+    /// Reads every block and returns the offsets of those failing their checksum.
+    pub async fn scrub(&self) -> Result<Vec<u64>> {
+        const CHUNK: u64 = 256;
+        let st = self.state.read().await;
+        let blocks = st.size.div_ceil(BLOCK);
+        let mut bad = vec![];
+        for b0 in (0..blocks).step_by(CHUNK as usize) {
+            let n = CHUNK.min(blocks - b0);
+            let buf = self.pread(&self.data, b0 * BLOCK, n * BLOCK).await?;
+            let entries = self.read_entries(b0, n).await?;
+            for (i, (block, e)) in buf.chunks(BLOCK as usize).zip(&entries).enumerate() {
+                if !block_ok(block, *e) {
+                    bad.push((b0 + i as u64) * BLOCK);
+                }
+            }
+        }
+        Ok(bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_ranges_merge_and_truncate() {
+        let mut d = Dirty::default();
+        d.insert(0, 4);
+        d.insert(4, 8);
+        d.insert(10, 12);
+        assert!(d.contains(0) && d.contains(7) && !d.contains(8) && d.contains(11));
+        d.insert(6, 11);
+        assert_eq!(d.0.len(), 1);
+        d.truncate(5);
+        assert!(d.contains(4) && !d.contains(5));
+    }
+
+    #[test]
+    fn a_block_matches_either_slot_or_is_unwritten_zeros() {
+        let data = [7u8; BLOCK as usize];
+        let c = crc32c::crc32c(&data);
+        assert!(block_ok(&data, (c, 0)));
+        assert!(block_ok(&data, (1, c)));
+        assert!(!block_ok(&data, (1, 2)));
+        assert!(!block_ok(&data, (0, 0)));
+        assert!(block_ok(&[0u8; BLOCK as usize], (0, 0)));
+        assert!(block_ok(&[0u8; BLOCK as usize], (c, 0)));
+    }
+}

@@ -1,0 +1,314 @@
+//! A storage target (an OST): a directory of objects in a hashed tree, as Lustre keeps them on
+//! ldiskfs, and the counter that names new objects.
+//!
+//! ```text
+//! <root>/TARGET                      magic, version, index (32 bytes)
+//! <root>/LAST_ID                     the highest object id handed out (u64, little-endian)
+//! <root>/O/<seq>/d<oid % 32>/<oid>     object data (hex names)
+//! <root>/O/<seq>/d<oid % 32>/<oid>.cs  its checksums and size
+//! ```
+//!
+//! Objects of target `i` have FIDs in sequence `OST_SEQ_BASE + i`. LAST_ID is made durable
+//! before any object it covers is created, so an id is never handed out twice, even across a
+//! crash.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use proto::Fid;
+
+use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode, Space};
+use crate::error::TargetError;
+use crate::object::Object;
+
+type Result<T> = std::result::Result<T, TargetError>;
+
+/// The sequence of target 0's objects; target `i` uses `OST_SEQ_BASE + i`.
+pub const OST_SEQ_BASE: u64 = 0x1_0000_0000;
+/// Most objects created by one precreate.
+pub const MAX_PRECREATE: u32 = 20_000;
+/// Objects kept open at once; beyond it, idle ones are closed.
+pub const MAX_OPEN_OBJECTS: usize = 4096;
+/// Subdirectories per sequence.
+const FANOUT: u32 = 32;
+
+const TARGET_MAGIC: [u8; 8] = *b"LODEOST\0";
+const TARGET_VERSION: u32 = 1;
+
+/// What a scrub found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ScrubReport {
+    pub objects: u64,
+    pub bytes: u64,
+    /// (object, offset of the bad block)
+    pub bad: Vec<(Fid, u64)>,
+}
+
+pub struct Target {
+    index: u32,
+    root: PathBuf,
+    engine: Arc<dyn Engine>,
+    last_id_file: FileHandle,
+    /// The highest object id handed out; held across a precreate.
+    last_id: tokio::sync::Mutex<u32>,
+    objects: Mutex<HashMap<Fid, Arc<Object>>>,
+}
+
+fn word(b: &[u8], at: usize, n: usize) -> u64 {
+    b[at..at + n]
+        .iter()
+        .rev()
+        .fold(0, |a, &x| a << 8 | u64::from(x))
+}
+
+impl Target {
+    /// Creates an empty target with index `index` in `root`.
+    pub async fn format(engine: &Arc<dyn Engine>, root: &Path, index: u32) -> Result<()> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let seq_dir = root
+            .join("O")
+            .join(format!("{:x}", OST_SEQ_BASE + u64::from(index)));
+        for d in 0..FANOUT {
+            engine
+                .create_dir_all(&seq_dir.join(format!("d{d}")))
+                .map_err(err("create"))?;
+        }
+        let target = engine
+            .open(&root.join("TARGET"), OpenMode::CreateNew, false)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EEXIST) => {
+                    TargetError::Invalid(format!("{} is already formatted", root.display()))
+                }
+                _ => TargetError::target(format!("{} create", root.display()), e),
+            })?;
+        let mut head = AlignedBuf::zeroed(32);
+        head[..8].copy_from_slice(&TARGET_MAGIC);
+        head[8..12].copy_from_slice(&TARGET_VERSION.to_le_bytes());
+        head[12..16].copy_from_slice(&index.to_le_bytes());
+        engine
+            .write_at(&target, 0, head)
+            .await
+            .1
+            .map_err(err("write TARGET"))?;
+        engine.sync(&target).await.map_err(err("sync TARGET"))?;
+        let last = engine
+            .open(&root.join("LAST_ID"), OpenMode::CreateNew, false)
+            .map_err(err("create LAST_ID"))?;
+        engine
+            .write_at(&last, 0, AlignedBuf::zeroed(8))
+            .await
+            .1
+            .map_err(err("write LAST_ID"))?;
+        engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
+        engine.sync_dir(root).map_err(err("sync"))
+    }
+
+    /// Opens a formatted target.
+    pub async fn open(engine: Arc<dyn Engine>, root: &Path) -> Result<Target> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let target = engine
+            .open(&root.join("TARGET"), OpenMode::Existing, false)
+            .map_err(err("open TARGET (is it formatted?)"))?;
+        let (head, r) = engine.read_at(&target, 0, AlignedBuf::zeroed(32)).await;
+        if r.map_err(err("read TARGET"))? < 32
+            || head[..8] != TARGET_MAGIC
+            || word(&head, 8, 4) != u64::from(TARGET_VERSION)
+        {
+            return Err(TargetError::Damaged(format!(
+                "{}/TARGET is not a lode target",
+                root.display()
+            )));
+        }
+        let index = word(&head, 12, 4) as u32;
+        let last_id_file = engine
+            .open(&root.join("LAST_ID"), OpenMode::Existing, false)
+            .map_err(err("open LAST_ID"))?;
+        let (raw, r) = engine
+            .read_at(&last_id_file, 0, AlignedBuf::zeroed(8))
+            .await;
+        if r.map_err(err("read LAST_ID"))? < 8 {
+            return Err(TargetError::Damaged(format!(
+                "{}/LAST_ID is short",
+                root.display()
+            )));
+        }
+        let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
+            TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
+        })?;
+        Ok(Target {
+            index,
+            root: root.to_path_buf(),
+            engine,
+            last_id_file,
+            last_id: tokio::sync::Mutex::new(last),
+            objects: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn seq(&self) -> u64 {
+        OST_SEQ_BASE + u64::from(self.index)
+    }
+
+    fn dir_of(&self, oid: u32) -> PathBuf {
+        self.root
+            .join("O")
+            .join(format!("{:x}", self.seq()))
+            .join(format!("d{}", oid % FANOUT))
+    }
+
+    fn paths(&self, fid: Fid) -> (PathBuf, PathBuf) {
+        let dir = self.dir_of(fid.oid);
+        (
+            dir.join(format!("{:x}", fid.oid)),
+            dir.join(format!("{:x}.cs", fid.oid)),
+        )
+    }
+
+    /// Creates `count` new objects and returns the first id; the ids are consecutive.
+    pub async fn precreate(&self, count: u32) -> Result<Fid> {
+        if count == 0 || count > MAX_PRECREATE {
+            return Err(TargetError::Invalid(format!(
+                "precreate count must be 1..={MAX_PRECREATE}, not {count}"
+            )));
+        }
+        let mut last = self.last_id.lock().await;
+        let first = last
+            .checked_add(1)
+            .filter(|f| f.checked_add(count - 1).is_some())
+            .ok_or_else(|| TargetError::Invalid("this target's object ids are exhausted".into()))?;
+        let new_last = first + (count - 1);
+        let mut raw = AlignedBuf::zeroed(8);
+        raw.copy_from_slice(&u64::from(new_last).to_le_bytes());
+        let err = |e| TargetError::target(format!("{} LAST_ID", self.root.display()), e);
+        self.engine
+            .write_at(&self.last_id_file, 0, raw)
+            .await
+            .1
+            .map_err(err)?;
+        self.engine.sync(&self.last_id_file).await.map_err(err)?;
+        *last = new_last;
+        let mut dirs = vec![];
+        for oid in first..=new_last {
+            let fid = Fid::new(self.seq(), oid, 0);
+            let (data, meta) = self.paths(fid);
+            Object::create(&self.engine, fid, &data, &meta)?;
+            if dirs.len() < FANOUT as usize && !dirs.contains(&(oid % FANOUT)) {
+                dirs.push(oid % FANOUT);
+            }
+        }
+        for d in dirs {
+            self.engine
+                .sync_dir(&self.dir_of(d))
+                .map_err(|e| TargetError::target("sync object directory", e))?;
+        }
+        Ok(Fid::new(self.seq(), first, 0))
+    }
+
+    async fn object(&self, fid: Fid) -> Result<Arc<Object>> {
+        if fid.seq != self.seq() || fid.ver != 0 {
+            return Err(TargetError::NotFound(fid));
+        }
+        if let Some(o) = self.objects.lock().get(&fid) {
+            return Ok(o.clone());
+        }
+        let (data, meta) = self.paths(fid);
+        let obj = Arc::new(Object::open(self.engine.clone(), fid, &data, &meta).await?);
+        let mut objects = self.objects.lock();
+        if objects.len() >= MAX_OPEN_OBJECTS {
+            objects.retain(|_, o| Arc::strong_count(o) > 1);
+        }
+        Ok(objects.entry(fid).or_insert(obj).clone())
+    }
+
+    pub async fn write(&self, fid: Fid, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
+        self.object(fid).await?.write(offset, data, sync).await
+    }
+
+    pub async fn read(&self, fid: Fid, offset: u64, len: u64) -> Result<Bytes> {
+        self.object(fid).await?.read(offset, len).await
+    }
+
+    pub async fn size(&self, fid: Fid) -> Result<u64> {
+        Ok(self.object(fid).await?.size().await)
+    }
+
+    pub async fn truncate(&self, fid: Fid, size: u64) -> Result<()> {
+        self.object(fid).await?.truncate(size).await
+    }
+
+    pub async fn punch(&self, fid: Fid, offset: u64, len: u64) -> Result<()> {
+        self.object(fid).await?.punch(offset, len).await
+    }
+
+    pub async fn sync(&self, fid: Fid) -> Result<()> {
+        self.object(fid).await?.sync().await
+    }
+
+    /// Removes an object; durable on return.
+    pub async fn destroy(&self, fid: Fid) -> Result<()> {
+        self.object(fid).await?;
+        self.objects.lock().remove(&fid);
+        let (data, meta) = self.paths(fid);
+        let err = |e| TargetError::io(fid, 0, e);
+        self.engine.remove(&data).map_err(err)?;
+        self.engine.remove(&meta).map_err(err)?;
+        self.engine.sync_dir(&self.dir_of(fid.oid)).map_err(err)
+    }
+
+    pub fn space(&self) -> Result<Space> {
+        self.engine
+            .space(&self.root)
+            .map_err(|e| TargetError::target(format!("{} statfs", self.root.display()), e))
+    }
+
+    /// Every object id that has a data file.
+    pub fn objects(&self) -> Result<Vec<Fid>> {
+        let mut out = vec![];
+        for d in 0..FANOUT {
+            let dir = self.dir_of(d);
+            let entries = self
+                .engine
+                .list(&dir)
+                .map_err(|e| TargetError::target(format!("list {}", dir.display()), e))?;
+            for p in entries {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if let Ok(oid) = u32::from_str_radix(name, 16) {
+                    out.push(Fid::new(self.seq(), oid, 0));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Reads every block of every object and reports those failing their checksums.
+    pub async fn scrub(&self) -> Result<ScrubReport> {
+        let mut report = ScrubReport::default();
+        for fid in self.objects()? {
+            let obj = self.object(fid).await?;
+            report.objects += 1;
+            report.bytes += obj.size().await;
+            report
+                .bad
+                .extend(obj.scrub().await?.into_iter().map(|off| (fid, off)));
+        }
+        Ok(report)
+    }
+}

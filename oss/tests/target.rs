@@ -1,0 +1,265 @@
+//! A storage target through each operation and each error, on the crash-simulating engine
+//! (and a real disk for the checksum test).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use oss::engine::mem::{MemEngine, Op};
+use oss::engine::psync::Psync;
+use oss::engine::{Engine, EngineConfig};
+use oss::object::{BLOCK, MAX_IO, MAX_OBJECT_SIZE};
+use oss::{Target, TargetError};
+use proto::Fid;
+
+const ROOT: &str = "/ost0";
+
+async fn mem_target(capacity: u64) -> (Arc<MemEngine>, Target) {
+    let mem = Arc::new(MemEngine::new(capacity));
+    let engine: Arc<dyn Engine> = mem.clone();
+    Target::format(&engine, Path::new(ROOT), 0).await.unwrap();
+    let t = Target::open(engine, Path::new(ROOT)).await.unwrap();
+    (mem, t)
+}
+
+async fn reopen(mem: &Arc<MemEngine>) -> Target {
+    Target::open(mem.clone(), Path::new(ROOT)).await.unwrap()
+}
+
+fn bytes(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i * 7 % 251) as u8))
+        .collect()
+}
+
+#[tokio::test]
+async fn precreated_objects_are_consecutive_and_empty() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let first = t.precreate(10).await.unwrap();
+    let next = t.precreate(5).await.unwrap();
+    assert_eq!(next.oid, first.oid + 10);
+    assert_eq!(t.size(first).await.unwrap(), 0);
+    assert_eq!(t.objects().unwrap().len(), 15);
+    assert!(matches!(t.precreate(0).await, Err(TargetError::Invalid(_))));
+    assert!(matches!(
+        t.precreate(20_001).await,
+        Err(TargetError::Invalid(_))
+    ));
+}
+
+#[tokio::test]
+async fn writes_read_back_at_any_offset_with_holes_as_zeros() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let a = bytes(1, 10_000);
+    assert_eq!(t.write(o, 5000, &a, false).await.unwrap(), 15_000);
+    let got = t.read(o, 0, 20_000).await.unwrap();
+    assert_eq!(got.len(), 15_000, "a read past the end is short");
+    assert!(
+        got[..5000].iter().all(|&b| b == 0),
+        "the hole reads as zeros"
+    );
+    assert_eq!(&got[5000..], &a[..]);
+    // An unaligned overwrite inside one block keeps its neighbours.
+    t.write(o, 6001, b"xyz", false).await.unwrap();
+    let got = t.read(o, 6000, 5).await.unwrap();
+    assert_eq!(&got[..], &[a[1000], b'x', b'y', b'z', a[1004]]);
+    assert!(t.read(o, 15_000, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn truncate_shrinks_and_grows_with_zeros() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    t.write(o, 0, &bytes(3, 3 * BLOCK as usize), true)
+        .await
+        .unwrap();
+    t.truncate(o, 5000).await.unwrap();
+    assert_eq!(t.size(o).await.unwrap(), 5000);
+    t.truncate(o, 20_000).await.unwrap();
+    let got = t.read(o, 0, 20_000).await.unwrap();
+    assert_eq!(&got[..5000], &bytes(3, 3 * BLOCK as usize)[..5000]);
+    assert!(
+        got[5000..].iter().all(|&b| b == 0),
+        "bytes past the old size come back as zeros"
+    );
+}
+
+#[tokio::test]
+async fn punch_zeroes_a_range_and_keeps_the_size() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let data = bytes(9, 5 * BLOCK as usize);
+    t.write(o, 0, &data, false).await.unwrap();
+    t.punch(o, 100, 3 * BLOCK).await.unwrap();
+    let got = t.read(o, 0, 5 * BLOCK).await.unwrap();
+    assert_eq!(got.len(), data.len());
+    assert_eq!(&got[..100], &data[..100]);
+    assert!(got[100..100 + 3 * BLOCK as usize].iter().all(|&b| b == 0));
+    assert_eq!(
+        &got[100 + 3 * BLOCK as usize..],
+        &data[100 + 3 * BLOCK as usize..]
+    );
+}
+
+#[tokio::test]
+async fn a_destroyed_or_unknown_object_is_not_found() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    t.write(o, 0, b"hello", true).await.unwrap();
+    t.destroy(o).await.unwrap();
+    assert!(matches!(
+        t.read(o, 0, 5).await,
+        Err(TargetError::NotFound(_))
+    ));
+    assert!(matches!(t.destroy(o).await, Err(TargetError::NotFound(_))));
+    let stranger = Fid::new(o.seq + 1, o.oid, 0);
+    assert!(matches!(
+        t.write(stranger, 0, b"x", false).await,
+        Err(TargetError::NotFound(_))
+    ));
+    assert!(matches!(
+        t.size(Fid::new(o.seq, 999_999, 0)).await,
+        Err(TargetError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn ranges_past_the_limits_are_refused_and_write_nothing() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    for (off, len) in [
+        (u64::MAX - 2, 10u64),
+        (MAX_OBJECT_SIZE - 1, 2),
+        (0, MAX_IO + 1),
+    ] {
+        let err = t.read(o, off, len).await.unwrap_err();
+        assert!(matches!(err, TargetError::Invalid(_)), "{err}");
+    }
+    let err = t.write(o, MAX_OBJECT_SIZE, b"x", false).await.unwrap_err();
+    assert!(matches!(err, TargetError::Invalid(_)), "{err}");
+    assert!(matches!(
+        t.truncate(o, MAX_OBJECT_SIZE + 1).await,
+        Err(TargetError::Invalid(_))
+    ));
+    assert!(matches!(
+        t.punch(o, u64::MAX, 2).await,
+        Err(TargetError::Invalid(_))
+    ));
+    assert_eq!(t.size(o).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_crash_keeps_synced_data_and_loses_unsynced_writes_whole() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(2).await.unwrap();
+    let synced = bytes(1, 64 << 10);
+    t.write(o, 0, &synced, true).await.unwrap();
+    // Unsynced: an overwrite of part of it, and an extension.
+    t.write(o, 10_000, &bytes(2, 30_000), false).await.unwrap();
+    t.write(o, 64 << 10, &bytes(3, 8192), false).await.unwrap();
+    // A second object written and synced after the first's unsynced writes.
+    let o2 = Fid::new(o.seq, o.oid + 1, 0);
+    t.write(o2, 0, b"durable", false).await.unwrap();
+    t.sync(o2).await.unwrap();
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    assert_eq!(
+        t.size(o).await.unwrap(),
+        synced.len() as u64,
+        "the unsynced extension is gone"
+    );
+    assert_eq!(
+        &t.read(o, 0, 1 << 20).await.unwrap()[..],
+        &synced[..],
+        "not a byte of the overwrite survived"
+    );
+    assert_eq!(&t.read(o2, 0, 100).await.unwrap()[..], b"durable");
+    // Ids handed out before the crash are never handed out again.
+    assert_eq!(t.precreate(1).await.unwrap().oid, o.oid + 2);
+}
+
+#[tokio::test]
+async fn a_block_whose_new_data_was_lost_reads_as_its_old_contents() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let old = bytes(5, BLOCK as usize);
+    t.write(o, 0, &old, true).await.unwrap();
+    t.write(o, 0, &bytes(6, BLOCK as usize), false)
+        .await
+        .unwrap();
+    // The disk kept the new checksum but not the new data (a real disk's writeback may do so).
+    let data = format!("{ROOT}/O/{:x}/d{}/{:x}", o.seq, o.oid % 32, o.oid);
+    mem.with_file(Path::new(&data), |img| {
+        img[..old.len()].copy_from_slice(&old)
+    })
+    .unwrap();
+    assert_eq!(&t.read(o, 0, BLOCK).await.unwrap()[..], &old[..]);
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_the_write_and_keeps_what_was_there() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let first = bytes(4, 32 << 10);
+    t.write(o, 0, &first, true).await.unwrap();
+    mem.set_capacity(
+        mem.space(Path::new(ROOT)).unwrap().total - mem.space(Path::new(ROOT)).unwrap().free + 1000,
+    );
+    let err = t
+        .write(o, 32 << 10, &bytes(5, 64 << 10), false)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TargetError::NoSpace), "{err}");
+    assert_eq!(t.size(o).await.unwrap(), first.len() as u64);
+    assert_eq!(&t.read(o, 0, 1 << 20).await.unwrap()[..], &first[..]);
+    // An overwrite in place needs no new space and still works.
+    t.write(o, 0, &bytes(6, 4096), true).await.unwrap();
+}
+
+#[tokio::test]
+async fn disk_errors_reach_the_caller_naming_the_object() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    t.write(o, 0, &bytes(1, 8192), true).await.unwrap();
+    mem.fail_next(Op::Read, libc::EIO);
+    let err = t.read(o, 0, 8192).await.unwrap_err();
+    assert!(matches!(err, TargetError::Io { .. }), "{err}");
+    assert!(err.to_string().contains(&o.to_string()), "{err}");
+    mem.fail_next(Op::Sync, libc::EIO);
+    assert!(t.sync(o).await.is_err());
+    t.sync(o).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_flipped_bit_on_disk_is_an_error_naming_object_and_offset_and_scrub_finds_it() {
+    let dir = std::env::temp_dir().join(format!("lode-bitflip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
+    Target::format(&engine, &dir, 3).await.unwrap();
+    let t = Target::open(engine, &dir).await.unwrap();
+    let o = t.precreate(1).await.unwrap();
+    let data = bytes(7, 5 * BLOCK as usize);
+    t.write(o, 0, &data, true).await.unwrap();
+    assert_eq!(t.scrub().await.unwrap().bad, vec![]);
+
+    let path = dir.join(format!("O/{:x}/d{}/{:x}", o.seq, o.oid % 32, o.oid));
+    let mut raw = std::fs::read(&path).unwrap();
+    raw[2 * BLOCK as usize + 77] ^= 0x10;
+    std::fs::write(&path, &raw).unwrap();
+
+    let err = t.read(o, 0, 5 * BLOCK).await.unwrap_err();
+    match &err {
+        TargetError::Checksum { fid, offset } => assert_eq!((*fid, *offset), (o, 2 * BLOCK)),
+        other => panic!("expected a checksum error, got {other}"),
+    }
+    assert!(err.to_string().contains(&o.to_string()) && err.to_string().contains("8192"));
+    // Blocks around it still read.
+    assert_eq!(
+        &t.read(o, 0, 2 * BLOCK).await.unwrap()[..],
+        &data[..2 * BLOCK as usize]
+    );
+    let report = t.scrub().await.unwrap();
+    assert_eq!(report.bad, vec![(o, 2 * BLOCK)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
