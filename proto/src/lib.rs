@@ -9,6 +9,9 @@ pub mod fid;
 pub mod frame;
 pub mod msg;
 pub mod nid;
+pub mod ost;
+pub mod registry;
+pub mod seq;
 pub mod status;
 
 pub use bulk::BulkDesc;

@@ -25,7 +25,40 @@ pub mod opcodes {
     pub const BULK_READ: Opcode = Opcode(0x0003);
     pub const BULK_WRITE: Opcode = Opcode(0x0004);
 
-    pub const ALL: &[Opcode] = &[PING, ECHO, BULK_READ, BULK_WRITE];
+    // 0x01xx: the metadata server.
+    pub const MDS_REGISTER_TARGETS: Opcode = Opcode(0x0101);
+    pub const MDS_HEARTBEAT: Opcode = Opcode(0x0102);
+    pub const MDS_LIST_TARGETS: Opcode = Opcode(0x0103);
+
+    // 0x02xx: object storage servers.
+    pub const OST_PRECREATE: Opcode = Opcode(0x0201);
+    pub const OST_WRITE: Opcode = Opcode(0x0202);
+    pub const OST_READ: Opcode = Opcode(0x0203);
+    pub const OST_TRUNCATE: Opcode = Opcode(0x0204);
+    pub const OST_PUNCH: Opcode = Opcode(0x0205);
+    pub const OST_DESTROY: Opcode = Opcode(0x0206);
+    pub const OST_GETATTR: Opcode = Opcode(0x0207);
+    pub const OST_SYNC: Opcode = Opcode(0x0208);
+    pub const OST_STATFS: Opcode = Opcode(0x0209);
+
+    pub const ALL: &[Opcode] = &[
+        PING,
+        ECHO,
+        BULK_READ,
+        BULK_WRITE,
+        MDS_REGISTER_TARGETS,
+        MDS_HEARTBEAT,
+        MDS_LIST_TARGETS,
+        OST_PRECREATE,
+        OST_WRITE,
+        OST_READ,
+        OST_TRUNCATE,
+        OST_PUNCH,
+        OST_DESTROY,
+        OST_GETATTR,
+        OST_SYNC,
+        OST_STATFS,
+    ];
 }
 
 impl Opcode {

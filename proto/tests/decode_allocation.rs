@@ -50,9 +50,14 @@ proptest! {
             let _ = decode_body::<BulkWrite>(&body);
             let _ = decode_body::<BulkDone>(&body);
             let _ = decode_body::<proto::RemoteError>(&body);
+            let _ = decode_body::<proto::ost::OstWrite>(&body);
+            let _ = decode_body::<proto::ost::OstRead>(&body);
+            let _ = decode_body::<proto::registry::RegisterTargets>(&body);
+            let _ = decode_body::<proto::registry::TargetList>(&body);
         });
-        // Seven decoders, each may keep at most the body plus one error message.
-        prop_assert!(used <= 7 * (body.len() + ERROR_SLACK), "{} bytes for a {}-byte body", used, body.len());
+        // Eleven decoders, each keeping at most a fixed factor of the body (sequences grow with
+        // the elements they decode, never with the count they claim) plus one error message.
+        prop_assert!(used <= 11 * (8 * body.len() + ERROR_SLACK), "{} bytes for a {}-byte body", used, body.len());
     }
 
     #[test]
@@ -60,6 +65,14 @@ proptest! {
         let used = allocated_by(|| { let _ = decode_frame(&bytes); });
         prop_assert_eq!(used, 0);
     }
+}
+
+#[test]
+fn a_lying_sequence_length_does_not_reserve_memory() {
+    // A TargetList claiming 60 000 entries, followed by nothing.
+    let body = [0xe0, 0xd4, 0x03];
+    let used = allocated_by(|| assert!(decode_body::<proto::registry::TargetList>(&body).is_err()));
+    assert!(used <= ERROR_SLACK, "{used} bytes allocated");
 }
 
 #[test]

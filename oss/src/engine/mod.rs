@@ -240,6 +240,7 @@ pub(crate) mod os {
             .collect()
     }
 
+    #[allow(clippy::unnecessary_cast)] // statvfs field types differ between platforms
     pub fn space(path: &Path) -> io::Result<Space> {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(path.as_os_str().as_bytes())

@@ -1,0 +1,180 @@
+//! Messages to an object storage server. Every request names the target (OST index) and,
+//! except precreate and statfs, the object. File data moves by bulk transfer: the client's
+//! descriptor says where its buffer is.
+
+use serde::{Deserialize, Serialize};
+
+use crate::bulk::BulkDesc;
+use crate::msg::{opcodes, Opcode, Rpc};
+use crate::Fid;
+
+/// Creates `count` objects; their ids are consecutive from `first`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstPrecreate {
+    pub target: u32,
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstPrecreated {
+    pub first: Fid,
+    pub count: u32,
+}
+
+/// Writes `desc.len` bytes pulled from the caller at `offset`. The descriptor must carry the
+/// data's crc32c; the server checks it before storing anything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstWrite {
+    pub target: u32,
+    pub fid: Fid,
+    pub offset: u64,
+    pub desc: BulkDesc,
+    /// Durable before the reply.
+    pub sync: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstWritten {
+    /// The object's size after the write.
+    pub size: u64,
+}
+
+/// Reads up to `desc.len` bytes at `offset` into the caller's region; short at the end of
+/// the object, zeros in holes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstRead {
+    pub target: u32,
+    pub fid: Fid,
+    pub offset: u64,
+    pub desc: BulkDesc,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstReadDone {
+    /// Bytes placed at the start of the descriptor's range.
+    pub bytes: u32,
+    pub size: u64,
+}
+
+/// Sets an object's size (durably).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstTruncate {
+    pub target: u32,
+    pub fid: Fid,
+    pub size: u64,
+}
+
+/// Deallocates a range of an object; it reads as zeros.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstPunch {
+    pub target: u32,
+    pub fid: Fid,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDestroy {
+    pub target: u32,
+    pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstGetattr {
+    pub target: u32,
+    pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstAttr {
+    pub size: u64,
+}
+
+/// Makes every write to an object durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstSync {
+    pub target: u32,
+    pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDone {}
+
+/// Space and identity of one target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstStatfs {
+    pub target: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetSpace {
+    pub index: u32,
+    pub total: u64,
+    pub free: u64,
+}
+
+macro_rules! rpc {
+    ($req:ty, $op:expr, $reply:ty) => {
+        impl Rpc for $req {
+            const OPCODE: Opcode = $op;
+            type Reply = $reply;
+        }
+    };
+}
+
+rpc!(OstPrecreate, opcodes::OST_PRECREATE, OstPrecreated);
+rpc!(OstWrite, opcodes::OST_WRITE, OstWritten);
+rpc!(OstRead, opcodes::OST_READ, OstReadDone);
+rpc!(OstTruncate, opcodes::OST_TRUNCATE, OstDone);
+rpc!(OstPunch, opcodes::OST_PUNCH, OstDone);
+rpc!(OstDestroy, opcodes::OST_DESTROY, OstDone);
+rpc!(OstGetattr, opcodes::OST_GETATTR, OstAttr);
+rpc!(OstSync, opcodes::OST_SYNC, OstDone);
+rpc!(OstStatfs, opcodes::OST_STATFS, TargetSpace);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{decode_body, encode_body};
+    use crate::registry::*;
+    use crate::Nid;
+    use proptest::prelude::*;
+    use std::fmt::Debug;
+
+    fn round_trips<T: Serialize + serde::de::DeserializeOwned + PartialEq + Debug>(v: T) {
+        let body = encode_body(&v).unwrap();
+        assert_eq!(decode_body::<T>(&body).unwrap(), v);
+    }
+
+    proptest! {
+        #[test]
+        fn storage_and_registry_messages_round_trip(target: u32, seq: u64, oid: u32, offset: u64, len: u32,
+                                                      key: u64, crc: Option<u32>, sync: bool, uuid: u128,
+                                                      total: u64, free: u64, n in 0usize..20) {
+            let fid = Fid::new(seq, oid, 0);
+            let desc = BulkDesc { key, offset, len, crc32c: crc };
+            round_trips(OstPrecreate { target, count: len });
+            round_trips(OstPrecreated { first: fid, count: len });
+            round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync });
+            round_trips(OstWritten { size: offset });
+            round_trips(OstRead { target, fid, offset, desc });
+            round_trips(OstReadDone { bytes: len, size: offset });
+            round_trips(OstTruncate { target, fid, size: offset });
+            round_trips(OstPunch { target, fid, offset, len: u64::from(len) });
+            round_trips(OstDestroy { target, fid });
+            round_trips(OstGetattr { target, fid });
+            round_trips(OstAttr { size: offset });
+            round_trips(OstSync { target, fid });
+            round_trips(OstDone {});
+            round_trips(OstStatfs { target });
+            round_trips(TargetSpace { index: target, total, free });
+            let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+            let reports: Vec<_> = (0..n).map(|i| TargetReport { index: (i % 2 == 0).then_some(i as u32), uuid, total, free }).collect();
+            round_trips(RegisterTargets { oss: oss.clone(), targets: reports.clone() });
+            round_trips(Registered { indices: (0..n as u32).collect() });
+            round_trips(Heartbeat { oss: oss.clone(), targets: reports });
+            round_trips(ListTargets {});
+            round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), total, free, up: sync }).collect() });
+        }
+    }
+}
