@@ -13,7 +13,7 @@
 //! write to a block after a sync; later writes before the next sync change `cur` alone.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -118,8 +118,8 @@ impl Object {
     pub fn create(
         engine: &Arc<dyn Engine>,
         fid: Fid,
-        data: &PathBuf,
-        meta: &PathBuf,
+        data: &Path,
+        meta: &Path,
     ) -> Result<()> {
         let io = |e| TargetError::io(fid, 0, e);
         engine.open(data, OpenMode::CreateNew, true).map_err(io)?;
@@ -130,8 +130,8 @@ impl Object {
     pub async fn open(
         engine: Arc<dyn Engine>,
         fid: Fid,
-        data: &PathBuf,
-        meta: &PathBuf,
+        data: &Path,
+        meta: &Path,
     ) -> Result<Object> {
         let open = |p, direct| {
             engine.open(p, OpenMode::Existing, direct).map_err(|e| {

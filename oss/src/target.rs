@@ -2,7 +2,8 @@
 //! ldiskfs, and the counter that names new objects.
 //!
 //! ```text
-//! <root>/TARGET                      magic, version, index (32 bytes)
+//! <root>/TARGET                      magic, version, index, uuid (32 bytes; index
+//!                                    0xffffffff until the MDS assigns one)
 //! <root>/LAST_ID                     the highest object id handed out (u64, little-endian)
 //! <root>/O/<seq>/d<oid % 32>/<oid>     object data (hex names)
 //! <root>/O/<seq>/d<oid % 32>/<oid>.cs  its checksums and size
@@ -37,6 +38,7 @@ const FANOUT: u32 = 32;
 
 const TARGET_MAGIC: [u8; 8] = *b"LODEOST\0";
 const TARGET_VERSION: u32 = 1;
+const UNASSIGNED: u32 = u32::MAX;
 
 /// What a scrub found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -65,52 +67,43 @@ fn word(b: &[u8], at: usize, n: usize) -> u64 {
 }
 
 impl Target {
-    /// Creates an empty target with index `index` in `root`.
-    pub async fn format(engine: &Arc<dyn Engine>, root: &Path, index: u32) -> Result<()> {
+    /// Creates an empty target in `root`, identified by `uuid`, with its index if known.
+    pub async fn format(engine: &Arc<dyn Engine>, root: &Path, uuid: u128, index: Option<u32>) -> Result<()> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
         };
-        let seq_dir = root
-            .join("O")
-            .join(format!("{:x}", OST_SEQ_BASE + u64::from(index)));
-        for d in 0..FANOUT {
-            engine
-                .create_dir_all(&seq_dir.join(format!("d{d}")))
-                .map_err(err("create"))?;
-        }
-        let target = engine
-            .open(&root.join("TARGET"), OpenMode::CreateNew, false)
+        engine.create_dir_all(root).map_err(err("create"))?;
+        let last = engine
+            .open(&root.join("LAST_ID"), OpenMode::CreateNew, false)
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::EEXIST) => {
-                    TargetError::Invalid(format!("{} is already formatted", root.display()))
-                }
+                Some(libc::EEXIST) => TargetError::Invalid(format!("{} is already formatted", root.display())),
                 _ => TargetError::target(format!("{} create", root.display()), e),
             })?;
+        engine.write_at(&last, 0, AlignedBuf::zeroed(8)).await.1.map_err(err("write LAST_ID"))?;
+        engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
+        // TARGET last: a directory with a TARGET file is a whole target.
+        Self::write_label(engine, root, uuid, index.unwrap_or(UNASSIGNED), OpenMode::CreateNew).await?;
+        engine.sync_dir(root).map_err(err("sync"))
+    }
+
+    async fn write_label(engine: &Arc<dyn Engine>, root: &Path, uuid: u128, index: u32, mode: OpenMode) -> Result<()> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let f = engine.open(&root.join("TARGET"), mode, false).map_err(err("open TARGET"))?;
         let mut head = AlignedBuf::zeroed(32);
         head[..8].copy_from_slice(&TARGET_MAGIC);
         head[8..12].copy_from_slice(&TARGET_VERSION.to_le_bytes());
         head[12..16].copy_from_slice(&index.to_le_bytes());
-        engine
-            .write_at(&target, 0, head)
-            .await
-            .1
-            .map_err(err("write TARGET"))?;
-        engine.sync(&target).await.map_err(err("sync TARGET"))?;
-        let last = engine
-            .open(&root.join("LAST_ID"), OpenMode::CreateNew, false)
-            .map_err(err("create LAST_ID"))?;
-        engine
-            .write_at(&last, 0, AlignedBuf::zeroed(8))
-            .await
-            .1
-            .map_err(err("write LAST_ID"))?;
-        engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
-        engine.sync_dir(root).map_err(err("sync"))
+        head[16..32].copy_from_slice(&uuid.to_le_bytes());
+        engine.write_at(&f, 0, head).await.1.map_err(err("write TARGET"))?;
+        engine.sync(&f).await.map_err(err("sync TARGET"))
     }
 
-    /// Opens a formatted target.
-    pub async fn open(engine: Arc<dyn Engine>, root: &Path) -> Result<Target> {
+    /// The index (if assigned) and uuid of the target in `root`.
+    pub async fn label(engine: &Arc<dyn Engine>, root: &Path) -> Result<(Option<u32>, u128)> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
@@ -119,39 +112,54 @@ impl Target {
             .open(&root.join("TARGET"), OpenMode::Existing, false)
             .map_err(err("open TARGET (is it formatted?)"))?;
         let (head, r) = engine.read_at(&target, 0, AlignedBuf::zeroed(32)).await;
-        if r.map_err(err("read TARGET"))? < 32
-            || head[..8] != TARGET_MAGIC
-            || word(&head, 8, 4) != u64::from(TARGET_VERSION)
-        {
-            return Err(TargetError::Damaged(format!(
-                "{}/TARGET is not a lode target",
-                root.display()
-            )));
+        if r.map_err(err("read TARGET"))? < 32 || head[..8] != TARGET_MAGIC || word(&head, 8, 4) != u64::from(TARGET_VERSION) {
+            return Err(TargetError::Damaged(format!("{}/TARGET is not a lode target", root.display())));
         }
         let index = word(&head, 12, 4) as u32;
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&head[16..32]);
+        Ok(((index != UNASSIGNED).then_some(index), u128::from_le_bytes(uuid)))
+    }
+
+    /// Records the index the MDS assigned to an unassigned target.
+    pub async fn assign_index(engine: &Arc<dyn Engine>, root: &Path, index: u32) -> Result<()> {
+        let (current, uuid) = Self::label(engine, root).await?;
+        match current {
+            Some(i) if i == index => Ok(()),
+            Some(i) => Err(TargetError::Invalid(format!("{} already has index {i}", root.display()))),
+            None => Self::write_label(engine, root, uuid, index, OpenMode::Existing).await,
+        }
+    }
+
+    /// Opens a formatted target whose index is assigned.
+    pub async fn open(engine: Arc<dyn Engine>, root: &Path) -> Result<Target> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let (index, _uuid) = Self::label(&engine, root).await?;
+        let index = index.ok_or_else(|| TargetError::Invalid(format!("{} has no index yet", root.display())))?;
         let last_id_file = engine
             .open(&root.join("LAST_ID"), OpenMode::Existing, false)
             .map_err(err("open LAST_ID"))?;
-        let (raw, r) = engine
-            .read_at(&last_id_file, 0, AlignedBuf::zeroed(8))
-            .await;
+        let (raw, r) = engine.read_at(&last_id_file, 0, AlignedBuf::zeroed(8)).await;
         if r.map_err(err("read LAST_ID"))? < 8 {
-            return Err(TargetError::Damaged(format!(
-                "{}/LAST_ID is short",
-                root.display()
-            )));
+            return Err(TargetError::Damaged(format!("{}/LAST_ID is short", root.display())));
         }
-        let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
-            TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
-        })?;
-        Ok(Target {
+        let last = u32::try_from(word(&raw, 0, 8))
+            .map_err(|_| TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display())))?;
+        let target = Target {
             index,
             root: root.to_path_buf(),
             engine,
             last_id_file,
             last_id: tokio::sync::Mutex::new(last),
             objects: Mutex::new(HashMap::new()),
-        })
+        };
+        for d in 0..FANOUT {
+            target.engine.create_dir_all(&target.dir_of(d)).map_err(err("create object directories"))?;
+        }
+        Ok(target)
     }
 
     pub fn index(&self) -> u32 {
@@ -296,6 +304,15 @@ impl Target {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Makes every write to every open object durable (a clean shutdown).
+    pub async fn sync_all(&self) -> Result<()> {
+        let open: Vec<Arc<Object>> = self.objects.lock().values().cloned().collect();
+        for o in open {
+            o.sync().await?;
+        }
+        Ok(())
     }
 
     /// Reads every block of every object and reports those failing their checksums.

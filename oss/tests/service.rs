@@ -17,7 +17,7 @@ const T: Duration = Duration::from_secs(10);
 
 async fn oss() -> (TcpEndpoint, Nid, TcpEndpoint) {
     let engine: Arc<dyn Engine> = Arc::new(MemEngine::new(1 << 30));
-    Target::format(&engine, Path::new("/ost7"), 7)
+    Target::format(&engine, Path::new("/ost7"), 107, Some(7))
         .await
         .unwrap();
     let target = Arc::new(Target::open(engine, Path::new("/ost7")).await.unwrap());
@@ -82,7 +82,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         "short read at the end of the object"
     );
     assert_eq!(
-        &dst.read(0, data.len() as u64).unwrap().as_slice()[..],
+        dst.read(0, data.len() as u64).unwrap().as_slice(),
         &data[..]
     );
 

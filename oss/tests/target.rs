@@ -16,7 +16,7 @@ const ROOT: &str = "/ost0";
 async fn mem_target(capacity: u64) -> (Arc<MemEngine>, Target) {
     let mem = Arc::new(MemEngine::new(capacity));
     let engine: Arc<dyn Engine> = mem.clone();
-    Target::format(&engine, Path::new(ROOT), 0).await.unwrap();
+    Target::format(&engine, Path::new(ROOT), 100, Some(0)).await.unwrap();
     let t = Target::open(engine, Path::new(ROOT)).await.unwrap();
     (mem, t)
 }
@@ -236,7 +236,7 @@ async fn a_flipped_bit_on_disk_is_an_error_naming_object_and_offset_and_scrub_fi
     let dir = std::env::temp_dir().join(format!("lode-bitflip-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
-    Target::format(&engine, &dir, 3).await.unwrap();
+    Target::format(&engine, &dir, 103, Some(3)).await.unwrap();
     let t = Target::open(engine, &dir).await.unwrap();
     let o = t.precreate(1).await.unwrap();
     let data = bytes(7, 5 * BLOCK as usize);

@@ -1,0 +1,257 @@
+//! The registry of storage targets: which index belongs to which target (by its uuid) on which
+//! server, and how much space each had at its last heartbeat.
+//!
+//! Index assignments are durable: the registry file is rewritten whole (to a temporary name,
+//! fsynced, renamed over the old one, directory fsynced) before a registration is answered, so
+//! an index is never given to two targets, even across a crash. Space and liveness are kept in
+//! memory; they come back with the next heartbeat.
+//!
+//! ```text
+//! registry file:  "LODEREG\0" (8) | version u32 | body_len u32 | crc32c(body) u32 | body
+//! body:           postcard Vec<(index u32, uuid u128, oss NID)>
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use proto::registry::{TargetInfo, TargetReport};
+use proto::Nid;
+
+const MAGIC: [u8; 8] = *b"LODEREG\0";
+const VERSION: u32 = 1;
+/// Most targets one filesystem may have.
+pub const MAX_TARGETS: usize = 65_536;
+/// A target not heard from for this long is reported down.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("target index {index} belongs to another target")]
+    IndexTaken { index: u32 },
+    #[error("the filesystem already has {MAX_TARGETS} targets")]
+    Full,
+    #[error("registry file {path}: {reason}")]
+    Damaged { path: PathBuf, reason: String },
+    #[error("registry file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    uuid: u128,
+    oss: Nid,
+    total: u64,
+    free: u64,
+    last_seen: Option<Instant>,
+}
+
+pub struct Registry {
+    path: PathBuf,
+    entries: Mutex<BTreeMap<u32, Entry>>,
+}
+
+impl Registry {
+    /// Opens the registry kept in `dir`, empty if there is none yet.
+    pub fn open(dir: &Path) -> Result<Registry, RegistryError> {
+        let path = dir.join("targets");
+        let io = |source| RegistryError::Io {
+            path: path.clone(),
+            source,
+        };
+        let damaged = |reason: &str| RegistryError::Damaged {
+            path: path.clone(),
+            reason: reason.to_owned(),
+        };
+        let mut entries = BTreeMap::new();
+        match fs::read(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+            Ok(raw) => {
+                if raw.len() < 20 || raw[..8] != MAGIC {
+                    return Err(damaged("not a registry file"));
+                }
+                let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+                if word(8) != VERSION {
+                    return Err(damaged("unknown version"));
+                }
+                let body = raw.get(20..20 + word(12) as usize).ok_or_else(|| damaged("truncated"))?;
+                if crc32c::crc32c(body) != word(16) {
+                    return Err(damaged("checksum mismatch"));
+                }
+                let list: Vec<(u32, u128, Nid)> =
+                    proto::msg::decode_body(body).map_err(|e| damaged(&e.to_string()))?;
+                for (index, uuid, oss) in list {
+                    entries.insert(
+                        index,
+                        Entry {
+                            uuid,
+                            oss,
+                            total: 0,
+                            free: 0,
+                            last_seen: None,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(Registry {
+            path,
+            entries: Mutex::new(entries),
+        })
+    }
+
+    fn persist(&self, entries: &BTreeMap<u32, Entry>) -> Result<(), RegistryError> {
+        let io = |source| RegistryError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let list: Vec<(u32, u128, Nid)> = entries.iter().map(|(i, e)| (*i, e.uuid, e.oss.clone())).collect();
+        let body = postcard::to_allocvec(&list).map_err(|e| RegistryError::Damaged {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let tmp = self.path.with_extension("tmp");
+        let mut f = File::create(&tmp).map_err(io)?;
+        f.write_all(&MAGIC).map_err(io)?;
+        f.write_all(&VERSION.to_le_bytes()).map_err(io)?;
+        f.write_all(&(body.len() as u32).to_le_bytes()).map_err(io)?;
+        f.write_all(&crc32c::crc32c(&body).to_le_bytes()).map_err(io)?;
+        f.write_all(&body).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        fs::rename(&tmp, &self.path).map_err(io)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// Registers a server's targets and returns their indices in order. A target without an
+    /// index gets the lowest free one; a target with an index keeps it, unless another target
+    /// (another uuid) holds it.
+    pub fn register(&self, oss: &Nid, targets: &[TargetReport]) -> Result<Vec<u32>, RegistryError> {
+        let mut entries = self.entries.lock();
+        let mut next = entries.clone();
+        let mut out = Vec::with_capacity(targets.len());
+        let now = Instant::now();
+        for t in targets {
+            let index = match t.index {
+                Some(i) => match next.get(&i) {
+                    Some(e) if e.uuid != t.uuid => return Err(RegistryError::IndexTaken { index: i }),
+                    _ => i,
+                },
+                None => match next.iter().find(|(_, e)| e.uuid == t.uuid) {
+                    Some((i, _)) => *i,
+                    None => (0..MAX_TARGETS as u32)
+                        .find(|i| !next.contains_key(i))
+                        .ok_or(RegistryError::Full)?,
+                },
+            };
+            next.insert(
+                index,
+                Entry {
+                    uuid: t.uuid,
+                    oss: oss.clone(),
+                    total: t.total,
+                    free: t.free,
+                    last_seen: Some(now),
+                },
+            );
+            out.push(index);
+        }
+        let durable_changed = next.len() != entries.len()
+            || next
+                .iter()
+                .any(|(i, e)| entries.get(i).is_none_or(|old| old.uuid != e.uuid || old.oss != e.oss));
+        if durable_changed {
+            self.persist(&next)?;
+        }
+        *entries = next;
+        Ok(out)
+    }
+
+    /// Records a heartbeat: the server is up and its targets have this much space.
+    pub fn heartbeat(&self, oss: &Nid, targets: &[TargetReport]) {
+        let mut entries = self.entries.lock();
+        let now = Instant::now();
+        for t in targets {
+            if let Some(e) = t.index.and_then(|i| entries.get_mut(&i)) {
+                if e.uuid == t.uuid && &e.oss == oss {
+                    e.total = t.total;
+                    e.free = t.free;
+                    e.last_seen = Some(now);
+                }
+            }
+        }
+    }
+
+    pub fn list(&self) -> Vec<TargetInfo> {
+        self.entries
+            .lock()
+            .iter()
+            .map(|(&index, e)| TargetInfo {
+                index,
+                uuid: e.uuid,
+                oss: e.oss.clone(),
+                total: e.total,
+                free: e.free,
+                up: e.last_seen.is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(index: Option<u32>, uuid: u128) -> TargetReport {
+        TargetReport {
+            index,
+            uuid,
+            total: 100,
+            free: 50,
+        }
+    }
+
+    #[test]
+    fn indices_are_assigned_once_and_survive_a_restart() {
+        let dir = std::env::temp_dir().join(format!("lode-registry-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+        let r = Registry::open(&dir).unwrap();
+        assert_eq!(r.register(&oss, &[report(None, 1), report(None, 2)]).unwrap(), vec![0, 1]);
+        // Asking again for the same target gives the same index.
+        assert_eq!(r.register(&oss, &[report(None, 2)]).unwrap(), vec![1]);
+        assert!(matches!(r.register(&oss, &[report(Some(0), 9)]), Err(RegistryError::IndexTaken { index: 0 })));
+        drop(r);
+        let r = Registry::open(&dir).unwrap();
+        let list = r.list();
+        assert_eq!(list.iter().map(|t| (t.index, t.uuid)).collect::<Vec<_>>(), vec![(0, 1), (1, 2)]);
+        assert!(list.iter().all(|t| !t.up), "liveness comes back with heartbeats, not from disk");
+        r.heartbeat(&oss, &[report(Some(1), 2)]);
+        assert!(r.list()[1].up);
+        assert_eq!(r.register(&oss, &[report(None, 3)]).unwrap(), vec![2]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_registry_file_is_refused_not_ignored() {
+        let dir = std::env::temp_dir().join(format!("lode-registry-bad-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+        Registry::open(&dir).unwrap().register(&oss, &[report(None, 1)]).unwrap();
+        let path = dir.join("targets");
+        let mut raw = fs::read(&path).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        fs::write(&path, raw).unwrap();
+        assert!(matches!(Registry::open(&dir), Err(RegistryError::Damaged { .. })));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
