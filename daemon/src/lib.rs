@@ -58,7 +58,8 @@ impl DataDirLock {
 
 /// Logs to stderr, filtered by `LODE_LOG` (default `info`).
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "info".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
@@ -85,7 +86,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lode-lock-{}", std::process::id()));
         let first = DataDirLock::acquire(&dir).unwrap();
         match DataDirLock::acquire(&dir) {
-            Err(LockError::InUse { holder, .. }) => assert_eq!(holder, std::process::id().to_string()),
+            Err(LockError::InUse { holder, .. }) => {
+                assert_eq!(holder, std::process::id().to_string())
+            }
             Err(other) => panic!("wrong error: {other}"),
             Ok(_) => panic!("locked twice"),
         }

@@ -74,11 +74,15 @@ impl Registry {
                 if raw.len() < 20 || raw[..8] != MAGIC {
                     return Err(damaged("not a registry file"));
                 }
-                let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+                let word = |at: usize| {
+                    u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]])
+                };
                 if word(8) != VERSION {
                     return Err(damaged("unknown version"));
                 }
-                let body = raw.get(20..20 + word(12) as usize).ok_or_else(|| damaged("truncated"))?;
+                let body = raw
+                    .get(20..20 + word(12) as usize)
+                    .ok_or_else(|| damaged("truncated"))?;
                 if crc32c::crc32c(body) != word(16) {
                     return Err(damaged("checksum mismatch"));
                 }
@@ -109,7 +113,10 @@ impl Registry {
             path: self.path.clone(),
             source,
         };
-        let list: Vec<(u32, u128, Nid)> = entries.iter().map(|(i, e)| (*i, e.uuid, e.oss.clone())).collect();
+        let list: Vec<(u32, u128, Nid)> = entries
+            .iter()
+            .map(|(i, e)| (*i, e.uuid, e.oss.clone()))
+            .collect();
         let body = postcard::to_allocvec(&list).map_err(|e| RegistryError::Damaged {
             path: self.path.clone(),
             reason: e.to_string(),
@@ -118,8 +125,10 @@ impl Registry {
         let mut f = File::create(&tmp).map_err(io)?;
         f.write_all(&MAGIC).map_err(io)?;
         f.write_all(&VERSION.to_le_bytes()).map_err(io)?;
-        f.write_all(&(body.len() as u32).to_le_bytes()).map_err(io)?;
-        f.write_all(&crc32c::crc32c(&body).to_le_bytes()).map_err(io)?;
+        f.write_all(&(body.len() as u32).to_le_bytes())
+            .map_err(io)?;
+        f.write_all(&crc32c::crc32c(&body).to_le_bytes())
+            .map_err(io)?;
         f.write_all(&body).map_err(io)?;
         f.sync_all().map_err(io)?;
         fs::rename(&tmp, &self.path).map_err(io)?;
@@ -140,7 +149,9 @@ impl Registry {
         for t in targets {
             let index = match t.index {
                 Some(i) => match next.get(&i) {
-                    Some(e) if e.uuid != t.uuid => return Err(RegistryError::IndexTaken { index: i }),
+                    Some(e) if e.uuid != t.uuid => {
+                        return Err(RegistryError::IndexTaken { index: i })
+                    }
                     _ => i,
                 },
                 None => match next.iter().find(|(_, e)| e.uuid == t.uuid) {
@@ -163,9 +174,11 @@ impl Registry {
             out.push(index);
         }
         let durable_changed = next.len() != entries.len()
-            || next
-                .iter()
-                .any(|(i, e)| entries.get(i).is_none_or(|old| old.uuid != e.uuid || old.oss != e.oss));
+            || next.iter().any(|(i, e)| {
+                entries
+                    .get(i)
+                    .is_none_or(|old| old.uuid != e.uuid || old.oss != e.oss)
+            });
         if durable_changed {
             self.persist(&next)?;
         }
@@ -224,15 +237,28 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
         let r = Registry::open(&dir).unwrap();
-        assert_eq!(r.register(&oss, &[report(None, 1), report(None, 2)]).unwrap(), vec![0, 1]);
+        assert_eq!(
+            r.register(&oss, &[report(None, 1), report(None, 2)])
+                .unwrap(),
+            vec![0, 1]
+        );
         // Asking again for the same target gives the same index.
         assert_eq!(r.register(&oss, &[report(None, 2)]).unwrap(), vec![1]);
-        assert!(matches!(r.register(&oss, &[report(Some(0), 9)]), Err(RegistryError::IndexTaken { index: 0 })));
+        assert!(matches!(
+            r.register(&oss, &[report(Some(0), 9)]),
+            Err(RegistryError::IndexTaken { index: 0 })
+        ));
         drop(r);
         let r = Registry::open(&dir).unwrap();
         let list = r.list();
-        assert_eq!(list.iter().map(|t| (t.index, t.uuid)).collect::<Vec<_>>(), vec![(0, 1), (1, 2)]);
-        assert!(list.iter().all(|t| !t.up), "liveness comes back with heartbeats, not from disk");
+        assert_eq!(
+            list.iter().map(|t| (t.index, t.uuid)).collect::<Vec<_>>(),
+            vec![(0, 1), (1, 2)]
+        );
+        assert!(
+            list.iter().all(|t| !t.up),
+            "liveness comes back with heartbeats, not from disk"
+        );
         r.heartbeat(&oss, &[report(Some(1), 2)]);
         assert!(r.list()[1].up);
         assert_eq!(r.register(&oss, &[report(None, 3)]).unwrap(), vec![2]);
@@ -245,13 +271,19 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
-        Registry::open(&dir).unwrap().register(&oss, &[report(None, 1)]).unwrap();
+        Registry::open(&dir)
+            .unwrap()
+            .register(&oss, &[report(None, 1)])
+            .unwrap();
         let path = dir.join("targets");
         let mut raw = fs::read(&path).unwrap();
         let last = raw.len() - 1;
         raw[last] ^= 1;
         fs::write(&path, raw).unwrap();
-        assert!(matches!(Registry::open(&dir), Err(RegistryError::Damaged { .. })));
+        assert!(matches!(
+            Registry::open(&dir),
+            Err(RegistryError::Damaged { .. })
+        ));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -43,13 +43,20 @@ impl MdsService {
                     targets: self.registry.list(),
                 })
             }
-            other => Err(RemoteError::new(StatusCode::NoService, format!("the MDS does not serve {other:?}"))),
+            other => Err(RemoteError::new(
+                StatusCode::NoService,
+                format!("the MDS does not serve {other:?}"),
+            )),
         }
     }
 }
 
 impl Service for MdsService {
-    fn handle(self: Arc<Self>, req: Incoming, _bulk: Arc<dyn BulkPeer>) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
+    fn handle(
+        self: Arc<Self>,
+        req: Incoming,
+        _bulk: Arc<dyn BulkPeer>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
         Box::pin(async move { self.dispatch(req) })
     }
 }

@@ -115,12 +115,7 @@ pub(crate) struct Object {
 impl Object {
     /// Creates the files of a new, empty object (not yet durable: the caller syncs the
     /// directory; an empty checksum file reads as an empty object).
-    pub fn create(
-        engine: &Arc<dyn Engine>,
-        fid: Fid,
-        data: &Path,
-        meta: &Path,
-    ) -> Result<()> {
+    pub fn create(engine: &Arc<dyn Engine>, fid: Fid, data: &Path, meta: &Path) -> Result<()> {
         let io = |e| TargetError::io(fid, 0, e);
         engine.open(data, OpenMode::CreateNew, true).map_err(io)?;
         engine.open(meta, OpenMode::CreateNew, false).map_err(io)?;
@@ -279,7 +274,11 @@ impl Object {
         }
         let (b0, b1) = (offset / BLOCK, end.div_ceil(BLOCK));
         let n = b1 - b0;
-        let mut buf = AlignedBuf::zeroed((n * BLOCK) as usize);
+        // Every block is either wholly covered by `data` or an edge block, zeroed or read here.
+        let mut buf = AlignedBuf::reused((n * BLOCK) as usize);
+        buf[..BLOCK as usize].fill(0);
+        let last = ((n - 1) * BLOCK) as usize;
+        buf[last..].fill(0);
         let mut entries = self.read_entries(b0, n).await?;
         // Blocks only partly covered keep their other bytes: read and check them first.
         let mut edges = vec![];

@@ -68,7 +68,12 @@ fn word(b: &[u8], at: usize, n: usize) -> u64 {
 
 impl Target {
     /// Creates an empty target in `root`, identified by `uuid`, with its index if known.
-    pub async fn format(engine: &Arc<dyn Engine>, root: &Path, uuid: u128, index: Option<u32>) -> Result<()> {
+    pub async fn format(
+        engine: &Arc<dyn Engine>,
+        root: &Path,
+        uuid: u128,
+        index: Option<u32>,
+    ) -> Result<()> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
@@ -77,28 +82,53 @@ impl Target {
         let last = engine
             .open(&root.join("LAST_ID"), OpenMode::CreateNew, false)
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::EEXIST) => TargetError::Invalid(format!("{} is already formatted", root.display())),
+                Some(libc::EEXIST) => {
+                    TargetError::Invalid(format!("{} is already formatted", root.display()))
+                }
                 _ => TargetError::target(format!("{} create", root.display()), e),
             })?;
-        engine.write_at(&last, 0, AlignedBuf::zeroed(8)).await.1.map_err(err("write LAST_ID"))?;
+        engine
+            .write_at(&last, 0, AlignedBuf::zeroed(8))
+            .await
+            .1
+            .map_err(err("write LAST_ID"))?;
         engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
         // TARGET last: a directory with a TARGET file is a whole target.
-        Self::write_label(engine, root, uuid, index.unwrap_or(UNASSIGNED), OpenMode::CreateNew).await?;
+        Self::write_label(
+            engine,
+            root,
+            uuid,
+            index.unwrap_or(UNASSIGNED),
+            OpenMode::CreateNew,
+        )
+        .await?;
         engine.sync_dir(root).map_err(err("sync"))
     }
 
-    async fn write_label(engine: &Arc<dyn Engine>, root: &Path, uuid: u128, index: u32, mode: OpenMode) -> Result<()> {
+    async fn write_label(
+        engine: &Arc<dyn Engine>,
+        root: &Path,
+        uuid: u128,
+        index: u32,
+        mode: OpenMode,
+    ) -> Result<()> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
         };
-        let f = engine.open(&root.join("TARGET"), mode, false).map_err(err("open TARGET"))?;
+        let f = engine
+            .open(&root.join("TARGET"), mode, false)
+            .map_err(err("open TARGET"))?;
         let mut head = AlignedBuf::zeroed(32);
         head[..8].copy_from_slice(&TARGET_MAGIC);
         head[8..12].copy_from_slice(&TARGET_VERSION.to_le_bytes());
         head[12..16].copy_from_slice(&index.to_le_bytes());
         head[16..32].copy_from_slice(&uuid.to_le_bytes());
-        engine.write_at(&f, 0, head).await.1.map_err(err("write TARGET"))?;
+        engine
+            .write_at(&f, 0, head)
+            .await
+            .1
+            .map_err(err("write TARGET"))?;
         engine.sync(&f).await.map_err(err("sync TARGET"))
     }
 
@@ -112,13 +142,22 @@ impl Target {
             .open(&root.join("TARGET"), OpenMode::Existing, false)
             .map_err(err("open TARGET (is it formatted?)"))?;
         let (head, r) = engine.read_at(&target, 0, AlignedBuf::zeroed(32)).await;
-        if r.map_err(err("read TARGET"))? < 32 || head[..8] != TARGET_MAGIC || word(&head, 8, 4) != u64::from(TARGET_VERSION) {
-            return Err(TargetError::Damaged(format!("{}/TARGET is not a lode target", root.display())));
+        if r.map_err(err("read TARGET"))? < 32
+            || head[..8] != TARGET_MAGIC
+            || word(&head, 8, 4) != u64::from(TARGET_VERSION)
+        {
+            return Err(TargetError::Damaged(format!(
+                "{}/TARGET is not a lode target",
+                root.display()
+            )));
         }
         let index = word(&head, 12, 4) as u32;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&head[16..32]);
-        Ok(((index != UNASSIGNED).then_some(index), u128::from_le_bytes(uuid)))
+        Ok((
+            (index != UNASSIGNED).then_some(index),
+            u128::from_le_bytes(uuid),
+        ))
     }
 
     /// Records the index the MDS assigned to an unassigned target.
@@ -126,7 +165,10 @@ impl Target {
         let (current, uuid) = Self::label(engine, root).await?;
         match current {
             Some(i) if i == index => Ok(()),
-            Some(i) => Err(TargetError::Invalid(format!("{} already has index {i}", root.display()))),
+            Some(i) => Err(TargetError::Invalid(format!(
+                "{} already has index {i}",
+                root.display()
+            ))),
             None => Self::write_label(engine, root, uuid, index, OpenMode::Existing).await,
         }
     }
@@ -138,16 +180,23 @@ impl Target {
             move |e| TargetError::target(what, e)
         };
         let (index, _uuid) = Self::label(&engine, root).await?;
-        let index = index.ok_or_else(|| TargetError::Invalid(format!("{} has no index yet", root.display())))?;
+        let index = index
+            .ok_or_else(|| TargetError::Invalid(format!("{} has no index yet", root.display())))?;
         let last_id_file = engine
             .open(&root.join("LAST_ID"), OpenMode::Existing, false)
             .map_err(err("open LAST_ID"))?;
-        let (raw, r) = engine.read_at(&last_id_file, 0, AlignedBuf::zeroed(8)).await;
+        let (raw, r) = engine
+            .read_at(&last_id_file, 0, AlignedBuf::zeroed(8))
+            .await;
         if r.map_err(err("read LAST_ID"))? < 8 {
-            return Err(TargetError::Damaged(format!("{}/LAST_ID is short", root.display())));
+            return Err(TargetError::Damaged(format!(
+                "{}/LAST_ID is short",
+                root.display()
+            )));
         }
-        let last = u32::try_from(word(&raw, 0, 8))
-            .map_err(|_| TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display())))?;
+        let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
+            TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
+        })?;
         let target = Target {
             index,
             root: root.to_path_buf(),
@@ -157,7 +206,10 @@ impl Target {
             objects: Mutex::new(HashMap::new()),
         };
         for d in 0..FANOUT {
-            target.engine.create_dir_all(&target.dir_of(d)).map_err(err("create object directories"))?;
+            target
+                .engine
+                .create_dir_all(&target.dir_of(d))
+                .map_err(err("create object directories"))?;
         }
         Ok(target)
     }

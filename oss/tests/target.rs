@@ -16,7 +16,9 @@ const ROOT: &str = "/ost0";
 async fn mem_target(capacity: u64) -> (Arc<MemEngine>, Target) {
     let mem = Arc::new(MemEngine::new(capacity));
     let engine: Arc<dyn Engine> = mem.clone();
-    Target::format(&engine, Path::new(ROOT), 100, Some(0)).await.unwrap();
+    Target::format(&engine, Path::new(ROOT), 100, Some(0))
+        .await
+        .unwrap();
     let t = Target::open(engine, Path::new(ROOT)).await.unwrap();
     (mem, t)
 }
