@@ -34,7 +34,7 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     let (mut mds, nid) = start(&dir, "127.0.0.1:0");
     let nid = nid.expect("lode-mds printed its NID");
 
-    let (mut second, none) = start(&dir, "127.0.0.1:0");
+    let (second, none) = start(&dir, "127.0.0.1:0");
     assert!(none.is_none());
     let out = second.wait_with_output().unwrap();
     assert!(!out.status.success());

@@ -17,8 +17,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use proto::Fid;
-use tokio::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{Notify, RwLock};
 
 use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode};
 use crate::error::TargetError;
@@ -104,12 +106,57 @@ pub(crate) fn check_range(offset: u64, len: u64) -> Result<u64> {
     }
 }
 
+/// Ranges of blocks being read or written: readers share a range, a writer has it alone.
+/// Operations on different blocks of one object proceed in parallel.
+#[derive(Default)]
+struct BlockLocks {
+    held: Mutex<Vec<(u64, u64, bool, u64)>>,
+    next: AtomicU64,
+    freed: Notify,
+}
+
+struct BlockGuard<'a> {
+    locks: &'a BlockLocks,
+    id: u64,
+}
+
+impl BlockLocks {
+    async fn lock(&self, start: u64, end: u64, write: bool) -> BlockGuard<'_> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        loop {
+            // Created before the check, so a release between the check and the wait is seen.
+            let freed = self.freed.notified();
+            {
+                let mut held = self.held.lock();
+                let clash = held
+                    .iter()
+                    .any(|&(s, e, w, _)| s < end && start < e && (w || write));
+                if !clash {
+                    held.push((start, end, write, id));
+                    return BlockGuard { locks: self, id };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for BlockGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.held.lock().retain(|h| h.3 != self.id);
+        self.locks.freed.notify_waiters();
+    }
+}
+
 pub(crate) struct Object {
     pub fid: Fid,
     engine: Arc<dyn Engine>,
     data: FileHandle,
     meta: FileHandle,
-    state: RwLock<State>,
+    /// Reads and writes share it; sync, truncate and punch take it alone.
+    gate: RwLock<()>,
+    blocks: BlockLocks,
+    state: Mutex<State>,
 }
 
 impl Object {
@@ -143,13 +190,15 @@ impl Object {
             engine,
             data,
             meta,
-            state: RwLock::new(State {
+            gate: RwLock::new(()),
+            blocks: BlockLocks::default(),
+            state: Mutex::new(State {
                 size: 0,
                 dirty: Dirty::default(),
             }),
         };
-        let size = obj.read_header().await?;
-        obj.state.write().await.size = size;
+        let size = obj.read_header()?;
+        obj.state.lock().size = size;
         Ok(obj)
     }
 
@@ -172,15 +221,25 @@ impl Object {
         r.map(|_| ()).map_err(self.io(offset))
     }
 
-    async fn read_header(&self) -> Result<u64> {
-        let len = self.engine.len(&self.meta).map_err(self.io(0))?;
-        if len == 0 {
+    // The checksum file is small and page-cached: it is read and written on the calling thread
+    // (`*_inline`), which costs less than a trip through an I/O engine thread.
+
+    fn read_header(&self) -> Result<u64> {
+        let mut h = [0u8; META_HEADER as usize];
+        let n = self
+            .engine
+            .read_inline(&self.meta, 0, &mut h)
+            .map_err(self.io(0))?;
+        if n == 0 {
             return Ok(0); // created, and the header never written: an empty object
         }
-        let h = self.pread(&self.meta, 0, META_HEADER).await?;
         let word =
             |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
-        if h[..8] != META_MAGIC || word(8..12) != u64::from(META_VERSION) || word(12..16) != BLOCK {
+        if n < h.len()
+            || h[..8] != META_MAGIC
+            || word(8..12) != u64::from(META_VERSION)
+            || word(12..16) != BLOCK
+        {
             return Err(TargetError::Damaged(format!(
                 "object {}: bad checksum file header",
                 self.fid
@@ -189,19 +248,24 @@ impl Object {
         Ok(word(16..24))
     }
 
-    async fn write_header(&self, size: u64) -> Result<()> {
-        let mut h = AlignedBuf::zeroed(META_HEADER as usize);
+    fn write_header(&self, size: u64) -> Result<()> {
+        let mut h = [0u8; META_HEADER as usize];
         h[..8].copy_from_slice(&META_MAGIC);
         h[8..12].copy_from_slice(&META_VERSION.to_le_bytes());
         h[12..16].copy_from_slice(&(BLOCK as u32).to_le_bytes());
         h[16..24].copy_from_slice(&size.to_le_bytes());
-        self.pwrite(&self.meta, 0, h).await
+        self.engine
+            .write_inline(&self.meta, 0, &h)
+            .map_err(self.io(0))
     }
 
-    async fn read_entries(&self, b0: u64, n: u64) -> Result<Vec<Entry>> {
-        let raw = self
-            .pread(&self.meta, META_HEADER + b0 * ENTRY, n * ENTRY)
-            .await?;
+    fn read_entries(&self, b0: u64, n: u64) -> Result<Vec<Entry>> {
+        let mut raw = vec![0u8; (n * ENTRY) as usize];
+        let got = self
+            .engine
+            .read_inline(&self.meta, META_HEADER + b0 * ENTRY, &mut raw)
+            .map_err(self.io(b0 * BLOCK))?;
+        raw[got..].fill(0); // past the end of the file: never written
         Ok(raw
             .chunks_exact(ENTRY as usize)
             .map(|c| {
@@ -212,13 +276,15 @@ impl Object {
             .collect())
     }
 
-    async fn write_entries(&self, b0: u64, entries: &[Entry]) -> Result<()> {
-        let mut raw = AlignedBuf::zeroed(entries.len() * ENTRY as usize);
+    fn write_entries(&self, b0: u64, entries: &[Entry]) -> Result<()> {
+        let mut raw = vec![0u8; entries.len() * ENTRY as usize];
         for (c, (cur, prev)) in raw.chunks_exact_mut(ENTRY as usize).zip(entries) {
             c[..4].copy_from_slice(&cur.to_le_bytes());
             c[4..].copy_from_slice(&prev.to_le_bytes());
         }
-        self.pwrite(&self.meta, META_HEADER + b0 * ENTRY, raw).await
+        self.engine
+            .write_inline(&self.meta, META_HEADER + b0 * ENTRY, &raw)
+            .map_err(self.io(b0 * BLOCK))
     }
 
     fn verify(&self, b0: u64, buf: &[u8], entries: &[Entry]) -> Result<()> {
@@ -234,23 +300,25 @@ impl Object {
     }
 
     pub async fn size(&self) -> u64 {
-        self.state.read().await.size
+        self.state.lock().size
     }
 
     /// Reads up to `len` bytes at `offset`: short at the end of the object, zeros in holes,
     /// an error naming the block if any block fails its checksum.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
         check_range(offset, len)?;
-        let st = self.state.read().await;
-        if offset >= st.size || len == 0 {
+        let _gate = self.gate.read().await;
+        let size = self.state.lock().size;
+        if offset >= size || len == 0 {
             return Ok(Bytes::new());
         }
-        let len = len.min(st.size - offset);
+        let len = len.min(size - offset);
         let (b0, b1) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
+        let _blocks = self.blocks.lock(b0, b1, false).await;
         let buf = self
             .pread(&self.data, b0 * BLOCK, (b1 - b0) * BLOCK)
             .await?;
-        let entries = self.read_entries(b0, b1 - b0).await?;
+        let entries = self.read_entries(b0, b1 - b0)?;
         self.verify(b0, &buf, &entries)?;
         let start = (offset - b0 * BLOCK) as usize;
         Ok(Bytes::from_owner(buf).slice(start..start + len as usize))
@@ -260,26 +328,36 @@ impl Object {
     /// Returns the object's size.
     pub async fn write(&self, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
         let end = check_range(offset, data.len() as u64)?;
-        let mut st = self.state.write().await;
-        self.write_locked(&mut st, offset, end, data).await?;
-        if sync {
-            self.sync_locked(&mut st).await?;
+        {
+            let _gate = self.gate.read().await;
+            self.write_blocks(offset, end, data).await?;
         }
-        Ok(st.size)
+        if sync {
+            self.sync().await?;
+        }
+        Ok(self.state.lock().size)
     }
 
-    async fn write_locked(&self, st: &mut State, offset: u64, end: u64, data: &[u8]) -> Result<()> {
+    /// Writes `data` over `offset..end`, holding those blocks alone.
+    async fn write_blocks(&self, offset: u64, end: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let (b0, b1) = (offset / BLOCK, end.div_ceil(BLOCK));
         let n = b1 - b0;
+        let _blocks = self.blocks.lock(b0, b1, true).await;
+        // Blocks past the size are holes whatever other writers do meanwhile: they write
+        // other blocks.
+        let (size, clean): (u64, Vec<bool>) = {
+            let st = self.state.lock();
+            (st.size, (b0..b1).map(|b| !st.dirty.contains(b)).collect())
+        };
         // Every block is either wholly covered by `data` or an edge block, zeroed or read here.
         let mut buf = AlignedBuf::reused((n * BLOCK) as usize);
         buf[..BLOCK as usize].fill(0);
         let last = ((n - 1) * BLOCK) as usize;
         buf[last..].fill(0);
-        let mut entries = self.read_entries(b0, n).await?;
+        let mut entries = self.read_entries(b0, n)?;
         // Blocks only partly covered keep their other bytes: read and check them first.
         let mut edges = vec![];
         if offset % BLOCK != 0 {
@@ -288,7 +366,7 @@ impl Object {
         if end % BLOCK != 0 && !edges.contains(&(b1 - 1)) {
             edges.push(b1 - 1);
         }
-        for b in edges.into_iter().filter(|b| b * BLOCK < st.size) {
+        for b in edges.into_iter().filter(|b| b * BLOCK < size) {
             let old = self.pread(&self.data, b * BLOCK, BLOCK).await?;
             let i = (b - b0) as usize;
             self.verify(b, &old, &entries[i..=i])?;
@@ -298,12 +376,12 @@ impl Object {
         buf[start..start + data.len()].copy_from_slice(data);
 
         let before = entries.clone();
-        for (i, (block, e)) in buf
+        for ((block, e), clean) in buf
             .chunks(BLOCK as usize)
             .zip(entries.iter_mut())
-            .enumerate()
+            .zip(clean)
         {
-            if !st.dirty.contains(b0 + i as u64) {
+            if clean {
                 e.1 = e.0;
             }
             e.0 = crc32c::crc32c(block);
@@ -312,44 +390,45 @@ impl Object {
         self.engine
             .allocate(&self.data, b0 * BLOCK, n * BLOCK)
             .map_err(self.io(b0 * BLOCK))?;
-        self.write_entries(b0, &entries).await?;
+        self.write_entries(b0, &entries)?;
         if let Err(e) = self.pwrite(&self.data, b0 * BLOCK, buf).await {
             // The old data is still what the checksums must describe.
-            let _ = self.write_entries(b0, &before).await;
+            let _ = self.write_entries(b0, &before);
             return Err(e);
         }
+        let mut st = self.state.lock();
         st.dirty.insert(b0, b1);
         if end > st.size {
-            self.write_header(end).await?;
+            self.write_header(end)?;
             st.size = end;
         }
         Ok(())
     }
 
-    async fn sync_locked(&self, st: &mut State) -> Result<()> {
-        self.engine.sync(&self.data).await.map_err(self.io(0))?;
-        self.engine.sync(&self.meta).await.map_err(self.io(0))?;
-        st.dirty = Dirty::default();
-        Ok(())
+    /// Makes every write so far durable. Waits for reads and writes in flight.
+    pub async fn sync(&self) -> Result<()> {
+        let _gate = self.gate.write().await;
+        self.sync_alone().await
     }
 
-    /// Makes every write so far durable.
-    pub async fn sync(&self) -> Result<()> {
-        let mut st = self.state.write().await;
-        self.sync_locked(&mut st).await
+    async fn sync_alone(&self) -> Result<()> {
+        self.engine.sync(&self.data).await.map_err(self.io(0))?;
+        self.engine.sync(&self.meta).await.map_err(self.io(0))?;
+        self.state.lock().dirty = Dirty::default();
+        Ok(())
     }
 
     /// Sets the size; bytes past a shrunk size are gone and read as zeros if the object grows
     /// again. Durable on return.
     pub async fn truncate(&self, size: u64) -> Result<()> {
         check_range(size, 0)?;
-        let mut st = self.state.write().await;
-        if size < st.size {
+        let _gate = self.gate.write().await;
+        let old = self.state.lock().size;
+        if size < old {
             let keep = size.div_ceil(BLOCK);
             if size % BLOCK != 0 {
                 let zeros = vec![0u8; (BLOCK - size % BLOCK) as usize];
-                let end = keep * BLOCK;
-                self.write_locked(&mut st, size, end, &zeros).await?;
+                self.write_blocks(size, keep * BLOCK, &zeros).await?;
             }
             self.engine
                 .set_len(&self.data, keep * BLOCK)
@@ -357,11 +436,11 @@ impl Object {
             self.engine
                 .set_len(&self.meta, META_HEADER + keep * ENTRY)
                 .map_err(self.io(size))?;
-            st.dirty.truncate(keep);
+            self.state.lock().dirty.truncate(keep);
         }
-        self.write_header(size).await?;
-        st.size = size;
-        self.sync_locked(&mut st).await
+        self.write_header(size)?;
+        self.state.lock().size = size;
+        self.sync_alone().await
     }
 
     /// Deallocates `offset..offset+len` within the object; it reads as zeros. The size does
@@ -375,39 +454,36 @@ impl Object {
                     "range {offset}+{len} is past the object size limit"
                 ))
             })?;
-        let mut st = self.state.write().await;
-        let end = end.min(st.size);
+        let _gate = self.gate.write().await;
+        let end = end.min(self.state.lock().size);
         if offset >= end {
             return Ok(());
         }
         let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
         if first >= last {
             let zeros = vec![0u8; (end - offset) as usize];
-            return self.write_locked(&mut st, offset, end, &zeros).await;
+            return self.write_blocks(offset, end, &zeros).await;
         }
         if offset < first * BLOCK {
             let zeros = vec![0u8; (first * BLOCK - offset) as usize];
-            self.write_locked(&mut st, offset, first * BLOCK, &zeros)
-                .await?;
+            self.write_blocks(offset, first * BLOCK, &zeros).await?;
         }
         if end > last * BLOCK {
             let zeros = vec![0u8; (end - last * BLOCK) as usize];
-            self.write_locked(&mut st, last * BLOCK, end, &zeros)
-                .await?;
+            self.write_blocks(last * BLOCK, end, &zeros).await?;
         }
         // Whole blocks: mark them unwritten (keeping the old checksum as `prev`), then free them.
         for chunk_start in (first..last).step_by(65536) {
             let chunk_end = (chunk_start + 65536).min(last);
-            let mut entries = self
-                .read_entries(chunk_start, chunk_end - chunk_start)
-                .await?;
+            let mut entries = self.read_entries(chunk_start, chunk_end - chunk_start)?;
+            let mut st = self.state.lock();
             for (i, e) in entries.iter_mut().enumerate() {
                 if !st.dirty.contains(chunk_start + i as u64) {
                     e.1 = e.0;
                 }
                 e.0 = 0;
             }
-            self.write_entries(chunk_start, &entries).await?;
+            self.write_entries(chunk_start, &entries)?;
             st.dirty.insert(chunk_start, chunk_end);
         }
         self.engine
@@ -418,13 +494,13 @@ impl Object {
     /// Reads every block and returns the offsets of those failing their checksum.
     pub async fn scrub(&self) -> Result<Vec<u64>> {
         const CHUNK: u64 = 256;
-        let st = self.state.read().await;
-        let blocks = st.size.div_ceil(BLOCK);
+        let _gate = self.gate.read().await;
+        let blocks = self.state.lock().size.div_ceil(BLOCK);
         let mut bad = vec![];
         for b0 in (0..blocks).step_by(CHUNK as usize) {
             let n = CHUNK.min(blocks - b0);
             let buf = self.pread(&self.data, b0 * BLOCK, n * BLOCK).await?;
-            let entries = self.read_entries(b0, n).await?;
+            let entries = self.read_entries(b0, n)?;
             for (i, (block, e)) in buf.chunks(BLOCK as usize).zip(&entries).enumerate() {
                 if !block_ok(block, *e) {
                     bad.push((b0 + i as u64) * BLOCK);

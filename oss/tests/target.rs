@@ -265,3 +265,30 @@ async fn a_flipped_bit_on_disk_is_an_error_naming_object_and_offset_and_scrub_fi
     assert_eq!(report.bad, vec![(o, 2 * BLOCK)]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_to_one_object_all_land() {
+    let (_m, t) = mem_target(1 << 30).await;
+    let t = Arc::new(t);
+    let o = t.precreate(1).await.unwrap();
+    // 32 writers: unaligned, some sharing blocks with their neighbours.
+    let chunk = 10_000usize;
+    let writers: Vec<_> = (0..32u8)
+        .map(|i| {
+            let t = t.clone();
+            tokio::spawn(async move {
+                t.write(o, u64::from(i) * chunk as u64, &vec![i + 1; chunk], false)
+                    .await
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap().unwrap();
+    }
+    let got = t.read(o, 0, 32 * chunk as u64).await.unwrap();
+    assert_eq!(got.len(), 32 * chunk);
+    for (i, part) in got.chunks(chunk).enumerate() {
+        assert!(part.iter().all(|&b| b == i as u8 + 1), "writer {i}'s bytes");
+    }
+    t.sync(o).await.unwrap();
+}

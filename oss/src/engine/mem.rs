@@ -234,14 +234,7 @@ impl Engine for MemEngine {
         offset: u64,
         mut buf: AlignedBuf,
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)> {
-        let mut st = self.state.lock();
-        let r = st.injected(Op::Read).and_then(|()| {
-            let img = st.image(f)?;
-            let start = (offset as usize).min(img.live.len());
-            let n = buf.len().min(img.live.len() - start);
-            buf[..n].copy_from_slice(&img.live[start..start + n]);
-            Ok(n)
-        });
+        let r = self.read_inline(f, offset, &mut buf);
         ready((buf, r))
     }
 
@@ -251,23 +244,36 @@ impl Engine for MemEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)> {
-        let mut st = self.state.lock();
-        let r = st.injected(Op::Write).and_then(|()| {
-            let end = offset
-                .checked_add(buf.len() as u64)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
-            let grow = end.saturating_sub(st.image(f)?.live.len() as u64);
-            if st.used() + grow > st.capacity {
-                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-            }
-            let img = st.image(f)?;
-            if img.live.len() < end as usize {
-                img.live.resize(end as usize, 0);
-            }
-            img.live[offset as usize..end as usize].copy_from_slice(&buf);
-            Ok(buf.len())
-        });
+        let r = self.write_inline(f, offset, &buf).map(|()| buf.len());
         ready((buf, r))
+    }
+
+    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut st = self.state.lock();
+        st.injected(Op::Read)?;
+        let img = st.image(f)?;
+        let start = (offset as usize).min(img.live.len());
+        let n = buf.len().min(img.live.len() - start);
+        buf[..n].copy_from_slice(&img.live[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut st = self.state.lock();
+        st.injected(Op::Write)?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let grow = end.saturating_sub(st.image(f)?.live.len() as u64);
+        if st.used() + grow > st.capacity {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let img = st.image(f)?;
+        if img.live.len() < end as usize {
+            img.live.resize(end as usize, 0);
+        }
+        img.live[offset as usize..end as usize].copy_from_slice(buf);
+        Ok(())
     }
 
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>> {

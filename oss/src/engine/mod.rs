@@ -85,6 +85,11 @@ pub trait Engine: Send + Sync + 'static {
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)>;
     /// Makes the file's data and size durable.
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>>;
+    /// Reads into `buf` on the calling thread, for small reads of buffered (page-cached)
+    /// files, where a trip to an I/O thread would cost more than the read. Short at the end.
+    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes all of `buf` on the calling thread; for small writes to buffered files.
+    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()>;
 }
 
 /// Which engine to run.
@@ -232,6 +237,26 @@ pub(crate) mod os {
             _ if io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
             _ => Err(io::Error::last_os_error()),
         }
+    }
+
+    pub fn read_inline(f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let file = os_file(f)?;
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    pub fn write_inline(f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        os_file(f)?.write_all_at(buf, offset)
     }
 
     pub fn list(dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {

@@ -104,6 +104,14 @@ impl Engine for Psync {
         os::list(dir)
     }
 
+    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        os::read_inline(f, offset, buf)
+    }
+
+    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
+        os::write_inline(f, offset, buf)
+    }
+
     fn space(&self, path: &Path) -> io::Result<Space> {
         os::space(path)
     }

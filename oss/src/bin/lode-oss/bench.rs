@@ -411,22 +411,21 @@ async fn target_io(
     reads: u64,
 ) -> Result<()> {
     match io {
-        Io::Write(chunk) => {
-            let data = vec![0x5au8; chunk];
-            for off in (0..bytes).step_by(chunk) {
-                t.write(fid, off, &data, false).await?;
-            }
-            t.sync(fid).await?;
-        }
-        Io::Read(chunk) => {
+        Io::Write(chunk) | Io::Read(chunk) => {
+            // Four operations in flight, as a client pipelines them.
             let window = 4u64;
             let mut tasks = tokio::task::JoinSet::new();
             for w in 0..window {
                 let t = t.clone();
                 tasks.spawn(async move {
+                    let data = vec![0x5au8; chunk];
                     let mut off = w * chunk as u64;
                     while off < bytes {
-                        t.read(fid, off, chunk as u64).await?;
+                        if matches!(io, Io::Write(_)) {
+                            t.write(fid, off, &data, false).await?;
+                        } else {
+                            t.read(fid, off, chunk as u64).await?;
+                        }
                         off += window * chunk as u64;
                     }
                     anyhow::Ok(())
@@ -434,6 +433,9 @@ async fn target_io(
             }
             while let Some(r) = tasks.join_next().await {
                 r??;
+            }
+            if matches!(io, Io::Write(_)) {
+                t.sync(fid).await?;
             }
         }
         Io::Random => {
