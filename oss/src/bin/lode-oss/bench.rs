@@ -12,11 +12,15 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::{call, Transport};
 use oss::engine::psync::Psync;
 use oss::engine::uring::Uring;
 use oss::engine::{AlignedBuf, Engine, EngineConfig, FileHandle, OpenMode};
+use oss::server::OssService;
 use oss::Target;
-use proto::Fid;
+use proto::ost::{OstRead, OstSync, OstWrite};
+use proto::{Fid, Nid};
 use rand::{Rng, SeedableRng};
 
 #[derive(Args)]
@@ -73,6 +77,16 @@ enum Via {
     Plain,
     Engine(&'static str),
     Target(&'static str),
+    /// A client over TCP loopback to a storage service on an io_uring target.
+    Network,
+}
+
+/// The network case's two ends, in this process.
+struct Net {
+    _server: TcpEndpoint,
+    client: Arc<TcpEndpoint>,
+    nid: Nid,
+    fid: Fid,
 }
 
 struct Case {
@@ -87,6 +101,7 @@ struct Bench {
     engines: Vec<(&'static str, Arc<dyn Engine>)>,
     files: Vec<(&'static str, FileHandle)>,
     targets: Vec<(&'static str, Arc<Target>, Fid)>,
+    net: Net,
 }
 
 pub async fn run(args: BenchArgs) -> Result<()> {
@@ -118,7 +133,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let fid = t.precreate(1).await?;
         targets.push((*name, t, fid));
     }
+    let net_root = root.join("ost-net");
+    let uring = engines[0].1.clone();
+    Target::format(&uring, &net_root, 2, Some(1)).await?;
+    let net_target = Arc::new(Target::open(uring, &net_root).await?);
+    let fid = net_target.precreate(1).await?;
+    let server = TcpEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        OssService::new([net_target]),
+        TcpConfig::default(),
+    )
+    .await?;
+    let net = Net {
+        nid: server.nid(),
+        _server: server,
+        client: Arc::new(TcpEndpoint::client(TcpConfig::default())),
+        fid,
+    };
     let bench = Bench {
+        net,
         raw_path: root.join("plain.raw"),
         args,
         engines,
@@ -161,6 +194,11 @@ impl Bench {
                     samples: vec![],
                 });
             }
+            cases.push(Case {
+                io,
+                via: Via::Network,
+                samples: vec![],
+            });
         }
         let bar = ProgressBar::new((cases.len() * self.args.rounds) as u64).with_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -196,7 +234,7 @@ impl Bench {
             self.args.qd
         );
         println!(
-            "  {:<36} {:>10} {:>10} {:>8}",
+            "  {:<40} {:>10} {:>10} {:>8}",
             "", "GB/s|IOPS", "CPU s/GB", "ratio"
         );
         for io in [
@@ -226,7 +264,7 @@ impl Bench {
                     format!("{:.2}", r / 1e9)
                 };
                 println!(
-                    "  {:<36} {:>10} {:>10.3} {:>8.2}",
+                    "  {:<40} {:>10} {:>10.3} {:>8.2}",
                     label(io, c.via),
                     shown,
                     cpu,
@@ -238,41 +276,45 @@ impl Bench {
     }
 
     async fn one(&self, io: Io, via: Via) -> Result<()> {
-        let bytes = self.bytes();
-        match (via, io) {
-            (Via::Plain, _) => {
+        let (bytes, qd, n) = (self.bytes(), self.args.qd, self.args.random_reads);
+        match via {
+            Via::Plain => {
                 let path = self.raw_path.clone();
-                let (qd, n) = (self.args.qd, self.args.random_reads);
                 tokio::task::spawn_blocking(move || plain(&path, io, bytes, qd, n)).await??;
             }
-            (Via::Engine(name), _) => {
+            Via::Engine(name) => {
                 let e = self
                     .engines
                     .iter()
-                    .find(|(n, _)| *n == name)
+                    .find(|(k, _)| *k == name)
                     .map(|(_, e)| e.clone())
                     .context("engine")?;
                 let f = self
                     .files
                     .iter()
-                    .find(|(n, _)| *n == name)
+                    .find(|(k, _)| *k == name)
                     .map(|(_, f)| f.clone())
                     .context("file")?;
-                engine_io(e, f, io, bytes, self.args.qd, self.args.random_reads).await?;
+                engine_io(e, f, io, bytes, qd, n).await?;
             }
-            (Via::Target(name), _) => {
+            Via::Target(name) => {
                 let (_, t, fid) = self
                     .targets
                     .iter()
-                    .find(|(n, _, _)| *n == name)
+                    .find(|(k, _, _)| *k == name)
                     .context("target")?;
-                target_io(
-                    t.clone(),
-                    *fid,
+                target_io(t.clone(), *fid, io, bytes, qd, n).await?;
+            }
+            Via::Network => {
+                let net = &self.net;
+                net_io(
+                    net.client.clone(),
+                    net.nid.clone(),
+                    net.fid,
                     io,
                     bytes,
-                    self.args.qd,
-                    self.args.random_reads,
+                    qd,
+                    n,
                 )
                 .await?;
             }
@@ -291,6 +333,7 @@ fn label(io: Io, via: Via) -> String {
         Via::Plain => "plain O_DIRECT".to_owned(),
         Via::Engine(e) => format!("engine {e}"),
         Via::Target(e) => format!("target {e}"),
+        Via::Network => "network (TCP loopback)".to_owned(),
     };
     format!("{what}, {how}")
 }
@@ -455,6 +498,94 @@ async fn target_io(
                 r??;
             }
         }
+    }
+    Ok(())
+}
+
+/// The same through the network: OST_WRITE and OST_READ with bulk transfers, four in flight
+/// for sequential I/O and `qd` for random reads.
+async fn net_io(
+    c: Arc<TcpEndpoint>,
+    nid: Nid,
+    fid: Fid,
+    io: Io,
+    bytes: u64,
+    qd: usize,
+    reads: u64,
+) -> Result<()> {
+    const T: std::time::Duration = std::time::Duration::from_secs(60);
+    let (workers, chunk) = match io {
+        Io::Write(c) | Io::Read(c) => (4usize, c),
+        Io::Random => (qd, 4096),
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let (c, nid) = (c.clone(), nid.clone());
+        tasks.spawn(async move {
+            let region = c.register(vec![0x5au8; chunk])?;
+            let desc = region.desc(0, chunk as u32, matches!(io, Io::Write(_)))?;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+            match io {
+                Io::Write(_) | Io::Read(_) => {
+                    let mut off = (w * chunk) as u64;
+                    while off < bytes {
+                        if matches!(io, Io::Write(_)) {
+                            call(
+                                &*c,
+                                &nid,
+                                &OstWrite {
+                                    target: 1,
+                                    fid,
+                                    offset: off,
+                                    desc: desc.clone(),
+                                    sync: false,
+                                },
+                                T,
+                            )
+                            .await?;
+                        } else {
+                            call(
+                                &*c,
+                                &nid,
+                                &OstRead {
+                                    target: 1,
+                                    fid,
+                                    offset: off,
+                                    desc: desc.clone(),
+                                },
+                                T,
+                            )
+                            .await?;
+                        }
+                        off += (workers * chunk) as u64;
+                    }
+                }
+                Io::Random => {
+                    for _ in 0..reads / qd as u64 {
+                        let off = rng.gen_range(0..bytes / 4096) * 4096;
+                        call(
+                            &*c,
+                            &nid,
+                            &OstRead {
+                                target: 1,
+                                fid,
+                                offset: off,
+                                desc: desc.clone(),
+                            },
+                            T,
+                        )
+                        .await?;
+                    }
+                }
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    if matches!(io, Io::Write(_)) {
+        call(&*c, &nid, &OstSync { target: 1, fid }, T).await?;
     }
     Ok(())
 }
