@@ -1,0 +1,467 @@
+//! File layouts and their offset math: RAID0 striping and progressive (composite) layouts,
+//! after Lustre.
+//!
+//! A layout is a list of components, each covering an extent `[start, end)` of the file
+//! (`end == EOF` for the last may be open). Within a component, data is striped RAID0 over
+//! `stripe_count` objects in units of `stripe_size`. As in Lustre, the mapping uses the
+//! **absolute file offset**, not the offset within the component:
+//!
+//! ```text
+//! unit   = offset / stripe_size
+//! stripe = unit % stripe_count                     (which object)
+//! object_offset = (unit / stripe_count) * stripe_size + offset % stripe_size
+//! ```
+//!
+//! so a component that starts past 0 leaves its objects sparse below the component's start.
+//! Component boundaries are multiples of the component's stripe size, so every stripe unit
+//! lies inside one component. This module is pure: no I/O, no allocation of objects.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Fid;
+
+/// Stripe sizes are multiples of this (and at least this).
+pub const STRIPE_ALIGN: u64 = 64 << 10;
+/// The stripe size when none is given: 4 MiB, as in current Lustre.
+pub const DEFAULT_STRIPE_SIZE: u64 = 4 << 20;
+/// Largest stripe size: 4 GiB.
+pub const MAX_STRIPE_SIZE: u64 = 4 << 30;
+/// Most stripes in one component (Lustre's limit).
+pub const MAX_STRIPE_COUNT: u32 = 2000;
+/// Most components in one layout.
+pub const MAX_COMPONENTS: usize = 64;
+/// The open end of the last component.
+pub const EOF: u64 = u64::MAX;
+
+/// How many targets a component stripes over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StripeCount {
+    /// Every available target (`-1` in Lustre's tools).
+    All,
+    Count(u32),
+}
+
+/// One stripe's object: where it lives and what it is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StripeObject {
+    pub target: u32,
+    pub fid: Fid,
+}
+
+/// One extent of a file and how it is striped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Component {
+    pub start: u64,
+    pub end: u64,
+    pub stripe_size: u64,
+    pub stripe_count: StripeCount,
+    /// The first target to use, or `None` to let the MDS choose.
+    pub stripe_offset: Option<u32>,
+    /// An explicit list of targets, overriding count and offset when not empty.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub targets: Vec<u32>,
+    /// The objects, once allocated (the component is then "instantiated"); one per stripe.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub objects: Vec<StripeObject>,
+}
+
+/// A file's (or a directory's default) layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Bumped on every change, so a client can tell its cached copy is stale.
+    pub generation: u32,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub components: Vec<Component>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("stripe size {0} is not a positive multiple of 64 KiB up to 4 GiB")]
+    StripeSize(u64),
+    #[error("stripe count {0} is over the limit of {MAX_STRIPE_COUNT}")]
+    StripeCount(u32),
+    #[error("a layout needs 1 to {MAX_COMPONENTS} components")]
+    ComponentCount,
+    #[error("component {index} starts at {start}, expected {expected}: components must be contiguous from 0")]
+    Gap {
+        index: usize,
+        start: u64,
+        expected: u64,
+    },
+    #[error(
+        "component {index} extent [{start}, {end}) is empty or not a multiple of its stripe size"
+    )]
+    Extent { index: usize, start: u64, end: u64 },
+    #[error("component {index} has {objects} objects for {stripes} stripes")]
+    Objects {
+        index: usize,
+        objects: usize,
+        stripes: usize,
+    },
+    #[error("offset {0} is past the last component of the layout")]
+    NoComponent(u64),
+}
+
+impl Component {
+    /// A plain RAID0 component over the whole file.
+    pub fn raid0(stripe_count: StripeCount, stripe_size: u64) -> Component {
+        Component {
+            start: 0,
+            end: EOF,
+            stripe_size,
+            stripe_count,
+            stripe_offset: None,
+            targets: vec![],
+            objects: vec![],
+        }
+    }
+
+    pub fn contains(&self, offset: u64) -> bool {
+        self.start <= offset && offset < self.end
+    }
+
+    pub fn is_instantiated(&self) -> bool {
+        !self.objects.is_empty()
+    }
+
+    /// Stripes of an instantiated component.
+    pub fn stripes(&self) -> u64 {
+        self.objects.len() as u64
+    }
+
+    /// The stripe and object offset of file `offset` (inside this component).
+    pub fn map(&self, offset: u64) -> (u64, u64) {
+        let count = self.stripes().max(1);
+        let unit = offset / self.stripe_size;
+        (
+            unit % count,
+            (unit / count) * self.stripe_size + offset % self.stripe_size,
+        )
+    }
+
+    /// The file offset held at `object_offset` of `stripe`: the inverse of [`Component::map`].
+    /// `None` if that object offset holds no byte of this component.
+    pub fn unmap(&self, stripe: u64, object_offset: u64) -> Option<u64> {
+        let count = self.stripes().max(1);
+        if stripe >= count {
+            return None;
+        }
+        let row = object_offset / self.stripe_size;
+        let unit = row.checked_mul(count)?.checked_add(stripe)?;
+        let offset = unit
+            .checked_mul(self.stripe_size)?
+            .checked_add(object_offset % self.stripe_size)?;
+        self.contains(offset).then_some(offset)
+    }
+}
+
+/// One contiguous piece of a file range on one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub component: usize,
+    pub stripe: u64,
+    pub object_offset: u64,
+    pub file_offset: u64,
+    pub len: u64,
+}
+
+impl Layout {
+    pub fn new(components: Vec<Component>) -> Result<Layout, LayoutError> {
+        let l = Layout {
+            generation: 1,
+            components,
+        };
+        l.validate()?;
+        Ok(l)
+    }
+
+    /// Checks every rule; a layout from the network or a user is checked before it is used.
+    pub fn validate(&self) -> Result<(), LayoutError> {
+        if self.components.is_empty() || self.components.len() > MAX_COMPONENTS {
+            return Err(LayoutError::ComponentCount);
+        }
+        let mut expected = 0;
+        for (index, c) in self.components.iter().enumerate() {
+            if c.stripe_size == 0
+                || c.stripe_size % STRIPE_ALIGN != 0
+                || c.stripe_size > MAX_STRIPE_SIZE
+            {
+                return Err(LayoutError::StripeSize(c.stripe_size));
+            }
+            match c.stripe_count {
+                StripeCount::Count(n) if n == 0 || n > MAX_STRIPE_COUNT => {
+                    return Err(LayoutError::StripeCount(n))
+                }
+                _ => {}
+            }
+            if c.targets.len() > MAX_STRIPE_COUNT as usize {
+                return Err(LayoutError::StripeCount(c.targets.len() as u32));
+            }
+            if c.start != expected {
+                return Err(LayoutError::Gap {
+                    index,
+                    start: c.start,
+                    expected,
+                });
+            }
+            let aligned = |x: u64| x == EOF || x % c.stripe_size == 0;
+            if c.end <= c.start || !aligned(c.start) || !aligned(c.end) {
+                return Err(LayoutError::Extent {
+                    index,
+                    start: c.start,
+                    end: c.end,
+                });
+            }
+            if c.is_instantiated() {
+                let want = match (c.targets.len(), c.stripe_count) {
+                    (n, _) if n > 0 => Some(n),
+                    (_, StripeCount::Count(n)) => Some(n as usize),
+                    (_, StripeCount::All) => None,
+                };
+                if want.is_some_and(|w| w != c.objects.len())
+                    || c.objects.len() > MAX_STRIPE_COUNT as usize
+                {
+                    return Err(LayoutError::Objects {
+                        index,
+                        objects: c.objects.len(),
+                        stripes: want.unwrap_or(0),
+                    });
+                }
+            }
+            if c.end == EOF && index + 1 != self.components.len() {
+                return Err(LayoutError::Extent {
+                    index,
+                    start: c.start,
+                    end: c.end,
+                });
+            }
+            expected = c.end;
+        }
+        Ok(())
+    }
+
+    /// The component holding `offset`.
+    pub fn component_at(&self, offset: u64) -> Result<usize, LayoutError> {
+        self.components
+            .iter()
+            .position(|c| c.contains(offset))
+            .ok_or(LayoutError::NoComponent(offset))
+    }
+
+    /// Splits `offset..offset+len` into pieces, each inside one stripe unit of one object, in
+    /// file order.
+    pub fn pieces(&self, offset: u64, len: u64) -> Result<Vec<Piece>, LayoutError> {
+        let mut out = vec![];
+        let end = offset.saturating_add(len);
+        let mut at = offset;
+        while at < end {
+            let ci = self.component_at(at)?;
+            let c = &self.components[ci];
+            let unit_end = (at / c.stripe_size + 1).saturating_mul(c.stripe_size);
+            let piece_end = end.min(unit_end).min(c.end);
+            let (stripe, object_offset) = c.map(at);
+            out.push(Piece {
+                component: ci,
+                stripe,
+                object_offset,
+                file_offset: at,
+                len: piece_end - at,
+            });
+            at = piece_end;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    fn instantiated(start: u64, end: u64, stripe_size: u64, count: u32) -> Component {
+        Component {
+            start,
+            end,
+            stripe_size,
+            stripe_count: StripeCount::Count(count),
+            stripe_offset: None,
+            targets: vec![],
+            objects: (0..count)
+                .map(|i| StripeObject {
+                    target: i,
+                    fid: Fid::new(0x1_0000_0000 + u64::from(i), 1, 0),
+                })
+                .collect(),
+        }
+    }
+
+    /// Lustre's example: [0, 4M) on 1 target, [4M, 64M) on 4, [64M, EOF) on 8, 1 MiB stripes.
+    fn progressive() -> Layout {
+        Layout::new(vec![
+            instantiated(0, 4 << 20, 1 << 20, 1),
+            instantiated(4 << 20, 64 << 20, 1 << 20, 4),
+            instantiated(64 << 20, EOF, 1 << 20, 8),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn the_worked_example_in_the_docs() {
+        let l = progressive();
+        // 5 MiB + 10 is in component 1: unit 5, stripe 5 % 4 = 1, row 1 -> object offset 1 MiB + 10.
+        let ci = l.component_at((5 << 20) + 10).unwrap();
+        assert_eq!(ci, 1);
+        assert_eq!(l.components[1].map((5 << 20) + 10), (1, (1 << 20) + 10));
+        // 100 MiB: unit 100, stripe 100 % 8 = 4, row 12 -> object offset 12 MiB.
+        assert_eq!(l.components[2].map(100 << 20), (4, 12 << 20));
+    }
+
+    #[test]
+    fn absurd_layouts_are_refused() {
+        let ok = instantiated(0, EOF, 1 << 20, 2);
+        let bad = |f: &dyn Fn(&mut Component)| {
+            let mut c = ok.clone();
+            f(&mut c);
+            Layout::new(vec![c]).unwrap_err()
+        };
+        assert!(matches!(
+            bad(&|c| c.stripe_size = 1000),
+            LayoutError::StripeSize(_)
+        ));
+        assert!(matches!(
+            bad(&|c| c.stripe_size = 0),
+            LayoutError::StripeSize(_)
+        ));
+        assert!(matches!(
+            bad(&|c| c.stripe_size = 8 << 30),
+            LayoutError::StripeSize(_)
+        ));
+        assert!(matches!(
+            bad(&|c| c.stripe_count = StripeCount::Count(2001)),
+            LayoutError::StripeCount(_)
+        ));
+        assert!(matches!(
+            bad(&|c| c.stripe_count = StripeCount::Count(0)),
+            LayoutError::StripeCount(_)
+        ));
+        assert!(matches!(
+            bad(&|c| c.objects.pop().map(|_| ()).unwrap_or(())),
+            LayoutError::Objects { .. }
+        ));
+        assert!(matches!(
+            bad(&|c| c.start = 1 << 20),
+            LayoutError::Gap { .. }
+        ));
+        assert!(matches!(
+            Layout::new(vec![]),
+            Err(LayoutError::ComponentCount)
+        ));
+        // Overlapping, gapped, misaligned and unterminated-before-last components.
+        let two = |a: Component, b: Component| Layout::new(vec![a, b]).unwrap_err();
+        assert!(matches!(
+            two(
+                instantiated(0, 8 << 20, 1 << 20, 1),
+                instantiated(4 << 20, EOF, 1 << 20, 1)
+            ),
+            LayoutError::Gap { .. }
+        ));
+        assert!(matches!(
+            two(
+                instantiated(0, 3 << 19, 1 << 20, 1),
+                instantiated(3 << 19, EOF, 1 << 20, 1)
+            ),
+            LayoutError::Extent { .. }
+        ));
+        assert!(matches!(
+            two(
+                instantiated(0, EOF, 1 << 20, 1),
+                instantiated(0, EOF, 1 << 20, 1)
+            ),
+            LayoutError::Extent { .. }
+        ));
+    }
+
+    fn any_layout() -> impl Strategy<Value = Layout> {
+        // 1 to 4 components; stripe sizes 64K..1M; boundaries at multiples of the larger size.
+        let size_units = proptest::sample::select(vec![1u64, 2, 4, 8, 16]);
+        proptest::collection::vec((size_units, 1u32..=9, 1u64..=8), 1..=4).prop_map(|specs| {
+            let mut comps = vec![];
+            let mut start = 0;
+            let n = specs.len();
+            for (i, (size_units, count, extent_units)) in specs.into_iter().enumerate() {
+                let stripe_size = size_units * STRIPE_ALIGN;
+                let end = if i + 1 == n {
+                    EOF
+                } else {
+                    start + extent_units * (16 * STRIPE_ALIGN)
+                };
+                comps.push(instantiated(start, end, stripe_size, count));
+                start = end;
+            }
+            Layout::new(comps).unwrap()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_byte_maps_to_one_place_and_back(l in any_layout(), base in 0u64..(64 << 20), offs in proptest::collection::vec(0u64..(8 << 20), 1..200)) {
+            let mut seen = std::collections::HashMap::new();
+            for o in offs {
+                let off = base + o;
+                let ci = l.component_at(off).unwrap();
+                let c = &l.components[ci];
+                let (stripe, obj_off) = c.map(off);
+                prop_assert!(stripe < c.stripes());
+                prop_assert_eq!(c.unmap(stripe, obj_off), Some(off));
+                // No two offsets share an (object, object offset).
+                let obj = c.objects[stripe as usize];
+                let first = *seen.entry((obj, obj_off)).or_insert(off);
+                prop_assert_eq!(first, off);
+            }
+        }
+
+        #[test]
+        fn distinct_offsets_never_collide(l in any_layout(), start in 0u64..(32 << 20), len in 1u64..200_000) {
+            let mut seen = HashSet::new();
+            for off in (start..start + len).step_by(997) {
+                let ci = l.component_at(off).unwrap();
+                let c = &l.components[ci];
+                let (stripe, obj_off) = c.map(off);
+                prop_assert!(seen.insert((c.objects[stripe as usize], obj_off)), "two offsets share a place");
+            }
+        }
+
+        #[test]
+        fn object_offsets_map_back_into_their_component(l in any_layout(), ci in 0usize..4, stripe in 0u64..9, obj_off in 0u64..(64 << 20)) {
+            let ci = ci % l.components.len();
+            let c = &l.components[ci];
+            if let Some(off) = c.unmap(stripe, obj_off) {
+                prop_assert!(c.contains(off));
+                prop_assert_eq!(c.map(off), (stripe, obj_off));
+            }
+        }
+
+        #[test]
+        fn pieces_cover_a_range_exactly_once(l in any_layout(), offset in 0u64..(64 << 20), len in 0u64..(16 << 20)) {
+            let pieces = l.pieces(offset, len).unwrap();
+            let mut at = offset;
+            for p in &pieces {
+                prop_assert_eq!(p.file_offset, at);
+                prop_assert!(p.len > 0);
+                let c = &l.components[p.component];
+                // A piece stays inside one stripe unit: contiguous on its object.
+                prop_assert_eq!(c.map(p.file_offset + p.len - 1), (p.stripe, p.object_offset + p.len - 1));
+                at += p.len;
+            }
+            prop_assert_eq!(at, offset + len);
+        }
+    }
+
+    #[test]
+    fn layouts_round_trip_through_the_codec() {
+        let l = progressive();
+        let body = crate::msg::encode_body(&l).unwrap();
+        assert_eq!(crate::msg::decode_body::<Layout>(&body).unwrap(), l);
+    }
+}
