@@ -4,5 +4,6 @@
 //! Built so far: the [`registry`] of storage targets, served by [`service`]. The namespace
 //! comes next (see `docs/architecture.md`).
 
+pub mod namespace;
 pub mod registry;
 pub mod service;

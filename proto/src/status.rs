@@ -29,6 +29,8 @@ pub enum StatusCode {
     /// The disk failed, or stored data failed its checksum (EIO). The message names the object
     /// and the offset.
     Io,
+    /// A POSIX error from the namespace, carried as its errno (ENOTEMPTY, EACCES, ...).
+    Posix(i32),
 }
 
 impl StatusCode {
@@ -46,6 +48,7 @@ impl StatusCode {
             StatusCode::Invalid => 22,    // EINVAL
             StatusCode::NoSpace => 28,    // ENOSPC
             StatusCode::Io => 5,          // EIO
+            StatusCode::Posix(e) => e,
         }
     }
 }

@@ -1,0 +1,896 @@
+//! The namespace, as plain data and pure functions: inodes, directories, and every operation
+//! that changes them. No I/O, no clock, no locks: a mutation carries its own timestamp, so
+//! replaying the journal rebuilds exactly the same state.
+//!
+//! Every operation is checked in full before anything changes, so a failed operation changes
+//! nothing. Errors are errno values, as POSIX callers expect them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proto::layout::Layout;
+use proto::Fid;
+use serde::{Deserialize, Serialize};
+
+/// The root directory's FID, as in Lustre.
+pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+/// The sequence new inodes are numbered in.
+pub const INODE_SEQ: u64 = proto::fid::FIRST_NORMAL_SEQ;
+/// Longest name in a directory.
+pub const MAX_NAME: usize = 255;
+/// Longest symlink target.
+pub const MAX_SYMLINK: usize = 4095;
+/// Most hard links to one file.
+pub const MAX_LINKS: u32 = 65_000;
+/// Most user xattrs per inode, and their sizes.
+pub const MAX_XATTRS: usize = 128;
+pub const MAX_XATTR_NAME: usize = 255;
+pub const MAX_XATTR_VALUE: usize = 64 << 10;
+/// Largest file size.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+
+pub const S_ISVTX: u32 = 0o1000;
+const PERM_MASK: u32 = 0o7777;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub fid: Fid,
+    pub kind: Kind,
+    /// Permission bits (with setuid, setgid, sticky); the kind is separate.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// A file's layout, or a directory's default for new entries.
+    pub layout: Option<Layout>,
+    /// A symlink's target.
+    pub target: Vec<u8>,
+}
+
+/// Who is asking. uid 0 passes every permission check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Creds {
+    pub fn root() -> Creds {
+        Creds {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        }
+    }
+
+    fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// An operation that changes the namespace: what the journal records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mutation {
+    Create {
+        parent: Fid,
+        name: Vec<u8>,
+        kind: Kind,
+        mode: u32,
+        exclusive: bool,
+        target: Vec<u8>,
+        layout: Option<Layout>,
+    },
+    Link {
+        fid: Fid,
+        parent: Fid,
+        name: Vec<u8>,
+    },
+    Unlink {
+        parent: Fid,
+        name: Vec<u8>,
+        dir: bool,
+    },
+    Rename {
+        parent: Fid,
+        name: Vec<u8>,
+        new_parent: Fid,
+        new_name: Vec<u8>,
+        flags: RenameFlags,
+    },
+    Setattr {
+        fid: Fid,
+        attr: SetAttr,
+    },
+    SetXattr {
+        fid: Fid,
+        name: String,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        fid: Fid,
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Time>,
+    pub mtime: Option<Time>,
+}
+
+/// What a mutation did, for the reply (and for the storage cleanup it implies).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The inode created, linked or changed.
+    pub inode: Option<Inode>,
+    /// Inodes whose last link went away: their objects are to be destroyed.
+    pub removed: Vec<Inode>,
+}
+
+/// An errno and what it was about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} (errno {errno})")]
+pub struct NsError {
+    pub errno: i32,
+    pub what: String,
+}
+
+fn err<T>(errno: i32, what: impl Into<String>) -> Result<T> {
+    Err(NsError {
+        errno,
+        what: what.into(),
+    })
+}
+
+type Result<T> = std::result::Result<T, NsError>;
+
+/// The whole namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespace {
+    inodes: HashMap<Fid, Inode>,
+    entries: HashMap<Fid, BTreeMap<Vec<u8>, Fid>>,
+    /// Each directory's parent (the root is its own).
+    parents: HashMap<Fid, Fid>,
+    next_oid: u32,
+}
+
+pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return err(
+            libc::EINVAL,
+            format!(
+                "{:?} is not a valid name here",
+                String::from_utf8_lossy(name)
+            ),
+        );
+    }
+    if name.len() > MAX_NAME {
+        return err(
+            libc::ENAMETOOLONG,
+            format!("a name is at most {MAX_NAME} bytes"),
+        );
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return err(libc::EINVAL, "a name cannot hold '/' or NUL");
+    }
+    Ok(())
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        Self::new(Time::default())
+    }
+}
+
+impl Namespace {
+    /// An empty namespace: the root directory, owned by root, mode 0755.
+    pub fn new(now: Time) -> Namespace {
+        let root = Inode {
+            fid: ROOT,
+            kind: Kind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: BTreeMap::new(),
+            layout: None,
+            target: vec![],
+        };
+        Namespace {
+            inodes: HashMap::from([(ROOT, root)]),
+            entries: HashMap::from([(ROOT, BTreeMap::new())]),
+            parents: HashMap::from([(ROOT, ROOT)]),
+            next_oid: 1,
+        }
+    }
+
+    pub fn inode(&self, fid: Fid) -> Result<&Inode> {
+        match self.inodes.get(&fid) {
+            Some(i) => Ok(i),
+            None => err(libc::ESTALE, format!("{fid} does not exist")),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+
+    fn dir(&self, fid: Fid) -> Result<&BTreeMap<Vec<u8>, Fid>> {
+        self.inode(fid)?;
+        match self.entries.get(&fid) {
+            Some(d) => Ok(d),
+            None => err(libc::ENOTDIR, format!("{fid} is not a directory")),
+        }
+    }
+
+    /// Whether `who` may access `inode` for `want` (bits of rwx: 4, 2, 1).
+    pub fn permits(inode: &Inode, who: &Creds, want: u32) -> bool {
+        if who.uid == 0 {
+            // Root may do anything but execute a file nobody may execute.
+            return want & 1 == 0 || inode.kind == Kind::Dir || inode.mode & 0o111 != 0;
+        }
+        let bits = if who.uid == inode.uid {
+            inode.mode >> 6
+        } else if who.in_group(inode.gid) {
+            inode.mode >> 3
+        } else {
+            inode.mode
+        } & 7;
+        bits & want == want
+    }
+
+    fn require(&self, fid: Fid, who: &Creds, want: u32) -> Result<&Inode> {
+        let inode = self.inode(fid)?;
+        if Self::permits(inode, who, want) {
+            Ok(inode)
+        } else {
+            err(libc::EACCES, format!("permission denied on {fid}"))
+        }
+    }
+
+    /// The entry `name` in `parent`.
+    pub fn lookup(&self, parent: Fid, name: &[u8], who: &Creds) -> Result<&Inode> {
+        self.dir(parent)?;
+        self.require(parent, who, 1)?;
+        if name == b"." {
+            return self.inode(parent);
+        }
+        if name == b".." {
+            return self.inode(self.parents[&parent]);
+        }
+        check_name(name)?;
+        match self.entries[&parent].get(name) {
+            Some(f) => self.inode(*f),
+            None => err(
+                libc::ENOENT,
+                format!("no entry {:?}", String::from_utf8_lossy(name)),
+            ),
+        }
+    }
+
+    /// Up to `max` entries of `dir` after `after` (a name from an earlier page), in name order.
+    /// Resuming from a name stays valid however the directory changes meanwhile: no entry
+    /// present throughout is skipped or repeated.
+    pub fn readdir(
+        &self,
+        dir: Fid,
+        after: Option<&[u8]>,
+        max: usize,
+        who: &Creds,
+    ) -> Result<Vec<(Vec<u8>, Fid, Kind)>> {
+        let d = self.dir(dir)?;
+        self.require(dir, who, 4)?;
+        let range = match after {
+            Some(a) => {
+                d.range::<[u8], _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+            }
+            None => d.range::<[u8], _>(..),
+        };
+        Ok(range
+            .take(max)
+            .map(|(n, f)| (n.clone(), *f, self.inodes[f].kind))
+            .collect())
+    }
+
+    /// Whether `dir` is `ancestor` or lies below it.
+    fn is_within(&self, mut dir: Fid, ancestor: Fid) -> bool {
+        loop {
+            if dir == ancestor {
+                return true;
+            }
+            let up = self.parents[&dir];
+            if up == dir {
+                return false;
+            }
+            dir = up;
+        }
+    }
+
+    /// Whether `who` may remove or replace the entry for `victim` in `parent` (write and search
+    /// on the directory; in a sticky directory, also owning the entry or the directory).
+    fn may_unlink(&self, parent: &Inode, victim: &Inode, who: &Creds) -> Result<()> {
+        if !Self::permits(parent, who, 3) {
+            return err(libc::EACCES, format!("permission denied on {}", parent.fid));
+        }
+        if parent.mode & S_ISVTX != 0
+            && who.uid != 0
+            && who.uid != victim.uid
+            && who.uid != parent.uid
+        {
+            return err(
+                libc::EPERM,
+                "sticky directory: only the owner may remove this entry",
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks and applies one mutation by `who` at time `now`; on error nothing changed.
+    pub fn apply(&mut self, m: &Mutation, who: &Creds, now: Time) -> Result<Applied> {
+        match m {
+            Mutation::Create {
+                parent,
+                name,
+                kind,
+                mode,
+                exclusive,
+                target,
+                layout,
+            } => self.create(
+                *parent,
+                name,
+                *kind,
+                *mode,
+                *exclusive,
+                target,
+                layout.clone(),
+                who,
+                now,
+            ),
+            Mutation::Link { fid, parent, name } => self.link(*fid, *parent, name, who, now),
+            Mutation::Unlink { parent, name, dir } => self.unlink(*parent, name, *dir, who, now),
+            Mutation::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => self.rename(*parent, name, *new_parent, new_name, *flags, who, now),
+            Mutation::Setattr { fid, attr } => self.setattr(*fid, attr, who, now),
+            Mutation::SetXattr { fid, name, value } => {
+                self.set_xattr(*fid, name, Some(value), who, now)
+            }
+            Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, who, now),
+        }
+    }
+
+    fn touch_dir(&mut self, dir: Fid, now: Time) {
+        if let Some(d) = self.inodes.get_mut(&dir) {
+            d.mtime = now;
+            d.ctime = now;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        kind: Kind,
+        mode: u32,
+        exclusive: bool,
+        target: &[u8],
+        layout: Option<Layout>,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        self.dir(parent)?;
+        if let Some(existing) = self.entries[&parent].get(name) {
+            let existing = self.inode(*existing)?;
+            if exclusive || kind != Kind::File || existing.kind != Kind::File {
+                return err(
+                    libc::EEXIST,
+                    format!("{:?} exists", String::from_utf8_lossy(name)),
+                );
+            }
+            // open(O_CREAT) without O_EXCL on an existing file opens it.
+            self.require(parent, who, 1)?;
+            return Ok(Applied {
+                inode: Some(existing.clone()),
+                removed: vec![],
+            });
+        }
+        let p = self.require(parent, who, 3)?.clone();
+        if kind == Kind::Symlink && (target.is_empty() || target.len() > MAX_SYMLINK) {
+            return err(
+                libc::ENAMETOOLONG,
+                format!("a symlink target is 1 to {MAX_SYMLINK} bytes"),
+            );
+        }
+        if let Some(l) = &layout {
+            l.validate().map_err(|e| NsError {
+                errno: libc::EINVAL,
+                what: e.to_string(),
+            })?;
+        }
+        let oid = self.next_oid;
+        let Some(next) = oid.checked_add(1) else {
+            return err(libc::ENOSPC, "inode numbers are exhausted");
+        };
+        let fid = Fid::new(INODE_SEQ, oid, 0);
+        // New entries take the directory's group when it is setgid, and inherit its default
+        // layout (a directory passes it on to subdirectories too).
+        let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
+        let inherited = layout.or_else(|| p.layout.clone());
+        let inode = Inode {
+            fid,
+            kind,
+            mode: if kind == Kind::Symlink {
+                0o777
+            } else {
+                mode & PERM_MASK
+            },
+            uid: who.uid,
+            gid,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            size: if kind == Kind::Symlink {
+                target.len() as u64
+            } else {
+                0
+            },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: BTreeMap::new(),
+            layout: inherited,
+            target: target.to_vec(),
+        };
+        self.next_oid = next;
+        if kind == Kind::Dir {
+            self.entries.insert(fid, BTreeMap::new());
+            self.parents.insert(fid, parent);
+            if let Some(p) = self.inodes.get_mut(&parent) {
+                p.nlink += 1;
+            }
+        }
+        self.inodes.insert(fid, inode.clone());
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.insert(name.to_vec(), fid);
+        }
+        self.touch_dir(parent, now);
+        Ok(Applied {
+            inode: Some(inode),
+            removed: vec![],
+        })
+    }
+
+    fn link(
+        &mut self,
+        fid: Fid,
+        parent: Fid,
+        name: &[u8],
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        let inode = self.inode(fid)?;
+        if inode.kind == Kind::Dir {
+            return err(libc::EPERM, "directories cannot be hard-linked");
+        }
+        if inode.nlink >= MAX_LINKS {
+            return err(libc::EMLINK, format!("{fid} has {MAX_LINKS} links"));
+        }
+        self.dir(parent)?;
+        self.require(parent, who, 3)?;
+        if self.entries[&parent].contains_key(name) {
+            return err(
+                libc::EEXIST,
+                format!("{:?} exists", String::from_utf8_lossy(name)),
+            );
+        }
+        let i = self.inodes.get_mut(&fid).expect("checked above");
+        i.nlink += 1;
+        i.ctime = now;
+        let inode = i.clone();
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.insert(name.to_vec(), fid);
+        }
+        self.touch_dir(parent, now);
+        Ok(Applied {
+            inode: Some(inode),
+            removed: vec![],
+        })
+    }
+
+    /// Drops one link to `fid`; returns the inode if that was its last.
+    fn drop_link(&mut self, fid: Fid, now: Time) -> Option<Inode> {
+        let i = self.inodes.get_mut(&fid)?;
+        let dir = i.kind == Kind::Dir;
+        i.nlink = if dir { 0 } else { i.nlink.saturating_sub(1) };
+        i.ctime = now;
+        if i.nlink > 0 {
+            return None;
+        }
+        if dir {
+            self.entries.remove(&fid);
+            if let Some(p) = self.parents.remove(&fid) {
+                if let Some(pi) = self.inodes.get_mut(&p) {
+                    pi.nlink = pi.nlink.saturating_sub(1);
+                }
+            }
+        }
+        self.inodes.remove(&fid)
+    }
+
+    fn unlink(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        dir: bool,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        let victim = self.lookup(parent, name, who)?.clone();
+        match (dir, victim.kind == Kind::Dir) {
+            (true, false) => {
+                return err(
+                    libc::ENOTDIR,
+                    format!("{victim_fid} is not a directory", victim_fid = victim.fid),
+                )
+            }
+            (false, true) => return err(libc::EISDIR, format!("{} is a directory", victim.fid)),
+            _ => {}
+        }
+        if dir && !self.entries[&victim.fid].is_empty() {
+            return err(libc::ENOTEMPTY, format!("{} is not empty", victim.fid));
+        }
+        let p = self.inode(parent)?.clone();
+        self.may_unlink(&p, &victim, who)?;
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.remove(name);
+        }
+        self.touch_dir(parent, now);
+        let removed = self.drop_link(victim.fid, now);
+        Ok(Applied {
+            inode: self.inodes.get(&victim.fid).cloned(),
+            removed: removed.into_iter().collect(),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        new_parent: Fid,
+        new_name: &[u8],
+        flags: RenameFlags,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if flags.noreplace && flags.exchange {
+            return err(
+                libc::EINVAL,
+                "RENAME_NOREPLACE and RENAME_EXCHANGE exclude each other",
+            );
+        }
+        let src = self.lookup(parent, name, who)?.clone();
+        self.dir(new_parent)?;
+        self.require(new_parent, who, 3)?;
+        let p = self.inode(parent)?.clone();
+        self.may_unlink(&p, &src, who)?;
+        let dst = self.entries[&new_parent]
+            .get(new_name)
+            .map(|f| self.inodes[f].clone());
+        let src_dir = src.kind == Kind::Dir;
+        // A directory cannot move below itself.
+        if src_dir && self.is_within(new_parent, src.fid) {
+            return err(libc::EINVAL, "cannot move a directory below itself");
+        }
+        if let Some(d) = &dst {
+            if d.fid == src.fid {
+                return Ok(Applied {
+                    inode: Some(src),
+                    removed: vec![],
+                }); // two names of one inode: nothing to do
+            }
+            let np = self.inode(new_parent)?.clone();
+            self.may_unlink(&np, d, who)?;
+            if flags.noreplace {
+                return err(
+                    libc::EEXIST,
+                    format!("{:?} exists", String::from_utf8_lossy(new_name)),
+                );
+            }
+            if flags.exchange {
+                if d.kind == Kind::Dir && self.is_within(parent, d.fid) {
+                    return err(libc::EINVAL, "cannot move a directory below itself");
+                }
+                return Ok(self.exchange(parent, name, &src, new_parent, new_name, d, now));
+            }
+            match (src_dir, d.kind == Kind::Dir) {
+                (true, false) => {
+                    return err(libc::ENOTDIR, format!("{} is not a directory", d.fid))
+                }
+                (false, true) => return err(libc::EISDIR, format!("{} is a directory", d.fid)),
+                (true, true) if !self.entries[&d.fid].is_empty() => {
+                    return err(libc::ENOTEMPTY, format!("{} is not empty", d.fid))
+                }
+                _ => {}
+            }
+        } else if flags.exchange {
+            return err(
+                libc::ENOENT,
+                format!(
+                    "no entry {:?} to exchange with",
+                    String::from_utf8_lossy(new_name)
+                ),
+            );
+        }
+        // Checked: now change, atomically as far as any reader can see.
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.remove(name);
+        }
+        let replaced = dst.and_then(|d| self.drop_link(d.fid, now));
+        if let Some(d) = self.entries.get_mut(&new_parent) {
+            d.insert(new_name.to_vec(), src.fid);
+        }
+        if src_dir && parent != new_parent {
+            self.parents.insert(src.fid, new_parent);
+            if let Some(pi) = self.inodes.get_mut(&parent) {
+                pi.nlink = pi.nlink.saturating_sub(1);
+            }
+            if let Some(pi) = self.inodes.get_mut(&new_parent) {
+                pi.nlink += 1;
+            }
+        }
+        if let Some(i) = self.inodes.get_mut(&src.fid) {
+            i.ctime = now;
+        }
+        self.touch_dir(parent, now);
+        self.touch_dir(new_parent, now);
+        Ok(Applied {
+            inode: self.inodes.get(&src.fid).cloned(),
+            removed: replaced.into_iter().collect(),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        a: &Inode,
+        new_parent: Fid,
+        new_name: &[u8],
+        b: &Inode,
+        now: Time,
+    ) -> Applied {
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.insert(name.to_vec(), b.fid);
+        }
+        if let Some(d) = self.entries.get_mut(&new_parent) {
+            d.insert(new_name.to_vec(), a.fid);
+        }
+        for (fid, to, from) in [(a.fid, new_parent, parent), (b.fid, parent, new_parent)] {
+            if self.entries.contains_key(&fid) && to != from {
+                self.parents.insert(fid, to);
+                if let Some(pi) = self.inodes.get_mut(&from) {
+                    pi.nlink = pi.nlink.saturating_sub(1);
+                }
+                if let Some(pi) = self.inodes.get_mut(&to) {
+                    pi.nlink += 1;
+                }
+            }
+            if let Some(i) = self.inodes.get_mut(&fid) {
+                i.ctime = now;
+            }
+        }
+        self.touch_dir(parent, now);
+        self.touch_dir(new_parent, now);
+        Applied {
+            inode: self.inodes.get(&a.fid).cloned(),
+            removed: vec![],
+        }
+    }
+
+    fn setattr(&mut self, fid: Fid, a: &SetAttr, who: &Creds, now: Time) -> Result<Applied> {
+        let i = self.inode(fid)?.clone();
+        let owner = who.uid == 0 || who.uid == i.uid;
+        if a.mode.is_some() && !owner {
+            return err(libc::EPERM, "only the owner may change the mode");
+        }
+        if let Some(uid) = a.uid {
+            if who.uid != 0 && uid != i.uid {
+                return err(libc::EPERM, "only root may change the owner");
+            }
+        }
+        if let Some(gid) = a.gid {
+            if who.uid != 0 && (!owner || !who.in_group(gid)) {
+                return err(
+                    libc::EPERM,
+                    "only the owner may change the group, to one of theirs",
+                );
+            }
+        }
+        if (a.atime.is_some() || a.mtime.is_some()) && !owner && !Self::permits(&i, who, 2) {
+            return err(libc::EACCES, "permission denied to set times");
+        }
+        if let Some(size) = a.size {
+            if i.kind == Kind::Dir {
+                return err(libc::EISDIR, format!("{fid} is a directory"));
+            }
+            if i.kind != Kind::File {
+                return err(libc::EINVAL, format!("{fid} is not a regular file"));
+            }
+            if size > MAX_FILE_SIZE {
+                return err(libc::EFBIG, format!("{size} is past the file size limit"));
+            }
+            if !Self::permits(&i, who, 2) {
+                return err(libc::EACCES, format!("permission denied on {fid}"));
+            }
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        if let Some(m) = a.mode {
+            x.mode = m & PERM_MASK;
+        }
+        if let Some(u) = a.uid {
+            x.uid = u;
+        }
+        if let Some(g) = a.gid {
+            x.gid = g;
+        }
+        if let Some(s) = a.size {
+            x.size = s;
+            x.mtime = now;
+        }
+        if let Some(t) = a.atime {
+            x.atime = t;
+        }
+        if let Some(t) = a.mtime {
+            x.mtime = t;
+        }
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    fn set_xattr(
+        &mut self,
+        fid: Fid,
+        name: &str,
+        value: Option<&Vec<u8>>,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        let Some(short) = name.strip_prefix("user.") else {
+            return err(libc::EOPNOTSUPP, "only user.* extended attributes are kept");
+        };
+        if short.is_empty() || name.len() > MAX_XATTR_NAME {
+            return err(
+                libc::ERANGE,
+                format!("an xattr name is at most {MAX_XATTR_NAME} bytes"),
+            );
+        }
+        let i = self.require(fid, who, 2)?;
+        match value {
+            Some(v) if v.len() > MAX_XATTR_VALUE => {
+                return err(libc::E2BIG, "xattr value too large")
+            }
+            Some(_) if !i.xattrs.contains_key(name) && i.xattrs.len() >= MAX_XATTRS => {
+                return err(
+                    libc::ENOSPC,
+                    format!("an inode holds at most {MAX_XATTRS} xattrs"),
+                )
+            }
+            None if !i.xattrs.contains_key(name) => {
+                return err(libc::ENODATA, format!("no xattr {name}"))
+            }
+            _ => {}
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        match value {
+            Some(v) => x.xattrs.insert(name.to_owned(), v.clone()),
+            None => x.xattrs.remove(name),
+        };
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    /// Checks the namespace's invariants; returns every violation found.
+    pub fn check(&self) -> Vec<String> {
+        let mut problems = vec![];
+        let mut links: HashMap<Fid, u32> = HashMap::new();
+        let mut subdirs: HashMap<Fid, u32> = HashMap::new();
+        for (dir, d) in &self.entries {
+            if !self.inodes.get(dir).is_some_and(|i| i.kind == Kind::Dir) {
+                problems.push(format!("{dir} has entries but is not a directory"));
+            }
+            for (name, f) in d {
+                match self.inodes.get(f) {
+                    None => problems.push(format!(
+                        "{dir}/{} points to missing {f}",
+                        String::from_utf8_lossy(name)
+                    )),
+                    Some(i) if i.kind == Kind::Dir => {
+                        *subdirs.entry(*dir).or_default() += 1;
+                        if self.parents.get(f) != Some(dir) {
+                            problems.push(format!("{f}'s parent is not {dir}"));
+                        }
+                    }
+                    Some(_) => *links.entry(*f).or_default() += 1,
+                }
+            }
+        }
+        for (fid, i) in &self.inodes {
+            let want = match i.kind {
+                Kind::Dir => 2 + subdirs.get(fid).copied().unwrap_or(0),
+                _ => links.get(fid).copied().unwrap_or(0),
+            };
+            if i.nlink != want {
+                problems.push(format!("{fid} has nlink {} but {want} links", i.nlink));
+            }
+            if i.kind == Kind::Dir && *fid != ROOT {
+                // Reachable from the root without a cycle.
+                let mut at = *fid;
+                let mut steps = 0;
+                while at != ROOT && steps <= self.entries.len() {
+                    at = self.parents.get(&at).copied().unwrap_or(ROOT);
+                    steps += 1;
+                }
+                if at != ROOT {
+                    problems.push(format!("{fid} is not reachable from the root"));
+                }
+            }
+            if i.kind != Kind::Dir && !links.contains_key(fid) {
+                problems.push(format!("{fid} is an orphan (no entry names it)"));
+            }
+        }
+        problems
+    }
+}

@@ -1,0 +1,606 @@
+//! The namespace's operations and their errors, as POSIX defines them.
+
+use mds::namespace::*;
+use proto::layout::{Component, Layout, StripeCount};
+
+const T0: Time = Time { sec: 100, nsec: 5 };
+
+fn t(n: i64) -> Time {
+    Time {
+        sec: 100 + n,
+        nsec: 7,
+    }
+}
+
+fn user(uid: u32) -> Creds {
+    Creds {
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
+struct Fs {
+    ns: Namespace,
+    clock: i64,
+}
+
+impl Fs {
+    fn new() -> Fs {
+        Fs {
+            ns: Namespace::new(T0),
+            clock: 0,
+        }
+    }
+
+    fn run(&mut self, m: Mutation, who: &Creds) -> Result<Applied, NsError> {
+        self.clock += 1;
+        let before = self.ns.clone();
+        let r = self.ns.apply(&m, who, t(self.clock));
+        if r.is_err() {
+            assert_eq!(self.ns, before, "a failed operation changed the namespace");
+        }
+        assert_eq!(
+            self.ns.check(),
+            Vec::<String>::new(),
+            "invariants after {m:?}"
+        );
+        r
+    }
+
+    fn create(
+        &mut self,
+        parent: proto::Fid,
+        name: &str,
+        kind: Kind,
+        who: &Creds,
+    ) -> Result<Inode, NsError> {
+        let target = if kind == Kind::Symlink {
+            b"target".to_vec()
+        } else {
+            vec![]
+        };
+        let m = Mutation::Create {
+            parent,
+            name: name.into(),
+            kind,
+            mode: if kind == Kind::Dir { 0o755 } else { 0o644 },
+            exclusive: true,
+            target,
+            layout: None,
+        };
+        self.run(m, who).map(|a| a.inode.unwrap())
+    }
+
+    fn errno(&mut self, m: Mutation, who: &Creds) -> i32 {
+        self.run(m, who).unwrap_err().errno
+    }
+}
+
+fn rename(parent: proto::Fid, name: &str, new_parent: proto::Fid, new_name: &str) -> Mutation {
+    Mutation::Rename {
+        parent,
+        name: name.into(),
+        new_parent,
+        new_name: new_name.into(),
+        flags: RenameFlags::default(),
+    }
+}
+
+#[test]
+fn create_lookup_and_readdir() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    let f = fs.create(d.fid, "f", Kind::File, &root).unwrap();
+    let s = fs.create(d.fid, "s", Kind::Symlink, &root).unwrap();
+    assert_eq!(fs.ns.lookup(d.fid, b"f", &root).unwrap().fid, f.fid);
+    assert_eq!(fs.ns.lookup(d.fid, b"..", &root).unwrap().fid, ROOT);
+    assert_eq!(fs.ns.inode(s.fid).unwrap().target, b"target");
+    assert_eq!(fs.ns.inode(ROOT).unwrap().nlink, 3);
+    assert_eq!(
+        fs.ns.inode(d.fid).unwrap().mtime,
+        t(3),
+        "the directory's mtime follows its last change"
+    );
+    let page = fs.ns.readdir(d.fid, None, 10, &root).unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        vec![b"f".to_vec(), b"s".to_vec()]
+    );
+    // Exclusive create of an existing name, and non-exclusive open of it.
+    let again = Mutation::Create {
+        parent: d.fid,
+        name: b"f".to_vec(),
+        kind: Kind::File,
+        mode: 0o600,
+        exclusive: false,
+        target: vec![],
+        layout: None,
+    };
+    assert_eq!(fs.run(again, &root).unwrap().inode.unwrap().fid, f.fid);
+    assert_eq!(
+        fs.create(d.fid, "f", Kind::File, &root).unwrap_err().errno,
+        libc::EEXIST
+    );
+}
+
+#[test]
+fn readdir_resumes_across_changes_without_skips_or_repeats() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    for i in 0..10 {
+        fs.create(ROOT, &format!("n{i}"), Kind::File, &root)
+            .unwrap();
+    }
+    let first = fs.ns.readdir(ROOT, None, 4, &root).unwrap();
+    let cookie = first.last().unwrap().0.clone();
+    // Meanwhile: an entry before the cookie goes, one after it goes, a new one appears.
+    fs.run(
+        Mutation::Unlink {
+            parent: ROOT,
+            name: b"n1".to_vec(),
+            dir: false,
+        },
+        &root,
+    )
+    .unwrap();
+    fs.run(
+        Mutation::Unlink {
+            parent: ROOT,
+            name: b"n8".to_vec(),
+            dir: false,
+        },
+        &root,
+    )
+    .unwrap();
+    fs.create(ROOT, "n55", Kind::File, &root).unwrap();
+    let rest = fs.ns.readdir(ROOT, Some(&cookie), 100, &root).unwrap();
+    let mut names: Vec<_> = first
+        .iter()
+        .chain(&rest)
+        .map(|e| String::from_utf8(e.0.clone()).unwrap())
+        .collect();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "no entry twice");
+    for kept in ["n0", "n2", "n3", "n4", "n5", "n6", "n7", "n9"] {
+        assert!(names.contains(&kept.to_owned()), "{kept} was skipped");
+    }
+}
+
+#[test]
+fn bad_names_are_refused() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    for (name, errno) in [
+        ("", libc::EINVAL),
+        (".", libc::EINVAL),
+        ("..", libc::EINVAL),
+        ("a/b", libc::EINVAL),
+        ("a\0b", libc::EINVAL),
+    ] {
+        assert_eq!(
+            fs.create(ROOT, name, Kind::File, &root).unwrap_err().errno,
+            errno,
+            "{name:?}"
+        );
+    }
+    assert_eq!(
+        fs.create(ROOT, &"x".repeat(256), Kind::File, &root)
+            .unwrap_err()
+            .errno,
+        libc::ENAMETOOLONG
+    );
+    fs.create(ROOT, &"x".repeat(255), Kind::File, &root)
+        .unwrap();
+    let stale = proto::Fid::new(INODE_SEQ, 999, 0);
+    assert_eq!(
+        fs.create(stale, "a", Kind::File, &root).unwrap_err().errno,
+        libc::ESTALE
+    );
+    let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
+    assert_eq!(
+        fs.create(f.fid, "a", Kind::File, &root).unwrap_err().errno,
+        libc::ENOTDIR
+    );
+}
+
+#[test]
+fn unlink_and_rmdir_follow_posix() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    let f = fs.create(d.fid, "f", Kind::File, &root).unwrap();
+    assert_eq!(
+        fs.errno(
+            Mutation::Unlink {
+                parent: ROOT,
+                name: b"d".to_vec(),
+                dir: true
+            },
+            &root
+        ),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::Unlink {
+                parent: ROOT,
+                name: b"d".to_vec(),
+                dir: false
+            },
+            &root
+        ),
+        libc::EISDIR
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::Unlink {
+                parent: d.fid,
+                name: b"f".to_vec(),
+                dir: true
+            },
+            &root
+        ),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::Unlink {
+                parent: d.fid,
+                name: b"zz".to_vec(),
+                dir: false
+            },
+            &root
+        ),
+        libc::ENOENT
+    );
+    let gone = fs
+        .run(
+            Mutation::Unlink {
+                parent: d.fid,
+                name: b"f".to_vec(),
+                dir: false,
+            },
+            &root,
+        )
+        .unwrap();
+    assert_eq!(
+        gone.removed.iter().map(|i| i.fid).collect::<Vec<_>>(),
+        vec![f.fid]
+    );
+    fs.run(
+        Mutation::Unlink {
+            parent: ROOT,
+            name: b"d".to_vec(),
+            dir: true,
+        },
+        &root,
+    )
+    .unwrap();
+    assert_eq!(fs.ns.inode(ROOT).unwrap().nlink, 2);
+}
+
+#[test]
+fn hard_links_count_and_the_last_unlink_removes() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let f = fs.create(ROOT, "a", Kind::File, &root).unwrap();
+    let linked = fs
+        .run(
+            Mutation::Link {
+                fid: f.fid,
+                parent: ROOT,
+                name: b"b".to_vec(),
+            },
+            &root,
+        )
+        .unwrap();
+    assert_eq!(linked.inode.unwrap().nlink, 2);
+    let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    assert_eq!(
+        fs.errno(
+            Mutation::Link {
+                fid: d.fid,
+                parent: ROOT,
+                name: b"e".to_vec()
+            },
+            &root
+        ),
+        libc::EPERM
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::Link {
+                fid: f.fid,
+                parent: ROOT,
+                name: b"b".to_vec()
+            },
+            &root
+        ),
+        libc::EEXIST
+    );
+    let first = fs
+        .run(
+            Mutation::Unlink {
+                parent: ROOT,
+                name: b"a".to_vec(),
+                dir: false,
+            },
+            &root,
+        )
+        .unwrap();
+    assert!(first.removed.is_empty());
+    assert_eq!(fs.ns.inode(f.fid).unwrap().nlink, 1);
+    let last = fs
+        .run(
+            Mutation::Unlink {
+                parent: ROOT,
+                name: b"b".to_vec(),
+                dir: false,
+            },
+            &root,
+        )
+        .unwrap();
+    assert_eq!(last.removed.len(), 1);
+}
+
+#[test]
+fn rename_replaces_atomically_and_refuses_what_posix_refuses() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let a = fs.create(ROOT, "a", Kind::Dir, &root).unwrap();
+    let b = fs.create(a.fid, "b", Kind::Dir, &root).unwrap();
+    let old = fs.create(ROOT, "ckpt", Kind::File, &root).unwrap();
+    let new = fs.create(ROOT, "ckpt.tmp", Kind::File, &root).unwrap();
+    // Over an existing file: the name now holds the new file; the old one is removed.
+    let r = fs
+        .run(rename(ROOT, "ckpt.tmp", ROOT, "ckpt"), &root)
+        .unwrap();
+    assert_eq!(
+        r.removed.iter().map(|i| i.fid).collect::<Vec<_>>(),
+        vec![old.fid]
+    );
+    assert_eq!(fs.ns.lookup(ROOT, b"ckpt", &root).unwrap().fid, new.fid);
+    assert_eq!(
+        fs.ns.lookup(ROOT, b"ckpt.tmp", &root).unwrap_err().errno,
+        libc::ENOENT
+    );
+    // A directory below itself; file over directory; directory over file; non-empty target.
+    assert_eq!(fs.errno(rename(ROOT, "a", b.fid, "x"), &root), libc::EINVAL);
+    assert_eq!(fs.errno(rename(ROOT, "a", a.fid, "x"), &root), libc::EINVAL);
+    assert_eq!(
+        fs.errno(rename(ROOT, "ckpt", a.fid, "b"), &root),
+        libc::EISDIR
+    );
+    assert_eq!(
+        fs.errno(rename(a.fid, "b", ROOT, "ckpt"), &root),
+        libc::ENOTDIR
+    );
+    let c = fs.create(ROOT, "c", Kind::Dir, &root).unwrap();
+    fs.create(c.fid, "inside", Kind::File, &root).unwrap();
+    assert_eq!(
+        fs.errno(rename(a.fid, "b", ROOT, "c"), &root),
+        libc::ENOTEMPTY
+    );
+    // Over an empty directory, across directories.
+    let e = fs.create(ROOT, "e", Kind::Dir, &root).unwrap();
+    fs.run(rename(a.fid, "b", ROOT, "e"), &root).unwrap();
+    assert!(fs.ns.inode(e.fid).is_err());
+    assert_eq!(fs.ns.lookup(ROOT, b"e", &root).unwrap().fid, b.fid);
+    assert_eq!(fs.ns.lookup(b.fid, b"..", &root).unwrap().fid, ROOT);
+    // A name renamed to itself, or to another name of the same inode, changes nothing.
+    fs.run(rename(ROOT, "ckpt", ROOT, "ckpt"), &root).unwrap();
+}
+
+#[test]
+fn noreplace_and_exchange() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let x = fs.create(ROOT, "x", Kind::File, &root).unwrap();
+    let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    let nr = |a: &str, b: &str, noreplace, exchange| Mutation::Rename {
+        parent: ROOT,
+        name: a.into(),
+        new_parent: ROOT,
+        new_name: b.into(),
+        flags: RenameFlags {
+            noreplace,
+            exchange,
+        },
+    };
+    assert_eq!(fs.errno(nr("x", "d", true, false), &root), libc::EEXIST);
+    assert_eq!(fs.errno(nr("x", "zz", false, true), &root), libc::ENOENT);
+    assert_eq!(fs.errno(nr("x", "d", true, true), &root), libc::EINVAL);
+    fs.run(nr("x", "d", false, true), &root).unwrap();
+    assert_eq!(fs.ns.lookup(ROOT, b"d", &root).unwrap().fid, x.fid);
+    assert_eq!(fs.ns.lookup(ROOT, b"x", &root).unwrap().fid, d.fid);
+    fs.run(nr("x", "y", true, false), &root).unwrap();
+}
+
+#[test]
+fn permissions_for_other_users_and_sticky_directories() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let (alice, bob) = (user(1000), user(1001));
+    assert_eq!(
+        fs.create(ROOT, "a", Kind::File, &alice).unwrap_err().errno,
+        libc::EACCES
+    );
+    let tmp = fs.create(ROOT, "tmp", Kind::Dir, &root).unwrap();
+    let chmod = |fid, mode| Mutation::Setattr {
+        fid,
+        attr: SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        },
+    };
+    fs.run(chmod(tmp.fid, 0o1777), &root).unwrap();
+    let f = fs.create(tmp.fid, "alices", Kind::File, &alice).unwrap();
+    assert_eq!(f.uid, 1000);
+    assert_eq!(
+        fs.errno(
+            Mutation::Unlink {
+                parent: tmp.fid,
+                name: b"alices".to_vec(),
+                dir: false
+            },
+            &bob
+        ),
+        libc::EPERM
+    );
+    assert_eq!(
+        fs.errno(rename(tmp.fid, "alices", tmp.fid, "bobs"), &bob),
+        libc::EPERM
+    );
+    assert_eq!(fs.errno(chmod(f.fid, 0o777), &bob), libc::EPERM);
+    let chown = Mutation::Setattr {
+        fid: f.fid,
+        attr: SetAttr {
+            uid: Some(1001),
+            ..Default::default()
+        },
+    };
+    assert_eq!(fs.errno(chown.clone(), &alice), libc::EPERM);
+    fs.run(chown, &root).unwrap();
+    // A private directory cannot be searched by others.
+    let private = fs.create(tmp.fid, "private", Kind::Dir, &alice).unwrap();
+    fs.run(chmod(private.fid, 0o700), &alice).unwrap();
+    fs.create(private.fid, "secret", Kind::File, &alice)
+        .unwrap();
+    assert_eq!(
+        fs.ns
+            .lookup(private.fid, b"secret", &bob)
+            .unwrap_err()
+            .errno,
+        libc::EACCES
+    );
+    assert_eq!(
+        fs.ns
+            .readdir(private.fid, None, 10, &bob)
+            .unwrap_err()
+            .errno,
+        libc::EACCES
+    );
+    fs.run(
+        Mutation::Unlink {
+            parent: tmp.fid,
+            name: b"alices".to_vec(),
+            dir: false,
+        },
+        &bob,
+    )
+    .unwrap();
+}
+
+#[test]
+fn setattr_changes_what_it_names_and_ctime() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
+    let attr = SetAttr {
+        size: Some(12345),
+        atime: Some(Time {
+            sec: 1 << 40,
+            nsec: 999_999_999,
+        }),
+        ..Default::default()
+    };
+    let after = fs
+        .run(Mutation::Setattr { fid: f.fid, attr }, &root)
+        .unwrap()
+        .inode
+        .unwrap();
+    assert_eq!(after.size, 12345);
+    assert_eq!(
+        after.atime,
+        Time {
+            sec: 1 << 40,
+            nsec: 999_999_999
+        },
+        "64-bit seconds and nanoseconds"
+    );
+    assert!(after.ctime > f.ctime);
+    let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    let trunc = |fid, size| Mutation::Setattr {
+        fid,
+        attr: SetAttr {
+            size: Some(size),
+            ..Default::default()
+        },
+    };
+    assert_eq!(fs.errno(trunc(d.fid, 0), &root), libc::EISDIR);
+    assert_eq!(fs.errno(trunc(f.fid, u64::MAX), &root), libc::EFBIG);
+}
+
+#[test]
+fn user_xattrs() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
+    let set = |name: &str, value: &[u8]| Mutation::SetXattr {
+        fid: f.fid,
+        name: name.into(),
+        value: value.to_vec(),
+    };
+    fs.run(set("user.tag", b"v1"), &root).unwrap();
+    assert_eq!(fs.ns.inode(f.fid).unwrap().xattrs["user.tag"], b"v1");
+    assert_eq!(fs.errno(set("trusted.x", b"v"), &root), libc::EOPNOTSUPP);
+    assert_eq!(
+        fs.errno(set("user.big", &vec![0; 70_000]), &root),
+        libc::E2BIG
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::RemoveXattr {
+                fid: f.fid,
+                name: "user.none".into()
+            },
+            &root
+        ),
+        libc::ENODATA
+    );
+    fs.run(
+        Mutation::RemoveXattr {
+            fid: f.fid,
+            name: "user.tag".into(),
+        },
+        &root,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_directory_default_layout_is_inherited_and_absurd_layouts_refused() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let layout = Layout::new(vec![Component::raid0(StripeCount::Count(4), 1 << 20)]).unwrap();
+    let mk = |name: &str, kind, layout| Mutation::Create {
+        parent: ROOT,
+        name: name.into(),
+        kind,
+        mode: 0o755,
+        exclusive: true,
+        target: vec![],
+        layout,
+    };
+    let d = fs
+        .run(mk("d", Kind::Dir, Some(layout.clone())), &root)
+        .unwrap()
+        .inode
+        .unwrap();
+    let sub = fs.create(d.fid, "sub", Kind::Dir, &root).unwrap();
+    let f = fs.create(sub.fid, "f", Kind::File, &root).unwrap();
+    assert_eq!(
+        f.layout,
+        Some(layout.clone()),
+        "inherited through a subdirectory"
+    );
+    let mut bad = layout;
+    bad.components[0].stripe_size = 1000;
+    assert_eq!(
+        fs.errno(mk("g", Kind::File, Some(bad)), &root),
+        libc::EINVAL
+    );
+}
