@@ -11,6 +11,8 @@ use proto::layout::Layout;
 use proto::Fid;
 use serde::{Deserialize, Serialize};
 
+pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
+
 /// The root directory's FID, as in Lustre.
 pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
 /// The sequence new inodes are numbered in.
@@ -30,121 +32,6 @@ pub const MAX_FILE_SIZE: u64 = 1 << 50;
 
 pub const S_ISVTX: u32 = 0o1000;
 const PERM_MASK: u32 = 0o7777;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Kind {
-    Dir,
-    File,
-    Symlink,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Time {
-    pub sec: i64,
-    pub nsec: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inode {
-    pub fid: Fid,
-    pub kind: Kind,
-    /// Permission bits (with setuid, setgid, sticky); the kind is separate.
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub size: u64,
-    pub atime: Time,
-    pub mtime: Time,
-    pub ctime: Time,
-    pub xattrs: BTreeMap<String, Vec<u8>>,
-    /// A file's layout, or a directory's default for new entries.
-    pub layout: Option<Layout>,
-    /// A symlink's target.
-    pub target: Vec<u8>,
-}
-
-/// Who is asking. uid 0 passes every permission check.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Creds {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-}
-
-impl Creds {
-    pub fn root() -> Creds {
-        Creds {
-            uid: 0,
-            gid: 0,
-            groups: vec![],
-        }
-    }
-
-    fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.groups.contains(&gid)
-    }
-}
-
-/// An operation that changes the namespace: what the journal records.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Mutation {
-    Create {
-        parent: Fid,
-        name: Vec<u8>,
-        kind: Kind,
-        mode: u32,
-        exclusive: bool,
-        target: Vec<u8>,
-        layout: Option<Layout>,
-    },
-    Link {
-        fid: Fid,
-        parent: Fid,
-        name: Vec<u8>,
-    },
-    Unlink {
-        parent: Fid,
-        name: Vec<u8>,
-        dir: bool,
-    },
-    Rename {
-        parent: Fid,
-        name: Vec<u8>,
-        new_parent: Fid,
-        new_name: Vec<u8>,
-        flags: RenameFlags,
-    },
-    Setattr {
-        fid: Fid,
-        attr: SetAttr,
-    },
-    SetXattr {
-        fid: Fid,
-        name: String,
-        value: Vec<u8>,
-    },
-    RemoveXattr {
-        fid: Fid,
-        name: String,
-    },
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RenameFlags {
-    pub noreplace: bool,
-    pub exchange: bool,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<Time>,
-    pub mtime: Option<Time>,
-}
 
 /// What a mutation did, for the reply (and for the storage cleanup it implies).
 #[derive(Clone, Debug, PartialEq, Eq)]

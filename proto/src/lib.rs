@@ -8,6 +8,7 @@ pub mod bulk;
 pub mod fid;
 pub mod frame;
 pub mod layout;
+pub mod md;
 pub mod msg;
 pub mod nid;
 pub mod ost;

@@ -29,6 +29,10 @@ pub mod opcodes {
     pub const MDS_REGISTER_TARGETS: Opcode = Opcode(0x0101);
     pub const MDS_HEARTBEAT: Opcode = Opcode(0x0102);
     pub const MDS_LIST_TARGETS: Opcode = Opcode(0x0103);
+    pub const MDS_REINT: Opcode = Opcode(0x0110);
+    pub const MDS_LOOKUP: Opcode = Opcode(0x0111);
+    pub const MDS_GETATTR: Opcode = Opcode(0x0112);
+    pub const MDS_READDIR: Opcode = Opcode(0x0113);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -49,6 +53,10 @@ pub mod opcodes {
         MDS_REGISTER_TARGETS,
         MDS_HEARTBEAT,
         MDS_LIST_TARGETS,
+        MDS_REINT,
+        MDS_LOOKUP,
+        MDS_GETATTR,
+        MDS_READDIR,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
@@ -165,7 +173,7 @@ pub fn pattern_byte(seed: u64, i: u64) -> u8 {
 /// Byte vectors as postcard byte strings (one length, then the bytes), not as sequences of
 /// integers: compact, and decoded by borrowing the exact slice, so a lying length cannot make
 /// the decoder allocate more than the body holds.
-mod bytes_field {
+pub(crate) mod bytes_field {
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {

@@ -1,0 +1,217 @@
+//! Metadata: inodes, the mutations that change the namespace, and the MDS's messages. The
+//! namespace's rules live in the MDS; these are the shapes that travel and are journaled.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Layout;
+use crate::msg::{opcodes, Opcode, Rpc};
+use crate::Fid;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub fid: Fid,
+    pub kind: Kind,
+    /// Permission bits (with setuid, setgid, sticky); the kind is separate.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// A file's layout, or a directory's default for new entries.
+    pub layout: Option<Layout>,
+    /// A symlink's target.
+    #[serde(with = "crate::msg::bytes_field")]
+    pub target: Vec<u8>,
+}
+
+/// Who is asking. uid 0 passes every permission check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub groups: Vec<u32>,
+}
+
+impl Creds {
+    /// The superuser, who passes every permission check.
+    pub fn root() -> Creds {
+        Creds {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        }
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// An operation that changes the namespace: what the journal records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mutation {
+    Create {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        kind: Kind,
+        mode: u32,
+        exclusive: bool,
+        #[serde(with = "crate::msg::bytes_field")]
+        target: Vec<u8>,
+        layout: Option<Layout>,
+    },
+    Link {
+        fid: Fid,
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+    },
+    Unlink {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        dir: bool,
+    },
+    Rename {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        new_parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        new_name: Vec<u8>,
+        flags: RenameFlags,
+    },
+    Setattr {
+        fid: Fid,
+        attr: SetAttr,
+    },
+    SetXattr {
+        fid: Fid,
+        name: String,
+        #[serde(with = "crate::msg::bytes_field")]
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        fid: Fid,
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Time>,
+    pub mtime: Option<Time>,
+}
+
+/// Carries out one mutation for `creds`; durable when answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReint {
+    pub creds: Creds,
+    pub mutation: Mutation,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReintReply {
+    /// The inode created, linked or changed, with fresh attributes.
+    pub inode: Option<Inode>,
+}
+
+/// Looks up `name` in `parent`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLookup {
+    pub creds: Creds,
+    pub parent: Fid,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub name: Vec<u8>,
+}
+
+/// An inode's attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsGetattr {
+    pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsInode {
+    pub inode: Inode,
+}
+
+/// Up to `max` entries of `dir` after the name `after` (empty: from the start).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReaddir {
+    pub creds: Creds,
+    pub dir: Fid,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub after: Vec<u8>,
+    pub max: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    #[serde(with = "crate::msg::bytes_field")]
+    pub name: Vec<u8>,
+    pub fid: Fid,
+    pub kind: Kind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsDirPage {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub entries: Vec<DirEntry>,
+    /// No entries after these.
+    pub end: bool,
+}
+
+/// Most entries in one readdir reply.
+pub const MAX_READDIR: u32 = 4096;
+
+impl Rpc for MdsReint {
+    const OPCODE: Opcode = opcodes::MDS_REINT;
+    type Reply = MdsReintReply;
+}
+
+impl Rpc for MdsLookup {
+    const OPCODE: Opcode = opcodes::MDS_LOOKUP;
+    type Reply = MdsInode;
+}
+
+impl Rpc for MdsGetattr {
+    const OPCODE: Opcode = opcodes::MDS_GETATTR;
+    type Reply = MdsInode;
+}
+
+impl Rpc for MdsReaddir {
+    const OPCODE: Opcode = opcodes::MDS_READDIR;
+    type Reply = MdsDirPage;
+}
