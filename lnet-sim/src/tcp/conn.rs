@@ -145,7 +145,13 @@ impl Conn {
     pub(crate) fn close(&self, reason: &str) {
         let first = !self.closed.swap(true, Ordering::AcqRel);
         if first {
-            tracing::info!(peer = %self.peer, reason, "connection closed");
+            // Ordinary ends are quiet; anything else is worth an operator's attention.
+            let ordinary = reason == "peer closed the connection" || reason == "endpoint shut down";
+            if ordinary {
+                tracing::debug!(peer = %self.peer, reason, "connection closed");
+            } else {
+                tracing::info!(peer = %self.peer, reason, "connection closed");
+            }
         }
         for t in self.tasks.lock().drain(..) {
             t.abort();

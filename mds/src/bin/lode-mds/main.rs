@@ -3,6 +3,8 @@
 //! `lode-mds --data-dir DIR --listen ADDR` serves the namespace and the registry of storage
 //! targets; `lode-mds fsck --data-dir DIR` checks the namespace's invariants offline.
 
+mod bench;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -35,6 +37,8 @@ enum Cmd {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Measure metadata operations through the RPC path against a local directory.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Fsck { data_dir }) => fsck(&data_dir),
+        Some(Cmd::Bench(args)) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         None => serve(cli.serve),
     }
 }

@@ -1,0 +1,355 @@
+//! `lode-mds bench`: create, stat, readdir, rename and unlink of empty files through the real
+//! RPC path over TCP loopback, by 1 and 8 concurrent clients, against the same operations on a
+//! local directory (by 1 and 8 threads) measured in the same run. Each client works in its own
+//! directory. The MDS acknowledges a mutation only once it is durable; the local directory
+//! does not fsync.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::{call, Transport};
+use mds::registry::Registry;
+use mds::service::MdsService;
+use mds::store::{Store, DEFAULT_CHECKPOINT_BYTES};
+use proto::md::*;
+use proto::{Fid, Nid};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A directory on the local disk for the MDS's data and the local baseline.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Files per client.
+    #[arg(long, default_value_t = 5000)]
+    files: usize,
+    /// Rounds; the report gives medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+const T: Duration = Duration::from_secs(30);
+const OPS: [&str; 5] = ["create", "stat", "readdir", "rename", "unlink"];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    if args.files == 0 || args.rounds == 0 {
+        bail!("--files and --rounds must be positive");
+    }
+    let root = args
+        .dir
+        .join(format!("lode-mds-bench-{}", std::process::id()));
+    let mds_dir = root.join("mds");
+    std::fs::create_dir_all(&mds_dir).with_context(|| format!("creating {}", mds_dir.display()))?;
+    let store = Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?;
+    let server = TcpEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        MdsService::new(Registry::open(&mds_dir)?, store),
+        TcpConfig::default(),
+    )
+    .await?;
+    let nid = server.nid();
+    // results[(clients, lode?)][op] = rates per round
+    let mut results: Vec<((usize, bool), Vec<Vec<f64>>)> = vec![];
+    for clients in [1usize, 8] {
+        for lode in [false, true] {
+            results.push(((clients, lode), vec![vec![]; OPS.len()]));
+        }
+    }
+    for round in 0..args.rounds {
+        for k in 0..results.len() {
+            let i = (k + round) % results.len();
+            let ((clients, lode), _) = results[i];
+            let rates = if lode {
+                lode_round(&nid, clients, args.files, round).await?
+            } else {
+                local_round(&root.join("local"), clients, args.files, round).await?
+            };
+            for (op, r) in rates.into_iter().enumerate() {
+                results[i].1[op].push(r);
+            }
+        }
+    }
+    println!(
+        "lode-mds bench: {} files per client, {} rounds, medians, ops/s",
+        args.files, args.rounds
+    );
+    println!(
+        "  {:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
+    );
+    for ((clients, lode), per_op) in &results {
+        let name = format!(
+            "{} x{clients}",
+            if *lode {
+                "lode over TCP"
+            } else {
+                "local directory"
+            }
+        );
+        let row: Vec<String> = per_op
+            .iter()
+            .map(|v| format!("{:>10.0}", median(v.clone())))
+            .collect();
+        println!("  {name:<22} {}", row.join(" "));
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+/// Runs `f` for each client at once and returns the aggregate rate of `n` operations each.
+async fn timed<F, Fut>(clients: usize, n: usize, f: F) -> Result<f64>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..clients).map(|c| tokio::spawn(f(c))).collect();
+    for t in tasks {
+        t.await??;
+    }
+    Ok((clients * n) as f64 / t0.elapsed().as_secs_f64())
+}
+
+async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Result<Vec<f64>> {
+    let root = Creds::root();
+    let eps: Vec<Arc<TcpEndpoint>> = (0..clients)
+        .map(|_| Arc::new(TcpEndpoint::client(TcpConfig::default())))
+        .collect();
+    let mut dirs = vec![];
+    for c in 0..clients {
+        let m = Mutation::Create {
+            parent: ROOT,
+            name: format!("r{round}c{c}-{clients}").into_bytes(),
+            kind: Kind::Dir,
+            mode: 0o755,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        let d = call(
+            &*eps[c],
+            nid,
+            &MdsReint {
+                creds: root.clone(),
+                mutation: m,
+            },
+            T,
+        )
+        .await?;
+        dirs.push(d.inode.context("mkdir")?.fid);
+    }
+    let name = |i: usize| format!("f{i:07}").into_bytes();
+    let mut rates = vec![];
+    let ctx = |c: usize| (eps[c].clone(), nid.clone(), dirs[c], Creds::root());
+    rates.push(
+        timed(clients, files, |c| {
+            let (ep, nid, dir, creds) = ctx(c);
+            async move {
+                for i in 0..files {
+                    let m = Mutation::Create {
+                        parent: dir,
+                        name: name(i),
+                        kind: Kind::File,
+                        mode: 0o644,
+                        exclusive: true,
+                        target: vec![],
+                        layout: None,
+                    };
+                    call(
+                        &*ep,
+                        &nid,
+                        &MdsReint {
+                            creds: creds.clone(),
+                            mutation: m,
+                        },
+                        T,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    rates.push(
+        timed(clients, files, |c| {
+            let (ep, nid, dir, creds) = ctx(c);
+            async move {
+                for i in 0..files {
+                    call(
+                        &*ep,
+                        &nid,
+                        &MdsLookup {
+                            creds: creds.clone(),
+                            parent: dir,
+                            name: name(i),
+                        },
+                        T,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    rates.push(
+        timed(clients, files, |c| {
+            let (ep, nid, dir, creds) = ctx(c);
+            async move {
+                let mut after = vec![];
+                let mut seen = 0;
+                loop {
+                    let page = call(
+                        &*ep,
+                        &nid,
+                        &MdsReaddir {
+                            creds: creds.clone(),
+                            dir,
+                            after: after.clone(),
+                            max: 1024,
+                        },
+                        T,
+                    )
+                    .await?;
+                    seen += page.entries.len();
+                    if let Some(last) = page.entries.last() {
+                        after = last.name.clone();
+                    }
+                    if page.end {
+                        break;
+                    }
+                }
+                if seen != files {
+                    bail!("readdir saw {seen} of {files}");
+                }
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    rates.push(
+        timed(clients, files, |c| {
+            let (ep, nid, dir, creds) = ctx(c);
+            async move {
+                for i in 0..files {
+                    let mut to = name(i);
+                    to.push(b'r');
+                    let m = Mutation::Rename {
+                        parent: dir,
+                        name: name(i),
+                        new_parent: dir,
+                        new_name: to,
+                        flags: RenameFlags::default(),
+                    };
+                    call(
+                        &*ep,
+                        &nid,
+                        &MdsReint {
+                            creds: creds.clone(),
+                            mutation: m,
+                        },
+                        T,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    rates.push(
+        timed(clients, files, |c| {
+            let (ep, nid, dir, creds) = ctx(c);
+            async move {
+                for i in 0..files {
+                    let mut n = name(i);
+                    n.push(b'r');
+                    let m = Mutation::Unlink {
+                        parent: dir,
+                        name: n,
+                        dir: false,
+                    };
+                    call(
+                        &*ep,
+                        &nid,
+                        &MdsReint {
+                            creds: creds.clone(),
+                            mutation: m,
+                        },
+                        T,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    Ok(rates)
+}
+
+async fn local_round(base: &Path, clients: usize, files: usize, round: usize) -> Result<Vec<f64>> {
+    let dirs: Vec<PathBuf> = (0..clients)
+        .map(|c| base.join(format!("r{round}c{c}-{clients}")))
+        .collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d)?;
+    }
+    let dirs = Arc::new(dirs);
+    let mut rates = vec![];
+    type Step = fn(&Path, usize) -> std::io::Result<()>;
+    let steps: [Step; 5] = [
+        |d, i| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(d.join(format!("f{i:07}")))
+                .map(|_| ())
+        },
+        |d, i| std::fs::metadata(d.join(format!("f{i:07}"))).map(|_| ()),
+        |_, _| Ok(()),
+        |d, i| std::fs::rename(d.join(format!("f{i:07}")), d.join(format!("f{i:07}r"))),
+        |d, i| std::fs::remove_file(d.join(format!("f{i:07}r"))),
+    ];
+    for (op, step) in steps.into_iter().enumerate() {
+        let dirs = dirs.clone();
+        rates.push(
+            timed(clients, files, move |c| {
+                let dirs = dirs.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || -> Result<()> {
+                        let d = &dirs[c];
+                        if op == 2 {
+                            let n = std::fs::read_dir(d)?.count();
+                            if n != files {
+                                bail!("readdir saw {n} of {files}");
+                            }
+                            return Ok(());
+                        }
+                        for i in 0..files {
+                            step(d, i)?;
+                        }
+                        Ok(())
+                    })
+                    .await?
+                }
+            })
+            .await?,
+        );
+    }
+    for d in dirs.iter() {
+        let _ = std::fs::remove_dir(d);
+    }
+    Ok(rates)
+}
