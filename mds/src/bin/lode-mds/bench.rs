@@ -35,6 +35,9 @@ const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
 const T: Duration = Duration::from_secs(30);
 const OPS: [&str; 5] = ["create", "stat", "readdir", "rename", "unlink"];
 
+/// (clients, through lode?) and, per operation, the rate of each round.
+type Series = ((usize, bool), Vec<Vec<f64>>);
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -58,7 +61,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     .await?;
     let nid = server.nid();
     // results[(clients, lode?)][op] = rates per round
-    let mut results: Vec<((usize, bool), Vec<Vec<f64>>)> = vec![];
+    let mut results: Vec<Series> = vec![];
     for clients in [1usize, 8] {
         for lode in [false, true] {
             results.push(((clients, lode), vec![vec![]; OPS.len()]));
@@ -126,7 +129,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
         .map(|_| Arc::new(TcpEndpoint::client(TcpConfig::default())))
         .collect();
     let mut dirs = vec![];
-    for c in 0..clients {
+    for (c, ep) in eps.iter().enumerate() {
         let m = Mutation::Create {
             parent: ROOT,
             name: format!("r{round}c{c}-{clients}").into_bytes(),
