@@ -140,7 +140,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
             layout: None,
         };
         let d = call(
-            &*eps[c],
+            &**ep,
             nid,
             &MdsReint {
                 creds: root.clone(),
