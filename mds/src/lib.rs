@@ -4,6 +4,7 @@
 //! Built so far: the [`registry`] of storage targets, served by [`service`]. The namespace
 //! comes next (see `docs/architecture.md`).
 
+pub mod alloc;
 pub mod journal;
 pub mod namespace;
 pub mod registry;

@@ -67,6 +67,8 @@ pub struct Namespace {
     /// Each directory's parent (the root is its own).
     parents: HashMap<Fid, Fid>,
     next_oid: u32,
+    /// Objects of removed files, waiting to be destroyed on their targets (object -> target).
+    doomed: BTreeMap<Fid, u32>,
 }
 
 pub fn check_name(name: &[u8]) -> Result<()> {
@@ -120,6 +122,7 @@ impl Namespace {
             entries: HashMap::from([(ROOT, BTreeMap::new())]),
             parents: HashMap::from([(ROOT, ROOT)]),
             next_oid: 1,
+            doomed: BTreeMap::new(),
         }
     }
 
@@ -284,6 +287,17 @@ impl Namespace {
                 self.set_xattr(*fid, name, Some(value), who, now)
             }
             Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, who, now),
+            Mutation::GrowSize { fid, size } => self.grow_size(*fid, *size, who, now),
+            Mutation::SetLayout { fid, layout } => self.set_layout(*fid, layout, who, now),
+            Mutation::Destroyed { objects } => {
+                for o in objects {
+                    self.doomed.remove(&o.fid);
+                }
+                Ok(Applied {
+                    inode: None,
+                    removed: vec![],
+                })
+            }
         }
     }
 
@@ -336,6 +350,12 @@ impl Namespace {
                 errno: libc::EINVAL,
                 what: e.to_string(),
             })?;
+            if kind != Kind::File && l.components.iter().any(|c| c.is_instantiated()) {
+                return err(
+                    libc::EINVAL,
+                    "only a file's layout has objects; a directory's is a template",
+                );
+            }
         }
         let oid = self.next_oid;
         let Some(next) = oid.checked_add(1) else {
@@ -443,7 +463,106 @@ impl Namespace {
                 }
             }
         }
-        self.inodes.remove(&fid)
+        let gone = self.inodes.remove(&fid)?;
+        if !dir {
+            for o in gone
+                .layout
+                .iter()
+                .flat_map(|l| &l.components)
+                .flat_map(|c| &c.objects)
+            {
+                self.doomed.insert(o.fid, o.target);
+            }
+        }
+        Some(gone)
+    }
+
+    fn grow_size(&mut self, fid: Fid, size: u64, who: &Creds, now: Time) -> Result<Applied> {
+        let i = self.require(fid, who, 2)?;
+        if i.kind != Kind::File {
+            return err(libc::EINVAL, format!("{fid} is not a regular file"));
+        }
+        if size > MAX_FILE_SIZE {
+            return err(libc::EFBIG, format!("{size} is past the file size limit"));
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        if size > x.size {
+            x.size = size;
+        }
+        x.mtime = now;
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    fn set_layout(&mut self, fid: Fid, layout: &Layout, who: &Creds, now: Time) -> Result<Applied> {
+        let i = self.require(fid, who, 2)?;
+        layout.validate().map_err(|e| NsError {
+            errno: libc::EINVAL,
+            what: e.to_string(),
+        })?;
+        match i.kind {
+            Kind::Symlink => return err(libc::EINVAL, "a symlink has no layout"),
+            Kind::Dir if layout.components.iter().any(|c| c.is_instantiated()) => {
+                return err(
+                    libc::EINVAL,
+                    "a directory's layout is a template, without objects",
+                );
+            }
+            Kind::File
+                if i.size > 0
+                    || i.layout
+                        .as_ref()
+                        .is_some_and(|l| l.components.iter().any(|c| c.is_instantiated())) =>
+            {
+                return err(libc::EEXIST, format!("{fid} already has data or objects"));
+            }
+            _ => {}
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        let generation = x.layout.as_ref().map_or(0, |l| l.generation) + 1;
+        x.layout = Some(Layout {
+            generation,
+            ..layout.clone()
+        });
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    /// Up to `max` objects waiting to be destroyed.
+    pub fn doomed(&self, max: usize) -> Vec<proto::layout::StripeObject> {
+        self.doomed
+            .iter()
+            .take(max)
+            .map(|(fid, target)| proto::layout::StripeObject {
+                target: *target,
+                fid: *fid,
+            })
+            .collect()
+    }
+
+    /// The highest object id of `target` that a file (or the destroy queue) knows about;
+    /// objects above it are orphans.
+    pub fn highest_object(&self, target: u32) -> u32 {
+        let in_files = self
+            .inodes
+            .values()
+            .flat_map(|i| i.layout.iter())
+            .flat_map(|l| &l.components)
+            .flat_map(|c| &c.objects)
+            .filter(|o| o.target == target)
+            .map(|o| o.fid.oid);
+        let in_queue = self
+            .doomed
+            .iter()
+            .filter(|(_, t)| **t == target)
+            .map(|(f, _)| f.oid);
+        in_files.chain(in_queue).max().unwrap_or(0)
     }
 
     fn unlink(
@@ -776,6 +895,29 @@ impl Namespace {
             }
             if i.kind != Kind::Dir && !links.contains_key(fid) {
                 problems.push(format!("{fid} is an orphan (no entry names it)"));
+            }
+        }
+        // Every object belongs to one file, or waits in the destroy queue: never two.
+        let mut owners: HashMap<Fid, Fid> = HashMap::new();
+        for i in self.inodes.values() {
+            for o in i
+                .layout
+                .iter()
+                .flat_map(|l| &l.components)
+                .flat_map(|c| &c.objects)
+            {
+                if let Some(other) = owners.insert(o.fid, i.fid) {
+                    problems.push(format!(
+                        "object {} belongs to both {other} and {}",
+                        o.fid, i.fid
+                    ));
+                }
+                if self.doomed.contains_key(&o.fid) {
+                    problems.push(format!(
+                        "object {} of {} is also queued for destruction",
+                        o.fid, i.fid
+                    ));
+                }
             }
         }
         problems

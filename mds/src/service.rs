@@ -6,18 +6,23 @@
 use std::sync::Arc;
 
 use lnet::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
+use proto::layout::StripeObject;
 use proto::md::*;
 use proto::msg::opcodes;
 use proto::registry::*;
 use proto::{RemoteError, StatusCode};
 
+use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
+
+use crate::alloc::Allocator;
 use crate::namespace::NsError;
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
 
 pub struct MdsService {
-    registry: Registry,
-    store: Store,
+    registry: Arc<Registry>,
+    store: Arc<Store>,
+    alloc: Arc<Allocator>,
 }
 
 fn ns_error(e: NsError) -> RemoteError {
@@ -32,8 +37,88 @@ fn store_error(e: StoreError) -> RemoteError {
 }
 
 impl MdsService {
-    pub fn new(registry: Registry, store: Store) -> Arc<Self> {
-        Arc::new(MdsService { registry, store })
+    pub fn new(registry: Arc<Registry>, store: Arc<Store>, alloc: Arc<Allocator>) -> Arc<Self> {
+        Arc::new(MdsService {
+            registry,
+            store,
+            alloc,
+        })
+    }
+
+    /// A layout with objects for a new file, from `template` (or the default), when there are
+    /// targets to put them on; otherwise the template as it is (metadata only, until storage
+    /// registers).
+    async fn objects_for(
+        &self,
+        template: Option<Layout>,
+    ) -> Result<(Option<Layout>, Vec<StripeObject>), RemoteError> {
+        if !self.alloc.has_targets() && !self.registry.list().is_empty() {
+            self.alloc.maintain(&self.store).await;
+        }
+        if !self.alloc.has_targets() {
+            return Ok((template, vec![]));
+        }
+        let template = template.unwrap_or_else(default_layout);
+        let layout = self.alloc.instantiate(&template).await.map_err(ns_error)?;
+        let objects = objects_of(&layout);
+        Ok((Some(layout), objects))
+    }
+
+    /// Fills in what only the MDS decides before a mutation is applied: the objects of a new
+    /// file, or of an empty file getting a layout. A layout from the network must not name
+    /// objects: only the MDS hands them out.
+    async fn prepare(&self, m: &mut Mutation) -> Result<Vec<StripeObject>, RemoteError> {
+        let forged = |l: &Layout| l.components.iter().any(|c| c.is_instantiated());
+        let refuse = |errno, what: &str| {
+            Err(ns_error(NsError {
+                errno,
+                what: what.into(),
+            }))
+        };
+        match m {
+            Mutation::Create {
+                kind: Kind::File,
+                layout,
+                parent,
+                ..
+            } => {
+                if layout.as_ref().is_some_and(forged) {
+                    return refuse(libc::EINVAL, "a layout from a client cannot name objects");
+                }
+                let parent = *parent;
+                let template = match layout.take() {
+                    Some(l) => Some(l),
+                    None => self
+                        .store
+                        .read(|ns| ns.inode(parent).ok().and_then(|p| p.layout.clone())),
+                };
+                let (l, objects) = self.objects_for(template).await?;
+                *layout = l;
+                Ok(objects)
+            }
+            Mutation::SetLayout { fid, layout } => {
+                if forged(layout) {
+                    return refuse(libc::EINVAL, "a layout from a client cannot name objects");
+                }
+                let fid = *fid;
+                let is_file = self
+                    .store
+                    .read(|ns| ns.inode(fid).map(|i| i.kind == Kind::File))
+                    .map_err(ns_error)?;
+                if !is_file {
+                    return Ok(vec![]); // a directory's default stays a template
+                }
+                let (l, objects) = self.objects_for(Some(layout.clone())).await?;
+                if let Some(l) = l {
+                    *layout = l;
+                }
+                Ok(objects)
+            }
+            Mutation::Destroyed { .. } => {
+                refuse(libc::EPERM, "only the MDS records destroyed objects")
+            }
+            _ => Ok(vec![]),
+        }
     }
 
     async fn dispatch(&self, req: Incoming) -> Result<Vec<u8>, RemoteError> {
@@ -62,14 +147,20 @@ impl MdsService {
                 })
             }
             opcodes::MDS_REINT => {
-                let r: MdsReint = req.decode()?;
-                let applied = self
-                    .store
-                    .apply(r.mutation, r.creds)
-                    .await
-                    .map_err(store_error)?;
-                reply::<MdsReint>(&MdsReintReply {
-                    inode: applied.inode,
+                let mut r: MdsReint = req.decode()?;
+                let objects = self.prepare(&mut r.mutation).await?;
+                self.apply(r.mutation, r.creds, objects).await
+            }
+            opcodes::MDS_STATFS => {
+                let _: MdsStatfs = req.decode()?;
+                let targets = self.registry.list();
+                let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
+                reply::<MdsStatfs>(&FsStats {
+                    inodes: self.store.read(|ns| ns.len() as u64),
+                    total: up.iter().map(|t| t.total).sum(),
+                    free: up.iter().map(|t| t.free).sum(),
+                    targets: targets.len() as u32,
+                    targets_up: up.len() as u32,
                 })
             }
             opcodes::MDS_LOOKUP => {
@@ -110,6 +201,49 @@ impl MdsService {
             )),
         }
     }
+}
+
+impl MdsService {
+    /// Applies a mutation; objects allocated for it that it did not use (an existing file was
+    /// opened, or it failed) go back to their pools.
+    async fn apply(
+        &self,
+        m: Mutation,
+        creds: Creds,
+        objects: Vec<StripeObject>,
+    ) -> Result<Vec<u8>, RemoteError> {
+        let result = self.store.apply(m, creds).await;
+        let used = match &result {
+            Ok(a) => a
+                .inode
+                .as_ref()
+                .and_then(|i| i.layout.as_ref())
+                .map(objects_of)
+                .unwrap_or_default(),
+            Err(_) => vec![],
+        };
+        let unused: Vec<StripeObject> = objects.into_iter().filter(|o| !used.contains(o)).collect();
+        self.alloc.give_back(&unused);
+        let applied = result.map_err(store_error)?;
+        reply::<MdsReint>(&MdsReintReply {
+            inode: applied.inode,
+        })
+    }
+}
+
+/// The layout of a file that names none: one stripe of 4 MiB, as in Lustre.
+pub fn default_layout() -> Layout {
+    Layout {
+        generation: 1,
+        components: vec![Component::raid0(StripeCount::Count(1), DEFAULT_STRIPE_SIZE)],
+    }
+}
+
+fn objects_of(l: &Layout) -> Vec<StripeObject> {
+    l.components
+        .iter()
+        .flat_map(|c| c.objects.iter().copied())
+        .collect()
 }
 
 impl Service for MdsService {

@@ -110,6 +110,11 @@ impl OssService {
                     free: space.free,
                 })
             }
+            opcodes::OST_DESTROY_ABOVE => {
+                let r: OstDestroyAbove = req.decode()?;
+                let destroyed = self.target(r.target)?.destroy_above(r.keep_up_to).await?;
+                reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
+            }
             other => Err(RemoteError::new(
                 StatusCode::NoService,
                 format!("a storage server does not serve {other:?}"),

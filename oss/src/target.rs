@@ -332,6 +332,17 @@ impl Target {
         self.engine.sync_dir(&self.dir_of(fid.oid)).map_err(err)
     }
 
+    /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
+    /// how many went.
+    pub async fn destroy_above(&self, keep_up_to: u32) -> Result<u32> {
+        let mut n = 0;
+        for fid in self.objects()?.into_iter().filter(|f| f.oid > keep_up_to) {
+            self.destroy(fid).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     pub fn space(&self) -> Result<Space> {
         self.engine
             .space(&self.root)

@@ -116,6 +116,22 @@ pub enum Mutation {
         fid: Fid,
         name: String,
     },
+    /// A writer reports how far the file now reaches: the size becomes the larger of the two,
+    /// so writers of disjoint ranges of one file leave it at the furthest end.
+    GrowSize {
+        fid: Fid,
+        size: u64,
+    },
+    /// Gives an empty file its layout (with its objects) before its first write.
+    SetLayout {
+        fid: Fid,
+        layout: Layout,
+    },
+    /// The storage servers have destroyed these objects of removed files.
+    Destroyed {
+        #[serde(deserialize_with = "crate::seq::deserialize")]
+        objects: Vec<crate::layout::StripeObject>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +207,24 @@ pub struct MdsDirPage {
     pub entries: Vec<DirEntry>,
     /// No entries after these.
     pub end: bool,
+}
+
+/// The filesystem's totals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsStatfs {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    pub inodes: u64,
+    pub total: u64,
+    pub free: u64,
+    pub targets: u32,
+    pub targets_up: u32,
+}
+
+impl Rpc for MdsStatfs {
+    const OPCODE: Opcode = opcodes::MDS_STATFS;
+    type Reply = FsStats;
 }
 
 /// Most entries in one readdir reply.

@@ -33,6 +33,7 @@ pub mod opcodes {
     pub const MDS_LOOKUP: Opcode = Opcode(0x0111);
     pub const MDS_GETATTR: Opcode = Opcode(0x0112);
     pub const MDS_READDIR: Opcode = Opcode(0x0113);
+    pub const MDS_STATFS: Opcode = Opcode(0x0114);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -44,6 +45,7 @@ pub mod opcodes {
     pub const OST_GETATTR: Opcode = Opcode(0x0207);
     pub const OST_SYNC: Opcode = Opcode(0x0208);
     pub const OST_STATFS: Opcode = Opcode(0x0209);
+    pub const OST_DESTROY_ABOVE: Opcode = Opcode(0x020a);
 
     pub const ALL: &[Opcode] = &[
         PING,
@@ -57,6 +59,7 @@ pub mod opcodes {
         MDS_LOOKUP,
         MDS_GETATTR,
         MDS_READDIR,
+        MDS_STATFS,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
@@ -66,6 +69,7 @@ pub mod opcodes {
         OST_GETATTR,
         OST_SYNC,
         OST_STATFS,
+        OST_DESTROY_ABOVE,
     ];
 }
 

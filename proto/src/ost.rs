@@ -113,6 +113,19 @@ pub struct TargetSpace {
     pub free: u64,
 }
 
+/// Destroys every object of the target with an id above `keep_up_to`: the objects a crashed
+/// MDS had precreated but never given to a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDestroyAbove {
+    pub target: u32,
+    pub keep_up_to: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDestroyedAbove {
+    pub destroyed: u32,
+}
+
 macro_rules! rpc {
     ($req:ty, $op:expr, $reply:ty) => {
         impl Rpc for $req {
@@ -131,6 +144,11 @@ rpc!(OstDestroy, opcodes::OST_DESTROY, OstDone);
 rpc!(OstGetattr, opcodes::OST_GETATTR, OstAttr);
 rpc!(OstSync, opcodes::OST_SYNC, OstDone);
 rpc!(OstStatfs, opcodes::OST_STATFS, TargetSpace);
+rpc!(
+    OstDestroyAbove,
+    opcodes::OST_DESTROY_ABOVE,
+    OstDestroyedAbove
+);
 
 #[cfg(test)]
 mod tests {

@@ -38,7 +38,12 @@ impl Server {
         let mut child = Command::new(&path)
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // LODE_TEST_LOGS=1 shows the servers' logs, for debugging a test.
+            .stderr(if std::env::var_os("LODE_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .map_err(|e| format!("starting {}: {e}", path.display()))?;
         let mut line = String::new();

@@ -213,3 +213,207 @@ async fn the_mds_keeps_index_assignments_across_kill_9() {
     assert!(other.first_line.contains("[3]"), "{}", other.first_line);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+use proto::layout::{Component, Layout, StripeCount};
+use proto::md::*;
+
+const ROOT: proto::Fid = proto::Fid::new(0x2_0000_0007, 1, 0);
+
+fn reint(m: Mutation) -> MdsReint {
+    MdsReint {
+        creds: Creds::root(),
+        mutation: m,
+    }
+}
+
+fn create(parent: proto::Fid, name: &str, kind: Kind, layout: Option<Layout>) -> MdsReint {
+    reint(Mutation::Create {
+        parent,
+        name: name.into(),
+        kind,
+        mode: 0o755,
+        exclusive: true,
+        target: vec![],
+        layout,
+    })
+}
+
+/// Waits (bounded) until `check` holds; for effects of the MDS's background work.
+async fn eventually<F: std::future::Future<Output = bool>>(mut check: impl FnMut() -> F) -> bool {
+    for _ in 0..100 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_get_objects_on_targets_and_removed_files_lose_them() {
+    let root = scratch("alloc");
+    let mds = mds(&root.join("mds"));
+    let oss_server = oss(&root.join("oss"), &mds, "127.0.0.1:0", "2").unwrap();
+    let c = TcpEndpoint::client(TcpConfig::default());
+
+    // A file without a layout gets the default: one object.
+    let f = call(&c, &mds.nid, &create(ROOT, "plain", Kind::File, None), T)
+        .await
+        .unwrap()
+        .inode
+        .unwrap();
+    let objects: Vec<_> = f.layout.as_ref().unwrap().components[0].objects.clone();
+    assert_eq!(objects.len(), 1);
+    call(
+        &c,
+        &oss_server.nid,
+        &OstGetattr {
+            target: objects[0].target,
+            fid: objects[0].fid,
+        },
+        T,
+    )
+    .await
+    .unwrap();
+
+    // A directory striping over every target passes that on; the objects land on distinct targets.
+    let wide = Layout::new(vec![Component::raid0(StripeCount::All, 1 << 20)]).unwrap();
+    let d = call(
+        &c,
+        &mds.nid,
+        &create(ROOT, "wide", Kind::Dir, Some(wide)),
+        T,
+    )
+    .await
+    .unwrap()
+    .inode
+    .unwrap();
+    let g = call(&c, &mds.nid, &create(d.fid, "striped", Kind::File, None), T)
+        .await
+        .unwrap()
+        .inode
+        .unwrap();
+    let gobj = g.layout.as_ref().unwrap().components[0].objects.clone();
+    let mut targets: Vec<u32> = gobj.iter().map(|o| o.target).collect();
+    targets.sort();
+    assert_eq!(targets, vec![0, 1]);
+
+    // A client cannot name objects itself.
+    let mut forged = g.layout.clone().unwrap();
+    forged.generation = 1;
+    let err = call(
+        &c,
+        &mds.nid,
+        &create(ROOT, "forged", Kind::File, Some(forged)),
+        T,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("cannot name objects"), "{err}");
+
+    // Unlink: the objects are destroyed in the background.
+    call(
+        &c,
+        &mds.nid,
+        &reint(Mutation::Unlink {
+            parent: d.fid,
+            name: b"striped".to_vec(),
+            dir: false,
+        }),
+        T,
+    )
+    .await
+    .unwrap();
+    let gone = eventually(|| {
+        let (c, nid, gobj) = (&c, oss_server.nid.clone(), gobj.clone());
+        async move {
+            let mut all = true;
+            for o in &gobj {
+                all &= call(
+                    c,
+                    &nid,
+                    &OstGetattr {
+                        target: o.target,
+                        fid: o.fid,
+                    },
+                    T,
+                )
+                .await
+                .is_err();
+            }
+            all
+        }
+    })
+    .await;
+    assert!(gone, "the unlinked file's objects were never destroyed");
+    let stats = call(&c, &mds.nid, &MdsStatfs {}, T).await.unwrap();
+    assert_eq!((stats.targets, stats.targets_up), (2, 2));
+    assert!(stats.free > 0 && stats.inodes >= 3);
+
+    // The MDS dies with precreated objects in its pools; after it restarts, they are destroyed
+    // as orphans, and the objects files hold stay.
+    let kept = objects[0];
+    // The last object of the first precreated batch: precreated, never given to a file.
+    let orphan = proto::Fid::new(kept.fid.seq, mds::alloc::BATCH - 1, 0);
+    call(
+        &c,
+        &oss_server.nid,
+        &OstGetattr {
+            target: kept.target,
+            fid: orphan,
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    let addr = mds.nid.to_string().replace("@tcp", "");
+    mds.kill();
+    let mds = Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().unwrap(),
+            "--listen",
+            &addr,
+        ],
+    )
+    .unwrap();
+    let cleaned = eventually(|| {
+        let (c, nid) = (&c, oss_server.nid.clone());
+        async move {
+            call(
+                c,
+                &nid,
+                &OstGetattr {
+                    target: kept.target,
+                    fid: orphan,
+                },
+                T,
+            )
+            .await
+            .is_err()
+        }
+    })
+    .await;
+    assert!(cleaned, "orphan object {orphan} was never destroyed");
+    call(
+        &c,
+        &oss_server.nid,
+        &OstGetattr {
+            target: kept.target,
+            fid: kept.fid,
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    // Files still get objects after the restart.
+    let h = call(&c, &mds.nid, &create(ROOT, "after", Kind::File, None), T)
+        .await
+        .unwrap()
+        .inode
+        .unwrap();
+    assert_eq!(h.layout.unwrap().components[0].objects.len(), 1);
+    drop(mds);
+    std::fs::remove_dir_all(&root).unwrap();
+}

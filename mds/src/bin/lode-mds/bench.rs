@@ -52,10 +52,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         .join(format!("lode-mds-bench-{}", std::process::id()));
     let mds_dir = root.join("mds");
     std::fs::create_dir_all(&mds_dir).with_context(|| format!("creating {}", mds_dir.display()))?;
-    let store = Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?;
+    let store = std::sync::Arc::new(Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?);
+    let registry = std::sync::Arc::new(Registry::open(&mds_dir)?);
+    let alloc = mds::alloc::Allocator::new(registry.clone());
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
-        MdsService::new(Registry::open(&mds_dir)?, store),
+        MdsService::new(registry, store, alloc),
         TcpConfig::default(),
     )
     .await?;

@@ -12,6 +12,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::Transport;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mds::alloc::Allocator;
 use mds::registry::Registry;
 use mds::service::MdsService;
 use mds::store::{Store, DEFAULT_CHECKPOINT_BYTES};
@@ -88,17 +92,16 @@ fn fsck(dir: &std::path::Path) -> Result<()> {
 fn serve(args: ServeArgs) -> Result<()> {
     let data_dir = args.data_dir.context("--data-dir is required")?;
     let _lock = daemon::DataDirLock::acquire(&data_dir)?;
-    let registry = Registry::open(&data_dir)?;
-    let store = Store::open(&data_dir, args.checkpoint_mib.max(1) << 20)?;
+    let registry = Arc::new(Registry::open(&data_dir)?);
+    let store = Arc::new(Store::open(&data_dir, args.checkpoint_mib.max(1) << 20)?);
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let ep = TcpEndpoint::bind(
-            args.listen,
-            MdsService::new(registry, store),
-            TcpConfig::default(),
-        )
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+        let alloc = Allocator::new(registry.clone());
+        tokio::spawn(alloc.clone().run(store.clone(), Duration::from_secs(1)));
+        let service = MdsService::new(registry, store, alloc);
+        let ep = TcpEndpoint::bind(args.listen, service, TcpConfig::default())
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
         println!("lode-mds serving at {}", ep.nid());
         let why = daemon::stop_requested().await?;
         tracing::info!(signal = why, "shutting down");

@@ -1,0 +1,319 @@
+//! Object allocation: which targets a new file's stripes go to, and the objects they get.
+//!
+//! The MDS keeps a pool of precreated objects per target (as Lustre's precreate does), so
+//! creating a file costs no round trip to a storage server. A maintenance task keeps the pools
+//! topped up, destroys the objects of removed files (the durable destroy queue in the
+//! namespace), and, the first time it sees a target after the MDS starts, destroys the objects
+//! above the highest one any file knows about: those the previous run precreated and never gave
+//! out.
+//!
+//! Targets are chosen round-robin among those up and not full; when free space is uneven (the
+//! fullest target has less than 80% of the emptiest's free space), the emptiest are chosen
+//! first, so space evens out.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lnet::call;
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use parking_lot::Mutex;
+use proto::layout::{Component, Layout, StripeCount, StripeObject};
+use proto::md::{Creds, Mutation};
+use proto::ost::{OstDestroy, OstDestroyAbove, OstPrecreate, OstStatfs};
+use proto::registry::{TargetInfo, TargetReport};
+use proto::{Fid, StatusCode};
+
+use crate::namespace::NsError;
+use crate::registry::Registry;
+use crate::store::Store;
+
+/// Refill a pool when it falls below this many objects.
+pub const LOW_WATER: usize = 512;
+/// Objects asked for per refill.
+pub const BATCH: u32 = 2048;
+/// Objects destroyed per maintenance pass.
+const DESTROY_BATCH: usize = 1024;
+const RPC_DEADLINE: Duration = Duration::from_secs(10);
+const PROBE_DEADLINE: Duration = Duration::from_secs(1);
+
+fn no_space(what: impl Into<String>) -> NsError {
+    NsError {
+        errno: libc::ENOSPC,
+        what: what.into(),
+    }
+}
+
+pub struct Allocator {
+    registry: Arc<Registry>,
+    net: TcpEndpoint,
+    pools: Mutex<HashMap<u32, VecDeque<Fid>>>,
+    /// Targets whose orphans have been cleaned up in this run.
+    ready: Mutex<HashSet<u32>>,
+    next: AtomicUsize,
+}
+
+impl Allocator {
+    pub fn new(registry: Arc<Registry>) -> Arc<Allocator> {
+        Arc::new(Allocator {
+            registry,
+            net: TcpEndpoint::client(TcpConfig::default()),
+            pools: Mutex::new(HashMap::new()),
+            ready: Mutex::new(HashSet::new()),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Targets new stripes may go to: up, cleaned up, with more than 1% free.
+    fn eligible(&self) -> Vec<TargetInfo> {
+        let ready = self.ready.lock();
+        self.registry
+            .list()
+            .into_iter()
+            .filter(|t| t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total)
+            .collect()
+    }
+
+    /// Whether any target can take new stripes.
+    pub fn has_targets(&self) -> bool {
+        !self.eligible().is_empty()
+    }
+
+    fn choose(&self, c: &Component) -> Result<Vec<u32>, NsError> {
+        let mut targets = self.eligible();
+        if targets.is_empty() {
+            return Err(no_space("no storage target is up with free space"));
+        }
+        if !c.targets.is_empty() {
+            for t in &c.targets {
+                if !targets.iter().any(|e| e.index == *t) {
+                    return Err(no_space(format!("target {t} is down, full or unknown")));
+                }
+            }
+            return Ok(c.targets.clone());
+        }
+        let n = match c.stripe_count {
+            StripeCount::All => targets.len(),
+            StripeCount::Count(n) => (n as usize).min(targets.len()),
+        };
+        targets.sort_by_key(|t| t.index);
+        let (min, max) = targets.iter().fold((u64::MAX, 0), |(lo, hi), t| {
+            (lo.min(t.free), hi.max(t.free))
+        });
+        let start = match c.stripe_offset {
+            Some(o) => targets
+                .iter()
+                .position(|t| t.index == o)
+                .ok_or_else(|| no_space(format!("target {o} is down, full or unknown")))?,
+            None => self.next.fetch_add(1, Ordering::Relaxed) % targets.len(),
+        };
+        targets.rotate_left(start);
+        if c.stripe_offset.is_none() && (min as f64) < 0.8 * max as f64 {
+            targets.sort_by(|a, b| b.free.cmp(&a.free));
+        }
+        Ok(targets.into_iter().take(n).map(|t| t.index).collect())
+    }
+
+    async fn refill(&self, target: u32) -> Result<(), NsError> {
+        let oss = self
+            .registry
+            .list()
+            .into_iter()
+            .find(|t| t.index == target)
+            .map(|t| t.oss)
+            .ok_or_else(|| no_space(format!("target {target} is unknown")))?;
+        let r = call(
+            &self.net,
+            &oss,
+            &OstPrecreate {
+                target,
+                count: BATCH,
+            },
+            RPC_DEADLINE,
+        )
+        .await
+        .map_err(|e| no_space(format!("precreating on target {target}: {e}")))?;
+        let mut pools = self.pools.lock();
+        let pool = pools.entry(target).or_default();
+        pool.extend((0..r.count).map(|i| Fid::new(r.first.seq, r.first.oid + i, 0)));
+        Ok(())
+    }
+
+    async fn take(&self, target: u32) -> Result<Fid, NsError> {
+        for _ in 0..2 {
+            if let Some(f) = self
+                .pools
+                .lock()
+                .get_mut(&target)
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(f);
+            }
+            self.refill(target).await?;
+        }
+        Err(no_space(format!("target {target} gave no objects")))
+    }
+
+    /// Gives every component of `template` its objects.
+    pub async fn instantiate(&self, template: &Layout) -> Result<Layout, NsError> {
+        let mut out = template.clone();
+        let mut taken: Vec<StripeObject> = vec![];
+        for c in &mut out.components {
+            let result = async {
+                let mut objects = vec![];
+                for target in self.choose(c)? {
+                    objects.push(StripeObject {
+                        target,
+                        fid: self.take(target).await?,
+                    });
+                }
+                Ok::<_, NsError>(objects)
+            }
+            .await;
+            match result {
+                Ok(objects) => {
+                    taken.extend(&objects);
+                    c.stripe_count = StripeCount::Count(objects.len() as u32);
+                    c.objects = objects;
+                }
+                Err(e) => {
+                    self.give_back(&taken);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Returns unused objects to their pools.
+    pub fn give_back(&self, objects: &[StripeObject]) {
+        let mut pools = self.pools.lock();
+        for o in objects {
+            pools.entry(o.target).or_default().push_front(o.fid);
+        }
+    }
+
+    /// One maintenance pass: probe silent targets, clean up new ones, top up pools, destroy
+    /// removed objects.
+    pub async fn maintain(&self, store: &Store) {
+        self.probe_silent().await;
+        for t in self.registry.list().into_iter().filter(|t| t.up) {
+            if !self.ready.lock().contains(&t.index) {
+                let keep = store.read(|ns| ns.highest_object(t.index));
+                let req = OstDestroyAbove {
+                    target: t.index,
+                    keep_up_to: keep,
+                };
+                match call(&self.net, &t.oss, &req, RPC_DEADLINE * 6).await {
+                    Ok(r) => {
+                        if r.destroyed > 0 {
+                            tracing::info!(
+                                target = t.index,
+                                destroyed = r.destroyed,
+                                "destroyed orphan objects"
+                            );
+                        }
+                        self.ready.lock().insert(t.index);
+                    }
+                    Err(e) => {
+                        tracing::warn!(target = t.index, error = %e, "orphan cleanup failed; will retry")
+                    }
+                }
+                continue;
+            }
+            let low = self
+                .pools
+                .lock()
+                .get(&t.index)
+                .is_none_or(|p| p.len() < LOW_WATER);
+            if low {
+                if let Err(e) = self.refill(t.index).await {
+                    tracing::warn!(target = t.index, error = %e, "precreate failed");
+                }
+            }
+        }
+        self.destroy_removed(store).await;
+    }
+
+    /// Asks targets not heard from lately whether they are up (after an MDS restart, before
+    /// their next heartbeat), and records the answer as a heartbeat.
+    async fn probe_silent(&self) {
+        for t in self.registry.list().into_iter().filter(|t| !t.up) {
+            let probe = call(
+                &self.net,
+                &t.oss,
+                &OstStatfs { target: t.index },
+                PROBE_DEADLINE,
+            )
+            .await;
+            if let Ok(space) = probe {
+                let report = TargetReport {
+                    index: Some(t.index),
+                    uuid: t.uuid,
+                    total: space.total,
+                    free: space.free,
+                };
+                self.registry.heartbeat(&t.oss, &[report]);
+            }
+        }
+    }
+
+    async fn destroy_removed(&self, store: &Store) {
+        let doomed = store.read(|ns| ns.doomed(DESTROY_BATCH));
+        if doomed.is_empty() {
+            return;
+        }
+        let servers: HashMap<u32, proto::Nid> = self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|t| t.up)
+            .map(|t| (t.index, t.oss))
+            .collect();
+        let mut done = vec![];
+        for o in doomed {
+            let Some(oss) = servers.get(&o.target) else {
+                continue;
+            };
+            match call(
+                &self.net,
+                oss,
+                &OstDestroy {
+                    target: o.target,
+                    fid: o.fid,
+                },
+                RPC_DEADLINE,
+            )
+            .await
+            {
+                Ok(_) => done.push(o),
+                Err(lnet::NetError::Remote { err, .. }) if err.code == StatusCode::NotFound => {
+                    done.push(o)
+                }
+                Err(e) => {
+                    tracing::debug!(object = %o.fid, error = %e, "destroy failed; will retry")
+                }
+            }
+        }
+        if !done.is_empty() {
+            let n = done.len();
+            if let Err(e) = store
+                .apply(Mutation::Destroyed { objects: done }, Creds::root())
+                .await
+            {
+                tracing::warn!(error = %e, "cannot record destroyed objects");
+            } else {
+                tracing::debug!(objects = n, "destroyed objects of removed files");
+            }
+        }
+    }
+
+    /// Runs maintenance every `every` until the process ends.
+    pub async fn run(self: Arc<Self>, store: Arc<Store>, every: Duration) {
+        loop {
+            self.maintain(&store).await;
+            tokio::time::sleep(every).await;
+        }
+    }
+}
