@@ -110,7 +110,7 @@ impl Allocator {
         };
         targets.rotate_left(start);
         if c.stripe_offset.is_none() && (min as f64) < 0.8 * max as f64 {
-            targets.sort_by(|a, b| b.free.cmp(&a.free));
+            targets.sort_by_key(|t| std::cmp::Reverse(t.free));
         }
         Ok(targets.into_iter().take(n).map(|t| t.index).collect())
     }
