@@ -73,3 +73,46 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     again.wait().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_config_file_sets_what_flags_do_not_and_typos_are_refused() {
+    let dir = std::env::temp_dir().join(format!("lode-mds-conf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("mds.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\ncheckpoint_mib = 8\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+        .args(["--config", conf.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("serving at 127.0.0.1:"), "{line}");
+    assert!(dir.join("data").join("lock").exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    std::fs::write(&conf, "data_dri = \"/tmp/x\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+        .args(["--config", conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("data_dri"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -611,13 +611,54 @@ fn writers_grow_the_size_to_the_furthest_end() {
     let root = Creds::root();
     let f = fs.create(ROOT, "shared", Kind::File, &root).unwrap();
     // Two writers of disjoint ranges report in either order: the size is the furthest end.
-    fs.run(Mutation::GrowSize { fid: f.fid, size: 8 << 20 }, &root).unwrap();
-    fs.run(Mutation::GrowSize { fid: f.fid, size: 4 << 20 }, &root).unwrap();
+    fs.run(
+        Mutation::GrowSize {
+            fid: f.fid,
+            size: 8 << 20,
+        },
+        &root,
+    )
+    .unwrap();
+    fs.run(
+        Mutation::GrowSize {
+            fid: f.fid,
+            size: 4 << 20,
+        },
+        &root,
+    )
+    .unwrap();
     assert_eq!(fs.ns.inode(f.fid).unwrap().size, 8 << 20);
     let d = fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
-    assert_eq!(fs.errno(Mutation::GrowSize { fid: d.fid, size: 1 }, &root), libc::EINVAL);
-    assert_eq!(fs.errno(Mutation::GrowSize { fid: f.fid, size: u64::MAX }, &root), libc::EFBIG);
-    assert_eq!(fs.errno(Mutation::GrowSize { fid: f.fid, size: 1 }, &user(1000)), libc::EACCES);
+    assert_eq!(
+        fs.errno(
+            Mutation::GrowSize {
+                fid: d.fid,
+                size: 1
+            },
+            &root
+        ),
+        libc::EINVAL
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::GrowSize {
+                fid: f.fid,
+                size: u64::MAX
+            },
+            &root
+        ),
+        libc::EFBIG
+    );
+    assert_eq!(
+        fs.errno(
+            Mutation::GrowSize {
+                fid: f.fid,
+                size: 1
+            },
+            &user(1000)
+        ),
+        libc::EACCES
+    );
 }
 
 #[test]
@@ -626,10 +667,20 @@ fn a_layout_is_set_only_on_an_empty_file() {
     let root = Creds::root();
     let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
     let layout = Layout::new(vec![Component::raid0(StripeCount::Count(2), 1 << 20)]).unwrap();
-    let set = |fid, layout: &Layout| Mutation::SetLayout { fid, layout: layout.clone() };
+    let set = |fid, layout: &Layout| Mutation::SetLayout {
+        fid,
+        layout: layout.clone(),
+    };
     let after = fs.run(set(f.fid, &layout), &root).unwrap().inode.unwrap();
     assert_eq!(after.layout.unwrap().components, layout.components);
-    fs.run(Mutation::GrowSize { fid: f.fid, size: 10 }, &root).unwrap();
+    fs.run(
+        Mutation::GrowSize {
+            fid: f.fid,
+            size: 10,
+        },
+        &root,
+    )
+    .unwrap();
     assert_eq!(fs.errno(set(f.fid, &layout), &root), libc::EEXIST);
     let mut bad = layout.clone();
     bad.components[0].stripe_count = StripeCount::Count(5000);
@@ -643,15 +694,39 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
     let mut fs = Fs::new();
     let root = Creds::root();
     let mut layout = Layout::new(vec![Component::raid0(StripeCount::Count(1), 1 << 20)]).unwrap();
-    let obj = StripeObject { target: 3, fid: proto::Fid::new(0x1_0000_0003, 42, 0) };
+    let obj = StripeObject {
+        target: 3,
+        fid: proto::Fid::new(0x1_0000_0003, 42, 0),
+    };
     layout.components[0].objects = vec![obj];
-    let m = Mutation::Create { parent: ROOT, name: b"f".to_vec(), kind: Kind::File, mode: 0o644, exclusive: true, target: vec![], layout: Some(layout) };
+    let m = Mutation::Create {
+        parent: ROOT,
+        name: b"f".to_vec(),
+        kind: Kind::File,
+        mode: 0o644,
+        exclusive: true,
+        target: vec![],
+        layout: Some(layout),
+    };
     fs.run(m, &root).unwrap();
     assert_eq!(fs.ns.highest_object(3), 42);
     assert!(fs.ns.doomed(10).is_empty());
-    fs.run(Mutation::Unlink { parent: ROOT, name: b"f".to_vec(), dir: false }, &root).unwrap();
+    fs.run(
+        Mutation::Unlink {
+            parent: ROOT,
+            name: b"f".to_vec(),
+            dir: false,
+        },
+        &root,
+    )
+    .unwrap();
     assert_eq!(fs.ns.doomed(10), vec![obj]);
-    assert_eq!(fs.ns.highest_object(3), 42, "a queued object still counts: it is not an orphan");
-    fs.run(Mutation::Destroyed { objects: vec![obj] }, &root).unwrap();
+    assert_eq!(
+        fs.ns.highest_object(3),
+        42,
+        "a queued object still counts: it is not an orphan"
+    );
+    fs.run(Mutation::Destroyed { objects: vec![obj] }, &root)
+        .unwrap();
     assert!(fs.ns.doomed(10).is_empty());
 }

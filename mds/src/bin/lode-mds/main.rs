@@ -47,15 +47,62 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
+    /// A TOML file with any of `data_dir`, `listen` and `checkpoint_mib`; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Where the MDS keeps its state.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Address to serve on.
-    #[arg(long, default_value = "127.0.0.1:9400")]
+    /// Address to serve on [default: 127.0.0.1:9400].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Journal size, in MiB, past which a snapshot is written [default: 64].
+    #[arg(long)]
+    checkpoint_mib: Option<u64>,
+}
+
+/// The configuration file.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    checkpoint_mib: Option<u64>,
+}
+
+/// What the server runs with: flags over the file over defaults.
+struct Settings {
+    data_dir: PathBuf,
     listen: SocketAddr,
-    /// Journal size, in MiB, past which a snapshot is written.
-    #[arg(long, default_value_t = DEFAULT_CHECKPOINT_BYTES >> 20)]
     checkpoint_mib: u64,
+}
+
+impl ServeArgs {
+    fn settings(self) -> Result<Settings> {
+        let file: Config = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+            }
+            None => Config::default(),
+        };
+        Ok(Settings {
+            data_dir: self
+                .data_dir
+                .or(file.data_dir)
+                .context("--data-dir (or data_dir in the config) is required")?,
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9400))),
+            checkpoint_mib: self
+                .checkpoint_mib
+                .or(file.checkpoint_mib)
+                .unwrap_or(DEFAULT_CHECKPOINT_BYTES >> 20)
+                .max(1),
+        })
+    }
 }
 
 fn main() -> Result<()> {
@@ -90,10 +137,11 @@ fn fsck(dir: &std::path::Path) -> Result<()> {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    let data_dir = args.data_dir.context("--data-dir is required")?;
+    let args = args.settings()?;
+    let data_dir = args.data_dir;
     let _lock = daemon::DataDirLock::acquire(&data_dir)?;
     let registry = Arc::new(Registry::open(&data_dir)?);
-    let store = Arc::new(Store::open(&data_dir, args.checkpoint_mib.max(1) << 20)?);
+    let store = Arc::new(Store::open(&data_dir, args.checkpoint_mib << 20)?);
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
         let alloc = Allocator::new(registry.clone());
