@@ -923,3 +923,70 @@ impl Namespace {
         problems
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(ns: &mut Namespace, name: &str) -> Fid {
+        let m = Mutation::Create {
+            parent: ROOT,
+            name: name.into(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        ns.apply(&m, &Creds::root(), Time::default())
+            .unwrap()
+            .inode
+            .unwrap()
+            .fid
+    }
+
+    #[test]
+    fn the_checker_finds_each_kind_of_damage() {
+        let mut ns = Namespace::default();
+        let a = file(&mut ns, "a");
+        let b = file(&mut ns, "b");
+        assert!(ns.check().is_empty());
+
+        let mut bad = ns.clone();
+        bad.inodes.get_mut(&a).unwrap().nlink = 5;
+        assert!(bad.check().iter().any(|p| p.contains("nlink")));
+
+        let mut bad = ns.clone();
+        bad.inodes.remove(&b);
+        assert!(bad.check().iter().any(|p| p.contains("missing")));
+
+        let mut bad = ns.clone();
+        bad.entries.get_mut(&ROOT).unwrap().remove(b"a".as_slice());
+        assert!(bad.check().iter().any(|p| p.contains("orphan")));
+
+        let mut bad = ns.clone();
+        let d = Fid::new(INODE_SEQ, 999, 0);
+        let mut dir = bad.inodes[&ROOT].clone();
+        dir.fid = d;
+        bad.inodes.insert(d, dir);
+        bad.entries.insert(d, BTreeMap::new());
+        bad.parents.insert(d, d);
+        assert!(bad.check().iter().any(|p| p.contains("not reachable")));
+
+        let mut bad = ns.clone();
+        let obj = proto::layout::StripeObject {
+            target: 0,
+            fid: Fid::new(1, 1, 0),
+        };
+        let mut layout = Layout::new(vec![proto::layout::Component::raid0(
+            proto::layout::StripeCount::Count(1),
+            1 << 20,
+        )])
+        .unwrap();
+        layout.components[0].objects = vec![obj];
+        for f in [a, b] {
+            bad.inodes.get_mut(&f).unwrap().layout = Some(layout.clone());
+        }
+        assert!(bad.check().iter().any(|p| p.contains("belongs to both")));
+    }
+}
