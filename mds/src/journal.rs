@@ -17,7 +17,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use proto::md::{Creds, Mutation, Time};
+use proto::md::{Creds, Mutation, ReqId, Time};
 use serde::{Deserialize, Serialize};
 
 use crate::namespace::Namespace;
@@ -36,6 +36,8 @@ pub struct Record {
     pub creds: Creds,
     pub time: Time,
     pub mutation: Mutation,
+    /// The client's name for the request, so its reply is remembered again on replay.
+    pub req: Option<ReqId>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +122,7 @@ pub fn recover(dir: &Path, fresh: Namespace) -> Result<Recovered, JournalError> 
             if rec.seq != last_seq + 1 {
                 return Err(damaged(format!("record {} follows {last_seq}", rec.seq)));
             }
-            ns.apply(&rec.mutation, &rec.creds, rec.time)
+            ns.apply_request(&rec.mutation, &rec.creds, rec.time, rec.req)
                 .map_err(|e| damaged(format!("record {} does not replay: {e}", rec.seq)))?;
             last_seq = rec.seq;
             replayed += 1;

@@ -5,13 +5,13 @@
 //! Every operation is checked in full before anything changes, so a failed operation changes
 //! nothing. Errors are errno values, as POSIX callers expect them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use proto::layout::Layout;
 use proto::Fid;
 use serde::{Deserialize, Serialize};
 
-pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
+pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
 /// The root directory's FID, as in Lustre.
 pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
@@ -69,7 +69,13 @@ pub struct Namespace {
     next_oid: u32,
     /// Objects of removed files, waiting to be destroyed on their targets (object -> target).
     doomed: BTreeMap<Fid, u32>,
+    /// The replies to clients' latest requests, so a resent request is answered, not redone.
+    replies: BTreeMap<u128, VecDeque<(u64, Option<Inode>)>>,
 }
+
+/// Replies kept per client, and clients kept.
+pub const REPLIES_PER_CLIENT: usize = 64;
+pub const MAX_CLIENTS: usize = 16_384;
 
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
@@ -123,6 +129,7 @@ impl Namespace {
             parents: HashMap::from([(ROOT, ROOT)]),
             next_oid: 1,
             doomed: BTreeMap::new(),
+            replies: BTreeMap::new(),
         }
     }
 
@@ -249,6 +256,44 @@ impl Namespace {
             );
         }
         Ok(())
+    }
+
+    /// The reply already given to request `req`, if it was carried out.
+    pub fn replied(&self, req: ReqId) -> Option<Applied> {
+        let (_, inode) = self
+            .replies
+            .get(&req.client)?
+            .iter()
+            .find(|(seq, _)| *seq == req.seq)?;
+        Some(Applied {
+            inode: inode.clone(),
+            removed: vec![],
+        })
+    }
+
+    /// Applies a client's request once: a request already carried out gets its first reply.
+    pub fn apply_request(
+        &mut self,
+        m: &Mutation,
+        who: &Creds,
+        now: Time,
+        req: Option<ReqId>,
+    ) -> Result<Applied> {
+        if let Some(done) = req.and_then(|r| self.replied(r)) {
+            return Ok(done);
+        }
+        let applied = self.apply(m, who, now)?;
+        if let Some(r) = req {
+            if !self.replies.contains_key(&r.client) && self.replies.len() >= MAX_CLIENTS {
+                self.replies.pop_first();
+            }
+            let slots = self.replies.entry(r.client).or_default();
+            if slots.len() >= REPLIES_PER_CLIENT {
+                slots.pop_front();
+            }
+            slots.push_back((r.seq, applied.inode.clone()));
+        }
+        Ok(applied)
     }
 
     /// Checks and applies one mutation by `who` at time `now`; on error nothing changed.

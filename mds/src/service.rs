@@ -148,8 +148,11 @@ impl MdsService {
             }
             opcodes::MDS_REINT => {
                 let mut r: MdsReint = req.decode()?;
+                if let Some(done) = r.req.and_then(|q| self.store.read(|ns| ns.replied(q))) {
+                    return reply::<MdsReint>(&MdsReintReply { inode: done.inode });
+                }
                 let objects = self.prepare(&mut r.mutation).await?;
-                self.apply(r.mutation, r.creds, objects).await
+                self.apply(r.mutation, r.creds, r.req, objects).await
             }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
@@ -210,9 +213,10 @@ impl MdsService {
         &self,
         m: Mutation,
         creds: Creds,
+        req: Option<ReqId>,
         objects: Vec<StripeObject>,
     ) -> Result<Vec<u8>, RemoteError> {
-        let result = self.store.apply(m, creds).await;
+        let result = self.store.apply_request(m, creds, req).await;
         let used = match &result {
             Ok(a) => a
                 .inode

@@ -117,7 +117,18 @@ impl Store {
 
     /// Applies a mutation and returns once it is durable.
     pub async fn apply(&self, m: Mutation, who: Creds) -> Result<Applied, StoreError> {
-        let mut rx = self.shared.durable.subscribe();
+        self.apply_request(m, who, None).await
+    }
+
+    /// Applies a client's request once (a resend gets the first reply) and returns once it is
+    /// durable.
+    pub async fn apply_request(
+        &self,
+        m: Mutation,
+        who: Creds,
+        req: Option<proto::md::ReqId>,
+    ) -> Result<Applied, StoreError> {
+        let rx = self.shared.durable.subscribe();
         if rx.borrow().is_err() {
             return Err(StoreError::Failed);
         }
@@ -129,19 +140,30 @@ impl Store {
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
             let time = now();
-            let applied = ns.apply(&m, &who, time)?;
-            *seq += 1;
-            let rec = Record {
-                seq: *seq,
-                creds: who,
-                time,
-                mutation: m,
-            };
-            pending.bytes.extend_from_slice(&encode_record(&rec));
-            pending.last_seq = *seq;
-            (applied, *seq)
+            if let Some(done) = req.and_then(|r| ns.replied(r)) {
+                // Carried out before: answer as then, once everything so far is durable.
+                (done, *seq)
+            } else {
+                let applied = ns.apply_request(&m, &who, time, req)?;
+                *seq += 1;
+                let rec = Record {
+                    seq: *seq,
+                    creds: who,
+                    time,
+                    mutation: m,
+                    req,
+                };
+                pending.bytes.extend_from_slice(&encode_record(&rec));
+                pending.last_seq = *seq;
+                (applied, *seq)
+            }
         };
         self.shared.wake.notify_one();
+        self.wait_durable(seq, applied).await
+    }
+
+    async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {
+        let mut rx = self.shared.durable.subscribe();
         let durable = matches!(
             rx.wait_for(|d| d.map_or(true, |d| d >= seq))
                 .await

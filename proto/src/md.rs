@@ -155,6 +155,18 @@ pub struct SetAttr {
 pub struct MdsReint {
     pub creds: Creds,
     pub mutation: Mutation,
+    /// Names the request across resends: the MDS answers a resend of a request it already
+    /// carried out with the reply it gave then, instead of doing it twice.
+    pub req: Option<ReqId>,
+}
+
+/// A client's own numbering of its modifying requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReqId {
+    /// Chosen at random by the client when it starts.
+    pub client: u128,
+    /// Increases with every request of that client.
+    pub seq: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -223,6 +223,7 @@ fn reint(m: Mutation) -> MdsReint {
     MdsReint {
         creds: Creds::root(),
         mutation: m,
+        req: None,
     }
 }
 

@@ -147,6 +147,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
             &MdsReint {
                 creds: root.clone(),
                 mutation: m,
+                req: None,
             },
             T,
         )
@@ -176,6 +177,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                         &MdsReint {
                             creds: creds.clone(),
                             mutation: m,
+                            req: None,
                         },
                         T,
                     )
@@ -263,6 +265,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                         &MdsReint {
                             creds: creds.clone(),
                             mutation: m,
+                            req: None,
                         },
                         T,
                     )
@@ -291,6 +294,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                         &MdsReint {
                             creds: creds.clone(),
                             mutation: m,
+                            req: None,
                         },
                         T,
                     )
