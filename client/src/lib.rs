@@ -1,5 +1,18 @@
-//! The client: the library (striped parallel I/O straight into caller-owned memory), the `lode`
-//! command, the FUSE mount and the Python bindings.
+//! The lode client: the library ML code links, the `lode` command, and local clusters.
 //!
-//! Nothing is built here yet; the crate holds its place in the workspace so the tree shows the
-//! architecture (see `docs/architecture.md`).
+//! - [`Client`]: a connection to a filesystem; paths, directories, links, renames, layouts.
+//! - [`File`] and [`OpenOptions`]: striped parallel reads and writes, straight into memory the
+//!   caller registered.
+//! - [`blocking`]: the same for callers without an async runtime.
+//!
+//! Metadata goes to the MDS; file data goes to and from the storage servers directly, one
+//! stream per stripe, in parallel.
+
+pub mod blocking;
+pub mod client;
+pub mod error;
+pub mod file;
+
+pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
+pub use error::{ClientError, Result};
+pub use file::{File, OpenOptions, Reader};

@@ -27,8 +27,7 @@ pub const MAX_LINKS: u32 = 65_000;
 pub const MAX_XATTRS: usize = 128;
 pub const MAX_XATTR_NAME: usize = 255;
 pub const MAX_XATTR_VALUE: usize = 64 << 10;
-/// Largest file size.
-pub const MAX_FILE_SIZE: u64 = 1 << 50;
+pub use proto::md::MAX_FILE_SIZE;
 
 pub const S_ISVTX: u32 = 0o1000;
 const PERM_MASK: u32 = 0o7777;

@@ -119,15 +119,34 @@ async fn a_resent_request_is_answered_not_redone_even_after_a_restart() {
     let d = dir("resend");
     let store = Store::open(&d, 1 << 30).unwrap();
     let req = Some(ReqId { client: 77, seq: 1 });
-    let first = store.apply_request(create("once".into()), Creds::root(), req).await.unwrap();
-    let again = store.apply_request(create("once".into()), Creds::root(), req).await.unwrap();
-    assert_eq!(first.inode.as_ref().unwrap().fid, again.inode.as_ref().unwrap().fid);
+    let first = store
+        .apply_request(create("once".into()), Creds::root(), req)
+        .await
+        .unwrap();
+    let again = store
+        .apply_request(create("once".into()), Creds::root(), req)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.inode.as_ref().unwrap().fid,
+        again.inode.as_ref().unwrap().fid
+    );
     // The same mutation under a new request id is a new request: it fails as it should.
     let fresh = Some(ReqId { client: 77, seq: 2 });
-    assert!(store.apply_request(create("once".into()), Creds::root(), fresh).await.is_err());
+    assert!(store
+        .apply_request(create("once".into()), Creds::root(), fresh)
+        .await
+        .is_err());
     drop(store);
     let store = Store::open(&d, 1 << 30).unwrap();
-    let after = store.apply_request(create("once".into()), Creds::root(), req).await.unwrap();
-    assert_eq!(after.inode.unwrap().fid, first.inode.unwrap().fid, "the reply is remembered across a restart");
+    let after = store
+        .apply_request(create("once".into()), Creds::root(), req)
+        .await
+        .unwrap();
+    assert_eq!(
+        after.inode.unwrap().fid,
+        first.inode.unwrap().fid,
+        "the reply is remembered across a restart"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

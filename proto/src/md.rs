@@ -9,6 +9,9 @@ use crate::layout::Layout;
 use crate::msg::{opcodes, Opcode, Rpc};
 use crate::Fid;
 
+/// Largest file size: 1 PiB.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Dir,

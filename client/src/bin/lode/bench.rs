@@ -1,0 +1,326 @@
+//! `lode bench`: N files written then read sequentially by N tasks through the library, against
+//! the same through the local disk (O_DIRECT) measured in the same run; and a checkpoint
+//! (write a temporary file, fsync, rename it over the name) against the same on the local disk.
+//! Rounds alternate the order; the report gives medians.
+
+use std::fs::OpenOptions as LocalOpen;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use client::{Client, OpenOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Files, each written and read by its own task.
+    #[arg(long, default_value_t = 1)]
+    files: usize,
+    /// Size of each file (4G, 512M...).
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Stripes per file (-1: every target).
+    #[arg(long, default_value = "-1")]
+    stripe_count: i64,
+    #[arg(long, default_value = "4M")]
+    stripe_size: String,
+    /// A local directory for the baseline (skipped if not given).
+    #[arg(long)]
+    local_dir: Option<PathBuf>,
+    /// Also time a checkpoint of this size (write temp, fsync, rename).
+    #[arg(long)]
+    checkpoint: Option<String>,
+    /// Rounds; the report gives medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The lode directory to work in.
+    #[arg(long, default_value = "/lode-bench")]
+    dir: String,
+}
+
+const CHUNK: usize = 64 << 20;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bar(total: u64, what: &str) -> ProgressBar {
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template("{msg:24} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b.set_message(what.to_owned());
+    b
+}
+
+pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
+    let size = crate::parse_size(&a.size)?;
+    let stripe_size = crate::parse_size(&a.stripe_size)?;
+    if a.files == 0 || size == 0 || a.rounds == 0 {
+        bail!("--files, --size and --rounds must be positive");
+    }
+    client.mkdir_all(&a.dir, 0o755).await?;
+    let total = size * a.files as u64;
+    let (mut lw, mut lr, mut ow, mut or, mut lc, mut oc) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for round in 0..a.rounds {
+        let local_first = round % 2 == 0;
+        for lode_turn in [!local_first, local_first] {
+            if lode_turn {
+                let (w, r) = lode_round(&client, &a, size, stripe_size, round).await?;
+                ow.push(w);
+                or.push(r);
+                if let Some(c) = &a.checkpoint {
+                    oc.push(
+                        lode_checkpoint(&client, &a, crate::parse_size(c)?, stripe_size).await?,
+                    );
+                }
+            } else if let Some(d) = &a.local_dir {
+                let (w, r) = local_round(d, a.files, size).await?;
+                lw.push(w);
+                lr.push(r);
+                if let Some(c) = &a.checkpoint {
+                    lc.push(local_checkpoint(d, crate::parse_size(c)?).await?);
+                }
+            }
+        }
+    }
+    println!(
+        "lode bench: {} file(s) of {} (stripe count {}, stripe size {}), {} rounds, medians",
+        a.files,
+        crate::human(size),
+        a.stripe_count,
+        crate::human(stripe_size),
+        a.rounds
+    );
+    let gbs = |secs: &[f64]| median(secs.iter().map(|s| total as f64 / s / 1e9).collect());
+    println!("  {:<28} {:>10} {:>10}", "", "write GB/s", "read GB/s");
+    if !lw.is_empty() {
+        println!(
+            "  {:<28} {:>10.2} {:>10.2}",
+            "local disk (O_DIRECT)",
+            gbs(&lw),
+            gbs(&lr)
+        );
+    }
+    println!(
+        "  {:<28} {:>10.2} {:>10.2}",
+        "lode (library)",
+        gbs(&ow),
+        gbs(&or)
+    );
+    if !lw.is_empty() {
+        println!(
+            "  {:<28} {:>10.2} {:>10.2}",
+            "ratio lode / local",
+            gbs(&ow) / gbs(&lw),
+            gbs(&or) / gbs(&lr)
+        );
+    }
+    if !oc.is_empty() {
+        println!(
+            "  checkpoint of {}: lode {:.2} s",
+            a.checkpoint.as_deref().unwrap_or(""),
+            median(oc.clone())
+        );
+        if !lc.is_empty() {
+            println!(
+                "  checkpoint of {}: local {:.2} s (lode / local = {:.2})",
+                a.checkpoint.as_deref().unwrap_or(""),
+                median(lc.clone()),
+                median(oc) / median(lc)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn options(a: &BenchArgs, stripe_size: u64) -> OpenOptions {
+    let o = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .stripe_size(stripe_size);
+    if a.stripe_count < 0 {
+        o.stripe_all()
+    } else {
+        o.stripe_count(a.stripe_count as u32)
+    }
+}
+
+async fn write_file(
+    client: &Client,
+    path: &str,
+    opts: &OpenOptions,
+    size: u64,
+    b: &ProgressBar,
+) -> Result<()> {
+    let f = opts
+        .open(client, path)
+        .await
+        .with_context(|| format!("creating {path}"))?;
+    let data = vec![0x5au8; CHUNK];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(CHUNK as u64) as usize;
+        f.write_at(at, &data[..n]).await?;
+        at += n as u64;
+        b.inc(n as u64);
+    }
+    f.fsync().await?;
+    f.close().await?;
+    Ok(())
+}
+
+async fn lode_round(
+    client: &Client,
+    a: &BenchArgs,
+    size: u64,
+    stripe_size: u64,
+    round: usize,
+) -> Result<(f64, f64)> {
+    let opts = options(a, stripe_size);
+    let paths: Vec<String> = (0..a.files)
+        .map(|i| format!("{}/r{round}-f{i}", a.dir))
+        .collect();
+    let b = bar(size * a.files as u64, "lode write");
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in paths.clone() {
+        let (c, o, b) = (client.clone(), opts.clone(), b.clone());
+        tasks.spawn(async move { write_file(&c, &p, &o, size, &b).await });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let w = t0.elapsed().as_secs_f64();
+    b.finish_and_clear();
+    let b = bar(size * a.files as u64, "lode read");
+    let t0 = Instant::now();
+    for p in paths.clone() {
+        let (c, b) = (client.clone(), b.clone());
+        tasks.spawn(async move {
+            let f = OpenOptions::new().open(&c, &p).await?;
+            // Straight into registered memory: the storage servers put the bytes there.
+            let region = c.register(vec![0u8; CHUNK])?;
+            let mut at = 0;
+            while at < size {
+                let n = f.read_into(at, &region, 0, CHUNK as u64).await?;
+                if n == 0 {
+                    bail!("{p} is short: {at} of {size}");
+                }
+                at += n as u64;
+                b.inc(n as u64);
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let r = t0.elapsed().as_secs_f64();
+    b.finish_and_clear();
+    for p in paths {
+        client.unlink(&p).await?;
+    }
+    Ok((w, r))
+}
+
+async fn lode_checkpoint(
+    client: &Client,
+    a: &BenchArgs,
+    size: u64,
+    stripe_size: u64,
+) -> Result<f64> {
+    let b = bar(size, "lode checkpoint");
+    let (tmp, name) = (format!("{}/ckpt.tmp", a.dir), format!("{}/ckpt", a.dir));
+    let t0 = Instant::now();
+    write_file(client, &tmp, &options(a, stripe_size), size, &b).await?;
+    client.rename(&tmp, &name).await?;
+    let secs = t0.elapsed().as_secs_f64();
+    b.finish_and_clear();
+    Ok(secs)
+}
+
+/// An aligned slice of `len` bytes inside `v`, for O_DIRECT.
+fn aligned(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    v.resize(len + 4096, 0x5a);
+    let off = v.as_ptr().align_offset(4096);
+    &mut v[off..off + len]
+}
+
+async fn local_round(dir: &Path, files: usize, size: u64) -> Result<(f64, f64)> {
+    std::fs::create_dir_all(dir)?;
+    let paths: Vec<PathBuf> = (0..files)
+        .map(|i| dir.join(format!("lode-bench-local-{i}")))
+        .collect();
+    let run = |write: bool, paths: Vec<PathBuf>| async move {
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for p in paths {
+            tasks.spawn_blocking(move || -> Result<()> {
+                let f = LocalOpen::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(write)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&p)?;
+                let mut v = vec![];
+                let buf = aligned(&mut v, CHUNK);
+                let mut at = 0;
+                while at < size {
+                    let n = ((size - at).min(CHUNK as u64) as usize).div_ceil(4096) * 4096;
+                    if write {
+                        f.write_all_at(&buf[..n], at)?;
+                    } else {
+                        f.read_exact_at(&mut buf[..n], at)?;
+                    }
+                    at += n as u64;
+                }
+                if write {
+                    f.sync_all()?;
+                }
+                Ok(())
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        anyhow::Ok(t0.elapsed().as_secs_f64())
+    };
+    let w = run(true, paths.clone()).await?;
+    let r = run(false, paths.clone()).await?;
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok((w, r))
+}
+
+async fn local_checkpoint(dir: &Path, size: u64) -> Result<f64> {
+    let (tmp, name) = (dir.join("lode-bench-ckpt.tmp"), dir.join("lode-bench-ckpt"));
+    let t0 = Instant::now();
+    let (t2, n2) = (tmp.clone(), name.clone());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&t2)?;
+        let data = vec![0x5au8; CHUNK];
+        let mut at = 0;
+        while at < size {
+            let n = (size - at).min(CHUNK as u64) as usize;
+            f.write_all(&data[..n])?;
+            at += n as u64;
+        }
+        f.sync_all()?;
+        std::fs::rename(&t2, &n2)?;
+        Ok(())
+    })
+    .await??;
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(name);
+    Ok(secs)
+}

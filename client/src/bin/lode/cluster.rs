@@ -1,0 +1,319 @@
+//! `lode cluster up|status|down`: an MDS and N storage servers on loopback, as real processes,
+//! with their data, logs and process ids under one directory. `up` again on the same directory
+//! brings the same filesystem back.
+//!
+//! ```text
+//! DIR/cluster.conf      mds address, OSS count, targets per OSS (written by the first `up`)
+//! DIR/cluster.pids      one line per running process: role, pid
+//! DIR/mds/  DIR/oss<i>/ their data
+//! DIR/logs/             their logs
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use client::Client;
+
+#[derive(Subcommand)]
+pub enum ClusterCmd {
+    /// Start the cluster (or start it again) and wait until it is ready.
+    Up(UpArgs),
+    /// Show which processes run and the targets' state.
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Stop every process of the cluster (SIGTERM), keeping its data.
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where the cluster keeps everything.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Storage servers (the first `up` only).
+    #[arg(long, default_value_t = 4)]
+    oss: u32,
+    /// Targets per storage server (the first `up` only).
+    #[arg(long, default_value_t = 1)]
+    targets_per_oss: u32,
+    /// The MDS's port; storage servers use the ports after it (the first `up` only).
+    #[arg(long, default_value_t = 9400)]
+    port: u16,
+}
+
+struct Conf {
+    port: u16,
+    oss: u32,
+    targets: u32,
+}
+
+fn read_conf(dir: &Path) -> Option<Conf> {
+    let text = std::fs::read_to_string(dir.join("cluster.conf")).ok()?;
+    let get = |k: &str| -> Option<u32> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k} = ")))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some(Conf {
+        port: u16::try_from(get("port")?).ok()?,
+        oss: get("oss")?,
+        targets: get("targets_per_oss")?,
+    })
+}
+
+fn sibling(bin: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the lode binary")?;
+    let path = exe
+        .parent()
+        .context("the lode binary's directory")?
+        .join(bin);
+    if !path.exists() {
+        bail!(
+            "{} is missing: build the workspace (cargo build --release)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn pids(dir: &Path) -> Vec<(String, i32)> {
+    std::fs::read_to_string(dir.join("cluster.pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (role, pid) = l.split_once(' ')?;
+            Some((role.to_owned(), pid.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn spawn(dir: &Path, role: &str, bin: &Path, args: &[String]) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("{role}.log")))?;
+    let child = Command::new(bin)
+        .args(args)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        // Its own process group: a ^C in this terminal does not stop the cluster.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(child.id() as i32)
+}
+
+pub async fn run(cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Up(a) => up(a).await,
+        ClusterCmd::Status { dir } => status(&dir).await,
+        ClusterCmd::Down { dir } => down(&dir),
+    }
+}
+
+async fn up(a: UpArgs) -> Result<()> {
+    let dir = a.dir;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    if pids(&dir).iter().any(|(_, p)| alive(*p)) {
+        bail!(
+            "a cluster already runs in {} (lode cluster down --dir {0})",
+            dir.display()
+        );
+    }
+    let conf = match read_conf(&dir) {
+        Some(c) => c,
+        None => {
+            if a.oss == 0 || a.oss > 64 || a.targets_per_oss == 0 || a.targets_per_oss > 64 {
+                bail!("--oss and --targets-per-oss must be 1..=64");
+            }
+            let c = Conf {
+                port: a.port,
+                oss: a.oss,
+                targets: a.targets_per_oss,
+            };
+            std::fs::write(
+                dir.join("cluster.conf"),
+                format!(
+                    "port = {}\noss = {}\ntargets_per_oss = {}\n",
+                    c.port, c.oss, c.targets
+                ),
+            )?;
+            c
+        }
+    };
+    let mds_addr = format!("127.0.0.1:{}", conf.port);
+    let mut started = vec![];
+    let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
+    started.push((
+        "mds".to_owned(),
+        spawn(
+            &dir,
+            "mds",
+            &sibling("lode-mds")?,
+            &[
+                "--data-dir".into(),
+                d("mds"),
+                "--listen".into(),
+                mds_addr.clone(),
+            ],
+        )?,
+    ));
+    std::fs::write(
+        dir.join("cluster.pids"),
+        started
+            .iter()
+            .map(|(r, p)| format!("{r} {p}\n"))
+            .collect::<String>(),
+    )?;
+    for i in 0..conf.oss {
+        let listen = format!("127.0.0.1:{}", u32::from(conf.port) + 100 + i);
+        let args = vec![
+            "--data-dir".into(),
+            d(&format!("oss{i}")),
+            "--mds".into(),
+            mds_addr.clone(),
+            "--listen".into(),
+            listen,
+            "--targets".into(),
+            conf.targets.to_string(),
+        ];
+        started.push((
+            format!("oss{i}"),
+            spawn(&dir, &format!("oss{i}"), &sibling("lode-oss")?, &args)?,
+        ));
+    }
+    std::fs::write(
+        dir.join("cluster.pids"),
+        started
+            .iter()
+            .map(|(r, p)| format!("{r} {p}\n"))
+            .collect::<String>(),
+    )?;
+
+    let want = (conf.oss * conf.targets) as usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((role, _)) = started.iter().find(|(_, p)| !alive(*p)) {
+            bail!(
+                "{role} exited while starting; see {}",
+                dir.join("logs").join(format!("{role}.log")).display()
+            );
+        }
+        if let Ok(c) = Client::connect_with(&mds_addr, quick()).await {
+            if let Ok(t) = c.targets().await {
+                if t.iter().filter(|t| t.up).count() >= want {
+                    break;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the cluster was not ready within 60 s; see {}",
+                dir.join("logs").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "lode cluster up: MDS at {mds_addr}, {want} targets on {} storage servers, data in {}",
+        conf.oss,
+        dir.display()
+    );
+    println!("  export LODE_MDS={mds_addr}");
+    println!("  lode mkdir /data && lode setstripe -c -1 -S 4M /data && lode cp local:/etc/hosts /data/hosts");
+    println!(
+        "  lode getstripe /data/hosts && lode df -h && lode cluster down --dir {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn quick() -> client::ClientConfig {
+    client::ClientConfig {
+        retry_for: Duration::from_millis(200),
+        ..Default::default()
+    }
+}
+
+async fn status(dir: &Path) -> Result<()> {
+    let procs = pids(dir);
+    if procs.is_empty() {
+        println!("no cluster has run in {}", dir.display());
+        return Ok(());
+    }
+    for (role, pid) in &procs {
+        println!(
+            "{role:<6} pid {pid:<8} {}",
+            if alive(*pid) { "running" } else { "stopped" }
+        );
+    }
+    if let Some(conf) = read_conf(dir) {
+        let addr = format!("127.0.0.1:{}", conf.port);
+        match Client::connect_with(&addr, quick()).await {
+            Ok(c) => {
+                for t in c.targets().await? {
+                    println!(
+                        "target {:<4} on {:<22} {:>10} free of {:>10} {}",
+                        t.index,
+                        t.oss.to_string(),
+                        crate::human(t.free),
+                        crate::human(t.total),
+                        if t.up { "up" } else { "down" }
+                    );
+                }
+            }
+            Err(e) => println!("MDS at {addr}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let procs = pids(dir);
+    // Storage servers first, then the MDS.
+    for (role, pid) in procs.iter().rev() {
+        if alive(*pid) {
+            // SAFETY: SIGTERM to a process this cluster started.
+            unsafe { libc::kill(*pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while alive(*pid) && Instant::now() < deadline {
+                reap(*pid);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if alive(*pid) {
+                bail!("{role} (pid {pid}) did not stop within 20 s");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(dir.join("cluster.pids"));
+    println!(
+        "lode cluster down: {} processes stopped; data kept in {}",
+        procs.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Collects a child that has exited (when `down` runs in the process that started it).
+fn reap(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG on a pid; fails harmlessly if it is not our child.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}

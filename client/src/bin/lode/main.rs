@@ -1,0 +1,515 @@
+//! `lode`: the filesystem's command, after Lustre's `lfs`, and a whole local cluster in one
+//! command.
+
+mod bench;
+mod cluster;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use client::{Client, OpenOptions};
+use proto::layout::{Component, Layout, StripeCount, EOF};
+use proto::md::Kind;
+
+#[derive(Parser)]
+#[command(
+    name = "lode",
+    about = "lode parallel filesystem: files, layouts, space, benchmarks, local clusters"
+)]
+struct Cli {
+    /// The MDS (IP:PORT or a NID); default $LODE_MDS, else 127.0.0.1:9400.
+    #[arg(long, global = true)]
+    mds: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start, inspect or stop a cluster on this machine.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
+    /// Set the layout of a new or empty file, or a directory's default:
+    /// `setstripe -c N -S SIZE [-i IDX] PATH`, or components `-E END -c N -S SIZE ... PATH`.
+    Setstripe {
+        #[arg(allow_hyphen_values = true, num_args = 1.., required = true)]
+        args: Vec<String>,
+    },
+    /// Print a layout with Lustre's fields; -y for YAML.
+    Getstripe {
+        #[arg(short = 'y', long)]
+        yaml: bool,
+        path: String,
+    },
+    /// Space of every target, like `lfs df`.
+    #[command(disable_help_flag = true)]
+    Df {
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
+    },
+    /// List a directory.
+    Ls {
+        #[arg(short = 'l')]
+        long: bool,
+        path: String,
+    },
+    /// Print a file.
+    Cat {
+        path: String,
+    },
+    /// Copy a file; prefix local paths with `local:`.
+    Cp {
+        from: String,
+        to: String,
+    },
+    Mkdir {
+        #[arg(short = 'p')]
+        parents: bool,
+        path: String,
+    },
+    /// Remove files (and with -r, directories and what they hold).
+    Rm {
+        #[arg(short = 'r')]
+        recursive: bool,
+        paths: Vec<String>,
+    },
+    /// Rename atomically.
+    Mv {
+        from: String,
+        to: String,
+    },
+    Stat {
+        path: String,
+    },
+    /// Sequential write then read of N files by N tasks, against the local disk.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Place {
+    Local,
+    Lode,
+}
+
+fn place(p: &str) -> (Place, &str) {
+    match p.strip_prefix("local:") {
+        Some(rest) => (Place::Local, rest),
+        None => (Place::Lode, p),
+    }
+}
+
+pub fn mds_addr(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("LODE_MDS").ok())
+        .unwrap_or_else(|| "127.0.0.1:9400".into())
+}
+
+fn main() -> Result<()> {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    let mds = mds_addr(cli.mds);
+    rt.block_on(async move {
+        if let Cmd::Cluster(c) = cli.cmd {
+            return cluster::run(c).await;
+        }
+        let client = Client::connect(&mds)
+            .await
+            .with_context(|| format!("connecting to the MDS at {mds}"))?;
+        match cli.cmd {
+            Cmd::Cluster(_) => unreachable!("handled above"),
+            Cmd::Setstripe { args } => setstripe(&client, &args).await,
+            Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
+            Cmd::Df { human, .. } => df(&client, human).await,
+            Cmd::Ls { long, path } => ls(&client, &path, long).await,
+            Cmd::Cat { path } => cp(&client, &path, "local:-").await,
+            Cmd::Cp { from, to } => cp(&client, &from, &to).await,
+            Cmd::Mkdir { parents, path } => {
+                if parents {
+                    client.mkdir_all(&path, 0o755).await?;
+                } else {
+                    client.mkdir(&path, 0o755).await?;
+                }
+                Ok(())
+            }
+            Cmd::Rm { recursive, paths } => {
+                for p in paths {
+                    rm(&client, &p, recursive).await?;
+                }
+                Ok(())
+            }
+            Cmd::Mv { from, to } => Ok(client.rename(&from, &to).await?),
+            Cmd::Stat { path } => stat(&client, &path).await,
+            Cmd::Bench(args) => bench::run(client, args).await,
+        }
+    })
+}
+
+/// Parses sizes like 4M, 64k, 1G, 1048576.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} is too large"))
+}
+
+/// `-E END -c N -S SIZE -i IDX ... PATH` (Lustre's order), or without -E for plain RAID0.
+fn parse_layout(args: &[String]) -> Result<(Layout, String)> {
+    let Some((path, opts)) = args.split_last() else {
+        bail!("setstripe needs a path")
+    };
+    let mut comps: Vec<Component> = vec![];
+    let mut cur = Component::raid0(StripeCount::Count(1), proto::layout::DEFAULT_STRIPE_SIZE);
+    let mut cur_end: Option<u64> = None;
+    let mut it = opts.iter();
+    let mut started = false;
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "-E" | "--component-end" => {
+                if started {
+                    cur.end = cur_end.unwrap_or(EOF);
+                    comps.push(cur.clone());
+                    cur.start = cur.end;
+                }
+                started = true;
+                let v = value()?;
+                cur_end = Some(if v == "-1" || v == "eof" || v == "EOF" {
+                    EOF
+                } else {
+                    parse_size(v)?
+                });
+            }
+            "-c" | "--stripe-count" => {
+                let v = value()?;
+                cur.stripe_count = if v == "-1" {
+                    StripeCount::All
+                } else {
+                    StripeCount::Count(v.parse().context("bad stripe count")?)
+                };
+            }
+            "-S" | "--stripe-size" => cur.stripe_size = parse_size(value()?)?,
+            "-i" | "--stripe-index" => {
+                cur.stripe_offset = Some(value()?.parse().context("bad stripe index")?)
+            }
+            other => bail!("unknown setstripe option {other:?}"),
+        }
+    }
+    cur.end = cur_end.unwrap_or(EOF);
+    comps.push(cur);
+    Ok((Layout::new(comps)?, path.clone()))
+}
+
+async fn setstripe(client: &Client, args: &[String]) -> Result<()> {
+    let (layout, path) = parse_layout(args)?;
+    client
+        .setstripe(&path, layout)
+        .await
+        .with_context(|| format!("setstripe {path}"))?;
+    Ok(())
+}
+
+async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
+    let Some(layout) = client.getstripe(path).await? else {
+        println!("{path} has no stripe info");
+        return Ok(());
+    };
+    println!("{path}");
+    if yaml {
+        println!("  lcm_layout_gen:    {}", layout.generation);
+        println!("  lcm_entry_count:   {}", layout.components.len());
+        println!("  components:");
+    }
+    for (i, c) in layout.components.iter().enumerate() {
+        let count = match c.stripe_count {
+            StripeCount::All => -1,
+            StripeCount::Count(n) => i64::from(n),
+        };
+        let end = if c.end == EOF {
+            "EOF".to_string()
+        } else {
+            c.end.to_string()
+        };
+        let offset = c
+            .objects
+            .first()
+            .map(|o| i64::from(o.target))
+            .or(c.stripe_offset.map(i64::from))
+            .unwrap_or(-1);
+        if yaml {
+            println!("    - lcme_id:             {}", i + 1);
+            println!("      lcme_extent.e_start: {}", c.start);
+            println!("      lcme_extent.e_end:   {end}");
+            println!("      sub_layout:");
+            println!("        lmm_stripe_count:  {count}");
+            println!("        lmm_stripe_size:   {}", c.stripe_size);
+            println!("        lmm_pattern:       raid0");
+            println!("        lmm_layout_gen:    {}", layout.generation);
+            println!("        lmm_stripe_offset: {offset}");
+            if !c.objects.is_empty() {
+                println!("        lmm_objects:");
+                for o in &c.objects {
+                    println!("        - l_ost_idx: {}", o.target);
+                    println!("          l_fid:     {}", o.fid);
+                }
+            }
+        } else {
+            if layout.components.len() > 1 {
+                println!("  component {}: [{}, {end})", i + 1, c.start);
+            }
+            println!("lmm_stripe_count:  {count}");
+            println!("lmm_stripe_size:   {}", c.stripe_size);
+            println!("lmm_pattern:       raid0");
+            println!("lmm_layout_gen:    {}", layout.generation);
+            println!("lmm_stripe_offset: {offset}");
+            if !c.objects.is_empty() {
+                println!("\tobdidx\t\t objid\t\t objid\t\t group");
+                for o in &c.objects {
+                    println!(
+                        "\t{:6}\t{:14}\t{:#14x}\t{:#14x}",
+                        o.target, o.fid.oid, o.fid.oid, o.fid.seq
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn human(n: u64) -> String {
+    let units = ["B", "K", "M", "G", "T", "P"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}")
+    } else {
+        format!("{v:.1}{}", units[u])
+    }
+}
+
+async fn df(client: &Client, h: bool) -> Result<()> {
+    let fmt = |n: u64| if h { human(n) } else { (n / 1024).to_string() };
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>5} Mounted on",
+        "UUID",
+        if h { "bytes" } else { "1K-blocks" },
+        "Used",
+        "Available",
+        "Use%"
+    );
+    let (mut t, mut u, mut a) = (0, 0, 0);
+    for tg in client.targets().await? {
+        let used = tg.total.saturating_sub(tg.free);
+        let pct = (used * 100).checked_div(tg.total).unwrap_or(0);
+        let state = if tg.up { "" } else { " (down)" };
+        println!(
+            "{:<24} {:>12} {:>12} {:>12} {:>4}% lode[OST:{}]{state}",
+            format!("lode-OST{:04x}_UUID", tg.index),
+            fmt(tg.total),
+            fmt(used),
+            fmt(tg.free),
+            pct,
+            tg.index
+        );
+        if tg.up {
+            (t, u, a) = (t + tg.total, u + used, a + tg.free);
+        }
+    }
+    let pct = (u * 100).checked_div(t).unwrap_or(0);
+    println!(
+        "\n{:<24} {:>12} {:>12} {:>12} {:>4}% lode",
+        "filesystem_summary:",
+        fmt(t),
+        fmt(u),
+        fmt(a),
+        pct
+    );
+    Ok(())
+}
+
+async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
+    let i = client.stat(path).await?;
+    if i.kind != Kind::Dir {
+        println!("{path}");
+        return Ok(());
+    }
+    for e in client.readdir(path).await? {
+        let name = String::from_utf8_lossy(&e.name);
+        if long {
+            let full = format!("{}/{name}", path.trim_end_matches('/'));
+            let st = client.lstat(&full).await?;
+            let kind = match st.kind {
+                Kind::Dir => 'd',
+                Kind::File => '-',
+                Kind::Symlink => 'l',
+            };
+            println!(
+                "{kind}{:o} {:>3} {:>5} {:>5} {:>12} {name}",
+                st.mode, st.nlink, st.uid, st.gid, st.size
+            );
+        } else {
+            println!("{name}");
+        }
+    }
+    Ok(())
+}
+
+async fn stat(client: &Client, path: &str) -> Result<()> {
+    let i = client.lstat(path).await?;
+    println!("  File: {path}");
+    println!(
+        "   FID: {}  Kind: {:?}  Size: {}  Links: {}",
+        i.fid, i.kind, i.size, i.nlink
+    );
+    println!("Access: {:o}  Uid: {}  Gid: {}", i.mode, i.uid, i.gid);
+    for (n, t) in [
+        ("Access", i.atime),
+        ("Modify", i.mtime),
+        ("Change", i.ctime),
+    ] {
+        println!("{n}: {}.{:09}", t.sec, t.nsec);
+    }
+    Ok(())
+}
+
+const COPY_CHUNK: usize = 16 << 20;
+
+async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
+    match (place(from), place(to)) {
+        ((Place::Local, src), (Place::Lode, dst)) => {
+            let mut input: Box<dyn Read> = if src == "-" {
+                Box::new(std::io::stdin())
+            } else {
+                Box::new(std::fs::File::open(src).with_context(|| format!("opening {src}"))?)
+            };
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(client, dst)
+                .await?;
+            let mut buf = vec![0u8; COPY_CHUNK];
+            let mut at = 0u64;
+            loop {
+                let mut n = 0;
+                while n < buf.len() {
+                    let got = input.read(&mut buf[n..])?;
+                    if got == 0 {
+                        break;
+                    }
+                    n += got;
+                }
+                if n == 0 {
+                    break;
+                }
+                f.write_at(at, &buf[..n]).await?;
+                at += n as u64;
+            }
+            f.fsync().await?;
+            f.close().await?;
+        }
+        ((Place::Lode, src), (Place::Local, dst)) => {
+            let f = Arc::new(OpenOptions::new().open(client, src).await?);
+            let mut out: Box<dyn Write> = if dst == "-" {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(std::fs::File::create(dst).with_context(|| format!("creating {dst}"))?)
+            };
+            let mut r = f.reader(0, COPY_CHUNK, 4);
+            while let Some(chunk) = r.next_chunk().await? {
+                out.write_all(&chunk)?;
+            }
+            out.flush()?;
+        }
+        ((Place::Lode, src), (Place::Lode, dst)) => {
+            let f = Arc::new(OpenOptions::new().open(client, src).await?);
+            let g = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(client, dst)
+                .await?;
+            let mut r = f.reader(0, COPY_CHUNK, 4);
+            let mut at = 0;
+            while let Some(chunk) = r.next_chunk().await? {
+                g.write_at(at, &chunk).await?;
+                at += chunk.len() as u64;
+            }
+            g.fsync().await?;
+            g.close().await?;
+        }
+        ((Place::Local, _), (Place::Local, _)) => {
+            bail!("one side of a copy must be in lode (paths without `local:`)")
+        }
+    }
+    Ok(())
+}
+
+async fn rm(client: &Client, path: &str, recursive: bool) -> Result<()> {
+    let i = client.lstat(path).await?;
+    if i.kind != Kind::Dir {
+        return Ok(client.unlink(path).await?);
+    }
+    if !recursive {
+        bail!("{path} is a directory (use -r)");
+    }
+    for e in client.readdir(path).await? {
+        let child = format!(
+            "{}/{}",
+            path.trim_end_matches('/'),
+            String::from_utf8_lossy(&e.name)
+        );
+        Box::pin(rm(client, &child, true)).await?;
+    }
+    Ok(client.rmdir(path).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn setstripe_parses_plain_and_progressive_layouts() {
+        let args = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let (l, p) = parse_layout(&args("-c 4 -S 1M /f")).unwrap();
+        assert_eq!(p, "/f");
+        assert_eq!(l.components.len(), 1);
+        assert_eq!(
+            (l.components[0].stripe_count, l.components[0].stripe_size),
+            (StripeCount::Count(4), 1 << 20)
+        );
+        let (l, _) = parse_layout(&args("-E 4M -c 1 -E 64M -c 4 -E -1 -c -1 /f")).unwrap();
+        let ends: Vec<u64> = l.components.iter().map(|c| c.end).collect();
+        assert_eq!(ends, vec![4 << 20, 64 << 20, EOF]);
+        assert_eq!(l.components[2].stripe_count, StripeCount::All);
+        assert!(
+            parse_layout(&args("-S 1000 /f")).is_err(),
+            "a stripe size not a multiple of 64 KiB"
+        );
+        assert!(parse_layout(&args("-x 3 /f")).is_err());
+    }
+}

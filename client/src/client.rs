@@ -1,0 +1,426 @@
+//! A connection to a lode filesystem: metadata through the MDS, paths resolved component by
+//! component, and every call resent across a server's restart for a bounded time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::{call, DmaBuffer, Registered, Transport};
+use proto::layout::{Layout, StripeCount};
+use proto::md::*;
+use proto::registry::{ListTargets, TargetInfo};
+use proto::{Fid, Nid, Rpc};
+
+use crate::error::{ClientError, Result};
+
+/// The root directory's FID.
+pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+/// Longest path accepted.
+pub const MAX_PATH: usize = 4096;
+/// Symlinks followed in one resolution before ELOOP.
+pub const MAX_SYMLINKS: usize = 40;
+/// How long one attempt of a call may take.
+const ATTEMPT: Duration = Duration::from_secs(10);
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// How long a call keeps being resent while its server is unreachable or restarting,
+    /// before it fails.
+    pub retry_for: Duration,
+    /// The credentials calls are made with.
+    pub creds: Creds,
+    /// Stripe reads and writes in flight at once per file operation.
+    pub window: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        ClientConfig {
+            retry_for: Duration::from_secs(60),
+            creds: Creds {
+                uid,
+                gid,
+                groups: vec![],
+            },
+            window: 16,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) mds: Nid,
+    pub(crate) net: TcpEndpoint,
+    pub(crate) cfg: ClientConfig,
+    client_id: u128,
+    next_req: AtomicU64,
+}
+
+/// A connection to one filesystem. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Parses `IP:PORT` or a NID.
+pub fn parse_nid(s: &str) -> Result<Nid> {
+    if s.contains('@') {
+        return s
+            .parse()
+            .map_err(|e: proto::NidError| ClientError::posix(libc::EINVAL, e.to_string()));
+    }
+    s.parse().map(Nid::Tcp).map_err(|_| {
+        ClientError::posix(libc::EINVAL, format!("{s:?} is neither IP:PORT nor a NID"))
+    })
+}
+
+impl Client {
+    /// Connects to the filesystem whose MDS is at `mds` (IP:PORT or a NID).
+    pub async fn connect(mds: &str) -> Result<Client> {
+        Self::connect_with(mds, ClientConfig::default()).await
+    }
+
+    pub async fn connect_with(mds: &str, cfg: ClientConfig) -> Result<Client> {
+        let client = Client {
+            inner: Arc::new(Inner {
+                mds: parse_nid(mds)?,
+                net: TcpEndpoint::client(TcpConfig::default()),
+                cfg,
+                client_id: rand::random(),
+                next_req: AtomicU64::new(1),
+            }),
+        };
+        client.statfs().await?;
+        Ok(client)
+    }
+
+    /// Sends `req` to `peer`, resending while the peer is unreachable, restarting or busy, for
+    /// at most `retry_for`.
+    pub(crate) async fn rpc<R: Rpc + Clone>(&self, peer: &Nid, req: &R) -> Result<R::Reply> {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match call(&self.inner.net, peer, req, ATTEMPT).await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.is_retryable() && start.elapsed() < self.inner.cfg.retry_for => {
+                    tracing::debug!(%peer, error = %e, "resending");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Carries out a mutation once, however many times it must be resent.
+    pub(crate) async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
+        let req = ReqId {
+            client: self.inner.client_id,
+            seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
+        };
+        let r = MdsReint {
+            creds: self.inner.cfg.creds.clone(),
+            mutation,
+            req: Some(req),
+        };
+        Ok(self.rpc(&self.inner.mds.clone(), &r).await?.inode)
+    }
+
+    /// Registers memory so that reads can land in it directly (see [`crate::File::read_into`]).
+    pub fn register<B: DmaBuffer>(&self, buf: B) -> Result<Registered<B>> {
+        Ok(self.inner.net.register(buf)?)
+    }
+
+    pub(crate) async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
+        let r = MdsLookup {
+            creds: self.inner.cfg.creds.clone(),
+            parent,
+            name: name.to_vec(),
+        };
+        Ok(self.rpc(&self.inner.mds.clone(), &r).await?.inode)
+    }
+
+    pub async fn getattr(&self, fid: Fid) -> Result<Inode> {
+        Ok(self
+            .rpc(&self.inner.mds.clone(), &MdsGetattr { fid })
+            .await?
+            .inode)
+    }
+
+    /// Splits an absolute path into its components.
+    fn components(path: &str) -> Result<Vec<&[u8]>> {
+        if !path.starts_with('/') {
+            return Err(ClientError::posix(
+                libc::EINVAL,
+                format!("{path:?} is not an absolute path"),
+            ));
+        }
+        if path.len() > MAX_PATH {
+            return Err(ClientError::posix(
+                libc::ENAMETOOLONG,
+                format!("a path is at most {MAX_PATH} bytes"),
+            ));
+        }
+        Ok(path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::as_bytes)
+            .collect())
+    }
+
+    /// Resolves `path`; the last component's symlink is followed if `follow`.
+    pub async fn resolve(&self, path: &str, follow: bool) -> Result<Inode> {
+        let mut todo: Vec<Vec<u8>> = Self::components(path)?
+            .into_iter()
+            .rev()
+            .map(<[u8]>::to_vec)
+            .collect();
+        let mut stack = vec![self.getattr(ROOT).await?];
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            let dir = stack.last().cloned().expect("the root stays on the stack");
+            if name == b".." {
+                if stack.len() > 1 {
+                    stack.pop();
+                }
+                continue;
+            }
+            let inode = self.lookup(dir.fid, &name).await?;
+            if inode.kind == Kind::Symlink && (follow || !todo.is_empty()) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(ClientError::posix(
+                        libc::ELOOP,
+                        format!("too many symlinks in {path:?}"),
+                    ));
+                }
+                let target = String::from_utf8_lossy(&inode.target).into_owned();
+                if target.starts_with('/') {
+                    stack.truncate(1);
+                }
+                for c in target
+                    .split('/')
+                    .filter(|c| !c.is_empty() && *c != ".")
+                    .rev()
+                {
+                    todo.push(c.as_bytes().to_vec());
+                }
+                continue;
+            }
+            stack.push(inode);
+        }
+        Ok(stack.pop().expect("at least the root"))
+    }
+
+    /// The directory holding `path`'s last component, and that component.
+    pub(crate) async fn parent_of<'p>(&self, path: &'p str) -> Result<(Inode, &'p [u8])> {
+        let comps = Self::components(path)?;
+        let Some((last, _)) = comps.split_last() else {
+            return Err(ClientError::posix(libc::EINVAL, "the root has no parent"));
+        };
+        let cut = path.trim_end_matches('/').len() - last.len();
+        let parent = self.resolve(&path[..cut.max(1)], true).await?;
+        if parent.kind != Kind::Dir {
+            return Err(ClientError::posix(
+                libc::ENOTDIR,
+                format!("{} is not a directory", &path[..cut]),
+            ));
+        }
+        Ok((parent, last))
+    }
+
+    /// `stat`: follows a final symlink.
+    pub async fn stat(&self, path: &str) -> Result<Inode> {
+        self.resolve(path, true).await
+    }
+
+    /// `lstat`: does not follow a final symlink.
+    pub async fn lstat(&self, path: &str) -> Result<Inode> {
+        self.resolve(path, false).await
+    }
+
+    async fn create_node(
+        &self,
+        path: &str,
+        kind: Kind,
+        mode: u32,
+        target: &[u8],
+        layout: Option<Layout>,
+    ) -> Result<Inode> {
+        let (parent, name) = self.parent_of(path).await?;
+        let m = Mutation::Create {
+            parent: parent.fid,
+            name: name.to_vec(),
+            kind,
+            mode,
+            exclusive: true,
+            target: target.to_vec(),
+            layout,
+        };
+        self.reint(m)
+            .await?
+            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+    }
+
+    pub async fn mkdir(&self, path: &str, mode: u32) -> Result<Inode> {
+        self.create_node(path, Kind::Dir, mode, b"", None).await
+    }
+
+    /// `mkdir -p`.
+    pub async fn mkdir_all(&self, path: &str, mode: u32) -> Result<()> {
+        let mut at = String::new();
+        for c in Self::components(path)? {
+            at.push('/');
+            at.push_str(&String::from_utf8_lossy(c));
+            match self.mkdir(&at, mode).await {
+                Ok(_) => {}
+                Err(e) if e.is(libc::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn symlink(&self, target: &str, path: &str) -> Result<Inode> {
+        self.create_node(path, Kind::Symlink, 0o777, target.as_bytes(), None)
+            .await
+    }
+
+    pub async fn readlink(&self, path: &str) -> Result<String> {
+        let i = self.lstat(path).await?;
+        if i.kind != Kind::Symlink {
+            return Err(ClientError::posix(
+                libc::EINVAL,
+                format!("{path} is not a symlink"),
+            ));
+        }
+        Ok(String::from_utf8_lossy(&i.target).into_owned())
+    }
+
+    pub async fn link(&self, existing: &str, new: &str) -> Result<Inode> {
+        let target = self.lstat(existing).await?;
+        let (parent, name) = self.parent_of(new).await?;
+        let m = Mutation::Link {
+            fid: target.fid,
+            parent: parent.fid,
+            name: name.to_vec(),
+        };
+        self.reint(m)
+            .await?
+            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+    }
+
+    async fn remove(&self, path: &str, dir: bool) -> Result<()> {
+        let (parent, name) = self.parent_of(path).await?;
+        self.reint(Mutation::Unlink {
+            parent: parent.fid,
+            name: name.to_vec(),
+            dir,
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub async fn unlink(&self, path: &str) -> Result<()> {
+        self.remove(path, false).await
+    }
+
+    pub async fn rmdir(&self, path: &str) -> Result<()> {
+        self.remove(path, true).await
+    }
+
+    /// Atomic rename (with RENAME_NOREPLACE / RENAME_EXCHANGE through `flags`).
+    pub async fn rename_with(&self, from: &str, to: &str, flags: RenameFlags) -> Result<()> {
+        let (p1, n1) = self.parent_of(from).await?;
+        let (p2, n2) = self.parent_of(to).await?;
+        self.reint(Mutation::Rename {
+            parent: p1.fid,
+            name: n1.to_vec(),
+            new_parent: p2.fid,
+            new_name: n2.to_vec(),
+            flags,
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_with(from, to, RenameFlags::default()).await
+    }
+
+    pub async fn setattr(&self, path: &str, attr: SetAttr) -> Result<Inode> {
+        let i = self.resolve(path, true).await?;
+        self.reint(Mutation::Setattr { fid: i.fid, attr })
+            .await?
+            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+    }
+
+    /// Every entry of a directory.
+    pub async fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let dir = self.resolve(path, true).await?;
+        let mut out = vec![];
+        let mut after = vec![];
+        loop {
+            let r = MdsReaddir {
+                creds: self.inner.cfg.creds.clone(),
+                dir: dir.fid,
+                after: after.clone(),
+                max: MAX_READDIR,
+            };
+            let page = self.rpc(&self.inner.mds.clone(), &r).await?;
+            if let Some(last) = page.entries.last() {
+                after = last.name.clone();
+            }
+            out.extend(page.entries);
+            if page.end {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn statfs(&self) -> Result<FsStats> {
+        self.rpc(&self.inner.mds.clone(), &MdsStatfs {}).await
+    }
+
+    /// The storage targets, for `lode df`.
+    pub async fn targets(&self) -> Result<Vec<TargetInfo>> {
+        Ok(self
+            .rpc(&self.inner.mds.clone(), &ListTargets {})
+            .await?
+            .targets)
+    }
+
+    /// Sets the layout of a directory (its default for new entries) or of an empty file; a
+    /// missing path is created as an empty file with that layout.
+    pub async fn setstripe(&self, path: &str, layout: Layout) -> Result<Inode> {
+        layout.validate()?;
+        match self.resolve(path, true).await {
+            Ok(i) => self
+                .reint(Mutation::SetLayout { fid: i.fid, layout })
+                .await?
+                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply")),
+            Err(e) if e.is(libc::ENOENT) => {
+                self.create_node(path, Kind::File, 0o644, b"", Some(layout))
+                    .await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The layout of a file, or a directory's default.
+    pub async fn getstripe(&self, path: &str) -> Result<Option<Layout>> {
+        Ok(self.resolve(path, true).await?.layout)
+    }
+}
+
+/// A RAID0 layout over `count` stripes (`None`: all targets) of `size` bytes.
+pub fn raid0(count: Option<u32>, size: u64) -> Result<Layout> {
+    let c = match count {
+        None => StripeCount::All,
+        Some(n) => StripeCount::Count(n),
+    };
+    Ok(Layout::new(vec![proto::layout::Component::raid0(c, size)])?)
+}

@@ -1,0 +1,577 @@
+//! Files: opening with the usual flags, and striped parallel reads and writes straight
+//! between the caller's memory and the storage targets.
+//!
+//! A read or write is cut into pieces, each inside one stripe unit of one object
+//! (`Layout::pieces`), and up to `window` pieces are in flight at once, so one large call
+//! reaches the bandwidth of all the targets it touches. Reads can land directly in memory the
+//! caller registered ([`File::read_into`]): the storage server puts the bytes there, with no
+//! copy on the client. A file's size is its writers' business: on `fsync` and `close` they
+//! report how far they wrote, and the MDS keeps the largest (so disjoint writers of one file
+//! leave the right size).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use lnet::{DmaBuffer, Registered};
+use parking_lot::Mutex;
+use proto::layout::{Component, Layout, StripeCount, StripeObject};
+use proto::md::{Inode, Kind, Mutation, SetAttr};
+use proto::ost::{OstRead, OstSync, OstTruncate, OstWrite};
+use proto::Nid;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+
+/// How to open a file, after `std::fs::OpenOptions`, with a layout for new files.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    mode: Option<u32>,
+    stripe_count: Option<StripeCount>,
+    stripe_size: Option<u64>,
+    stripe_offset: Option<u32>,
+    layout: Option<Layout>,
+}
+
+impl OpenOptions {
+    pub fn new() -> Self {
+        OpenOptions {
+            read: true,
+            ..Default::default()
+        }
+    }
+
+    pub fn read(mut self, v: bool) -> Self {
+        self.read = v;
+        self
+    }
+    pub fn write(mut self, v: bool) -> Self {
+        self.write = v;
+        self
+    }
+    /// O_APPEND: every write goes to the end of the file.
+    pub fn append(mut self, v: bool) -> Self {
+        self.append = v;
+        self.write |= v;
+        self
+    }
+    /// O_TRUNC.
+    pub fn truncate(mut self, v: bool) -> Self {
+        self.truncate = v;
+        self
+    }
+    /// O_CREAT.
+    pub fn create(mut self, v: bool) -> Self {
+        self.create = v;
+        self
+    }
+    /// O_CREAT | O_EXCL.
+    pub fn create_new(mut self, v: bool) -> Self {
+        self.create_new = v;
+        self
+    }
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+    /// Stripes of a new file (-1 in `lfs`: use [`OpenOptions::stripe_all`]).
+    pub fn stripe_count(mut self, n: u32) -> Self {
+        self.stripe_count = Some(StripeCount::Count(n));
+        self
+    }
+    /// Stripe over every target.
+    pub fn stripe_all(mut self) -> Self {
+        self.stripe_count = Some(StripeCount::All);
+        self
+    }
+    pub fn stripe_size(mut self, bytes: u64) -> Self {
+        self.stripe_size = Some(bytes);
+        self
+    }
+    /// The first target of a new file.
+    pub fn stripe_offset(mut self, target: u32) -> Self {
+        self.stripe_offset = Some(target);
+        self
+    }
+    /// A whole layout (progressive components) for a new file.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = Some(layout);
+        self
+    }
+
+    fn new_file_layout(&self) -> Result<Option<Layout>> {
+        if let Some(l) = &self.layout {
+            l.validate()?;
+            return Ok(Some(l.clone()));
+        }
+        if self.stripe_count.is_none() && self.stripe_size.is_none() && self.stripe_offset.is_none()
+        {
+            return Ok(None); // the directory's default, or the filesystem's
+        }
+        let mut c = Component::raid0(
+            self.stripe_count.unwrap_or(StripeCount::Count(1)),
+            self.stripe_size
+                .unwrap_or(proto::layout::DEFAULT_STRIPE_SIZE),
+        );
+        c.stripe_offset = self.stripe_offset;
+        Ok(Some(Layout::new(vec![c])?))
+    }
+
+    pub async fn open(&self, client: &Client, path: &str) -> Result<File> {
+        let inode = if self.create || self.create_new {
+            let (parent, name) = client.parent_of(path).await?;
+            let m = Mutation::Create {
+                parent: parent.fid,
+                name: name.to_vec(),
+                kind: Kind::File,
+                mode: self.mode.unwrap_or(0o644),
+                exclusive: self.create_new,
+                target: vec![],
+                layout: self.new_file_layout()?,
+            };
+            match client.reint(m).await {
+                Ok(Some(i)) => i,
+                Ok(None) => return Err(ClientError::posix(libc::EIO, "no inode in the reply")),
+                // An existing directory or symlink under O_CREAT: resolve it like open does.
+                Err(e) if e.is(libc::EEXIST) && !self.create_new => {
+                    client.resolve(path, true).await?
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            client.resolve(path, true).await?
+        };
+        match inode.kind {
+            Kind::Dir => {
+                return Err(ClientError::posix(
+                    libc::EISDIR,
+                    format!("{path} is a directory"),
+                ))
+            }
+            Kind::Symlink => {
+                return Err(ClientError::posix(
+                    libc::ELOOP,
+                    format!("{path} is a symlink"),
+                ))
+            }
+            Kind::File => {}
+        }
+        let file = File {
+            client: client.clone(),
+            inode: Mutex::new(inode),
+            append: self.append,
+            writable: self.write || self.append,
+            written_to: AtomicU64::new(0),
+            dirty: Mutex::new(HashSet::new()),
+        };
+        if self.truncate && (self.write || self.append) {
+            file.set_len(0).await?;
+        }
+        Ok(file)
+    }
+}
+
+/// An open file.
+pub struct File {
+    client: Client,
+    inode: Mutex<Inode>,
+    append: bool,
+    writable: bool,
+    /// The furthest end this handle has written.
+    written_to: AtomicU64,
+    /// Objects written since the last fsync.
+    dirty: Mutex<HashSet<StripeObject>>,
+}
+
+impl File {
+    pub fn inode(&self) -> Inode {
+        self.inode.lock().clone()
+    }
+
+    fn layout(&self) -> Result<Layout> {
+        let i = self.inode.lock();
+        match &i.layout {
+            Some(l) if l.components.iter().all(|c| c.is_instantiated()) => Ok(l.clone()),
+            _ => Err(ClientError::posix(
+                libc::EIO,
+                format!(
+                    "{} has no objects (no storage target was up when it was made)",
+                    i.fid
+                ),
+            )),
+        }
+    }
+
+    /// Where the storage server of `target` is.
+    async fn oss_of(&self, targets: &HashSet<u32>) -> Result<std::collections::HashMap<u32, Nid>> {
+        let all = self.client.targets().await?;
+        let mut out = std::collections::HashMap::new();
+        for t in targets {
+            let info = all.iter().find(|i| i.index == *t).ok_or_else(|| {
+                ClientError::posix(libc::EIO, format!("target {t} is not registered"))
+            })?;
+            out.insert(*t, info.oss.clone());
+        }
+        Ok(out)
+    }
+
+    /// The file's size: the MDS's, or further if this handle wrote further.
+    pub async fn size(&self) -> Result<u64> {
+        let fid = self.inode.lock().fid;
+        let fresh = self.client.getattr(fid).await?;
+        let size = fresh.size.max(self.written_to.load(Ordering::Relaxed));
+        *self.inode.lock() = fresh;
+        Ok(size)
+    }
+
+    /// Writes all of `data` at `offset` (at the end, for a file opened to append); returns the
+    /// offset written at.
+    pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<u64> {
+        if !self.writable {
+            return Err(ClientError::posix(
+                libc::EBADF,
+                "the file is not open for writing",
+            ));
+        }
+        let offset = if self.append {
+            self.size().await?
+        } else {
+            offset
+        };
+        if data.is_empty() {
+            return Ok(offset);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= proto::md::MAX_FILE_SIZE)
+            .ok_or_else(|| ClientError::posix(libc::EFBIG, "past the file size limit"))?;
+        let layout = self.layout()?;
+        let pieces = layout.pieces(offset, data.len() as u64)?;
+        let objects: Vec<StripeObject> = pieces
+            .iter()
+            .map(|p| layout.components[p.component].objects[p.stripe as usize])
+            .collect();
+        let servers = self
+            .oss_of(&objects.iter().map(|o| o.target).collect())
+            .await?;
+        let region = Arc::new(self.client.register(data.to_vec())?);
+        let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
+        let mut tasks = JoinSet::new();
+        for (p, obj) in pieces.into_iter().zip(objects) {
+            let (client, region, window, oss) = (
+                self.client.clone(),
+                region.clone(),
+                window.clone(),
+                servers[&obj.target].clone(),
+            );
+            tasks.spawn(async move {
+                let _slot = window
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ClientError::posix(libc::EIO, "closed"))?;
+                let desc = region.desc(p.file_offset - offset, p.len as u32, true)?;
+                let w = OstWrite {
+                    target: obj.target,
+                    fid: obj.fid,
+                    offset: p.object_offset,
+                    desc,
+                    sync: false,
+                };
+                client.rpc(&oss, &w).await.map(|_| obj)
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok(obj)) => {
+                    self.dirty.lock().insert(obj);
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::posix(libc::EIO, e.to_string()));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.written_to.fetch_max(end, Ordering::Relaxed);
+        Ok(offset)
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns how many (short only at
+    /// the end of the file). Holes read as zeros.
+    pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let region = self.client.register(vec![0u8; buf.len()])?;
+        let n = self.read_into(offset, &region, 0, buf.len() as u64).await?;
+        buf[..n].copy_from_slice(&region.read(0, n as u64)?.as_slice()[..n]);
+        Ok(n)
+    }
+
+    /// Reads up to `len` bytes at `offset` straight into `region` at `region_offset`: the
+    /// storage servers put the bytes there, with no copy on this side. Returns how many.
+    pub async fn read_into<B: DmaBuffer>(
+        &self,
+        offset: u64,
+        region: &Registered<B>,
+        region_offset: u64,
+        len: u64,
+    ) -> Result<usize> {
+        let size = self.size().await?;
+        if offset >= size || len == 0 {
+            return Ok(0);
+        }
+        let len = len.min(size - offset);
+        if region_offset
+            .checked_add(len)
+            .is_none_or(|e| e > region.len())
+        {
+            return Err(ClientError::posix(
+                libc::EINVAL,
+                "the read does not fit the region",
+            ));
+        }
+        let layout = self.layout()?;
+        let pieces = layout.pieces(offset, len)?;
+        let objects: Vec<StripeObject> = pieces
+            .iter()
+            .map(|p| layout.components[p.component].objects[p.stripe as usize])
+            .collect();
+        let servers = self
+            .oss_of(&objects.iter().map(|o| o.target).collect())
+            .await?;
+        let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
+        let mut tasks = JoinSet::new();
+        for (p, obj) in pieces.into_iter().zip(objects) {
+            let at = region_offset + (p.file_offset - offset);
+            let desc = region.desc(at, p.len as u32, false)?;
+            let (client, window, oss) = (
+                self.client.clone(),
+                window.clone(),
+                servers[&obj.target].clone(),
+            );
+            tasks.spawn(async move {
+                let _slot = window
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ClientError::posix(libc::EIO, "closed"))?;
+                let r = OstRead {
+                    target: obj.target,
+                    fid: obj.fid,
+                    offset: p.object_offset,
+                    desc,
+                };
+                let done = client.rpc(&oss, &r).await?;
+                Ok::<_, ClientError>((at, p.len, u64::from(done.bytes)))
+            });
+        }
+        let mut short = vec![];
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok((at, want, got))) if got < want => short.push((at + got, want - got)),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::posix(libc::EIO, e.to_string()));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // Inside the file's size, what an object does not hold is a hole: zeros.
+        for (at, n) in short {
+            let mut w = region.write(at, n)?;
+            if let Some(s) = w.as_mut_slice() {
+                s.fill(0);
+            }
+        }
+        Ok(len as usize)
+    }
+
+    /// Makes every write through this handle durable, and its size visible to everyone.
+    pub async fn fsync(&self) -> Result<()> {
+        let dirty: Vec<StripeObject> = self.dirty.lock().drain().collect();
+        let servers = self
+            .oss_of(&dirty.iter().map(|o| o.target).collect())
+            .await?;
+        let mut tasks = JoinSet::new();
+        for o in dirty {
+            let (client, oss) = (self.client.clone(), servers[&o.target].clone());
+            tasks.spawn(async move {
+                client
+                    .rpc(
+                        &oss,
+                        &OstSync {
+                            target: o.target,
+                            fid: o.fid,
+                        },
+                    )
+                    .await
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+        }
+        self.publish_size().await
+    }
+
+    async fn publish_size(&self) -> Result<()> {
+        let end = self.written_to.load(Ordering::Relaxed);
+        if end == 0 {
+            return Ok(());
+        }
+        let fid = self.inode.lock().fid;
+        if let Some(i) = self
+            .client
+            .reint(Mutation::GrowSize { fid, size: end })
+            .await?
+        {
+            *self.inode.lock() = i;
+        }
+        Ok(())
+    }
+
+    /// Closes the file: its size becomes visible to every client that opens it next
+    /// (close-to-open). Data is durable only after `fsync`.
+    pub async fn close(self) -> Result<()> {
+        self.publish_size().await
+    }
+
+    /// Truncates or extends the file to `size`.
+    pub async fn set_len(&self, size: u64) -> Result<()> {
+        let fid = self.inode.lock().fid;
+        if let Ok(layout) = self.layout() {
+            let mut targets = HashSet::new();
+            for c in &layout.components {
+                targets.extend(c.objects.iter().map(|o| o.target));
+            }
+            let servers = self.oss_of(&targets).await?;
+            for c in &layout.components {
+                for (k, o) in c.objects.iter().enumerate() {
+                    let osize = object_size(c, k as u64, size);
+                    self.client
+                        .rpc(
+                            &servers[&o.target],
+                            &OstTruncate {
+                                target: o.target,
+                                fid: o.fid,
+                                size: osize,
+                            },
+                        )
+                        .await?;
+                }
+            }
+        }
+        let attr = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        if let Some(i) = self.client.reint(Mutation::Setattr { fid, attr }).await? {
+            *self.inode.lock() = i;
+        }
+        self.written_to.store(
+            size.min(self.written_to.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// A reader of `chunk`-byte pieces from `offset` on, keeping `ahead` chunks in flight.
+    pub fn reader(self: &Arc<Self>, offset: u64, chunk: usize, ahead: usize) -> Reader {
+        Reader {
+            file: self.clone(),
+            next: offset,
+            chunk: chunk.max(1),
+            ahead: ahead.max(1),
+            inflight: VecDeque::new(),
+        }
+    }
+}
+
+/// How many bytes of object `stripe` of component `c` hold file bytes below `file_size`.
+fn object_size(c: &Component, stripe: u64, file_size: u64) -> u64 {
+    if file_size <= c.start {
+        return 0;
+    }
+    let end = file_size.min(c.end);
+    let (ss, n) = (c.stripe_size, c.stripes().max(1));
+    let row = ss * n;
+    let (full, rem) = (end / row, end % row);
+    full * ss + rem.saturating_sub(stripe * ss).min(ss)
+}
+
+/// Sequential reads with readahead: the next `ahead` chunks are always on their way.
+pub struct Reader {
+    file: Arc<File>,
+    next: u64,
+    chunk: usize,
+    ahead: usize,
+    inflight: VecDeque<tokio::task::JoinHandle<Result<Vec<u8>>>>,
+}
+
+impl Reader {
+    /// The next chunk, or `None` at the end of the file.
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>> {
+        while self.inflight.len() < self.ahead {
+            let (file, at, len) = (self.file.clone(), self.next, self.chunk);
+            self.next += len as u64;
+            self.inflight.push_back(tokio::spawn(async move {
+                let mut buf = vec![0u8; len];
+                let n = file.read_at(at, &mut buf).await?;
+                buf.truncate(n);
+                Ok(buf)
+            }));
+        }
+        let Some(first) = self.inflight.pop_front() else {
+            return Ok(None);
+        };
+        let buf = first
+            .await
+            .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+        if buf.is_empty() {
+            for t in self.inflight.drain(..) {
+                t.abort();
+            }
+            return Ok(None);
+        }
+        Ok(Some(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_sizes_after_truncation_follow_the_stripes() {
+        let c = Component::raid0(StripeCount::Count(4), 1 << 20);
+        let mut c = c;
+        c.objects = (0..4)
+            .map(|i| StripeObject {
+                target: i,
+                fid: proto::Fid::new(1, i + 1, 0),
+            })
+            .collect();
+        // 5.5 MiB over 4 stripes of 1 MiB: stripe 0 holds 2 MiB, stripe 1 holds 1.5, the others 1.
+        let s = (5 << 20) + (1 << 19);
+        assert_eq!(object_size(&c, 0, s), 2 << 20);
+        assert_eq!(object_size(&c, 1, s), (1 << 20) + (1 << 19));
+        assert_eq!(object_size(&c, 2, s), 1 << 20);
+        assert_eq!(object_size(&c, 3, s), 1 << 20);
+        assert_eq!(object_size(&c, 0, 0), 0);
+    }
+}
