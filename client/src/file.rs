@@ -10,13 +10,13 @@
 //! leave the right size).
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use lnet::{DmaBuffer, Registered};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
-use proto::md::{Inode, Kind, Mutation, SetAttr};
+use proto::md::{Inode, Kind, MdsClose, MdsOpen, Mutation, SetAttr};
 use proto::ost::{OstRead, OstSync, OstTruncate, OstWrite};
 use proto::Nid;
 use tokio::sync::Semaphore;
@@ -164,6 +164,11 @@ impl OpenOptions {
             }
             Kind::File => {}
         }
+        // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
+        // until this handle closes.
+        client
+            .rpc(&client.inner.mds.clone(), &MdsOpen { fid: inode.fid })
+            .await?;
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),
@@ -171,6 +176,7 @@ impl OpenOptions {
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
             dirty: Mutex::new(HashSet::new()),
+            closed: AtomicBool::new(false),
         };
         if self.truncate && (self.write || self.append) {
             file.set_len(0).await?;
@@ -189,6 +195,15 @@ pub struct File {
     written_to: AtomicU64,
     /// Objects written since the last fsync.
     dirty: Mutex<HashSet<StripeObject>>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("fid", &self.inode.lock().fid)
+            .finish()
+    }
 }
 
 impl File {
@@ -327,7 +342,13 @@ impl File {
         region_offset: u64,
         len: u64,
     ) -> Result<usize> {
-        let size = self.size().await?;
+        // The size as of open (close-to-open), or further if this handle wrote further; a
+        // file removed while open stays readable, so this does not ask the MDS.
+        let size = self
+            .inode
+            .lock()
+            .size
+            .max(self.written_to.load(Ordering::Relaxed));
         if offset >= size || len == 0 {
             return Ok(0);
         }
@@ -448,7 +469,13 @@ impl File {
     /// Closes the file: its size becomes visible to every client that opens it next
     /// (close-to-open). Data is durable only after `fsync`.
     pub async fn close(self) -> Result<()> {
-        self.publish_size().await
+        self.closed.store(true, Ordering::SeqCst);
+        let published = self.publish_size().await;
+        let fid = self.inode.lock().fid;
+        self.client
+            .rpc(&self.client.inner.mds.clone(), &MdsClose { fid })
+            .await?;
+        published
     }
 
     /// Truncates or extends the file to `size`.
@@ -498,6 +525,30 @@ impl File {
             chunk: chunk.max(1),
             ahead: ahead.max(1),
             inflight: VecDeque::new(),
+        }
+    }
+}
+
+impl Drop for File {
+    /// A handle dropped without `close` still tells the MDS, in the background, when it can.
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (client, fid, end) = (
+                self.client.clone(),
+                self.inode.lock().fid,
+                self.written_to.load(Ordering::Relaxed),
+            );
+            rt.spawn(async move {
+                if end > 0 {
+                    let _ = client.reint(Mutation::GrowSize { fid, size: end }).await;
+                }
+                let _ = client
+                    .rpc(&client.inner.mds.clone(), &MdsClose { fid })
+                    .await;
+            });
         }
     }
 }

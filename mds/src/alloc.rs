@@ -47,6 +47,8 @@ fn no_space(what: impl Into<String>) -> NsError {
 
 pub struct Allocator {
     registry: Arc<Registry>,
+    /// Files held open: their removed objects wait for the last close.
+    pub open: Arc<crate::open::OpenFiles>,
     net: TcpEndpoint,
     pools: Mutex<HashMap<u32, VecDeque<Fid>>>,
     /// Targets whose orphans have been cleaned up in this run.
@@ -58,6 +60,7 @@ impl Allocator {
     pub fn new(registry: Arc<Registry>) -> Arc<Allocator> {
         Arc::new(Allocator {
             registry,
+            open: Arc::new(crate::open::OpenFiles::default()),
             net: TcpEndpoint::client(TcpConfig::default()),
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
@@ -260,7 +263,7 @@ impl Allocator {
     }
 
     async fn destroy_removed(&self, store: &Store) {
-        let doomed = store.read(|ns| ns.doomed(DESTROY_BATCH));
+        let doomed = store.read(|ns| ns.doomed(DESTROY_BATCH, |owner| self.open.is_open(owner)));
         if doomed.is_empty() {
             return;
         }

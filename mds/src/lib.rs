@@ -7,6 +7,7 @@
 pub mod alloc;
 pub mod journal;
 pub mod namespace;
+pub mod open;
 pub mod registry;
 pub mod service;
 pub mod store;

@@ -66,8 +66,8 @@ pub struct Namespace {
     /// Each directory's parent (the root is its own).
     parents: HashMap<Fid, Fid>,
     next_oid: u32,
-    /// Objects of removed files, waiting to be destroyed on their targets (object -> target).
-    doomed: BTreeMap<Fid, u32>,
+    /// Objects of removed files, waiting to be destroyed: object -> (target, the file's FID).
+    doomed: BTreeMap<Fid, (u32, Fid)>,
     /// The replies to clients' latest requests, so a resent request is answered, not redone.
     replies: BTreeMap<u128, VecDeque<(u64, Option<Inode>)>>,
 }
@@ -515,7 +515,7 @@ impl Namespace {
                 .flat_map(|l| &l.components)
                 .flat_map(|c| &c.objects)
             {
-                self.doomed.insert(o.fid, o.target);
+                self.doomed.insert(o.fid, (o.target, gone.fid));
             }
         }
         Some(gone)
@@ -578,12 +578,18 @@ impl Namespace {
         })
     }
 
-    /// Up to `max` objects waiting to be destroyed.
-    pub fn doomed(&self, max: usize) -> Vec<proto::layout::StripeObject> {
+    /// Up to `max` objects waiting to be destroyed, but for those of files `held` says are
+    /// still open somewhere (a removed file stays readable until its last close).
+    pub fn doomed(
+        &self,
+        max: usize,
+        held: impl Fn(Fid) -> bool,
+    ) -> Vec<proto::layout::StripeObject> {
         self.doomed
             .iter()
+            .filter(|(_, (_, owner))| !held(*owner))
             .take(max)
-            .map(|(fid, target)| proto::layout::StripeObject {
+            .map(|(fid, (target, _))| proto::layout::StripeObject {
                 target: *target,
                 fid: *fid,
             })
@@ -604,7 +610,7 @@ impl Namespace {
         let in_queue = self
             .doomed
             .iter()
-            .filter(|(_, t)| **t == target)
+            .filter(|(_, (t, _))| *t == target)
             .map(|(f, _)| f.oid);
         in_files.chain(in_queue).max().unwrap_or(0)
     }

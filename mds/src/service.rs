@@ -154,6 +154,21 @@ impl MdsService {
                 let objects = self.prepare(&mut r.mutation).await?;
                 self.apply(r.mutation, r.creds, r.req, objects).await
             }
+            opcodes::MDS_OPEN => {
+                let r: MdsOpen = req.decode()?;
+                if !self.alloc.open.open(r.fid) {
+                    return Err(ns_error(NsError {
+                        errno: libc::EMFILE,
+                        what: "too many open files".into(),
+                    }));
+                }
+                reply::<MdsOpen>(&MdsOpenDone {})
+            }
+            opcodes::MDS_CLOSE => {
+                let r: MdsClose = req.decode()?;
+                self.alloc.open.close(r.fid);
+                reply::<MdsClose>(&MdsOpenDone {})
+            }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
                 let targets = self.registry.list();

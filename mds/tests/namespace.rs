@@ -710,7 +710,7 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
     };
     fs.run(m, &root).unwrap();
     assert_eq!(fs.ns.highest_object(3), 42);
-    assert!(fs.ns.doomed(10).is_empty());
+    assert!(fs.ns.doomed(10, |_| false).is_empty());
     fs.run(
         Mutation::Unlink {
             parent: ROOT,
@@ -720,7 +720,7 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
         &root,
     )
     .unwrap();
-    assert_eq!(fs.ns.doomed(10), vec![obj]);
+    assert_eq!(fs.ns.doomed(10, |_| false), vec![obj]);
     assert_eq!(
         fs.ns.highest_object(3),
         42,
@@ -728,5 +728,5 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
     );
     fs.run(Mutation::Destroyed { objects: vec![obj] }, &root)
         .unwrap();
-    assert!(fs.ns.doomed(10).is_empty());
+    assert!(fs.ns.doomed(10, |_| false).is_empty());
 }

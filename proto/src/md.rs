@@ -224,6 +224,31 @@ pub struct MdsDirPage {
     pub end: bool,
 }
 
+/// A client opened the file: its objects outlive its names until the matching close.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsOpen {
+    pub fid: Fid,
+}
+
+/// The matching close.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsClose {
+    pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsOpenDone {}
+
+impl Rpc for MdsOpen {
+    const OPCODE: Opcode = opcodes::MDS_OPEN;
+    type Reply = MdsOpenDone;
+}
+
+impl Rpc for MdsClose {
+    const OPCODE: Opcode = opcodes::MDS_CLOSE;
+    type Reply = MdsOpenDone;
+}
+
 /// The filesystem's totals.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsStatfs {}

@@ -34,6 +34,8 @@ pub mod opcodes {
     pub const MDS_GETATTR: Opcode = Opcode(0x0112);
     pub const MDS_READDIR: Opcode = Opcode(0x0113);
     pub const MDS_STATFS: Opcode = Opcode(0x0114);
+    pub const MDS_OPEN: Opcode = Opcode(0x0115);
+    pub const MDS_CLOSE: Opcode = Opcode(0x0116);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -60,6 +62,8 @@ pub mod opcodes {
         MDS_GETATTR,
         MDS_READDIR,
         MDS_STATFS,
+        MDS_OPEN,
+        MDS_CLOSE,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
