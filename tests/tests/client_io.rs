@@ -143,7 +143,7 @@ async fn files_of_every_size_and_layout_read_back_byte_for_byte() {
     // Straight into registered memory, at an offset inside it.
     let region = c.register(vec![0u8; 64]).unwrap();
     assert_eq!(g.read_into(10 * mib, &region, 10, 4).await.unwrap(), 4);
-    assert_eq!(&region.read(10, 4).unwrap().as_slice()[..], b"tail");
+    assert_eq!(region.read(10, 4).unwrap().as_slice(), b"tail");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
