@@ -250,6 +250,23 @@ impl File {
     /// Writes all of `data` at `offset` (at the end, for a file opened to append); returns the
     /// offset written at.
     pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<u64> {
+        if data.is_empty() {
+            return Ok(offset);
+        }
+        let region = Arc::new(self.client.register(data.to_vec())?);
+        self.write_from(offset, region, 0, data.len() as u64).await
+    }
+
+    /// Writes `len` bytes of `region` (from `region_offset`) at `offset`: the storage servers
+    /// pull the bytes straight from the registered memory, with no copy on this side. Returns
+    /// the offset written at (the end of the file, for a file opened to append).
+    pub async fn write_from<B: DmaBuffer>(
+        &self,
+        offset: u64,
+        region: Arc<Registered<B>>,
+        region_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
         if !self.writable {
             return Err(ClientError::posix(
                 libc::EBADF,
@@ -261,15 +278,24 @@ impl File {
         } else {
             offset
         };
-        if data.is_empty() {
+        if len == 0 {
             return Ok(offset);
         }
+        if region_offset
+            .checked_add(len)
+            .is_none_or(|e| e > region.len())
+        {
+            return Err(ClientError::posix(
+                libc::EINVAL,
+                "the write does not fit the region",
+            ));
+        }
         let end = offset
-            .checked_add(data.len() as u64)
+            .checked_add(len)
             .filter(|&e| e <= proto::md::MAX_FILE_SIZE)
             .ok_or_else(|| ClientError::posix(libc::EFBIG, "past the file size limit"))?;
         let layout = self.layout()?;
-        let pieces = layout.pieces(offset, data.len() as u64)?;
+        let pieces = layout.pieces(offset, len)?;
         let objects: Vec<StripeObject> = pieces
             .iter()
             .map(|p| layout.components[p.component].objects[p.stripe as usize])
@@ -277,7 +303,6 @@ impl File {
         let servers = self
             .oss_of(&objects.iter().map(|o| o.target).collect())
             .await?;
-        let region = Arc::new(self.client.register(data.to_vec())?);
         let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
         let mut tasks = JoinSet::new();
         for (p, obj) in pieces.into_iter().zip(objects) {
@@ -292,7 +317,8 @@ impl File {
                     .acquire_owned()
                     .await
                     .map_err(|_| ClientError::posix(libc::EIO, "closed"))?;
-                let desc = region.desc(p.file_offset - offset, p.len as u32, true)?;
+                let desc =
+                    region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
                 let w = OstWrite {
                     target: obj.target,
                     fid: obj.fid,

@@ -6,6 +6,7 @@
 use std::fs::OpenOptions as LocalOpen;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -152,6 +153,8 @@ fn options(a: &BenchArgs, stripe_size: u64) -> OpenOptions {
     }
 }
 
+/// Writes `size` bytes through registered buffers (the servers pull straight from them), with
+/// two writes in flight so that one is always on the wire.
 async fn write_file(
     client: &Client,
     path: &str,
@@ -159,20 +162,40 @@ async fn write_file(
     size: u64,
     b: &ProgressBar,
 ) -> Result<()> {
-    let f = opts
-        .open(client, path)
-        .await
-        .with_context(|| format!("creating {path}"))?;
-    let data = vec![0x5au8; CHUNK];
+    let f = Arc::new(
+        opts.open(client, path)
+            .await
+            .with_context(|| format!("creating {path}"))?,
+    );
+    let buffers: Vec<_> = (0..2)
+        .map(|_| client.register(vec![0x5au8; CHUNK]).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let mut inflight: std::collections::VecDeque<
+        tokio::task::JoinHandle<Result<u64, client::ClientError>>,
+    > = Default::default();
     let mut at = 0;
+    let mut turn = 0;
     while at < size {
-        let n = (size - at).min(CHUNK as u64) as usize;
-        f.write_at(at, &data[..n]).await?;
-        at += n as u64;
-        b.inc(n as u64);
+        if inflight.len() == buffers.len() {
+            let done = inflight.pop_front().context("a write in flight")?;
+            b.inc(done.await??);
+        }
+        let n = (size - at).min(CHUNK as u64);
+        let (f, buf) = (f.clone(), buffers[turn % buffers.len()].clone());
+        inflight.push_back(tokio::spawn(async move {
+            f.write_from(at, buf, 0, n).await.map(|_| n)
+        }));
+        at += n;
+        turn += 1;
+    }
+    for t in inflight {
+        b.inc(t.await??);
     }
     f.fsync().await?;
-    f.close().await?;
+    Arc::try_unwrap(f)
+        .map_err(|_| anyhow::anyhow!("a write still holds the file"))?
+        .close()
+        .await?;
     Ok(())
 }
 
