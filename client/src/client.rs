@@ -63,6 +63,8 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
+    /// Who this handle acts as.
+    creds: Creds,
 }
 
 /// Parses `IP:PORT` or a NID.
@@ -84,6 +86,7 @@ impl Client {
     }
 
     pub async fn connect_with(mds: &str, cfg: ClientConfig) -> Result<Client> {
+        let creds = cfg.creds.clone();
         let client = Client {
             inner: Arc::new(Inner {
                 mds: parse_nid(mds)?,
@@ -92,9 +95,18 @@ impl Client {
                 client_id: rand::random(),
                 next_req: AtomicU64::new(1),
             }),
+            creds,
         };
         client.statfs().await?;
         Ok(client)
+    }
+
+    /// The same connection, acting as another user (a mount serving many users).
+    pub fn as_user(&self, creds: Creds) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            creds,
+        }
     }
 
     /// Sends `req` to `peer`, resending while the peer is unreachable, restarting or busy, for
@@ -115,14 +127,14 @@ impl Client {
         }
     }
 
-    /// Carries out a mutation once, however many times it must be resent.
-    pub(crate) async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
+    /// Carries out a namespace change as this handle's user; resends never apply it twice.
+    pub async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
         let req = ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
         };
         let r = MdsReint {
-            creds: self.inner.cfg.creds.clone(),
+            creds: self.creds.clone(),
             mutation,
             req: Some(req),
         };
@@ -134,9 +146,10 @@ impl Client {
         Ok(self.inner.net.register(buf)?)
     }
 
-    pub(crate) async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
+    /// The entry `name` of the directory `parent`.
+    pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
         let r = MdsLookup {
-            creds: self.inner.cfg.creds.clone(),
+            creds: self.creds.clone(),
             parent,
             name: name.to_vec(),
         };
@@ -361,11 +374,20 @@ impl Client {
     /// Every entry of a directory.
     pub async fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let dir = self.resolve(path, true).await?;
+        self.readdir_fid(dir.fid).await
+    }
+
+    /// Every entry of the directory `dir`.
+    pub async fn readdir_fid(&self, dir: Fid) -> Result<Vec<DirEntry>> {
+        let dir = Inode {
+            fid: dir,
+            ..self.getattr(dir).await?
+        };
         let mut out = vec![];
         let mut after = vec![];
         loop {
             let r = MdsReaddir {
-                creds: self.inner.cfg.creds.clone(),
+                creds: self.creds.clone(),
                 dir: dir.fid,
                 after: after.clone(),
                 max: MAX_READDIR,

@@ -126,10 +126,23 @@ impl OpenOptions {
     }
 
     pub async fn open(&self, client: &Client, path: &str) -> Result<File> {
-        let inode = if self.create || self.create_new {
+        if self.create || self.create_new {
             let (parent, name) = client.parent_of(path).await?;
+            match self.open_in(client, parent.fid, name).await {
+                // An existing directory or symlink under O_CREAT: resolve it as open(2) does.
+                Err(e) if e.is(libc::EEXIST) && !self.create_new => {}
+                other => return other,
+            }
+        }
+        let inode = client.resolve(path, true).await?;
+        self.open_inode(client, inode).await
+    }
+
+    /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
+    pub async fn open_in(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
+        let inode = if self.create || self.create_new {
             let m = Mutation::Create {
-                parent: parent.fid,
+                parent,
                 name: name.to_vec(),
                 kind: Kind::File,
                 mode: self.mode.unwrap_or(0o644),
@@ -137,29 +150,29 @@ impl OpenOptions {
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            match client.reint(m).await {
-                Ok(Some(i)) => i,
-                Ok(None) => return Err(ClientError::posix(libc::EIO, "no inode in the reply")),
-                // An existing directory or symlink under O_CREAT: resolve it like open does.
-                Err(e) if e.is(libc::EEXIST) && !self.create_new => {
-                    client.resolve(path, true).await?
-                }
-                Err(e) => return Err(e),
-            }
+            client
+                .reint(m)
+                .await?
+                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))?
         } else {
-            client.resolve(path, true).await?
+            client.lookup(parent, name).await?
         };
+        self.open_inode(client, inode).await
+    }
+
+    /// Opens a file already looked up.
+    pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
         match inode.kind {
             Kind::Dir => {
                 return Err(ClientError::posix(
                     libc::EISDIR,
-                    format!("{path} is a directory"),
+                    format!("{} is a directory", inode.fid),
                 ))
             }
             Kind::Symlink => {
                 return Err(ClientError::posix(
                     libc::ELOOP,
-                    format!("{path} is a symlink"),
+                    format!("{} is a symlink", inode.fid),
                 ))
             }
             Kind::File => {}
@@ -473,6 +486,16 @@ impl File {
         while let Some(r) = tasks.join_next().await {
             r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
         }
+        self.publish_size().await
+    }
+
+    /// How far this handle has written (the size other clients see after `flush`).
+    pub fn written_to(&self) -> u64 {
+        self.written_to.load(Ordering::Relaxed)
+    }
+
+    /// Makes the size this handle wrote visible to every client (what close(2) does).
+    pub async fn flush(&self) -> Result<()> {
         self.publish_size().await
     }
 
