@@ -190,6 +190,7 @@ impl OpenOptions {
             written_to: AtomicU64::new(0),
             dirty: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
+            unpublished: AtomicBool::new(false),
         };
         if self.truncate && (self.write || self.append) {
             file.set_len(0).await?;
@@ -209,6 +210,8 @@ pub struct File {
     /// Objects written since the last fsync.
     dirty: Mutex<HashSet<StripeObject>>,
     closed: AtomicBool,
+    /// Written since the size was last published.
+    unpublished: AtomicBool,
 }
 
 impl std::fmt::Debug for File {
@@ -360,6 +363,7 @@ impl File {
             return Err(e);
         }
         self.written_to.fetch_max(end, Ordering::Relaxed);
+        self.unpublished.store(true, Ordering::SeqCst);
         Ok(offset)
     }
 
@@ -500,10 +504,12 @@ impl File {
     }
 
     async fn publish_size(&self) -> Result<()> {
-        let end = self.written_to.load(Ordering::Relaxed);
-        if end == 0 {
+        // Only after new writes: a publish also sets the mtime, which must not undo a utimes
+        // made since (as tar does between close and release).
+        if !self.unpublished.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
+        let end = self.written_to.load(Ordering::Relaxed);
         let fid = self.inode.lock().fid;
         if let Some(i) = self
             .client
@@ -590,8 +596,9 @@ impl Drop for File {
                 self.inode.lock().fid,
                 self.written_to.load(Ordering::Relaxed),
             );
+            let unpublished = self.unpublished.load(Ordering::SeqCst);
             rt.spawn(async move {
-                if end > 0 {
+                if unpublished {
                     let _ = client.reint(Mutation::GrowSize { fid, size: end }).await;
                 }
                 let _ = client

@@ -4,6 +4,7 @@
 //! - [`File`] and [`OpenOptions`]: striped parallel reads and writes, straight into memory the
 //!   caller registered.
 //! - [`blocking`]: the same for callers without an async runtime.
+//! - [`fuse`]: the POSIX mount.
 //!
 //! Metadata goes to the MDS; file data goes to and from the storage servers directly, one
 //! stream per stripe, in parallel.
@@ -12,6 +13,7 @@ pub mod blocking;
 pub mod client;
 pub mod error;
 pub mod file;
+pub mod fuse;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
 pub use error::{ClientError, Result};

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cluster;
+mod mount;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -87,6 +88,20 @@ enum Cmd {
     },
     /// Sequential write then read of N files by N tasks, against the local disk.
     Bench(bench::BenchArgs),
+    /// Mount the filesystem through FUSE (foreground; --daemon to detach). SIGTERM unmounts.
+    Mount {
+        mountpoint: std::path::PathBuf,
+        /// Mount options: allow_other, default_permissions, ro.
+        #[arg(short = 'o')]
+        options: Option<String>,
+        /// Detach: start the mount in the background and return once it is mounted.
+        #[arg(long)]
+        daemon: bool,
+    },
+    /// Unmount a lode mount.
+    Umount {
+        mountpoint: std::path::PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -118,14 +133,26 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     let mds = mds_addr(cli.mds);
     rt.block_on(async move {
-        if let Cmd::Cluster(c) = cli.cmd {
-            return cluster::run(c).await;
-        }
+        let cmd = match cli.cmd {
+            Cmd::Cluster(c) => return cluster::run(c).await,
+            Cmd::Umount { mountpoint } => return mount::umount(&mountpoint),
+            Cmd::Mount {
+                mountpoint,
+                options,
+                daemon: true,
+            } => return mount::daemonize(&mds, &mountpoint, options.as_deref()).await,
+            other => other,
+        };
         let client = Client::connect(&mds)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
-        match cli.cmd {
-            Cmd::Cluster(_) => unreachable!("handled above"),
+        match cmd {
+            Cmd::Cluster(_) | Cmd::Umount { .. } => unreachable!("handled above"),
+            Cmd::Mount {
+                mountpoint,
+                options,
+                ..
+            } => mount::run(client, &mds, &mountpoint, options.as_deref()).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
             Cmd::Df { human, .. } => df(&client, human).await,

@@ -1,0 +1,792 @@
+//! The POSIX mount: lode as an ordinary directory, through FUSE.
+//!
+//! Each kernel request is answered by a task on the client's runtime, so many run at once;
+//! replies carry the attributes the MDS returned, so the kernel's cache is fresh after every
+//! change made through this mount. Inode numbers map one to one to FIDs (the root is 1; an
+//! inode `[0x200000400:n:0]` is `n + 1`). Permissions are checked by the MDS with the calling
+//! process's uid and gid (and by the kernel too with `-o default_permissions`).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, LockOwner, OpenFlags, RenameFlags as FuseRename, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow,
+};
+use parking_lot::Mutex;
+use proto::md::{Creds, DirEntry, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
+use proto::Fid;
+
+use crate::client::{Client, ROOT};
+use crate::error::ClientError;
+use crate::file::{File, OpenOptions};
+
+/// How long the kernel may trust attributes and entries it was given.
+const TTL: Duration = Duration::from_secs(1);
+const INODE_SEQ: u64 = 0x2_0000_0400;
+
+fn ino_of(fid: Fid) -> INodeNo {
+    if fid == ROOT {
+        INodeNo(1)
+    } else {
+        INodeNo(u64::from(fid.oid) + 1)
+    }
+}
+
+fn fid_of(ino: INodeNo) -> Fid {
+    if ino.0 == 1 {
+        ROOT
+    } else {
+        Fid::new(INODE_SEQ, (ino.0 - 1) as u32, 0)
+    }
+}
+
+fn time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+            + Duration::from_nanos(u64::from(t.nsec))
+    }
+}
+
+fn from_time(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (sec, nsec) = if d.subsec_nanos() == 0 {
+                (-(d.as_secs() as i64), 0)
+            } else {
+                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            };
+            Time { sec, nsec }
+        }
+    }
+}
+
+fn kind(k: Kind) -> FileType {
+    match k {
+        Kind::Dir => FileType::Directory,
+        Kind::File => FileType::RegularFile,
+        Kind::Symlink => FileType::Symlink,
+    }
+}
+
+fn attr(i: &Inode, size: u64) -> FileAttr {
+    FileAttr {
+        ino: ino_of(i.fid),
+        size,
+        blocks: size.div_ceil(512),
+        atime: time(i.atime),
+        mtime: time(i.mtime),
+        ctime: time(i.ctime),
+        crtime: time(i.ctime),
+        kind: kind(i.kind),
+        perm: (i.mode & 0o7777) as u16,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn errno(e: &ClientError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// The mounted filesystem.
+pub struct LodeFs {
+    client: Client,
+    rt: tokio::runtime::Handle,
+    files: Arc<Mutex<HashMap<u64, Arc<File>>>>,
+    dirs: Arc<Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>>,
+    next_fh: AtomicU64,
+}
+
+impl LodeFs {
+    pub fn new(client: Client, rt: tokio::runtime::Handle) -> LodeFs {
+        LodeFs {
+            client,
+            rt,
+            files: Arc::default(),
+            dirs: Arc::default(),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn as_caller(&self, req: &Request) -> Client {
+        self.client.as_user(Creds {
+            uid: req.uid(),
+            gid: req.gid(),
+            groups: groups_of(req.pid()),
+        })
+    }
+
+    /// The size to show for an inode: further than the MDS knows if an open handle wrote further.
+    fn size_of(files: &Mutex<HashMap<u64, Arc<File>>>, i: &Inode) -> u64 {
+        let local = files
+            .lock()
+            .values()
+            .filter(|f| f.inode().fid == i.fid)
+            .map(|f| f.written_to())
+            .max()
+            .unwrap_or(0);
+        i.size.max(local)
+    }
+
+    fn entry(
+        &self,
+        req: &Request,
+        reply: ReplyEntry,
+        f: impl std::future::Future<Output = Result<Inode, ClientError>> + Send + 'static,
+    ) {
+        let files = self.files.clone();
+        let _ = req;
+        self.rt.spawn(async move {
+            match f.await {
+                Ok(i) => reply.entry(&TTL, &attr(&i, Self::size_of(&files, &i)), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn empty(
+        &self,
+        reply: ReplyEmpty,
+        f: impl std::future::Future<Output = Result<(), ClientError>> + Send + 'static,
+    ) {
+        self.rt.spawn(async move {
+            match f.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<File>, ClientError> {
+        self.files
+            .lock()
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| ClientError::posix(libc::EBADF, "no such open file"))
+    }
+}
+
+/// The supplementary groups of the calling process.
+fn groups_of(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return vec![];
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn name(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
+    i.ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+}
+
+impl Filesystem for LodeFs {
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let (c, n) = (self.as_caller(req), name(n));
+        self.entry(
+            req,
+            reply,
+            async move { c.lookup(fid_of(parent), &n).await },
+        );
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (c, files) = (self.client.clone(), self.files.clone());
+        self.rt.spawn(async move {
+            let fid = fid_of(ino);
+            match c.getattr(fid).await {
+                Ok(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
+                Err(e) => {
+                    // A file removed while open is still there for its open handles.
+                    let held = files
+                        .lock()
+                        .values()
+                        .map(|f| f.inode())
+                        .find(|i| i.fid == fid);
+                    match held {
+                        Some(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
+                        None => reply.error(errno(&e)),
+                    }
+                }
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let c = self.as_caller(req);
+        let open = fh.and_then(|h| self.file(h).ok());
+        let files = self.files.clone();
+        let t = |x: TimeOrNow| match x {
+            TimeOrNow::Now => from_time(SystemTime::now()),
+            TimeOrNow::SpecificTime(s) => from_time(s),
+        };
+        let (atime, mtime) = (atime.map(t), mtime.map(t));
+        self.rt.spawn(async move {
+            let fid = fid_of(ino);
+            let result = async {
+                if let Some(size) = size {
+                    let f = match open {
+                        Some(f) => f,
+                        None => Arc::new(
+                            OpenOptions::new()
+                                .write(true)
+                                .open_inode(&c, c.getattr(fid).await?)
+                                .await?,
+                        ),
+                    };
+                    f.set_len(size).await?;
+                }
+                let a = SetAttr {
+                    mode,
+                    uid,
+                    gid,
+                    size: None,
+                    atime,
+                    mtime,
+                };
+                c.reint(Mutation::Setattr { fid, attr: a })
+                    .await
+                    .and_then(created)
+            };
+            match result.await {
+                Ok(i) => reply.attr(
+                    &TTL,
+                    &attr(&i, size.unwrap_or_else(|| Self::size_of(&files, &i))),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            match c.getattr(fid_of(ino)).await {
+                Ok(i) if i.kind == Kind::Symlink => reply.data(&i.target),
+                Ok(_) => reply.error(Errno::EINVAL),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            // Only regular files: FIFOs and device nodes are not kept.
+            reply.error(Errno::from_i32(libc::EPERM));
+            return;
+        }
+        let (c, n) = (self.as_caller(req), name(n));
+        let m = Mutation::Create {
+            parent: fid_of(parent),
+            name: n,
+            kind: Kind::File,
+            mode: mode & !umask & 0o7777,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        self.entry(
+            req,
+            reply,
+            async move { c.reint(m).await.and_then(created) },
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (c, n) = (self.as_caller(req), name(n));
+        let m = Mutation::Create {
+            parent: fid_of(parent),
+            name: n,
+            kind: Kind::Dir,
+            mode: mode & !umask & 0o7777,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        self.entry(
+            req,
+            reply,
+            async move { c.reint(m).await.and_then(created) },
+        );
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let (c, n) = (self.as_caller(req), name(n));
+        self.empty(reply, async move {
+            c.reint(Mutation::Unlink {
+                parent: fid_of(parent),
+                name: n,
+                dir: false,
+            })
+            .await
+            .map(|_| ())
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let (c, n) = (self.as_caller(req), name(n));
+        self.empty(reply, async move {
+            c.reint(Mutation::Unlink {
+                parent: fid_of(parent),
+                name: n,
+                dir: true,
+            })
+            .await
+            .map(|_| ())
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let (c, n) = (self.as_caller(req), name(link));
+        let m = Mutation::Create {
+            parent: fid_of(parent),
+            name: n,
+            kind: Kind::Symlink,
+            mode: 0o777,
+            exclusive: true,
+            target: target.as_os_str().as_bytes().to_vec(),
+            layout: None,
+        };
+        self.entry(
+            req,
+            reply,
+            async move { c.reint(m).await.and_then(created) },
+        );
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: FuseRename,
+        reply: ReplyEmpty,
+    ) {
+        let c = self.as_caller(req);
+        let bits = flags.bits();
+        let flags = RenameFlags {
+            noreplace: bits & libc::RENAME_NOREPLACE != 0,
+            exchange: bits & libc::RENAME_EXCHANGE != 0,
+        };
+        let m = Mutation::Rename {
+            parent: fid_of(parent),
+            name: name(n),
+            new_parent: fid_of(newparent),
+            new_name: name(newname),
+            flags,
+        };
+        self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let c = self.as_caller(req);
+        let m = Mutation::Link {
+            fid: fid_of(ino),
+            parent: fid_of(newparent),
+            name: name(newname),
+        };
+        self.entry(
+            req,
+            reply,
+            async move { c.reint(m).await.and_then(created) },
+        );
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let c = self.as_caller(req);
+        let raw = flags.0;
+        let files = self.files.clone();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.rt.spawn(async move {
+            let acc = raw & libc::O_ACCMODE;
+            let opts = OpenOptions::new()
+                .read(acc != libc::O_WRONLY)
+                .write(acc != libc::O_RDONLY)
+                .append(raw & libc::O_APPEND != 0)
+                .truncate(raw & libc::O_TRUNC != 0);
+            let opened = async { opts.open_inode(&c, c.getattr(fid_of(ino)).await?).await };
+            match opened.await {
+                Ok(f) => {
+                    files.lock().insert(fh, Arc::new(f));
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (c, n) = (self.as_caller(req), name(n));
+        let files = self.files.clone();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.rt.spawn(async move {
+            let opts = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .create_new(flags & libc::O_EXCL != 0)
+                .append(flags & libc::O_APPEND != 0)
+                .truncate(flags & libc::O_TRUNC != 0)
+                .mode(mode & !umask & 0o7777);
+            match opts.open_in(&c, fid_of(parent), &n).await {
+                Ok(f) => {
+                    let i = f.inode();
+                    let a = attr(&i, i.size);
+                    files.lock().insert(fh, Arc::new(f));
+                    reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        self.rt.spawn(async move {
+            let mut buf = vec![0u8; size as usize];
+            match f.read_at(offset, &mut buf).await {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _wf: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let data = data.to_vec();
+        self.rt.spawn(async move {
+            match f.write_at(offset, &data).await {
+                Ok(_) => reply.written(data.len() as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.file(fh) {
+            Ok(f) => self.empty(reply, async move { f.flush().await }),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.file(fh) {
+            Ok(f) => self.empty(reply, async move { f.fsync().await }),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let f = self.files.lock().remove(&fh.0);
+        match f.map(Arc::try_unwrap) {
+            Some(Ok(f)) => self.empty(reply, async move { f.close().await }),
+            // Still in use by a request in flight: it closes itself when dropped.
+            Some(Err(_)) | None => reply.ok(),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let c = self.as_caller(req);
+        let dirs = self.dirs.clone();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.rt.spawn(async move {
+            let listing = async {
+                let dir = c.getattr(fid_of(ino)).await?;
+                if dir.kind != Kind::Dir {
+                    return Err(ClientError::posix(libc::ENOTDIR, "not a directory"));
+                }
+                let parent = if dir.fid == ROOT {
+                    ROOT
+                } else {
+                    c.lookup(dir.fid, b"..").await?.fid
+                };
+                let mut all = vec![
+                    DirEntry {
+                        name: b".".to_vec(),
+                        fid: dir.fid,
+                        kind: Kind::Dir,
+                    },
+                    DirEntry {
+                        name: b"..".to_vec(),
+                        fid: parent,
+                        kind: Kind::Dir,
+                    },
+                ];
+                all.extend(c.readdir_fid(dir.fid).await?);
+                Ok(all)
+            };
+            match listing.await {
+                Ok(entries) => {
+                    dirs.lock().insert(fh, Arc::new(entries));
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                ino_of(e.fid),
+                i as u64 + 1,
+                kind(e.kind),
+                OsStr::from_bytes(&e.name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            match c.statfs().await {
+                Ok(s) => {
+                    let bsize = 4096u64;
+                    reply.statfs(
+                        s.total / bsize,
+                        s.free / bsize,
+                        s.free / bsize,
+                        s.inodes,
+                        u64::from(u32::MAX),
+                        bsize as u32,
+                        255,
+                        bsize as u32,
+                    )
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let c = self.as_caller(req);
+        let m = Mutation::SetXattr {
+            fid: fid_of(ino),
+            name: n.to_string_lossy().into_owned(),
+            value: value.to_vec(),
+        };
+        self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
+        self.rt.spawn(async move {
+            match c.getattr(fid_of(ino)).await {
+                Ok(i) => match i.xattrs.get(&n) {
+                    Some(v) if size == 0 => reply.size(v.len() as u32),
+                    Some(v) if v.len() <= size as usize => reply.data(v),
+                    Some(_) => reply.error(Errno::from_i32(libc::ERANGE)),
+                    None => reply.error(Errno::from_i32(libc::ENODATA)),
+                },
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            match c.getattr(fid_of(ino)).await {
+                Ok(i) => {
+                    let mut list = vec![];
+                    for k in i.xattrs.keys() {
+                        list.extend_from_slice(k.as_bytes());
+                        list.push(0);
+                    }
+                    if size == 0 {
+                        reply.size(list.len() as u32)
+                    } else if list.len() <= size as usize {
+                        reply.data(&list)
+                    } else {
+                        reply.error(Errno::from_i32(libc::ERANGE))
+                    }
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let c = self.as_caller(req);
+        let m = Mutation::RemoveXattr {
+            fid: fid_of(ino),
+            name: n.to_string_lossy().into_owned(),
+        };
+        self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The MDS checks every operation with the caller's credentials.
+        reply.ok();
+    }
+}

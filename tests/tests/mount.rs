@@ -1,0 +1,245 @@
+//! The FUSE mount with real tools: a cluster on loopback, `lode mount`, and the POSIX calls and
+//! programs training code uses, checked through the kernel.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use lode_tests::{scratch, Server};
+
+fn mounted(p: &Path) -> bool {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+}
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
+
+fn sh(dir: &Path, script: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn posix_calls_and_real_tools_work_on_a_mount() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let root = scratch("mount");
+    let mds = Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let _oss = Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            root.join("oss").to_str().unwrap(),
+            "--mds",
+            &mds.nid.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--targets",
+            "2",
+        ],
+    )
+    .unwrap();
+    let mnt: PathBuf = root.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt.to_str().unwrap(),
+            "-o",
+            "allow_other,default_permissions",
+        ],
+    )
+    .unwrap();
+    assert!(mounted(&mnt));
+    let m = |p: &str| mnt.join(p);
+
+    // Files: write, close, stat, read back.
+    fs::write(m("a.txt"), b"hello lode\n").unwrap();
+    assert_eq!(fs::metadata(m("a.txt")).unwrap().len(), 11);
+    assert_eq!(fs::read(m("a.txt")).unwrap(), b"hello lode\n");
+    let big: Vec<u8> = (0..5_000_000u32).map(|i| (i * 13 % 256) as u8).collect();
+    fs::write(m("big"), &big).unwrap();
+    assert!(fs::read(m("big")).unwrap() == big);
+
+    // The errors POSIX names.
+    fs::create_dir(m("d")).unwrap();
+    fs::write(m("d/x"), b"x").unwrap();
+    assert_eq!(errno_of(fs::create_dir(m("d"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::remove_dir(m("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno_of(fs::remove_file(m("nope"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::read(m("a.txt/inside"))), libc::ENOTDIR);
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().write(true).open(m("d"))),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno_of(fs::write(m(&"n".repeat(256)), b"")),
+        libc::ENAMETOOLONG
+    );
+    std::os::unix::fs::symlink(m("loop2"), m("loop1")).unwrap();
+    std::os::unix::fs::symlink(m("loop1"), m("loop2")).unwrap();
+    assert_eq!(errno_of(fs::read(m("loop1"))), libc::ELOOP);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(m("a.txt"))
+        ),
+        libc::EEXIST
+    );
+
+    // Links, symlinks, modes, times, sizes: stat shows them at once.
+    fs::hard_link(m("a.txt"), m("a2.txt")).unwrap();
+    assert_eq!(fs::metadata(m("a.txt")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("a.txt", m("s")).unwrap();
+    assert_eq!(fs::read_link(m("s")).unwrap(), Path::new("a.txt"));
+    assert_eq!(fs::read(m("s")).unwrap(), b"hello lode\n");
+    fs::set_permissions(m("a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(m("a2.txt")).unwrap().mode() & 0o7777, 0o600);
+    let times = [
+        libc::timespec {
+            tv_sec: 1 << 33,
+            tv_nsec: 123_456_789,
+        },
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 987_654_321,
+        },
+    ];
+    let c = CString::new(m("a.txt").to_str().unwrap()).unwrap();
+    // SAFETY: a valid path and two timespecs.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(m("a.txt")).unwrap();
+    assert_eq!(
+        (md.atime(), md.atime_nsec(), md.mtime(), md.mtime_nsec()),
+        (1 << 33, 123_456_789, 1_000_000_000, 987_654_321)
+    );
+    fs::OpenOptions::new()
+        .write(true)
+        .open(m("big"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    assert_eq!(fs::metadata(m("big")).unwrap().len(), 1000);
+    assert!(fs::read(m("big")).unwrap() == big[..1000]);
+    let v = CString::new("user.tag").unwrap();
+    // SAFETY: valid C strings and a buffer of the given length.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(c.as_ptr(), v.as_ptr(), b"val".as_ptr().cast(), 3, 0),
+            0
+        );
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), v.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            3
+        );
+        assert_eq!(&buf[..3], b"val");
+    }
+
+    // Rename over an open file, and unlink of an open file: the open handles still read.
+    fs::write(m("ckpt"), b"old version").unwrap();
+    let mut old = fs::File::open(m("ckpt")).unwrap();
+    fs::write(m("ckpt.tmp"), b"new version").unwrap();
+    fs::rename(m("ckpt.tmp"), m("ckpt")).unwrap();
+    let mut s = String::new();
+    old.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "old version");
+    assert_eq!(fs::read(m("ckpt")).unwrap(), b"new version");
+    let mut open = fs::File::open(m("ckpt")).unwrap();
+    fs::remove_file(m("ckpt")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut s = String::new();
+    open.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "new version");
+
+    // Another user: a 0600 file of root's is refused, a 0644 one is not.
+    fs::write(m("private"), b"secret").unwrap();
+    fs::set_permissions(m("private"), fs::Permissions::from_mode(0o600)).unwrap();
+    let as_user = |path: PathBuf| {
+        Command::new("cat")
+            .arg(path)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    assert!(!as_user(m("private")).status.success());
+    assert!(as_user(m("d/x")).status.success());
+
+    // Real tools.
+    let (ok, out) = sh(
+        &mnt,
+        "tar -cf - -C /usr/share/doc tar | tar -xf - && diff -r /usr/share/doc/tar tar",
+    );
+    assert!(ok, "tar round trip: {out}");
+    let (ok, out) = sh(
+        &mnt,
+        "cp -a /usr/share/doc/tar cpa && diff -r /usr/share/doc/tar cpa",
+    );
+    assert!(ok, "cp -a: {out}");
+    if Path::new("/usr/bin/rsync").exists() {
+        let (ok, out) = sh(
+            &mnt,
+            "rsync -a /usr/share/doc/tar/ rs/ && diff -r /usr/share/doc/tar rs",
+        );
+        assert!(ok, "rsync: {out}");
+    }
+    let src = root.join("src");
+    let (ok, out) = sh(&root, &format!(
+        "git init -q {0} && cd {0} && echo x > f && git add f && git -c user.email=t@t -c user.name=t commit -qm one && cd {1} && git clone -q {0} repo && cd repo && test -z \"$(git status --porcelain)\"",
+        src.display(), mnt.display()
+    ));
+    assert!(ok, "git clone and status: {out}");
+    let (ok, out) = sh(&mnt, "python3 -c \"import os,shutil; os.makedirs('py/a/b'); open('py/a/b/f','w').write('d'*5000); shutil.copytree('py/a','py/c'); shutil.move('py/c','py/d'); assert os.stat('py/d/b/f').st_size==5000; shutil.rmtree('py')\"");
+    assert!(ok, "python os and shutil: {out}");
+    let mut f = fs::File::create(m("done")).unwrap();
+    f.write_all(b"ok").unwrap();
+    drop(f);
+
+    // SIGTERM unmounts cleanly.
+    drop((old, open));
+    assert!(mount.terminate().success());
+    assert!(!mounted(&mnt));
+    let _ = fs::remove_dir_all(&root);
+}
