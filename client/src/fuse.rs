@@ -208,7 +208,18 @@ fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
     i.ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
 }
 
+/// Largest read or write the kernel sends at once.
+const MAX_IO: u32 = 1 << 20;
+
 impl Filesystem for LodeFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        // 1 MiB requests (the kernel's limit with max_pages), and readahead to match.
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (c, n) = (self.as_caller(req), name(n));
         self.entry(
@@ -477,6 +488,12 @@ impl Filesystem for LodeFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.rt.spawn(async move {
             let acc = raw & libc::O_ACCMODE;
+            // O_DIRECT: bypass the kernel's page cache for this handle.
+            let fopen = if raw & libc::O_DIRECT != 0 {
+                FopenFlags::FOPEN_DIRECT_IO
+            } else {
+                FopenFlags::empty()
+            };
             let opts = OpenOptions::new()
                 .read(acc != libc::O_WRONLY)
                 .write(acc != libc::O_RDONLY)
@@ -486,7 +503,7 @@ impl Filesystem for LodeFs {
             match opened.await {
                 Ok(f) => {
                     files.lock().insert(fh, Arc::new(f));
-                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                    reply.opened(FileHandle(fh), fopen);
                 }
                 Err(e) => reply.error(errno(&e)),
             }

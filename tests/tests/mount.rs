@@ -207,6 +207,13 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     assert!(!as_user(m("private")).status.success());
     assert!(as_user(m("d/x")).status.success());
 
+    // flock between two processes of this mount: the second waits for the first.
+    let (ok, out) = sh(&mnt, "touch lockf && flock lockf sh -c 'sleep 0.5; echo first >> lockorder' & sleep 0.1; flock lockf sh -c 'echo second >> lockorder'; wait; cat lockorder");
+    assert!(ok && out == "first\nsecond\n", "flock order: {out:?}");
+    // O_DIRECT and 1 MiB requests.
+    let (ok, out) = sh(&mnt, "dd if=/dev/zero of=direct bs=1M count=8 oflag=direct status=none && dd if=direct of=/dev/null bs=1M iflag=direct status=none && stat -c %s direct");
+    assert!(ok && out.trim() == "8388608", "O_DIRECT: {out}");
+
     // Real tools.
     let (ok, out) = sh(
         &mnt,
