@@ -230,8 +230,10 @@ impl Object {
             .engine
             .read_inline(&self.meta, 0, &mut h)
             .map_err(self.io(0))?;
-        if n == 0 {
-            return Ok(0); // created, and the header never written: an empty object
+        if n == 0 || h[..8] == [0u8; 8] {
+            // Created, and the header not yet written (a first write writes its checksums,
+            // then its data, then the header): an empty object.
+            return Ok(0);
         }
         let word =
             |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));

@@ -57,6 +57,7 @@ pub struct Target {
     /// The highest object id handed out; held across a precreate.
     last_id: tokio::sync::Mutex<u32>,
     objects: Mutex<HashMap<Fid, Arc<Object>>>,
+    opening: tokio::sync::Mutex<()>,
 }
 
 fn word(b: &[u8], at: usize, n: usize) -> u64 {
@@ -204,6 +205,7 @@ impl Target {
             last_id_file,
             last_id: tokio::sync::Mutex::new(last),
             objects: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
         };
         for d in 0..FANOUT {
             target
@@ -285,6 +287,11 @@ impl Target {
         if fid.seq != self.seq() || fid.ver != 0 {
             return Err(TargetError::NotFound(fid));
         }
+        if let Some(o) = self.objects.lock().get(&fid) {
+            return Ok(o.clone());
+        }
+        // One opener at a time, so an object never has two instances (two sets of locks).
+        let _opening = self.opening.lock().await;
         if let Some(o) = self.objects.lock().get(&fid) {
             return Ok(o.clone());
         }

@@ -292,3 +292,38 @@ async fn concurrent_writes_to_one_object_all_land() {
     }
     t.sync(o).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_writes_on_a_real_disk_share_one_object() {
+    let dir = std::env::temp_dir().join(format!("lode-first-writes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
+    Target::format(&engine, &dir, 9, Some(9)).await.unwrap();
+    let t = Arc::new(Target::open(engine, &dir).await.unwrap());
+    for round in 0..20u32 {
+        let o = t.precreate(1).await.unwrap();
+        let tasks: Vec<_> = (0..16u64)
+            .map(|i| {
+                let t = t.clone();
+                tokio::spawn(async move {
+                    t.write(o, i * BLOCK, &vec![i as u8 + 1; BLOCK as usize], false)
+                        .await?;
+                    t.read(o, 0, 16 * BLOCK).await.map(|_| ())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        let all = t.read(o, 0, 16 * BLOCK).await.unwrap();
+        for (i, b) in all.chunks(BLOCK as usize).enumerate() {
+            assert!(
+                b.iter().all(|&x| x == i as u8 + 1),
+                "round {round}: block {i}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -214,6 +214,42 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     let (ok, out) = sh(&mnt, "dd if=/dev/zero of=direct bs=1M count=8 oflag=direct status=none && dd if=direct of=/dev/null bs=1M iflag=direct status=none && stat -c %s direct");
     assert!(ok && out.trim() == "8388608", "O_DIRECT: {out}");
 
+    // lode setstripe/getstripe on paths inside the mount.
+    let lode = |args: &[&str]| {
+        Command::new(
+            std::env::current_exe()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("lode"),
+        )
+        .args(args)
+        .output()
+        .unwrap()
+    };
+    let out = lode(&[
+        "setstripe",
+        "-c",
+        "2",
+        "-S",
+        "1M",
+        m("striped").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = lode(&["getstripe", m("striped").to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("lmm_stripe_count:  2") && text.contains("lmm_stripe_size:   1048576"),
+        "{text}"
+    );
+    assert!(m("striped").exists());
+
     // Real tools.
     let (ok, out) = sh(
         &mnt,

@@ -129,9 +129,29 @@ fn main() -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-    let mds = mds_addr(cli.mds);
+    // A path inside a lode mount names its filesystem and its lode path, as `lfs` allows.
+    let mut from_mount = None;
+    match &mut cli.cmd {
+        Cmd::Setstripe { args } => {
+            if let Some(last) = args.last_mut() {
+                if let Some((m, p)) = mount::in_mount(last) {
+                    (*last, from_mount) = (p, Some(m));
+                }
+            }
+        }
+        Cmd::Getstripe { path, .. }
+        | Cmd::Ls { path, .. }
+        | Cmd::Stat { path }
+        | Cmd::Cat { path } => {
+            if let Some((m, p)) = mount::in_mount(path) {
+                (*path, from_mount) = (p, Some(m));
+            }
+        }
+        _ => {}
+    }
+    let mds = from_mount.unwrap_or_else(|| mds_addr(cli.mds));
     rt.block_on(async move {
         let cmd = match cli.cmd {
             Cmd::Cluster(c) => return cluster::run(c).await,
@@ -143,7 +163,12 @@ fn main() -> Result<()> {
             } => return mount::daemonize(&mds, &mountpoint, options.as_deref()).await,
             other => other,
         };
-        let client = Client::connect(&mds)
+        // A command line should not wait a minute for a dead server.
+        let cfg = client::ClientConfig {
+            retry_for: std::time::Duration::from_secs(15),
+            ..Default::default()
+        };
+        let client = Client::connect_with(&mds, cfg)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
         match cmd {

@@ -10,11 +10,36 @@ use client::fuse::LodeFs;
 use client::Client;
 use fuser::MountOption;
 
-fn config(opts: Option<&str>) -> Result<fuser::Config> {
+/// The MDS and lode path behind `path`, if it lies inside a lode mount on this machine. The
+/// mount's source names its MDS (`lode@ADDR`).
+pub fn in_mount(path: &str) -> Option<(String, String)> {
+    let p = Path::new(path);
+    let canon = std::fs::canonicalize(p).ok().or_else(|| {
+        Some(
+            std::fs::canonicalize(p.parent()?)
+                .ok()?
+                .join(p.file_name()?),
+        )
+    })?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mountpoint = left.split(' ').nth(4)?;
+        let mut r = right.split(' ');
+        let (fstype, source) = (r.next()?, r.next()?);
+        let mds = source
+            .strip_prefix("lode@")
+            .filter(|_| fstype == "fuse" || fstype == "fuse.lode")?;
+        let rel = canon.strip_prefix(mountpoint).ok()?;
+        Some((mds.to_owned(), format!("/{}", rel.to_string_lossy())))
+    })
+}
+
+fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config> {
     let mut cfg = fuser::Config::default();
     cfg.n_threads = Some(4);
     let mut out = vec![
-        MountOption::FSName("lode".into()),
+        MountOption::FSName(format!("lode@{mds}")),
         MountOption::Subtype("lode".into()),
     ];
     for o in opts.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
@@ -50,7 +75,7 @@ fn mounted(path: &Path) -> bool {
 
 /// Mounts in the foreground until SIGTERM or SIGINT, then unmounts.
 pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
-    let cfg = config(opts)?;
+    let cfg = config(opts, mds)?;
     let fs = LodeFs::new(client, tokio::runtime::Handle::current());
     let session = fuser::spawn_mount(fs, mountpoint, &cfg)
         .with_context(|| format!("mounting on {}", mountpoint.display()))?;
@@ -65,7 +90,12 @@ pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str
         why = daemon_signal() => tracing::info!(signal = why?, "unmounting"),
         () = unmounted => tracing::info!("unmounted from outside"),
     }
-    if mounted(mountpoint) {
+    if !mounted(mountpoint) {
+        // Already gone: nothing for the session to unmount (it would only complain).
+        std::mem::forget(session);
+        return Ok(());
+    }
+    {
         if let Err(e) = tokio::task::spawn_blocking(move || session.umount_and_join()).await? {
             // Busy (files open in it): detach it now; it goes when the last user lets go.
             tracing::warn!(error = %e, "mount busy; detaching it");
