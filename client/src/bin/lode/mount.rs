@@ -125,6 +125,10 @@ async fn daemon_signal() -> Result<&'static str> {
 /// Starts the mount as a background process and returns once it is mounted.
 pub async fn daemonize(mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
     use std::os::unix::process::CommandExt;
+    config(opts, mds)?; // refuse bad options here, not in a background process
+    if !mountpoint.is_dir() {
+        bail!("{} is not a directory", mountpoint.display());
+    }
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(["--mds", mds, "mount"]).arg(mountpoint);
