@@ -50,25 +50,12 @@ pub struct Space {
     pub free: u64,
 }
 
-/// What a storage target needs from the disk.
+/// What a storage target needs from the disk. The operations that do not move data have
+/// defaults that make the plain system calls, which every OS-backed engine shares; the
+/// in-memory engine overrides them all.
 pub trait Engine: Send + Sync + 'static {
     /// The engine's name, for logs and `lode df`.
     fn name(&self) -> &'static str;
-    /// Opens a file; `direct` asks for O_DIRECT (aligned I/O only).
-    fn open(&self, path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle>;
-    fn remove(&self, path: &Path) -> io::Result<()>;
-    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
-    /// Makes the entries of a directory (creations, removals) durable.
-    fn sync_dir(&self, path: &Path) -> io::Result<()>;
-    fn len(&self, f: &FileHandle) -> io::Result<u64>;
-    fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()>;
-    /// Deallocates a range; it reads as zeros afterwards.
-    fn punch(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()>;
-    /// Reserves space for a range, so that writing it cannot fail for lack of space.
-    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()>;
-    /// The entries of a directory (files and directories), in no particular order.
-    fn list(&self, dir: &Path) -> io::Result<Vec<std::path::PathBuf>>;
-    fn space(&self, path: &Path) -> io::Result<Space>;
     /// Reads `buf.len()` bytes at `offset`; a short count means end of file.
     fn read_at(
         &self,
@@ -85,11 +72,51 @@ pub trait Engine: Send + Sync + 'static {
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)>;
     /// Makes the file's data and size durable.
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>>;
+
+    /// Opens a file; `direct` asks for O_DIRECT (aligned I/O only).
+    fn open(&self, path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle> {
+        os::open(path, mode, direct)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+    /// Makes the entries of a directory (creations, removals) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        os::sync_dir(path)
+    }
+    fn len(&self, f: &FileHandle) -> io::Result<u64> {
+        os::len(f)
+    }
+    fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()> {
+        os::set_len(f, len)
+    }
+    /// Deallocates a range; it reads as zeros afterwards.
+    fn punch(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        os::punch(f, offset, len)
+    }
+    /// Reserves space for a range, so that writing it cannot fail for lack of space.
+    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
+        os::allocate(f, offset, len)
+    }
+    /// The entries of a directory (files and directories), in no particular order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+        os::list(dir)
+    }
+    fn space(&self, path: &Path) -> io::Result<Space> {
+        os::space(path)
+    }
     /// Reads into `buf` on the calling thread, for small reads of buffered (page-cached)
     /// files, where a trip to an I/O thread would cost more than the read. Short at the end.
-    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        os::read_inline(f, offset, buf)
+    }
     /// Writes all of `buf` on the calling thread; for small writes to buffered files.
-    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()>;
+    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
+        os::write_inline(f, offset, buf)
+    }
 }
 
 /// Which engine to run.

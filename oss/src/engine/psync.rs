@@ -3,14 +3,11 @@
 
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, Semaphore};
 
-use super::{
-    os, os_file, AlignedBuf, BoxFuture, Engine, EngineConfig, FileHandle, OpenMode, Space,
-};
+use super::{os_file, AlignedBuf, BoxFuture, Engine, EngineConfig, FileHandle};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -66,54 +63,6 @@ fn gone() -> io::Error {
 impl Engine for Psync {
     fn name(&self) -> &'static str {
         "psync"
-    }
-
-    fn open(&self, path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle> {
-        os::open(path, mode, direct)
-    }
-
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        std::fs::remove_file(path)
-    }
-
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(path)
-    }
-
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        os::sync_dir(path)
-    }
-
-    fn len(&self, f: &FileHandle) -> io::Result<u64> {
-        os::len(f)
-    }
-
-    fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()> {
-        os::set_len(f, len)
-    }
-
-    fn punch(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
-        os::punch(f, offset, len)
-    }
-
-    fn allocate(&self, f: &FileHandle, offset: u64, len: u64) -> io::Result<()> {
-        os::allocate(f, offset, len)
-    }
-
-    fn list(&self, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
-        os::list(dir)
-    }
-
-    fn read_inline(&self, f: &FileHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        os::read_inline(f, offset, buf)
-    }
-
-    fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
-        os::write_inline(f, offset, buf)
-    }
-
-    fn space(&self, path: &Path) -> io::Result<Space> {
-        os::space(path)
     }
 
     fn read_at(
