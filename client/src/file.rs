@@ -682,3 +682,100 @@ mod tests {
         assert_eq!(object_size(&c, 0, 0), 0);
     }
 }
+
+/// Sequential writes with write-behind: bytes are gathered into `chunk`-sized transfers (a
+/// multiple of the stripe size is best) and up to `ahead` of them are on their way at once,
+/// straight from registered buffers. Errors surface on a later `write` or on `finish`.
+pub struct Writer {
+    file: Arc<File>,
+    next: u64,
+    chunk: usize,
+    /// Registered buffers not in flight.
+    free: Vec<Arc<Registered<Vec<u8>>>>,
+    /// The buffer being filled and how much of it is.
+    filling: Option<(Arc<Registered<Vec<u8>>>, usize)>,
+    inflight: VecDeque<tokio::task::JoinHandle<Result<Arc<Registered<Vec<u8>>>>>>,
+}
+
+impl File {
+    /// A write-behind writer from `offset` on, in `chunk`-byte transfers, `ahead` in flight.
+    pub fn writer(self: &Arc<Self>, offset: u64, chunk: usize, ahead: usize) -> Result<Writer> {
+        let chunk = chunk.max(1);
+        let free = (0..ahead.max(1) + 1)
+            .map(|_| self.client.register(vec![0u8; chunk]).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Writer {
+            file: self.clone(),
+            next: offset,
+            chunk,
+            free,
+            filling: None,
+            inflight: VecDeque::new(),
+        })
+    }
+}
+
+impl Writer {
+    async fn reclaim_one(&mut self) -> Result<()> {
+        if let Some(t) = self.inflight.pop_front() {
+            let buf = t
+                .await
+                .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+            self.free.push(buf);
+        }
+        Ok(())
+    }
+
+    async fn send(&mut self) -> Result<()> {
+        let Some((buf, len)) = self.filling.take() else {
+            return Ok(());
+        };
+        if len == 0 {
+            self.free.push(buf);
+            return Ok(());
+        }
+        let (file, at) = (self.file.clone(), self.next);
+        self.next += len as u64;
+        self.inflight.push_back(tokio::spawn(async move {
+            file.write_from(at, buf.clone(), 0, len as u64).await?;
+            Ok(buf)
+        }));
+        Ok(())
+    }
+
+    /// Appends `data` to the stream.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            if self.filling.is_none() {
+                while self.free.is_empty() {
+                    self.reclaim_one().await?;
+                }
+                let buf = self.free.pop().expect("a free buffer after reclaiming");
+                self.filling = Some((buf, 0));
+            }
+            let (buf, len) = self.filling.as_mut().expect("filling");
+            let n = data.len().min(self.chunk - *len);
+            {
+                let mut w = buf.write(*len as u64, n as u64)?;
+                if let Some(s) = w.as_mut_slice() {
+                    s.copy_from_slice(&data[..n]);
+                }
+            }
+            *len += n;
+            data = &data[n..];
+            if *len == self.chunk {
+                self.send().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is gathered and waits for every write; returns the offset reached.
+    pub async fn finish(mut self) -> Result<u64> {
+        self.send().await?;
+        while !self.inflight.is_empty() {
+            self.reclaim_one().await?;
+        }
+        Ok(self.next)
+    }
+}

@@ -17,4 +17,4 @@ pub mod fuse;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
 pub use error::{ClientError, Result};
-pub use file::{File, OpenOptions, Reader};
+pub use file::{File, OpenOptions, Reader, Writer};

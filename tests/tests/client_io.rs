@@ -385,3 +385,34 @@ async fn an_unlinked_open_file_stays_readable_until_closed() {
     assert!(back == data, "the open handle still reads the removed file");
     f.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_behind_and_readahead_stream_a_file_in_order() {
+    let cluster = Cluster::start("client-stream");
+    let c = cluster.client().await;
+    let f = Arc::new(
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .stripe_all()
+            .stripe_size(256 << 10)
+            .open(&c, "/stream")
+            .await
+            .unwrap(),
+    );
+    let data = pattern(3, (5 << 20) + 4321);
+    let mut w = f.writer(0, 1 << 20, 3).unwrap();
+    // Odd-sized pieces: the writer gathers them into 1 MiB transfers.
+    for piece in data.chunks(77_777) {
+        w.write(piece).await.unwrap();
+    }
+    assert_eq!(w.finish().await.unwrap(), data.len() as u64);
+    f.fsync().await.unwrap();
+    let g = Arc::new(OpenOptions::new().open(&c, "/stream").await.unwrap());
+    let mut r = g.reader(0, 300_000, 4);
+    let mut back = vec![];
+    while let Some(chunk) = r.next_chunk().await.unwrap() {
+        back.extend_from_slice(&chunk);
+    }
+    assert!(back == data, "{} bytes back of {}", back.len(), data.len());
+}

@@ -452,31 +452,30 @@ async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
             } else {
                 Box::new(std::fs::File::open(src).with_context(|| format!("opening {src}"))?)
             };
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(client, dst)
-                .await?;
-            let mut buf = vec![0u8; COPY_CHUNK];
-            let mut at = 0u64;
+            let f = Arc::new(
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(client, dst)
+                    .await?,
+            );
+            // Write-behind: 16 MiB transfers, two on their way while the next is read.
+            let mut w = f.writer(0, COPY_CHUNK, 2)?;
+            let mut buf = vec![0u8; 1 << 20];
             loop {
-                let mut n = 0;
-                while n < buf.len() {
-                    let got = input.read(&mut buf[n..])?;
-                    if got == 0 {
-                        break;
-                    }
-                    n += got;
-                }
+                let n = input.read(&mut buf)?;
                 if n == 0 {
                     break;
                 }
-                f.write_at(at, &buf[..n]).await?;
-                at += n as u64;
+                w.write(&buf[..n]).await?;
             }
+            w.finish().await?;
             f.fsync().await?;
-            f.close().await?;
+            Arc::try_unwrap(f)
+                .map_err(|_| anyhow::anyhow!("a write still holds {dst}"))?
+                .close()
+                .await?;
         }
         ((Place::Lode, src), (Place::Local, dst)) => {
             let f = Arc::new(OpenOptions::new().open(client, src).await?);
