@@ -691,11 +691,14 @@ pub struct Writer {
     next: u64,
     chunk: usize,
     /// Registered buffers not in flight.
-    free: Vec<Arc<Registered<Vec<u8>>>>,
+    free: Vec<Buffer>,
     /// The buffer being filled and how much of it is.
-    filling: Option<(Arc<Registered<Vec<u8>>>, usize)>,
-    inflight: VecDeque<tokio::task::JoinHandle<Result<Arc<Registered<Vec<u8>>>>>>,
+    filling: Option<(Buffer, usize)>,
+    inflight: VecDeque<tokio::task::JoinHandle<Result<Buffer>>>,
 }
+
+/// A registered buffer of a [`Writer`].
+type Buffer = Arc<Registered<Vec<u8>>>;
 
 impl File {
     /// A write-behind writer from `offset` on, in `chunk`-byte transfers, `ahead` in flight.
