@@ -659,30 +659,6 @@ impl Reader {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn object_sizes_after_truncation_follow_the_stripes() {
-        let c = Component::raid0(StripeCount::Count(4), 1 << 20);
-        let mut c = c;
-        c.objects = (0..4)
-            .map(|i| StripeObject {
-                target: i,
-                fid: proto::Fid::new(1, i + 1, 0),
-            })
-            .collect();
-        // 5.5 MiB over 4 stripes of 1 MiB: stripe 0 holds 2 MiB, stripe 1 holds 1.5, the others 1.
-        let s = (5 << 20) + (1 << 19);
-        assert_eq!(object_size(&c, 0, s), 2 << 20);
-        assert_eq!(object_size(&c, 1, s), (1 << 20) + (1 << 19));
-        assert_eq!(object_size(&c, 2, s), 1 << 20);
-        assert_eq!(object_size(&c, 3, s), 1 << 20);
-        assert_eq!(object_size(&c, 0, 0), 0);
-    }
-}
-
 /// Sequential writes with write-behind: bytes are gathered into `chunk`-sized transfers (a
 /// multiple of the stripe size is best) and up to `ahead` of them are on their way at once,
 /// straight from registered buffers. Errors surface on a later `write` or on `finish`.
@@ -780,5 +756,29 @@ impl Writer {
             self.reclaim_one().await?;
         }
         Ok(self.next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_sizes_after_truncation_follow_the_stripes() {
+        let c = Component::raid0(StripeCount::Count(4), 1 << 20);
+        let mut c = c;
+        c.objects = (0..4)
+            .map(|i| StripeObject {
+                target: i,
+                fid: proto::Fid::new(1, i + 1, 0),
+            })
+            .collect();
+        // 5.5 MiB over 4 stripes of 1 MiB: stripe 0 holds 2 MiB, stripe 1 holds 1.5, the others 1.
+        let s = (5 << 20) + (1 << 19);
+        assert_eq!(object_size(&c, 0, s), 2 << 20);
+        assert_eq!(object_size(&c, 1, s), (1 << 20) + (1 << 19));
+        assert_eq!(object_size(&c, 2, s), 1 << 20);
+        assert_eq!(object_size(&c, 3, s), 1 << 20);
+        assert_eq!(object_size(&c, 0, 0), 0);
     }
 }
