@@ -208,6 +208,10 @@ fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
     i.ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
 }
 
+/// The extended attribute that shows and sets a layout, as `lode setstripe` options (as Lustre
+/// exposes `lustre.lov`).
+pub const LAYOUT_XATTR: &str = "lode.layout";
+
 /// Largest read or write the kernel sends at once.
 const MAX_IO: u32 = 1 << 20;
 
@@ -747,9 +751,31 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         let c = self.as_caller(req);
+        let name = n.to_string_lossy().into_owned();
+        let fid = fid_of(ino);
+        if name == LAYOUT_XATTR {
+            // The layout as `lode setstripe` options: set on a directory or an empty file. On a
+            // file that already holds data it is ignored, as Lustre does with lustre.lov, so
+            // that tools copying extended attributes (cp -a, rsync -X, shutil) keep working.
+            let text = String::from_utf8_lossy(value).into_owned();
+            let opts: Vec<String> = text.split_whitespace().map(String::from).collect();
+            let layout = match crate::stripe_args::parse(&opts) {
+                Ok(l) => l,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            return self.empty(reply, async move {
+                let i = c.getattr(fid).await?;
+                if i.kind == Kind::File && i.size > 0 {
+                    return Ok(());
+                }
+                c.reint(Mutation::SetLayout { fid, layout })
+                    .await
+                    .map(|_| ())
+            });
+        }
         let m = Mutation::SetXattr {
-            fid: fid_of(ino),
-            name: n.to_string_lossy().into_owned(),
+            fid,
+            name,
             value: value.to_vec(),
         };
         self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
@@ -759,7 +785,16 @@ impl Filesystem for LodeFs {
         let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
         self.rt.spawn(async move {
             match c.getattr(fid_of(ino)).await {
-                Ok(i) => match i.xattrs.get(&n) {
+                Ok(i) => match (n == LAYOUT_XATTR)
+                    .then(|| {
+                        i.layout
+                            .as_ref()
+                            .map(|l| crate::stripe_args::format(l).into_bytes())
+                    })
+                    .flatten()
+                    .as_ref()
+                    .or(i.xattrs.get(&n))
+                {
                     Some(v) if size == 0 => reply.size(v.len() as u32),
                     Some(v) if v.len() <= size as usize => reply.data(v),
                     Some(_) => reply.error(Errno::from_i32(libc::ERANGE)),
@@ -776,6 +811,10 @@ impl Filesystem for LodeFs {
             match c.getattr(fid_of(ino)).await {
                 Ok(i) => {
                     let mut list = vec![];
+                    if i.layout.is_some() {
+                        list.extend_from_slice(LAYOUT_XATTR.as_bytes());
+                        list.push(0);
+                    }
                     for k in i.xattrs.keys() {
                         list.extend_from_slice(k.as_bytes());
                         list.push(0);

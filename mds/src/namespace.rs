@@ -555,22 +555,26 @@ impl Namespace {
                     "a directory's layout is a template, without objects",
                 );
             }
-            Kind::File
-                if i.size > 0
-                    || i.layout
-                        .as_ref()
-                        .is_some_and(|l| l.components.iter().any(|c| c.is_instantiated())) =>
-            {
-                return err(libc::EEXIST, format!("{fid} already has data or objects"));
+            Kind::File if i.size > 0 => {
+                return err(libc::EEXIST, format!("{fid} already has data"));
             }
             _ => {}
         }
         let x = self.inodes.get_mut(&fid).expect("checked above");
         let generation = x.layout.as_ref().map_or(0, |l| l.generation) + 1;
-        x.layout = Some(Layout {
+        // An empty file's old objects (given at create) go to the destroy queue.
+        let old = x.layout.replace(Layout {
             generation,
             ..layout.clone()
         });
+        for o in old
+            .iter()
+            .flat_map(|l| &l.components)
+            .flat_map(|c| &c.objects)
+        {
+            self.doomed.insert(o.fid, (o.target, fid));
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
         x.ctime = now;
         Ok(Applied {
             inode: Some(x.clone()),

@@ -249,6 +249,18 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
         "{text}"
     );
     assert!(m("striped").exists());
+    // The layout as an extended attribute: shown, and set on an empty file.
+    let (ok, out) = sh(&mnt, "getfattr --only-values -n lode.layout striped 2>/dev/null || python3 -c \"import os; print(os.getxattr('striped', 'lode.layout').decode())\"");
+    assert!(
+        ok && out.starts_with("-c 2 -S 1048576"),
+        "layout xattr: {out:?}"
+    );
+    fs::write(m("empty"), b"").unwrap();
+    let (ok, out) = sh(&mnt, "python3 -c \"import os; os.setxattr('empty', 'lode.layout', b'-c 1 -S 2M'); print(os.getxattr('empty', 'lode.layout').decode())\"");
+    assert!(
+        ok && out.starts_with("-c 1 -S 2097152"),
+        "set layout xattr: {out:?}"
+    );
 
     // Real tools.
     let (ok, out) = sh(

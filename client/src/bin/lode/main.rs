@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use client::{Client, OpenOptions};
-use proto::layout::{Component, Layout, StripeCount, EOF};
+use proto::layout::{Layout, StripeCount, EOF};
 use proto::md::Kind;
 
 #[derive(Parser)]
@@ -205,65 +205,14 @@ fn main() -> Result<()> {
     })
 }
 
-/// Parses sizes like 4M, 64k, 1G, 1048576.
-pub fn parse_size(s: &str) -> Result<u64> {
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} is too large"))
-}
+pub use client::stripe_args::parse_size;
 
 /// `-E END -c N -S SIZE -i IDX ... PATH` (Lustre's order), or without -E for plain RAID0.
 fn parse_layout(args: &[String]) -> Result<(Layout, String)> {
     let Some((path, opts)) = args.split_last() else {
         bail!("setstripe needs a path")
     };
-    let mut comps: Vec<Component> = vec![];
-    let mut cur = Component::raid0(StripeCount::Count(1), proto::layout::DEFAULT_STRIPE_SIZE);
-    let mut cur_end: Option<u64> = None;
-    let mut it = opts.iter();
-    let mut started = false;
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-E" | "--component-end" => {
-                if started {
-                    cur.end = cur_end.unwrap_or(EOF);
-                    comps.push(cur.clone());
-                    cur.start = cur.end;
-                }
-                started = true;
-                let v = value()?;
-                cur_end = Some(if v == "-1" || v == "eof" || v == "EOF" {
-                    EOF
-                } else {
-                    parse_size(v)?
-                });
-            }
-            "-c" | "--stripe-count" => {
-                let v = value()?;
-                cur.stripe_count = if v == "-1" {
-                    StripeCount::All
-                } else {
-                    StripeCount::Count(v.parse().context("bad stripe count")?)
-                };
-            }
-            "-S" | "--stripe-size" => cur.stripe_size = parse_size(value()?)?,
-            "-i" | "--stripe-index" => {
-                cur.stripe_offset = Some(value()?.parse().context("bad stripe index")?)
-            }
-            other => bail!("unknown setstripe option {other:?}"),
-        }
-    }
-    cur.end = cur_end.unwrap_or(EOF);
-    comps.push(cur);
-    Ok((Layout::new(comps)?, path.clone()))
+    Ok((client::stripe_args::parse(opts)?, path.clone()))
 }
 
 async fn setstripe(client: &Client, args: &[String]) -> Result<()> {

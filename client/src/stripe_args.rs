@@ -1,0 +1,136 @@
+//! Layouts as `lfs setstripe` arguments: `-c N -S SIZE [-i IDX]`, or components
+//! `-E END -c N -S SIZE ... -E -1 ...`. The `lode` command parses them; the mount shows and
+//! takes them as the `lode.layout` extended attribute.
+
+use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE, EOF};
+
+use crate::error::{ClientError, Result};
+
+fn bad(what: String) -> ClientError {
+    ClientError::posix(libc::EINVAL, what)
+}
+
+/// Parses sizes like 4M, 64k, 1G, 1048576.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| bad(format!("bad size {s:?}")))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| bad(format!("size {s:?} is too large")))
+}
+
+/// Parses the options (without the path) into a layout.
+pub fn parse(opts: &[String]) -> Result<Layout> {
+    let mut comps: Vec<Component> = vec![];
+    let mut cur = Component::raid0(StripeCount::Count(1), DEFAULT_STRIPE_SIZE);
+    let mut cur_end: Option<u64> = None;
+    let mut started = false;
+    let mut it = opts.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| bad(format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "-E" | "--component-end" => {
+                if started {
+                    cur.end = cur_end.unwrap_or(EOF);
+                    comps.push(cur.clone());
+                    cur.start = cur.end;
+                }
+                started = true;
+                let v = value()?;
+                cur_end = Some(if v == "-1" || v.eq_ignore_ascii_case("eof") {
+                    EOF
+                } else {
+                    parse_size(v)?
+                });
+            }
+            "-c" | "--stripe-count" => {
+                let v = value()?;
+                cur.stripe_count = if v == "-1" {
+                    StripeCount::All
+                } else {
+                    StripeCount::Count(
+                        v.parse()
+                            .map_err(|_| bad(format!("bad stripe count {v:?}")))?,
+                    )
+                };
+            }
+            "-S" | "--stripe-size" => cur.stripe_size = parse_size(value()?)?,
+            "-i" | "--stripe-index" => {
+                let v = value()?;
+                cur.stripe_offset = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("bad stripe index {v:?}")))?,
+                );
+            }
+            other => return Err(bad(format!("unknown setstripe option {other:?}"))),
+        }
+    }
+    cur.end = cur_end.unwrap_or(EOF);
+    comps.push(cur);
+    Ok(Layout::new(comps)?)
+}
+
+/// A layout as the options that make it (objects left out).
+pub fn format(l: &Layout) -> String {
+    let multi = l.components.len() > 1;
+    let mut out = vec![];
+    for c in &l.components {
+        if multi {
+            out.push("-E".into());
+            out.push(if c.end == EOF {
+                "-1".into()
+            } else {
+                c.end.to_string()
+            });
+        }
+        out.push("-c".into());
+        out.push(match c.stripe_count {
+            StripeCount::All => "-1".into(),
+            StripeCount::Count(n) => n.to_string(),
+        });
+        out.push("-S".into());
+        out.push(c.stripe_size.to_string());
+        if let Some(i) = c.stripe_offset {
+            out.push("-i".into());
+            out.push(i.to_string());
+        }
+    }
+    out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn plain_and_progressive_layouts_parse_and_print_back() {
+        let l = parse(&args("-c 4 -S 1M")).unwrap();
+        assert_eq!(
+            (l.components[0].stripe_count, l.components[0].stripe_size),
+            (StripeCount::Count(4), 1 << 20)
+        );
+        assert_eq!(format(&l), "-c 4 -S 1048576");
+        let l = parse(&args("-E 4M -c 1 -E 64M -c 4 -E -1 -c -1")).unwrap();
+        let ends: Vec<u64> = l.components.iter().map(|c| c.end).collect();
+        assert_eq!(ends, vec![4 << 20, 64 << 20, EOF]);
+        assert_eq!(parse(&args(&format(&l))).unwrap().components, l.components);
+        assert!(
+            parse(&args("-S 1000")).is_err(),
+            "a stripe size not a multiple of 64 KiB"
+        );
+        assert!(parse(&args("-x 3")).is_err());
+        assert!(parse(&args("-c")).is_err());
+    }
+}
