@@ -53,6 +53,9 @@ impl Default for ClientConfig {
 
 pub(crate) struct Inner {
     pub(crate) mds: Nid,
+    /// Where each target's storage server is, learnt from the MDS and kept: the data path
+    /// asks the MDS again only for a target it has not seen.
+    servers: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
     pub(crate) net: TcpEndpoint,
     pub(crate) cfg: ClientConfig,
     client_id: u128,
@@ -92,6 +95,7 @@ impl Client {
                 mds: parse_nid(mds)?,
                 net: TcpEndpoint::client(TcpConfig::default()),
                 cfg,
+                servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: rand::random(),
                 next_req: AtomicU64::new(1),
             }),
@@ -405,6 +409,32 @@ impl Client {
 
     pub async fn statfs(&self) -> Result<FsStats> {
         self.rpc(&self.inner.mds.clone(), &MdsStatfs {}).await
+    }
+
+    /// The storage server of each of `targets`.
+    pub(crate) async fn servers_of(
+        &self,
+        targets: &std::collections::HashSet<u32>,
+    ) -> Result<std::collections::HashMap<u32, Nid>> {
+        let known = |map: &std::collections::HashMap<u32, Nid>| {
+            targets
+                .iter()
+                .map(|t| map.get(t).map(|n| (*t, n.clone())))
+                .collect::<Option<_>>()
+        };
+        if let Some(found) = known(&self.inner.servers.lock()) {
+            return Ok(found);
+        }
+        let fresh: std::collections::HashMap<u32, Nid> = self
+            .targets()
+            .await?
+            .into_iter()
+            .map(|t| (t.index, t.oss))
+            .collect();
+        let found = known(&fresh);
+        *self.inner.servers.lock() = fresh;
+        found
+            .ok_or_else(|| ClientError::posix(libc::EIO, "a target of this file is not registered"))
     }
 
     /// The storage targets, for `lode df`.

@@ -241,17 +241,31 @@ impl File {
         }
     }
 
+    /// The pieces of `offset..offset+len`, each with its object and that object's server.
+    async fn plan(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(proto::layout::Piece, StripeObject, Nid)>> {
+        let layout = self.layout()?;
+        let pieces = layout.pieces(offset, len)?;
+        let objects: Vec<StripeObject> = pieces
+            .iter()
+            .map(|p| layout.components[p.component].objects[p.stripe as usize])
+            .collect();
+        let servers = self
+            .oss_of(&objects.iter().map(|o| o.target).collect())
+            .await?;
+        Ok(pieces
+            .into_iter()
+            .zip(objects)
+            .map(|(p, o)| (p, o, servers[&o.target].clone()))
+            .collect())
+    }
+
     /// Where the storage server of `target` is.
     async fn oss_of(&self, targets: &HashSet<u32>) -> Result<std::collections::HashMap<u32, Nid>> {
-        let all = self.client.targets().await?;
-        let mut out = std::collections::HashMap::new();
-        for t in targets {
-            let info = all.iter().find(|i| i.index == *t).ok_or_else(|| {
-                ClientError::posix(libc::EIO, format!("target {t} is not registered"))
-            })?;
-            out.insert(*t, info.oss.clone());
-        }
-        Ok(out)
+        self.client.servers_of(targets).await
     }
 
     /// The file's size: the MDS's, or further if this handle wrote further.
@@ -310,24 +324,11 @@ impl File {
             .checked_add(len)
             .filter(|&e| e <= proto::md::MAX_FILE_SIZE)
             .ok_or_else(|| ClientError::posix(libc::EFBIG, "past the file size limit"))?;
-        let layout = self.layout()?;
-        let pieces = layout.pieces(offset, len)?;
-        let objects: Vec<StripeObject> = pieces
-            .iter()
-            .map(|p| layout.components[p.component].objects[p.stripe as usize])
-            .collect();
-        let servers = self
-            .oss_of(&objects.iter().map(|o| o.target).collect())
-            .await?;
+        let planned = self.plan(offset, len).await?;
         let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
         let mut tasks = JoinSet::new();
-        for (p, obj) in pieces.into_iter().zip(objects) {
-            let (client, region, window, oss) = (
-                self.client.clone(),
-                region.clone(),
-                window.clone(),
-                servers[&obj.target].clone(),
-            );
+        for (p, obj, oss) in planned {
+            let (client, region, window) = (self.client.clone(), region.clone(), window.clone());
             tasks.spawn(async move {
                 let _slot = window
                     .acquire_owned()
@@ -405,25 +406,13 @@ impl File {
                 "the read does not fit the region",
             ));
         }
-        let layout = self.layout()?;
-        let pieces = layout.pieces(offset, len)?;
-        let objects: Vec<StripeObject> = pieces
-            .iter()
-            .map(|p| layout.components[p.component].objects[p.stripe as usize])
-            .collect();
-        let servers = self
-            .oss_of(&objects.iter().map(|o| o.target).collect())
-            .await?;
+        let planned = self.plan(offset, len).await?;
         let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
         let mut tasks = JoinSet::new();
-        for (p, obj) in pieces.into_iter().zip(objects) {
+        for (p, obj, oss) in planned {
             let at = region_offset + (p.file_offset - offset);
             let desc = region.desc(at, p.len as u32, false)?;
-            let (client, window, oss) = (
-                self.client.clone(),
-                window.clone(),
-                servers[&obj.target].clone(),
-            );
+            let (client, window) = (self.client.clone(), window.clone());
             tasks.spawn(async move {
                 let _slot = window
                     .acquire_owned()
