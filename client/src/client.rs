@@ -195,17 +195,19 @@ impl Client {
             .rev()
             .map(<[u8]>::to_vec)
             .collect();
-        let mut stack = vec![self.getattr(ROOT).await?];
+        // The directories walked so far; each with its inode once looked up (the root's is
+        // fetched only if the path ends there, saving a round trip on every other path).
+        let mut stack: Vec<(Fid, Option<Inode>)> = vec![(ROOT, None)];
         let mut links = 0;
         while let Some(name) = todo.pop() {
-            let dir = stack.last().cloned().expect("the root stays on the stack");
+            let dir = stack.last().map_or(ROOT, |(fid, _)| *fid);
             if name == b".." {
                 if stack.len() > 1 {
                     stack.pop();
                 }
                 continue;
             }
-            let inode = self.lookup(dir.fid, &name).await?;
+            let inode = self.lookup(dir, &name).await?;
             if inode.kind == Kind::Symlink && (follow || !todo.is_empty()) {
                 links += 1;
                 if links > MAX_SYMLINKS {
@@ -227,9 +229,13 @@ impl Client {
                 }
                 continue;
             }
-            stack.push(inode);
+            stack.push((inode.fid, Some(inode)));
         }
-        Ok(stack.pop().expect("at least the root"))
+        match stack.pop() {
+            Some((_, Some(inode))) => Ok(inode),
+            Some((fid, None)) => self.getattr(fid).await,
+            None => self.getattr(ROOT).await,
+        }
     }
 
     /// The directory holding `path`'s last component, and that component.
@@ -383,16 +389,12 @@ impl Client {
 
     /// Every entry of the directory `dir`.
     pub async fn readdir_fid(&self, dir: Fid) -> Result<Vec<DirEntry>> {
-        let dir = Inode {
-            fid: dir,
-            ..self.getattr(dir).await?
-        };
         let mut out = vec![];
         let mut after = vec![];
         loop {
             let r = MdsReaddir {
                 creds: self.creds.clone(),
-                dir: dir.fid,
+                dir,
                 after: after.clone(),
                 max: MAX_READDIR,
             };

@@ -148,12 +148,10 @@ impl LodeFs {
 
     fn entry(
         &self,
-        req: &Request,
         reply: ReplyEntry,
         f: impl std::future::Future<Output = Result<Inode, ClientError>> + Send + 'static,
     ) {
         let files = self.files.clone();
-        let _ = req;
         self.rt.spawn(async move {
             match f.await {
                 Ok(i) => reply.entry(&TTL, &attr(&i, Self::size_of(&files, &i)), Generation(0)),
@@ -226,11 +224,7 @@ impl Filesystem for LodeFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (c, n) = (self.as_caller(req), name(n));
-        self.entry(
-            req,
-            reply,
-            async move { c.lookup(fid_of(parent), &n).await },
-        );
+        self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -354,11 +348,7 @@ impl Filesystem for LodeFs {
             target: vec![],
             layout: None,
         };
-        self.entry(
-            req,
-            reply,
-            async move { c.reint(m).await.and_then(created) },
-        );
+        self.entry(reply, async move { c.reint(m).await.and_then(created) });
     }
 
     fn mkdir(
@@ -380,11 +370,7 @@ impl Filesystem for LodeFs {
             target: vec![],
             layout: None,
         };
-        self.entry(
-            req,
-            reply,
-            async move { c.reint(m).await.and_then(created) },
-        );
+        self.entry(reply, async move { c.reint(m).await.and_then(created) });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -431,11 +417,7 @@ impl Filesystem for LodeFs {
             target: target.as_os_str().as_bytes().to_vec(),
             layout: None,
         };
-        self.entry(
-            req,
-            reply,
-            async move { c.reint(m).await.and_then(created) },
-        );
+        self.entry(reply, async move { c.reint(m).await.and_then(created) });
     }
 
     fn rename(
@@ -478,11 +460,7 @@ impl Filesystem for LodeFs {
             parent: fid_of(newparent),
             name: name(newname),
         };
-        self.entry(
-            req,
-            reply,
-            async move { c.reint(m).await.and_then(created) },
-        );
+        self.entry(reply, async move { c.reint(m).await.and_then(created) });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

@@ -83,22 +83,27 @@ unsafe impl Send for RegionInner {}
 unsafe impl Sync for RegionInner {}
 
 impl RegionInner {
-    fn lock(
-        self: &Arc<Self>,
-        offset: u64,
-        len: u64,
-        write: bool,
-    ) -> Result<RegionAccess, RegionError> {
+    /// The end of `offset..offset+len`, if the range lies inside the region.
+    fn check_bounds(&self, offset: u64, len: u64) -> Result<u64, RegionError> {
         let oob = || RegionError::OutOfBounds {
             key: self.key,
             offset,
             len,
             size: self.len,
         };
-        let end = offset.checked_add(len).ok_or_else(oob)?;
-        if end > self.len {
-            return Err(oob());
-        }
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= self.len)
+            .ok_or_else(oob)
+    }
+
+    fn lock(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<RegionAccess, RegionError> {
+        let end = self.check_bounds(offset, len)?;
         let mut accesses = self.accesses.lock();
         let clash = accesses
             .iter()
@@ -312,7 +317,7 @@ impl<B: DmaBuffer> Registered<B> {
                 self.read(offset, u64::from(len))?.as_slice(),
             ))
         } else {
-            let _bounds = self.inner.lock(offset, u64::from(len), false)?;
+            self.inner.check_bounds(offset, u64::from(len))?;
             None
         };
         Ok(proto::BulkDesc {
