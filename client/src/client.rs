@@ -106,6 +106,11 @@ impl Client {
     }
 
     /// The same connection, acting as another user (a mount serving many users).
+    /// The credentials this handle's calls carry.
+    pub fn creds(&self) -> &Creds {
+        &self.creds
+    }
+
     pub fn as_user(&self, creds: Creds) -> Client {
         Client {
             inner: self.inner.clone(),

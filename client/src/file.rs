@@ -16,8 +16,8 @@ use std::sync::Arc;
 use lnet::{DmaBuffer, Registered};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
-use proto::md::{Inode, Kind, MdsClose, MdsOpen, Mutation, SetAttr};
-use proto::ost::{OstRead, OstSync, OstTruncate, OstWrite};
+use proto::md::{Creds, Inode, Kind, MdsClose, MdsOpen, Mutation, SetAttr};
+use proto::ost::{OstPunch, OstRead, OstSync, OstTruncate, OstWrite};
 use proto::Nid;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -140,28 +140,46 @@ impl OpenOptions {
 
     /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
     pub async fn open_in(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
-        let inode = if self.create || self.create_new {
+        if self.create || self.create_new {
+            // Exclusive first: a file this call creates opens whatever its mode says.
             let m = Mutation::Create {
                 parent,
                 name: name.to_vec(),
                 kind: Kind::File,
                 mode: self.mode.unwrap_or(0o644),
-                exclusive: self.create_new,
+                exclusive: true,
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            client
-                .reint(m)
-                .await?
-                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))?
-        } else {
-            client.lookup(parent, name).await?
-        };
+            match client.reint(m).await {
+                Ok(Some(inode)) => return self.open_unchecked(client, inode).await,
+                Ok(None) => return Err(ClientError::posix(libc::EIO, "no inode in the reply")),
+                Err(e) if e.errno() == libc::EEXIST && !self.create_new => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
     }
 
-    /// Opens a file already looked up.
+    /// Opens a file already looked up, if the client's credentials allow the access asked for.
     pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
+        let want = if self.read { 4 } else { 0 }
+            | if self.write || self.append || self.truncate {
+                2
+            } else {
+                0
+            };
+        if inode.kind == Kind::File && !inode.permits(client.creds(), want) {
+            return Err(ClientError::posix(
+                libc::EACCES,
+                format!("permission denied on {}", inode.fid),
+            ));
+        }
+        self.open_unchecked(client, inode).await
+    }
+
+    async fn open_unchecked(&self, client: &Client, inode: Inode) -> Result<File> {
         match inode.kind {
             Kind::Dir => {
                 return Err(ClientError::posix(
@@ -176,6 +194,12 @@ impl OpenOptions {
                 ))
             }
             Kind::File => {}
+            _ => {
+                return Err(ClientError::posix(
+                    libc::ENXIO,
+                    format!("{} is a special file, opened by the kernel", inode.fid),
+                ))
+            }
         }
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes.
@@ -487,6 +511,12 @@ impl File {
         self.written_to.load(Ordering::Relaxed)
     }
 
+    /// Tells this handle that the file was cut to `size` through another handle, so that it no
+    /// longer claims to have written past it.
+    pub fn truncated(&self, size: u64) {
+        self.written_to.fetch_min(size, Ordering::Relaxed);
+    }
+
     /// Makes the size this handle wrote visible to every client (what close(2) does).
     pub async fn flush(&self) -> Result<()> {
         self.publish_size().await
@@ -524,6 +554,12 @@ impl File {
 
     /// Truncates or extends the file to `size`.
     pub async fn set_len(&self, size: u64) -> Result<()> {
+        if !self.writable {
+            return Err(ClientError::posix(
+                libc::EBADF,
+                "the file is not open for writing",
+            ));
+        }
         let fid = self.inode.lock().fid;
         if let Ok(layout) = self.layout() {
             let mut targets = HashSet::new();
@@ -551,13 +587,83 @@ impl File {
             size: Some(size),
             ..Default::default()
         };
-        if let Some(i) = self.client.reint(Mutation::Setattr { fid, attr }).await? {
+        // Truncating through a handle open for writing needs no write permission now (the
+        // handle's open was the check), as ftruncate on a file created with mode 0 shows.
+        let by_handle = self.client.as_user(Creds::root());
+        if let Some(i) = by_handle.reint(Mutation::Setattr { fid, attr }).await? {
             *self.inode.lock() = i;
         }
         self.written_to.store(
             size.min(self.written_to.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)`, which then reads as zeros; the size is kept
+    /// (fallocate's PUNCH_HOLE | KEEP_SIZE).
+    pub async fn punch(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(ClientError::posix(
+                libc::EBADF,
+                "the file is not open for writing",
+            ));
+        }
+        let Ok(layout) = self.layout() else {
+            return Ok(()); // no objects: nothing to deallocate
+        };
+        let end = offset.saturating_add(len).min(proto::md::MAX_FILE_SIZE);
+        let pieces = layout
+            .pieces(offset, end.saturating_sub(offset))
+            .map_err(|e| ClientError::posix(libc::EINVAL, e.to_string()))?;
+        // One extent per object: the pieces of one object are contiguous in it.
+        let mut extents: Vec<(StripeObject, u64, u64)> = vec![];
+        for p in pieces {
+            let o = layout.components[p.component].objects[p.stripe as usize];
+            match extents.iter_mut().find(|(x, ..)| *x == o) {
+                Some((_, from, to)) if *to == p.object_offset => *to += p.len,
+                Some((_, from, to)) => {
+                    *from = (*from).min(p.object_offset);
+                    *to = (*to).max(p.object_offset + p.len);
+                }
+                None => extents.push((o, p.object_offset, p.object_offset + p.len)),
+            }
+        }
+        let punched: Vec<StripeObject> = extents.iter().map(|(o, ..)| *o).collect();
+        let targets = punched.iter().map(|o| o.target).collect();
+        let servers = self.oss_of(&targets).await?;
+        let mut calls = JoinSet::new();
+        for (o, from, to) in extents {
+            let (client, peer) = (self.client.clone(), servers[&o.target].clone());
+            calls.spawn(async move {
+                let req = OstPunch {
+                    target: o.target,
+                    fid: o.fid,
+                    offset: from,
+                    len: to - from,
+                };
+                client.rpc(&peer, &req).await
+            });
+        }
+        while let Some(r) = calls.join_next().await {
+            r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+        }
+        self.dirty.lock().extend(punched);
+        self.touch(true).await
+    }
+
+    /// Marks the file changed (ctime, and mtime with `modified`) on behalf of this handle.
+    pub async fn touch(&self, modified: bool) -> Result<()> {
+        let fid = self.inode.lock().fid;
+        let attr = SetAttr {
+            mtime: modified.then(proto::md::Time::now),
+            times_now: true,
+            ..Default::default()
+        };
+        let by_handle = self.client.as_user(Creds::root());
+        if let Some(i) = by_handle.reint(Mutation::Setattr { fid, attr }).await? {
+            *self.inode.lock() = i;
+        }
         Ok(())
     }
 

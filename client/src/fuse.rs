@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -48,30 +48,11 @@ fn fid_of(ino: INodeNo) -> Fid {
 }
 
 fn time(t: Time) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
-            + Duration::from_nanos(u64::from(t.nsec))
-    }
+    t.to_system_time()
 }
 
 fn from_time(t: SystemTime) -> Time {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Time {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        },
-        Err(e) => {
-            let d = e.duration();
-            let (sec, nsec) = if d.subsec_nanos() == 0 {
-                (-(d.as_secs() as i64), 0)
-            } else {
-                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-            };
-            Time { sec, nsec }
-        }
-    }
+    Time::from(t)
 }
 
 fn kind(k: Kind) -> FileType {
@@ -79,6 +60,10 @@ fn kind(k: Kind) -> FileType {
         Kind::Dir => FileType::Directory,
         Kind::File => FileType::RegularFile,
         Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev(_) => FileType::CharDevice,
+        Kind::BlockDev(_) => FileType::BlockDevice,
     }
 }
 
@@ -96,7 +81,7 @@ fn attr(i: &Inode, size: u64) -> FileAttr {
         nlink: i.nlink,
         uid: i.uid,
         gid: i.gid,
-        rdev: 0,
+        rdev: i.kind.rdev() as u32,
         blksize: 1 << 20,
         flags: 0,
     }
@@ -240,7 +225,7 @@ impl Filesystem for LodeFs {
                         .values()
                         .map(|f| f.inode())
                         .find(|i| i.fid == fid);
-                    match held {
+                    match held.map(|i| Inode { nlink: 0, ..i }) {
                         Some(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
                         None => reply.error(errno(&e)),
                     }
@@ -274,6 +259,8 @@ impl Filesystem for LodeFs {
             TimeOrNow::Now => from_time(SystemTime::now()),
             TimeOrNow::SpecificTime(s) => from_time(s),
         };
+        let is_now = |x: &Option<TimeOrNow>| matches!(x, None | Some(TimeOrNow::Now));
+        let times_now = is_now(&atime) && is_now(&mtime);
         let (atime, mtime) = (atime.map(t), mtime.map(t));
         self.rt.spawn(async move {
             let fid = fid_of(ino);
@@ -283,12 +270,16 @@ impl Filesystem for LodeFs {
                         Some(f) => f,
                         None => Arc::new(
                             OpenOptions::new()
+                                .read(false)
                                 .write(true)
                                 .open_inode(&c, c.getattr(fid).await?)
                                 .await?,
                         ),
                     };
                     f.set_len(size).await?;
+                    for other in files.lock().values().filter(|o| o.inode().fid == fid) {
+                        other.truncated(size);
+                    }
                 }
                 let a = SetAttr {
                     mode,
@@ -297,6 +288,7 @@ impl Filesystem for LodeFs {
                     size: None,
                     atime,
                     mtime,
+                    times_now,
                 };
                 c.reint(Mutation::Setattr { fid, attr: a })
                     .await
@@ -330,19 +322,26 @@ impl Filesystem for LodeFs {
         n: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Only regular files: FIFOs and device nodes are not kept.
-            reply.error(Errno::from_i32(libc::EPERM));
-            return;
-        }
+        // The kernel has already checked CAP_MKNOD for device nodes.
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev(rdev.into()),
+            libc::S_IFBLK => Kind::BlockDev(rdev.into()),
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
         let (c, n) = (self.as_caller(req), name(n));
         let m = Mutation::Create {
             parent: fid_of(parent),
             name: n,
-            kind: Kind::File,
+            kind,
             mode: mode & !umask & 0o7777,
             exclusive: true,
             target: vec![],
@@ -586,6 +585,51 @@ impl Filesystem for LodeFs {
             Ok(f) => self.empty(reply, async move { f.flush().await }),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let f = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let files = self.files.clone();
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let Some(end) = offset
+            .checked_add(length)
+            .filter(|e| *e <= proto::md::MAX_FILE_SIZE)
+        else {
+            return reply.error(Errno::EFBIG);
+        };
+        self.empty(reply, async move {
+            // Objects are sparse and space is not reserved: allocating is extending the size
+            // (ENOSPC comes at write time); a punched or zeroed range reads as zeros.
+            if zero {
+                f.punch(offset, length).await?;
+            }
+            let size = Self::size_of(&files, &f.inode());
+            if !keep && end > size {
+                f.set_len(end).await
+            } else if !zero {
+                f.touch(false).await
+            } else {
+                Ok(())
+            }
+        });
     }
 
     fn fsync(

@@ -157,18 +157,7 @@ impl Namespace {
 
     /// Whether `who` may access `inode` for `want` (bits of rwx: 4, 2, 1).
     pub fn permits(inode: &Inode, who: &Creds, want: u32) -> bool {
-        if who.uid == 0 {
-            // Root may do anything but execute a file nobody may execute.
-            return want & 1 == 0 || inode.kind == Kind::Dir || inode.mode & 0o111 != 0;
-        }
-        let bits = if who.uid == inode.uid {
-            inode.mode >> 6
-        } else if who.in_group(inode.gid) {
-            inode.mode >> 3
-        } else {
-            inode.mode
-        } & 7;
-        bits & want == want
+        inode.permits(who, want)
     }
 
     fn require(&self, fid: Fid, who: &Creds, want: u32) -> Result<&Inode> {
@@ -389,6 +378,9 @@ impl Namespace {
                 format!("a symlink target is 1 to {MAX_SYMLINK} bytes"),
             );
         }
+        if kind.is_special() && layout.is_some() {
+            return err(libc::EINVAL, "a special file has no layout");
+        }
         if let Some(l) = &layout {
             l.validate().map_err(|e| NsError {
                 errno: libc::EINVAL,
@@ -409,7 +401,10 @@ impl Namespace {
         // New entries take the directory's group when it is setgid, and inherit its default
         // layout (a directory passes it on to subdirectories too).
         let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
-        let inherited = layout.or_else(|| p.layout.clone());
+        let inherited = match kind {
+            Kind::Dir | Kind::File => layout.or_else(|| p.layout.clone()),
+            _ => None,
+        };
         let inode = Inode {
             fid,
             kind,
@@ -549,6 +544,7 @@ impl Namespace {
         })?;
         match i.kind {
             Kind::Symlink => return err(libc::EINVAL, "a symlink has no layout"),
+            k if k.is_special() => return err(libc::EINVAL, "a special file has no layout"),
             Kind::Dir if layout.components.iter().any(|c| c.is_instantiated()) => {
                 return err(
                     libc::EINVAL,
@@ -813,8 +809,13 @@ impl Namespace {
                 );
             }
         }
-        if (a.atime.is_some() || a.mtime.is_some()) && !owner && !Self::permits(&i, who, 2) {
-            return err(libc::EACCES, "permission denied to set times");
+        if (a.atime.is_some() || a.mtime.is_some()) && !owner {
+            if !a.times_now {
+                return err(libc::EPERM, "only the owner may set times other than now");
+            }
+            if !Self::permits(&i, who, 2) {
+                return err(libc::EACCES, "permission denied to set times");
+            }
         }
         if let Some(size) = a.size {
             if i.kind == Kind::Dir {

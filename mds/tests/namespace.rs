@@ -730,3 +730,56 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
         .unwrap();
     assert!(fs.ns.doomed(10, |_| false).is_empty());
 }
+
+#[test]
+fn special_files_and_who_may_set_times() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let alice = user(1000);
+    for (name, kind) in [
+        ("fifo", Kind::Fifo),
+        ("sock", Kind::Socket),
+        ("null", Kind::CharDev(0x103)),
+        ("loop0", Kind::BlockDev(0x700)),
+    ] {
+        let i = fs.create(ROOT, name, kind, &root).unwrap();
+        assert_eq!(i.kind, kind);
+        assert!(i.layout.is_none(), "{name} has no layout");
+        let m = Mutation::SetLayout {
+            fid: i.fid,
+            layout: Layout::new(vec![Component::raid0(StripeCount::Count(1), 1 << 20)]).unwrap(),
+        };
+        assert_eq!(fs.errno(m, &root), libc::EINVAL);
+    }
+    assert_eq!(Kind::CharDev(0x103).rdev(), 0x103);
+    // A file anyone may write: others may set its times to now, and no other time.
+    let f = fs.create(ROOT, "shared", Kind::File, &root).unwrap();
+    let chmod = Mutation::Setattr {
+        fid: f.fid,
+        attr: SetAttr {
+            mode: Some(0o666),
+            ..Default::default()
+        },
+    };
+    fs.run(chmod, &root).unwrap();
+    let times = |now: bool| Mutation::Setattr {
+        fid: f.fid,
+        attr: SetAttr {
+            mtime: Some(t(50)),
+            times_now: now,
+            ..Default::default()
+        },
+    };
+    fs.run(times(true), &alice).unwrap();
+    assert_eq!(fs.errno(times(false), &alice), libc::EPERM);
+    let private = fs.create(ROOT, "private", Kind::File, &root).unwrap();
+    let now = Mutation::Setattr {
+        fid: private.fid,
+        attr: SetAttr {
+            mtime: Some(t(50)),
+            times_now: true,
+            ..Default::default()
+        },
+    };
+    assert_eq!(fs.errno(now, &alice), libc::EACCES);
+}

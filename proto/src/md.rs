@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
 use crate::msg::{opcodes, Opcode, Rpc};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use crate::Fid;
 
 /// Largest file size: 1 PiB.
@@ -17,12 +19,75 @@ pub enum Kind {
     Dir,
     File,
     Symlink,
+    /// A named pipe: the namespace keeps its name and attributes; data never reaches lode.
+    Fifo,
+    /// A Unix socket's name.
+    Socket,
+    /// A character device node, with its device number (`makedev`).
+    CharDev(u64),
+    /// A block device node, with its device number.
+    BlockDev(u64),
+}
+
+impl Kind {
+    /// FIFOs, sockets and device nodes: names with attributes, no data and no layout.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            Kind::Fifo | Kind::Socket | Kind::CharDev(_) | Kind::BlockDev(_)
+        )
+    }
+
+    /// The device number of a device node, else 0.
+    pub fn rdev(self) -> u64 {
+        match self {
+            Kind::CharDev(d) | Kind::BlockDev(d) => d,
+            _ => 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Time {
     pub sec: i64,
     pub nsec: u32,
+}
+
+impl Time {
+    /// The wall clock now.
+    pub fn now() -> Time {
+        Time::from(SystemTime::now())
+    }
+
+    pub fn to_system_time(self) -> SystemTime {
+        if self.sec >= 0 {
+            UNIX_EPOCH + Duration::new(self.sec as u64, self.nsec)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(self.sec.unsigned_abs())
+                + Duration::from_nanos(u64::from(self.nsec))
+        }
+    }
+}
+
+impl From<SystemTime> for Time {
+    /// Times before 1970 keep a non-negative nanosecond part: -0.5 s is `{ sec: -1, nsec: 5e8 }`.
+    fn from(t: SystemTime) -> Time {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Time {
+                sec: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (sec, nsec) = if d.subsec_nanos() == 0 {
+                    (-(d.as_secs() as i64), 0)
+                } else {
+                    (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+                };
+                Time { sec, nsec }
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +109,25 @@ pub struct Inode {
     /// A symlink's target.
     #[serde(with = "crate::msg::bytes_field")]
     pub target: Vec<u8>,
+}
+
+impl Inode {
+    /// Whether `who` may read (4), write (2) and/or search or execute (1) this inode, by its mode
+    /// bits as POSIX checks them: owner, else group, else others; root passes all but execute of
+    /// a file nobody may execute.
+    pub fn permits(&self, who: &Creds, want: u32) -> bool {
+        if who.uid == 0 {
+            return want & 1 == 0 || self.kind == Kind::Dir || self.mode & 0o111 != 0;
+        }
+        let bits = if who.uid == self.uid {
+            self.mode >> 6
+        } else if who.in_group(self.gid) {
+            self.mode >> 3
+        } else {
+            self.mode
+        } & 7;
+        bits & want == want
+    }
 }
 
 /// Who is asking. uid 0 passes every permission check.
@@ -151,6 +235,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<Time>,
     pub mtime: Option<Time>,
+    /// The times given are the current time (UTIME_NOW, `touch`): write permission suffices.
+    /// Other times may be set only by the owner.
+    pub times_now: bool,
 }
 
 /// Carries out one mutation for `creds`; durable when answered.

@@ -262,6 +262,40 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
         "set layout xattr: {out:?}"
     );
 
+    // FIFOs, sockets and device nodes keep their kind and device number; a FIFO passes data.
+    let (ok, out) = sh(&mnt, "mkfifo fifo && mknod cdev c 1 3 && mknod bdev b 7 0 && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\" && stat -c '%F %t:%T' fifo cdev bdev sock && (echo through > fifo &) && cat fifo");
+    assert!(
+        ok && out == "fifo 0:0\ncharacter special file 1:3\nblock special file 7:0\nsocket 0:0\nthrough\n",
+        "special files: {out:?}"
+    );
+    // fallocate extends, punching a hole zeroes a range and keeps the size, files pass 4 GiB.
+    let (ok, out) = sh(&mnt, "printf 'abcdefgh%.0s' $(seq 1 1024) > holey && fallocate -l 16384 holey && fallocate -p -o 4 -l 8000 holey && stat -c %s holey && head -c 8 holey | od -An -c && tail -c +8004 holey | head -c 4 | od -An -c");
+    assert!(
+        ok && out == "16384\n   a   b   c   d  \\0  \\0  \\0  \\0\n  \\0   e   f   g\n",
+        "fallocate: {out:?}"
+    );
+    let (ok, out) = sh(&mnt, "printf tail | dd of=huge bs=1 seek=6442450944 status=none && stat -c %s huge && tail -c 4 huge && dd if=huge bs=1M skip=6143 count=1 status=none | od -An -c | head -1");
+    assert!(
+        ok && out.starts_with("6442450948\ntail") && out.contains("\\0"),
+        "a 6 GiB sparse file: {out:?}"
+    );
+    // Times: another user may set "now" with write permission, other times only as owner.
+    fs::write(m("shared"), b"x").unwrap();
+    fs::set_permissions(m("shared"), fs::Permissions::from_mode(0o666)).unwrap();
+    let touch = |args: &[&str]| {
+        Command::new("touch")
+            .args(args)
+            .arg(m("shared"))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(touch(&[]));
+    assert!(!touch(&["-d", "2001-01-01"]));
+
     // Real tools.
     let (ok, out) = sh(
         &mnt,

@@ -361,6 +361,10 @@ async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
                 Kind::Dir => 'd',
                 Kind::File => '-',
                 Kind::Symlink => 'l',
+                Kind::Fifo => 'p',
+                Kind::Socket => 's',
+                Kind::CharDev(_) => 'c',
+                Kind::BlockDev(_) => 'b',
             };
             println!(
                 "{kind}{:o} {:>3} {:>5} {:>5} {:>12} {name}",
