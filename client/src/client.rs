@@ -394,22 +394,42 @@ impl Client {
 
     /// Every entry of the directory `dir`.
     pub async fn readdir_fid(&self, dir: Fid) -> Result<Vec<DirEntry>> {
-        let mut out = vec![];
+        Ok(self.readdir_pages(dir, false).await?.0)
+    }
+
+    /// The entries of `dir` with each one's attributes (without layout, xattrs or symlink
+    /// target), in one round trip per page as readdirplus needs.
+    pub async fn readdir_plus(&self, dir: Fid) -> Result<Vec<(DirEntry, Inode)>> {
+        let (entries, attrs) = self.readdir_pages(dir, true).await?;
+        if entries.len() != attrs.len() {
+            return Err(ClientError::posix(
+                libc::EIO,
+                "a readdirplus page lost attributes",
+            ));
+        }
+        Ok(entries.into_iter().zip(attrs).collect())
+    }
+
+    async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
+        let (mut entries, mut attrs) = (vec![], vec![]);
         let mut after = vec![];
         loop {
             let r = MdsReaddir {
                 creds: self.creds.clone(),
                 dir,
                 after: after.clone(),
-                max: MAX_READDIR,
+                // Pages with attributes stay well under the largest body.
+                max: if plus { MAX_READDIR / 4 } else { MAX_READDIR },
+                plus,
             };
             let page = self.rpc(&self.inner.mds.clone(), &r).await?;
             if let Some(last) = page.entries.last() {
                 after = last.name.clone();
             }
-            out.extend(page.entries);
+            entries.extend(page.entries);
+            attrs.extend(page.attrs);
             if page.end {
-                return Ok(out);
+                return Ok((entries, attrs));
             }
         }
     }

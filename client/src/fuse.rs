@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, LockOwner, OpenFlags, RenameFlags as FuseRename, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
 };
 use parking_lot::Mutex;
 use proto::md::{Creds, DirEntry, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
@@ -96,7 +96,10 @@ pub struct LodeFs {
     client: Client,
     rt: tokio::runtime::Handle,
     files: Arc<Mutex<HashMap<u64, Arc<File>>>>,
-    dirs: Arc<Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>>,
+    /// Open directories: a snapshot of the entries, with their attributes where known.
+    dirs: Arc<Mutex<HashMap<u64, Arc<Vec<(DirEntry, Option<Inode>)>>>>>,
+    /// Tells the kernel to drop what it caches; set once the session is up.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     next_fh: AtomicU64,
 }
 
@@ -107,8 +110,15 @@ impl LodeFs {
             rt,
             files: Arc::default(),
             dirs: Arc::default(),
+            notifier: Arc::default(),
             next_fh: AtomicU64::new(1),
         }
+    }
+
+    /// Where the mount puts the session's notifier once it runs, so that opens can drop the
+    /// kernel's cached attributes (close-to-open consistency with other clients).
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     fn as_caller(&self, req: &Request) -> Client {
@@ -204,6 +214,14 @@ impl Filesystem for LodeFs {
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
         let _ = config.set_max_background(64);
+        // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, and page
+        // cache dropped when a file's mtime or size changes under the kernel.
+        let _ = config.add_capabilities(
+            fuser::InitFlags::FUSE_DO_READDIRPLUS
+                | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
+                | fuser::InitFlags::FUSE_PARALLEL_DIROPS
+                | fuser::InitFlags::FUSE_AUTO_INVAL_DATA,
+        );
         Ok(())
     }
 
@@ -466,6 +484,7 @@ impl Filesystem for LodeFs {
         let c = self.as_caller(req);
         let raw = flags.0;
         let files = self.files.clone();
+        let notifier = self.notifier.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.rt.spawn(async move {
             let acc = raw & libc::O_ACCMODE;
@@ -483,6 +502,12 @@ impl Filesystem for LodeFs {
             let opened = async { opts.open_inode(&c, c.getattr(fid_of(ino)).await?).await };
             match opened.await {
                 Ok(f) => {
+                    // Close-to-open: another client may have changed the file since the kernel
+                    // cached its attributes; the next stat asks again (its pages are dropped
+                    // at open, as no FOPEN_KEEP_CACHE is given).
+                    if let Some(n) = notifier.get() {
+                        let _ = n.inval_inode(ino, -1, 0);
+                    }
                     files.lock().insert(fh, Arc::new(f));
                     reply.opened(FileHandle(fh), fopen);
                 }
@@ -632,6 +657,23 @@ impl Filesystem for LodeFs {
         });
     }
 
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel then copies through reads and writes (and stops asking).
+        reply.error(Errno::ENOSYS);
+    }
+
     fn fsync(
         &self,
         _req: &Request,
@@ -675,23 +717,25 @@ impl Filesystem for LodeFs {
                     return Err(ClientError::posix(libc::ENOTDIR, "not a directory"));
                 }
                 let parent = if dir.fid == ROOT {
-                    ROOT
+                    dir.clone()
                 } else {
-                    c.lookup(dir.fid, b"..").await?.fid
+                    c.lookup(dir.fid, b"..").await?
                 };
-                let mut all = vec![
-                    DirEntry {
-                        name: b".".to_vec(),
-                        fid: dir.fid,
+                let dot = |name: &[u8], i: Inode| {
+                    let e = DirEntry {
+                        name: name.to_vec(),
+                        fid: i.fid,
                         kind: Kind::Dir,
-                    },
-                    DirEntry {
-                        name: b"..".to_vec(),
-                        fid: parent,
-                        kind: Kind::Dir,
-                    },
-                ];
-                all.extend(c.readdir_fid(dir.fid).await?);
+                    };
+                    (e, Some(i))
+                };
+                let mut all = vec![dot(b".", dir.clone()), dot(b"..", parent)];
+                all.extend(
+                    c.readdir_plus(dir.fid)
+                        .await?
+                        .into_iter()
+                        .map(|(e, i)| (e, Some(i))),
+                );
                 Ok(all)
             };
             match listing.await {
@@ -715,13 +759,42 @@ impl Filesystem for LodeFs {
         let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (i, (e, _)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(
                 ino_of(e.fid),
                 i as u64 + 1,
                 kind(e.kind),
                 OsStr::from_bytes(&e.name),
             ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
+            // Entries come with the attributes read in the same round trip as the listing.
+            let Some(a) = a else { continue };
+            let full = reply.add(
+                ino_of(e.fid),
+                i as u64 + 1,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &attr(a, Self::size_of(&self.files, a)),
+                Generation(0),
+            );
+            if full {
                 break;
             }
         }

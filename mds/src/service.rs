@@ -201,9 +201,39 @@ impl MdsService {
                 let r: MdsReaddir = req.decode()?;
                 let max = r.max.clamp(1, MAX_READDIR) as usize;
                 let after = (!r.after.is_empty()).then_some(&r.after[..]);
-                let entries = self
+                let (entries, attrs, max) = self
                     .store
-                    .read(|ns| ns.readdir(r.dir, after, max + 1, &r.creds))
+                    .read(|ns| {
+                        let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
+                        // A page stays well under the largest body, whatever the names' length.
+                        let per_entry = if r.plus { 192 } else { 32 };
+                        let mut budget = proto::frame::MAX_BODY as usize / 2;
+                        let fits = entries
+                            .iter()
+                            .position(|(name, ..)| {
+                                budget = budget.saturating_sub(name.len() + per_entry);
+                                budget == 0
+                            })
+                            .unwrap_or(entries.len());
+                        let max = max.min(fits.max(1));
+                        entries.truncate(max + 1);
+                        let attrs: Vec<Inode> = if r.plus {
+                            entries
+                                .iter()
+                                .take(max)
+                                .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
+                                .map(|i| Inode {
+                                    xattrs: Default::default(),
+                                    layout: None,
+                                    target: vec![],
+                                    ..i.clone()
+                                })
+                                .collect()
+                        } else {
+                            vec![]
+                        };
+                        Ok((entries, attrs, max))
+                    })
                     .map_err(ns_error)?;
                 let end = entries.len() <= max;
                 let entries = entries
@@ -211,7 +241,11 @@ impl MdsService {
                     .take(max)
                     .map(|(name, fid, kind)| DirEntry { name, fid, kind })
                     .collect();
-                reply::<MdsReaddir>(&MdsDirPage { entries, end })
+                reply::<MdsReaddir>(&MdsDirPage {
+                    entries,
+                    attrs,
+                    end,
+                })
             }
             other => Err(RemoteError::new(
                 StatusCode::NoService,

@@ -293,6 +293,8 @@ pub struct MdsReaddir {
     #[serde(with = "crate::msg::bytes_field")]
     pub after: Vec<u8>,
     pub max: u32,
+    /// Also return each entry's attributes (readdirplus).
+    pub plus: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +309,10 @@ pub struct DirEntry {
 pub struct MdsDirPage {
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub entries: Vec<DirEntry>,
+    /// With `plus`, each entry's attributes, in order: without layout, xattrs or symlink
+    /// target, which are fetched on demand.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub attrs: Vec<Inode>,
     /// No entries after these.
     pub end: bool,
 }

@@ -296,6 +296,31 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     assert!(touch(&[]));
     assert!(!touch(&["-d", "2001-01-01"]));
 
+    // A second mount of the same filesystem: close-to-open, and ls -l from readdirplus.
+    let mnt2 = root.join("mnt2");
+    fs::create_dir_all(&mnt2).unwrap();
+    let second = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt2.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    fs::write(m("cto"), b"one").unwrap();
+    assert_eq!(fs::read(mnt2.join("cto")).unwrap(), b"one");
+    fs::write(m("cto"), b"version two").unwrap();
+    assert_eq!(fs::read(mnt2.join("cto")).unwrap(), b"version two");
+    assert_eq!(fs::metadata(mnt2.join("cto")).unwrap().len(), 11);
+    let (ok, out) = sh(&mnt2, "ls -ln d | tail -1");
+    assert!(
+        ok && out.starts_with("-rw-r--r-- 1 0 0 1 "),
+        "ls -l: {out:?}"
+    );
+    assert!(second.terminate().success());
+
     // Real tools.
     let (ok, out) = sh(
         &mnt,

@@ -77,8 +77,10 @@ fn mounted(path: &Path) -> bool {
 pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
     let cfg = config(opts, mds)?;
     let fs = LodeFs::new(client, tokio::runtime::Handle::current());
+    let notifier = fs.notifier_slot();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg)
         .with_context(|| format!("mounting on {}", mountpoint.display()))?;
+    let _ = notifier.set(session.notifier());
     println!("lode mounted on {} from {mds}", mountpoint.display());
     // Until asked to stop, or until someone unmounts it (lode umount, fusermount3 -u).
     let unmounted = async {

@@ -225,6 +225,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             dir,
                             after: after.clone(),
                             max: 1024,
+                            plus: false,
                         },
                         T,
                     )
