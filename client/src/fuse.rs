@@ -92,12 +92,15 @@ fn errno(e: &ClientError) -> Errno {
 }
 
 /// The mounted filesystem.
+/// A directory's entries as opendir saw them, with their attributes where known.
+type Listing = Vec<(DirEntry, Option<Inode>)>;
+
 pub struct LodeFs {
     client: Client,
     rt: tokio::runtime::Handle,
     files: Arc<Mutex<HashMap<u64, Arc<File>>>>,
     /// Open directories: a snapshot of the entries, with their attributes where known.
-    dirs: Arc<Mutex<HashMap<u64, Arc<Vec<(DirEntry, Option<Inode>)>>>>>,
+    dirs: Arc<Mutex<HashMap<u64, Arc<Listing>>>>,
     /// Tells the kernel to drop what it caches; set once the session is up.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     next_fh: AtomicU64,
