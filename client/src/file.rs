@@ -511,6 +511,18 @@ impl File {
         self.written_to.load(Ordering::Relaxed)
     }
 
+    /// Counts a write up to `end` as made, ahead of its landing (write-behind): the size this
+    /// handle shows and publishes includes it.
+    pub fn issued_to(&self, end: u64) {
+        self.written_to.fetch_max(end, Ordering::Relaxed);
+        self.unpublished.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether writes go to the end of the file whatever their offset (O_APPEND).
+    pub fn appends(&self) -> bool {
+        self.append
+    }
+
     /// Tells this handle that the file was cut to `size` through another handle, so that it no
     /// longer claims to have written past it.
     pub fn truncated(&self, size: u64) {

@@ -26,6 +26,7 @@ use proto::Fid;
 use crate::client::{Client, ROOT};
 use crate::error::ClientError;
 use crate::file::{File, OpenOptions};
+use crate::stream::{Ahead, Streams};
 
 /// How long the kernel may trust attributes and entries it was given.
 const TTL: Duration = Duration::from_secs(1);
@@ -103,6 +104,10 @@ pub struct LodeFs {
     dirs: Arc<Mutex<HashMap<u64, Arc<Listing>>>>,
     /// Tells the kernel to drop what it caches; set once the session is up.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Write-behind and readahead behind the kernel's one-at-a-time requests.
+    streams: Arc<Streams>,
+    /// Each open file's readahead window.
+    windows: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Ahead>>>>>,
     next_fh: AtomicU64,
 }
 
@@ -114,6 +119,8 @@ impl LodeFs {
             files: Arc::default(),
             dirs: Arc::default(),
             notifier: Arc::default(),
+            streams: Arc::default(),
+            windows: Arc::default(),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -217,13 +224,15 @@ impl Filesystem for LodeFs {
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
         let _ = config.set_max_background(64);
-        // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, and page
-        // cache dropped when a file's mtime or size changes under the kernel.
+        // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, page
+        // cache dropped when a file's mtime or size changes under the kernel, and O_DIRECT
+        // requests submitted asynchronously (so io_depth reaches the daemon).
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS
                 | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
                 | fuser::InitFlags::FUSE_PARALLEL_DIROPS
-                | fuser::InitFlags::FUSE_AUTO_INVAL_DATA,
+                | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
+                | fuser::InitFlags::FUSE_ASYNC_DIO,
         );
         Ok(())
     }
@@ -283,10 +292,13 @@ impl Filesystem for LodeFs {
         let is_now = |x: &Option<TimeOrNow>| matches!(x, None | Some(TimeOrNow::Now));
         let times_now = is_now(&atime) && is_now(&mtime);
         let (atime, mtime) = (atime.map(t), mtime.map(t));
+        let streams = self.streams.clone();
         self.rt.spawn(async move {
             let fid = fid_of(ino);
             let result = async {
                 if let Some(size) = size {
+                    streams.wait(fid).await;
+                    streams.changed(fid);
                     let f = match open {
                         Some(f) => f,
                         None => Arc::new(
@@ -567,10 +579,11 @@ impl Filesystem for LodeFs {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
+        let window = self.windows.lock().entry(fh.0).or_default().clone();
+        let streams = self.streams.clone();
         self.rt.spawn(async move {
-            let mut buf = vec![0u8; size as usize];
-            match f.read_at(offset, &mut buf).await {
-                Ok(n) => reply.data(&buf[..n]),
+            match streams.read(&f, &window, offset, size as usize).await {
+                Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -593,9 +606,20 @@ impl Filesystem for LodeFs {
             Err(e) => return reply.error(errno(&e)),
         };
         let data = data.to_vec();
+        let streams = self.streams.clone();
         self.rt.spawn(async move {
-            match f.write_at(offset, &data).await {
-                Ok(_) => reply.written(data.len() as u32),
+            let n = data.len() as u32;
+            let r = if f.appends() {
+                // Appends land in order, each at the end the one before left.
+                match streams.settle(f.inode().fid).await {
+                    Ok(()) => f.write_at(offset, &data).await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            } else {
+                streams.write(&f, offset, data).await
+            };
+            match r {
+                Ok(()) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -610,7 +634,13 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         match self.file(fh) {
-            Ok(f) => self.empty(reply, async move { f.flush().await }),
+            Ok(f) => {
+                let streams = self.streams.clone();
+                self.empty(reply, async move {
+                    streams.settle(f.inode().fid).await?;
+                    f.flush().await
+                })
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -629,6 +659,7 @@ impl Filesystem for LodeFs {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
+        let streams = self.streams.clone();
         let files = self.files.clone();
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
@@ -646,6 +677,9 @@ impl Filesystem for LodeFs {
         self.empty(reply, async move {
             // Objects are sparse and space is not reserved: allocating is extending the size
             // (ENOSPC comes at write time); a punched or zeroed range reads as zeros.
+            let fid = f.inode().fid;
+            streams.wait(fid).await;
+            streams.changed(fid);
             if zero {
                 f.punch(offset, length).await?;
             }
@@ -686,7 +720,13 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         match self.file(fh) {
-            Ok(f) => self.empty(reply, async move { f.fsync().await }),
+            Ok(f) => {
+                let streams = self.streams.clone();
+                self.empty(reply, async move {
+                    streams.settle(f.inode().fid).await?;
+                    f.fsync().await
+                })
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -702,11 +742,27 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         let f = self.files.lock().remove(&fh.0);
-        match f.map(Arc::try_unwrap) {
-            Some(Ok(f)) => self.empty(reply, async move { f.close().await }),
-            // Still in use by a request in flight: it closes itself when dropped.
-            Some(Err(_)) | None => reply.ok(),
-        }
+        let window = self.windows.lock().remove(&fh.0);
+        let streams = self.streams.clone();
+        let Some(mut f) = f else {
+            return reply.ok();
+        };
+        self.empty(reply, async move {
+            if let Some(w) = window {
+                w.lock().await.stop().await;
+            }
+            let landed = streams.release(f.inode().fid).await;
+            // Requests still in flight on this handle finish first; past a bound it closes
+            // itself when the last of them drops it.
+            for _ in 0..1000 {
+                match Arc::try_unwrap(f) {
+                    Ok(file) => return landed.and(file.close().await),
+                    Err(held) => f = held,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            landed
+        });
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -14,6 +14,7 @@ pub mod client;
 pub mod error;
 pub mod file;
 pub mod fuse;
+pub mod stream;
 pub mod stripe_args;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};

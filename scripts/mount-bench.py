@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""fio on a lode mount against a local directory, in the same run.
+
+    scripts/mount-bench.py --mount /mnt/lode --local /var/tmp/fio-local [--rounds 3] [--size 2g]
+
+Each round runs every job on both directories in rotated order; the report gives medians,
+lode's ratio to local, and CPU seconds per GB (fio's own plus every lode process's, read from
+/proc, so the FUSE daemon and the servers are counted). Data jobs use O_DIRECT (direct=1).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def lode_cpu():
+    """CPU seconds used so far by every process whose command is a lode binary."""
+    total = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                exe = f.read().split(b"\0")[0]
+            if not os.path.basename(exe).startswith(b"lode"):
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICK
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def fio(directory, name, args):
+    cmd = ["fio", f"--name={name}", f"--directory={directory}", "--output-format=json",
+           "--group_reporting"] + args
+    before = lode_cpu()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    after = lode_cpu()
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    runtime = job["job_runtime"] / 1000 or 1e-9
+    # fio's usr/sys are percentages of its runtime, per job: times the job count.
+    jobs = int(next((a.split("=")[1] for a in args if a.startswith("--numjobs=")), "1"))
+    fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * runtime * jobs
+    return job, fio_cpu + (after - before)
+
+
+def data_jobs(size):
+    gib = size
+    per4 = f"{int(gib.rstrip('g')) * 256}m"
+    common = ["--direct=1", "--ioengine=psync", "--bs=1m"]
+    return [
+        ("seq write 1M x1", "write", common + ["--rw=write", f"--size={gib}", "--numjobs=1"]),
+        ("seq read 1M x1", "read", common + ["--rw=read", f"--size={gib}", "--numjobs=1"]),
+        ("seq write 1M x4", "write", common + ["--rw=write", f"--size={per4}", "--numjobs=4"]),
+        ("seq read 1M x4", "read", common + ["--rw=read", f"--size={per4}", "--numjobs=4"]),
+        ("rand read 4K QD16", "read",
+         ["--direct=1", "--ioengine=libaio", "--iodepth=16", "--bs=4k", "--rw=randread",
+          "--size=1g", "--runtime=10", "--time_based"]),
+    ]
+
+
+META = [
+    ("create", "filecreate", "write"),
+    ("stat", "filestat", "read"),
+    ("unlink", "filedelete", "read"),
+]
+
+
+def run_data(directory, label, side, args):
+    job, cpu = fio(directory, label.replace(" ", "_"), args)
+    r = job[side]
+    gb = r["io_bytes"] / 1e9
+    secs = job["job_runtime"] / 1000
+    return {"GB/s": gb / secs if secs else 0, "IOPS": r["iops"], "cpu_s_per_GB": cpu / gb if gb else 0}
+
+
+def run_meta(directory, n):
+    sub = os.path.join(directory, "meta")
+    os.makedirs(sub, exist_ok=True)
+    out = {}
+    for label, engine, side in META:
+        job, _ = fio(sub, "m", [f"--ioengine={engine}", f"--nrfiles={n}", "--filesize=4k",
+                                "--openfiles=1", "--create_on_open=1", "--bs=4k", "--rw=read"])
+        out[label] = job[side]["iops"] or job["read"]["iops"] or job["write"]["iops"]
+    shutil.rmtree(sub, ignore_errors=True)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mount", required=True)
+    p.add_argument("--local", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--size", default="2g")
+    p.add_argument("--files", type=int, default=20000)
+    a = p.parse_args()
+    dirs = {"lode": os.path.join(a.mount, "fio"), "local": a.local}
+    for d in dirs.values():
+        os.makedirs(d, exist_ok=True)
+    results = {}  # (job, side) -> list of dicts
+    order = list(dirs)
+    for rnd in range(a.rounds):
+        sides = order[rnd % 2:] + order[:rnd % 2]
+        for label, side, args in data_jobs(a.size):
+            for name in sides:
+                r = run_data(dirs[name], label, side, args)
+                results.setdefault((label, name), []).append(r)
+                print(f"round {rnd + 1} {name:5} {label:18} {r['GB/s']:.3f} GB/s "
+                      f"{r['IOPS']:.0f} IOPS {r['cpu_s_per_GB']:.2f} CPU s/GB", file=sys.stderr)
+        for name in sides:
+            for k, v in run_meta(dirs[name], a.files).items():
+                results.setdefault((f"{k} {a.files} files", name), []).append({"ops/s": v})
+                print(f"round {rnd + 1} {name:5} {k:18} {v:.0f} ops/s", file=sys.stderr)
+    print(f"\nmedians of {a.rounds} rounds (lode = {a.mount}, local = {a.local})")
+    print(f"{'job':24} {'lode':>12} {'local':>12} {'ratio':>6}  CPU s/GB lode / local")
+    jobs = []
+    for (job, _) in results:
+        if job not in jobs:
+            jobs.append(job)
+    for job in jobs:
+        lo, lc = results[(job, "lode")], results[(job, "local")]
+        if "ops/s" in lo[0]:
+            x = statistics.median(r["ops/s"] for r in lo)
+            y = statistics.median(r["ops/s"] for r in lc)
+            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}")
+            continue
+        key = "IOPS" if "4K" in job else "GB/s"
+        x = statistics.median(r[key] for r in lo)
+        y = statistics.median(r[key] for r in lc)
+        cx = statistics.median(r["cpu_s_per_GB"] for r in lo)
+        cy = statistics.median(r["cpu_s_per_GB"] for r in lc)
+        unit = "" if key == "IOPS" else " GB/s"
+        fmt = (lambda v: f"{v:.0f}") if key == "IOPS" else (lambda v: f"{v:.2f}")
+        print(f"{job:24} {fmt(x) + unit:>12} {fmt(y) + unit:>12} {x / y:6.2f}  {cx:.2f} / {cy:.2f}")
+    shutil.rmtree(dirs["lode"], ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
