@@ -247,6 +247,11 @@ impl std::fmt::Debug for File {
 }
 
 impl File {
+    /// The client this file was opened through (to register memory for it, say).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub fn inode(&self) -> Inode {
         self.inode.lock().clone()
     }
