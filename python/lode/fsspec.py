@@ -22,10 +22,17 @@ class LodeFileSystem(AbstractFileSystem):
     protocol = "lode"
     root_marker = "/"
 
-    def __init__(self, host=None, **kwargs):
+    def __init__(self, host=None, auto_mkdir=True, **kwargs):
         super().__init__(**kwargs)
         self.host = host or os.environ.get("LODE_MDS", "127.0.0.1:9400")
+        self.auto_mkdir = auto_mkdir
         self.lode = lode.connect(self.host)
+
+    def _parents(self, path):
+        """Writing a file makes its directory, as object stores behave (auto_mkdir)."""
+        parent = path.rsplit("/", 1)[0] or "/"
+        if self.auto_mkdir and not self.exists(parent):
+            self.lode.mkdir(parent, parents=True)
 
     # Paths: "lode://host:port/a/b", "lode:///a/b", "/a/b" and "a/b" all name /a/b.
     @classmethod
@@ -144,6 +151,7 @@ class LodeFileSystem(AbstractFileSystem):
             self.makedirs(p2, exist_ok=True)
             return
         buf = bytearray(DEFAULT_BLOCK * 4)
+        self._parents(p2)
         with self.lode.open(p1, "rb") as src, self.lode.open(p2, "wb") as dst:
             while n := src.readinto(buf):
                 dst.write(memoryview(buf)[:n])
@@ -151,6 +159,7 @@ class LodeFileSystem(AbstractFileSystem):
     def touch(self, path, truncate=True, **kwargs):
         path = self._strip_protocol(path)
         if truncate or not self.exists(path):
+            self._parents(path)
             self.lode.open(path, "wb").close()
 
     def cat_file(self, path, start=None, end=None, **kwargs):
@@ -193,6 +202,7 @@ class LodeFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         path = self._strip_protocol(path)
+        self._parents(path)
         with self.lode.open(path, "xb" if mode == "create" else "wb") as f:
             f.write(value)
 
@@ -202,9 +212,7 @@ class LodeFileSystem(AbstractFileSystem):
         if "b" not in mode:
             mode += "b"
         if "w" in mode or "a" in mode or "x" in mode:
-            parent = path.rsplit("/", 1)[0] or "/"
-            if not self.exists(parent):
-                self.lode.mkdir(parent, parents=True)
+            self._parents(path)
         raw = self.lode.open(path, mode)
         size = block_size or DEFAULT_BLOCK
         if "+" in mode:

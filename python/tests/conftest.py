@@ -48,7 +48,7 @@ def lodefs(cluster):
 @pytest.fixture
 def tmpdir_lode(lodefs, request):
     """A fresh directory in lode for one test."""
-    path = f"/t/{request.node.name}-{random.randrange(1 << 30)}"
+    path = f"/t/{request.node.originalname}-{random.randrange(1 << 30)}"
     lodefs.mkdir(path, parents=True)
     yield path
     lodefs.rm(path, recursive=True)
