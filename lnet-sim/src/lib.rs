@@ -16,6 +16,7 @@ pub mod selftest;
 pub mod service;
 pub mod sim;
 pub mod tcp;
+pub mod testbed;
 pub mod transport;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -7,6 +7,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mnt=$1
 ops=${2:-20000}
+if ! runuser -u nobody -- test -x "$mnt"; then
+  echo "run.sh: other users cannot reach $mnt (pjdfstest runs parts as nobody and tests)" >&2
+  exit 1
+fi
 getent group tests >/dev/null || groupadd tests
 getent passwd tests >/dev/null || useradd -M -g tests tests
 work="$mnt/posix.$$"

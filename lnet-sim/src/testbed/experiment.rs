@@ -1,0 +1,672 @@
+//! Experiments as files: a topology and a workload in TOML, swept over any parameter, turned
+//! into flows with lode's own layout math and run through the flow model.
+//!
+//! ```toml
+//! name = "read over 40 targets"
+//! [topology]
+//! clients = 100
+//! client_nic_gbs = 25.0
+//! oss = 10
+//! oss_nic_gbs = 50.0
+//! targets_per_oss = 4
+//! target_read_gbs = 4.0
+//! target_write_gbs = 4.0
+//! [workload]
+//! kind = "io"              # io | checkpoint | epoch | metadata
+//! direction = "read"
+//! bytes_per_client = "16GB"
+//! [workload.layout]
+//! stripe_count = -1
+//! stripe_size = "4M"
+//! [sweep]
+//! "workload.layout.stripe_count" = [1, 4, 16, -1]
+//! ```
+
+use std::collections::BTreeMap;
+
+use proto::layout::{Component, Layout, StripeCount, StripeObject, EOF};
+use proto::Fid;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::flow::{self, Flow, Outcome, Resource};
+
+#[derive(Debug, Error)]
+pub enum ExperimentError {
+    #[error("reading the experiment: {0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("sweep parameter {0:?} names nothing in the experiment")]
+    NoSuchParameter(String),
+    #[error("the experiment is invalid: {0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, ExperimentError>;
+
+fn invalid(s: impl Into<String>) -> ExperimentError {
+    ExperimentError::Invalid(s.into())
+}
+
+/// A size: a number of bytes, or text with a unit: K/M/G/T (and KiB...) are binary, KB/MB/GB/TB
+/// decimal, EOF the end of a file.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "u64")]
+pub struct Size(pub u64);
+
+impl From<Size> for u64 {
+    fn from(s: Size) -> u64 {
+        s.0
+    }
+}
+
+impl TryFrom<toml::Value> for Size {
+    type Error = String;
+    fn try_from(v: toml::Value) -> std::result::Result<Size, String> {
+        match v {
+            toml::Value::Integer(n) if n >= 0 => Ok(Size(n as u64)),
+            toml::Value::Float(f) if f >= 0.0 => Ok(Size(f as u64)),
+            toml::Value::String(s) => parse_size(&s).map(Size),
+            other => Err(format!("not a size: {other}")),
+        }
+    }
+}
+
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("eof") {
+        return Ok(EOF);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let mult: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "k" | "KiB" => 1024.0,
+        "M" | "MiB" => 1024f64.powi(2),
+        "G" | "GiB" => 1024f64.powi(3),
+        "T" | "TiB" => 1024f64.powi(4),
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        u => return Err(format!("unknown unit {u:?} in {s:?}")),
+    };
+    Ok((n * mult).round() as u64)
+}
+
+fn d_gbs() -> f64 {
+    100.0
+}
+fn d_one() -> u32 {
+    1
+}
+fn d_lat() -> f64 {
+    2.0
+}
+fn d_io_lat() -> f64 {
+    100.0
+}
+fn d_qd() -> u32 {
+    64
+}
+fn d_ratio() -> f64 {
+    1.0
+}
+fn d_mds() -> f64 {
+    50_000.0
+}
+fn d_target() -> f64 {
+    4.0
+}
+
+/// The machines and the network. Bandwidths in GB/s (10^9 bytes), latencies in microseconds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub clients: u32,
+    #[serde(default = "d_gbs")]
+    pub client_nic_gbs: f64,
+    #[serde(default = "d_one")]
+    pub oss: u32,
+    #[serde(default = "d_gbs")]
+    pub oss_nic_gbs: f64,
+    #[serde(default = "d_one")]
+    pub targets_per_oss: u32,
+    #[serde(default = "d_target")]
+    pub target_read_gbs: f64,
+    #[serde(default = "d_target")]
+    pub target_write_gbs: f64,
+    /// Time a target takes for one I/O, and how many it works on at once.
+    #[serde(default = "d_io_lat")]
+    pub target_io_latency_us: f64,
+    #[serde(default = "d_qd")]
+    pub target_queue_depth: u32,
+    /// One way, per hop.
+    #[serde(default = "d_lat")]
+    pub link_latency_us: f64,
+    /// 1 for full bisection; 2 means the core carries half of what the clients' NICs can.
+    #[serde(default = "d_ratio")]
+    pub fabric_oversubscription: f64,
+    #[serde(default = "d_mds")]
+    pub mds_ops_per_s: f64,
+}
+
+impl Topology {
+    pub fn targets(&self) -> u32 {
+        self.oss * self.targets_per_oss
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentSpec {
+    /// Where the component ends ("EOF" for the last).
+    pub end: Size,
+    pub stripe_count: i64,
+    #[serde(default)]
+    pub stripe_size: Option<Size>,
+}
+
+fn d_stripe_size() -> Size {
+    Size(4 << 20)
+}
+
+/// A file's layout: one RAID0 component, or progressive components.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayoutSpec {
+    #[serde(default = "d_count")]
+    pub stripe_count: i64,
+    #[serde(default = "d_stripe_size")]
+    pub stripe_size: Size,
+    /// The first target of every file; by default files start round-robin over the targets.
+    #[serde(default)]
+    pub stripe_offset: Option<u32>,
+    #[serde(default)]
+    pub components: Vec<ComponentSpec>,
+}
+
+fn d_count() -> i64 {
+    1
+}
+
+impl Default for LayoutSpec {
+    fn default() -> Self {
+        LayoutSpec {
+            stripe_count: 1,
+            stripe_size: d_stripe_size(),
+            stripe_offset: None,
+            components: vec![],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Every client reads or writes `bytes_per_client`.
+    Io,
+    /// Every client writes `bytes_per_client` at once.
+    Checkpoint,
+    /// The shards of a dataset, each read by one client (shard i by client i mod clients).
+    Epoch,
+    /// Every client creates and stats `files_per_client` small files.
+    Metadata,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Read,
+    Write,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    FilePerProcess,
+    SharedFile,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    Sequential,
+    Random,
+}
+
+fn d_req() -> Size {
+    Size(4 << 20)
+}
+fn d_window() -> u32 {
+    8
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub kind: Kind,
+    #[serde(default)]
+    pub direction: Option<Direction>,
+    #[serde(default)]
+    pub pattern: Option<Pattern>,
+    #[serde(default)]
+    pub access: Option<Access>,
+    #[serde(default)]
+    pub bytes_per_client: Option<Size>,
+    /// One I/O's size, and how many each client keeps in flight.
+    #[serde(default = "d_req")]
+    pub request_size: Size,
+    #[serde(default = "d_window")]
+    pub window: u32,
+    #[serde(default)]
+    pub dataset_bytes: Option<Size>,
+    #[serde(default)]
+    pub shard_size: Option<Size>,
+    #[serde(default)]
+    pub files_per_client: Option<u64>,
+    /// Metadata operations per file (create, stat...).
+    #[serde(default)]
+    pub ops_per_file: Option<u64>,
+    #[serde(default)]
+    pub layout: LayoutSpec,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub topology: Topology,
+    pub workload: Workload,
+    /// Parameter (dotted path) to the values it takes; at most one.
+    #[serde(default)]
+    pub sweep: BTreeMap<String, Vec<toml::Value>>,
+}
+
+/// One point of a sweep: the experiment with the swept parameter set.
+#[derive(Clone, Debug)]
+pub struct Point {
+    pub parameter: Option<String>,
+    pub value: Option<toml::Value>,
+    pub experiment: Experiment,
+}
+
+/// Parses an experiment and expands its sweep.
+pub fn load(text: &str) -> Result<Vec<Point>> {
+    let raw: toml::Value = toml::from_str(text)?;
+    let base: Experiment = raw.clone().try_into()?;
+    if base.sweep.len() > 1 {
+        return Err(invalid("sweep one parameter at a time"));
+    }
+    let Some((param, values)) = base.sweep.iter().next() else {
+        return Ok(vec![Point {
+            parameter: None,
+            value: None,
+            experiment: base,
+        }]);
+    };
+    let mut points = vec![];
+    for v in values {
+        let mut x = raw.clone();
+        set_path(&mut x, param, v.clone())?;
+        points.push(Point {
+            parameter: Some(param.clone()),
+            value: Some(v.clone()),
+            experiment: x.try_into()?,
+        });
+    }
+    Ok(points)
+}
+
+fn set_path(root: &mut toml::Value, path: &str, v: toml::Value) -> Result<()> {
+    let mut at = root;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        let table = at
+            .as_table_mut()
+            .ok_or_else(|| ExperimentError::NoSuchParameter(path.into()))?;
+        if i + 1 == parts.len() {
+            // Known fields may be absent (defaults); any name the schema takes is accepted by
+            // deserialisation afterwards, which refuses unknown ones.
+            table.insert(p.to_string(), v);
+            return Ok(());
+        }
+        at = table
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+    }
+    Err(ExperimentError::NoSuchParameter(path.into()))
+}
+
+/// What one run of the model gives.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub name: String,
+    pub parameter: Option<String>,
+    pub value: Option<String>,
+    /// Bytes (operations for metadata) moved in all, and by when.
+    pub total: f64,
+    pub makespan: f64,
+    /// Per client: amount and when its last flow ended.
+    pub client_amount: Vec<f64>,
+    pub client_finish: Vec<f64>,
+    /// Per target: amount carried and its utilisation over the run.
+    pub target_amount: Vec<f64>,
+    pub target_utilisation: Vec<f64>,
+    pub timeline: Vec<(f64, f64)>,
+    pub unit: &'static str,
+    pub flows: usize,
+    pub events: u64,
+}
+
+impl Report {
+    pub fn aggregate_rate(&self) -> f64 {
+        self.total / self.makespan.max(1e-12)
+    }
+    pub fn client_rates(&self) -> Vec<f64> {
+        self.client_amount
+            .iter()
+            .zip(&self.client_finish)
+            .map(|(a, f)| if *f > 0.0 { a / f } else { 0.0 })
+            .collect()
+    }
+}
+
+/// A file's layout instantiated over `targets` targets, its first stripe on `first`.
+pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> {
+    let count = |n: i64| -> Result<StripeCount> {
+        match n {
+            -1 => Ok(StripeCount::All),
+            n if n > 0 && n <= targets as i64 => Ok(StripeCount::Count(n as u32)),
+            n if n > 0 => Ok(StripeCount::Count(targets)),
+            n => Err(invalid(format!("stripe_count {n}"))),
+        }
+    };
+    let mut comps = vec![];
+    if spec.components.is_empty() {
+        comps.push(Component::raid0(
+            count(spec.stripe_count)?,
+            spec.stripe_size.0,
+        ));
+    } else {
+        let mut start = 0;
+        for c in &spec.components {
+            let mut x = Component::raid0(
+                count(c.stripe_count)?,
+                c.stripe_size.unwrap_or(spec.stripe_size).0,
+            );
+            x.start = start;
+            x.end = c.end.0;
+            start = c.end.0;
+            comps.push(x);
+        }
+    }
+    // Successive components continue round-robin from where the previous one stopped, as
+    // the MDS's allocator does.
+    let mut next = first;
+    for c in &mut comps {
+        let n = match c.stripe_count {
+            StripeCount::All => targets,
+            StripeCount::Count(n) => n.min(targets),
+        };
+        c.objects = (0..n)
+            .map(|k| StripeObject {
+                target: (next + k) % targets,
+                fid: Fid::new(0x100000000 + u64::from((next + k) % targets), 1, 0),
+            })
+            .collect();
+        next = (next + n) % targets;
+    }
+    Layout::new(comps).map_err(|e| invalid(e.to_string()))
+}
+
+/// Bytes of `[offset, offset + len)` that land on each target, through the layout's own
+/// mapping: whole rounds of a component counted at once, the ragged ends piece by piece.
+pub fn bytes_per_target(layout: &Layout, offset: u64, len: u64, out: &mut BTreeMap<u32, u64>) {
+    let end = offset.saturating_add(len);
+    for (ci, c) in layout.components.iter().enumerate() {
+        let (s, e) = (offset.max(c.start), end.min(c.end));
+        if s >= e {
+            continue;
+        }
+        let width = c.objects.len() as u64;
+        let round = width * c.stripe_size;
+        // Stripes follow absolute file offsets (as Lustre's do): a whole aligned round puts
+        // one stripe on every object.
+        let first_round = s.div_ceil(round) * round;
+        let last_round = (e / round) * round;
+        let piecewise = |a: u64, b: u64, out: &mut BTreeMap<u32, u64>| {
+            if a >= b {
+                return;
+            }
+            let Ok(pieces) = layout.pieces(a, b - a) else {
+                return;
+            };
+            for p in pieces {
+                let t = layout.components[p.component].objects[p.stripe as usize].target;
+                *out.entry(t).or_default() += p.len;
+            }
+        };
+        if first_round < last_round {
+            piecewise(s, first_round, out);
+            let rounds = (last_round - first_round) / round;
+            for o in &layout.components[ci].objects {
+                *out.entry(o.target).or_default() += rounds * c.stripe_size;
+            }
+            piecewise(last_round, e, out);
+        } else {
+            piecewise(s, e, out);
+        }
+    }
+}
+
+/// Turns one point of an experiment into resources and flows, runs the model, and reports.
+pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Report> {
+    let x = &point.experiment;
+    let t = &x.topology;
+    let w = &x.workload;
+    if t.clients == 0 || t.oss == 0 || t.targets_per_oss == 0 {
+        return Err(invalid(
+            "clients, oss and targets_per_oss must be at least 1",
+        ));
+    }
+    let targets = t.targets();
+    let gb = 1e9;
+    let us = 1e-6;
+    let direction = match w.kind {
+        Kind::Checkpoint => Direction::Write,
+        Kind::Epoch => Direction::Read,
+        _ => w.direction.unwrap_or(Direction::Read),
+    };
+    let access = w.access.unwrap_or(Access::Sequential);
+    let q = w.request_size.0.max(1) as f64;
+    // Resources: client NICs, OSS NICs, targets, the core if oversubscribed, the MDS.
+    let mut res = vec![];
+    let client0 = res.len();
+    for i in 0..t.clients {
+        res.push(Resource {
+            name: format!("client{i}"),
+            capacity: t.client_nic_gbs * gb,
+        });
+    }
+    let oss0 = res.len();
+    for i in 0..t.oss {
+        res.push(Resource {
+            name: format!("oss{i}"),
+            capacity: t.oss_nic_gbs * gb,
+        });
+    }
+    let target0 = res.len();
+    let io_lat = t.target_io_latency_us * us;
+    for i in 0..targets {
+        let bw = match direction {
+            Direction::Read => t.target_read_gbs,
+            Direction::Write => t.target_write_gbs,
+        } * gb;
+        // Small random I/O: a target completes queue_depth I/Os per io_latency.
+        let iops_bw = match access {
+            Access::Random => f64::from(t.target_queue_depth) / io_lat.max(1e-12) * q,
+            Access::Sequential => f64::INFINITY,
+        };
+        res.push(Resource {
+            name: format!("target{i}"),
+            capacity: bw.min(iops_bw),
+        });
+    }
+    let core = (t.fabric_oversubscription > 1.0).then(|| {
+        res.push(Resource {
+            name: "core".into(),
+            capacity: f64::from(t.clients) * t.client_nic_gbs * gb / t.fabric_oversubscription,
+        });
+        res.len() - 1
+    });
+    let mds = res.len();
+    res.push(Resource {
+        name: "mds".into(),
+        capacity: t.mds_ops_per_s,
+    });
+    let rtt = 2.0 * t.link_latency_us * us;
+    let mut flows = vec![];
+    let mut owner = vec![];
+    let mut unit = "B";
+    // Per client: bytes per target.
+    let mut per_client: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); t.clients as usize];
+    match w.kind {
+        Kind::Io | Kind::Checkpoint => {
+            let b = w
+                .bytes_per_client
+                .ok_or_else(|| invalid("the workload needs bytes_per_client"))?
+                .0;
+            let pattern = w.pattern.unwrap_or(Pattern::FilePerProcess);
+            let shared = layout_of(&w.layout, targets, w.layout.stripe_offset.unwrap_or(0))?;
+            for (i, m) in per_client.iter_mut().enumerate() {
+                match pattern {
+                    Pattern::FilePerProcess => {
+                        let n = layout_width(&w.layout, targets);
+                        let first = w
+                            .layout
+                            .stripe_offset
+                            .unwrap_or(((i as u64 * u64::from(n)) % u64::from(targets)) as u32);
+                        let l = layout_of(&w.layout, targets, first)?;
+                        bytes_per_target(&l, 0, b, m);
+                    }
+                    Pattern::SharedFile => bytes_per_target(&shared, i as u64 * b, b, m),
+                }
+            }
+        }
+        Kind::Epoch => {
+            let total = w
+                .dataset_bytes
+                .ok_or_else(|| invalid("an epoch needs dataset_bytes"))?
+                .0;
+            let shard = w
+                .shard_size
+                .ok_or_else(|| invalid("an epoch needs shard_size"))?
+                .0
+                .max(1);
+            let shards = total.div_ceil(shard);
+            let n = u64::from(layout_width(&w.layout, targets));
+            for s in 0..shards {
+                let first = w
+                    .layout
+                    .stripe_offset
+                    .unwrap_or(((s * n) % u64::from(targets)) as u32);
+                let l = layout_of(&w.layout, targets, first)?;
+                let len = shard.min(total - s * shard);
+                let c = (s % u64::from(t.clients)) as usize;
+                bytes_per_target(&l, 0, len, &mut per_client[c]);
+            }
+        }
+        Kind::Metadata => {
+            unit = "ops";
+            let files = w
+                .files_per_client
+                .ok_or_else(|| invalid("metadata needs files_per_client"))?;
+            let ops = files * w.ops_per_file.unwrap_or(2);
+            for c in 0..t.clients as usize {
+                flows.push(Flow {
+                    resources: vec![mds],
+                    amount: ops as f64,
+                    start: 0.0,
+                    latency: rtt,
+                    // One call waits a round trip; `window` of them in flight.
+                    cap: f64::from(w.window.max(1)) / rtt.max(1e-12),
+                });
+                owner.push((c, None));
+            }
+        }
+    }
+    for (c, m) in per_client.iter().enumerate() {
+        let streams = m.len().max(1) as f64;
+        for (&target, &bytes) in m {
+            if bytes == 0 {
+                continue;
+            }
+            let oss = target % t.oss;
+            let mut r = vec![client0 + c, oss0 + oss as usize, target0 + target as usize];
+            if let Some(core) = core {
+                r.push(core);
+            }
+            // The client's window spread over its streams; each request waits a round trip
+            // and the target's I/O time.
+            let in_flight = (f64::from(w.window.max(1)) / streams).max(1.0);
+            let cap = in_flight * q / (rtt + io_lat).max(1e-12);
+            flows.push(Flow {
+                resources: r,
+                amount: bytes as f64,
+                start: 0.0,
+                // Open at the MDS, then the first request's round trip.
+                latency: 2.0 * rtt + io_lat,
+                cap,
+            });
+            owner.push((c, Some(target)));
+        }
+    }
+    let out: Outcome = flow::run(&res, &flows, progress);
+    let mut client_amount = vec![0.0; t.clients as usize];
+    let mut client_finish = vec![0.0f64; t.clients as usize];
+    for (i, f) in flows.iter().enumerate() {
+        let (c, _) = owner[i];
+        client_amount[c] += f.amount;
+        client_finish[c] = client_finish[c].max(out.finish[i]);
+    }
+    let makespan = out.makespan;
+    let target_amount: Vec<f64> = (0..targets as usize)
+        .map(|k| out.carried[target0 + k])
+        .collect();
+    let target_utilisation = (0..targets as usize)
+        .map(|k| out.carried[target0 + k] / (res[target0 + k].capacity * makespan).max(1e-12))
+        .collect();
+    Ok(Report {
+        name: x.name.clone(),
+        parameter: point.parameter.clone(),
+        value: point.value.as_ref().map(|v| v.to_string()),
+        total: client_amount.iter().sum(),
+        makespan,
+        client_amount,
+        client_finish,
+        target_amount,
+        target_utilisation,
+        timeline: out.timeline,
+        unit,
+        flows: flows.len(),
+        events: out.events,
+    })
+}
+
+fn layout_width(spec: &LayoutSpec, targets: u32) -> u32 {
+    let n = spec
+        .components
+        .first()
+        .map_or(spec.stripe_count, |c| c.stripe_count);
+    if n < 0 {
+        targets
+    } else {
+        (n as u32).clamp(1, targets)
+    }
+}

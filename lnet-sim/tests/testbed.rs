@@ -1,0 +1,231 @@
+//! The flow model against closed forms and published figures.
+
+use std::collections::BTreeMap;
+
+use lnet::testbed::experiment::{bytes_per_target, layout_of, LayoutSpec, Size};
+use lnet::testbed::{load, run_model, Report};
+
+fn run(toml: &str) -> Vec<Report> {
+    load(toml)
+        .unwrap()
+        .iter()
+        .map(|p| run_model(p, |_, _| {}).unwrap())
+        .collect()
+}
+
+fn close(got: f64, want: f64, within: f64) -> bool {
+    (got - want).abs() <= want.abs() * within
+}
+
+#[test]
+fn forty_targets_read_by_a_hundred_clients_give_each_1_6_gbs() {
+    let r = &run(r#"
+        [topology]
+        clients = 100
+        client_nic_gbs = 25
+        oss = 10
+        oss_nic_gbs = 50
+        targets_per_oss = 4
+        target_read_gbs = 4
+        [workload]
+        kind = "io"
+        direction = "read"
+        bytes_per_client = "16GB"
+        [workload.layout]
+        stripe_count = -1
+        stripe_size = "4M"
+    "#)[0];
+    for rate in r.client_rates() {
+        assert!(
+            close(rate / 1e9, 1.6, 0.02),
+            "a client got {} GB/s",
+            rate / 1e9
+        );
+    }
+    assert!(close(r.aggregate_rate() / 1e9, 160.0, 0.02));
+    assert!(r.target_utilisation.iter().all(|u| *u > 0.97));
+}
+
+#[test]
+fn a_1_4_tb_checkpoint_at_14_gbs_takes_100_s() {
+    let r = &run(r#"
+        [topology]
+        clients = 100
+        client_nic_gbs = 25
+        oss = 7
+        oss_nic_gbs = 25
+        targets_per_oss = 2
+        target_write_gbs = 1
+        [workload]
+        kind = "checkpoint"
+        bytes_per_client = "14GB"
+        [workload.layout]
+        stripe_count = -1
+    "#)[0];
+    assert!(close(r.total, 1.4e12, 1e-9));
+    assert!(close(r.aggregate_rate() / 1e9, 14.0, 0.02));
+    assert!(close(r.makespan, 100.0, 0.02), "{} s", r.makespan);
+}
+
+#[test]
+fn two_tb_every_10_s_needs_50_targets_of_4_gbs_and_40_are_too_few() {
+    let r = run(r#"
+        [topology]
+        clients = 200
+        client_nic_gbs = 25
+        oss = 25
+        oss_nic_gbs = 25
+        targets_per_oss = 2
+        target_write_gbs = 4
+        [workload]
+        kind = "checkpoint"
+        bytes_per_client = "10GB"
+        [workload.layout]
+        stripe_count = -1
+        [sweep]
+        "topology.oss" = [25, 20]
+    "#);
+    assert!(
+        close(r[0].makespan, 10.0, 0.02),
+        "50 targets: {} s",
+        r[0].makespan
+    );
+    assert!(close(r[0].aggregate_rate() / 1e9, 200.0, 0.02));
+    assert!(
+        r[1].makespan > 10.0 * 1.2,
+        "40 targets: {} s",
+        r[1].makespan
+    );
+    assert!(close(r[1].makespan, 12.5, 0.02));
+}
+
+#[test]
+fn the_slowest_part_of_the_path_sets_the_rate() {
+    // One client, one target: the NIC (2 GB/s) is slower than the target (4 GB/s).
+    let base = r#"
+        [topology]
+        clients = 1
+        client_nic_gbs = 2
+        target_write_gbs = 4
+        [workload]
+        kind = "io"
+        direction = "write"
+        bytes_per_client = "10GB"
+    "#;
+    let r = &run(base)[0];
+    assert!(close(r.makespan, 5.0, 0.01), "{}", r.makespan);
+    // Two clients on one target share it: 2 GB/s each, 5 s.
+    let r = &run(&base.replace("clients = 1", "clients = 2"))[0];
+    assert!(close(r.makespan, 5.0, 0.01) && close(r.aggregate_rate(), 4e9, 0.01));
+    // Four: the target holds them to 1 GB/s each.
+    let r = &run(&base.replace("clients = 1", "clients = 4"))[0];
+    assert!(close(r.makespan, 10.0, 0.01), "{}", r.makespan);
+}
+
+#[test]
+fn an_oversubscribed_core_and_a_small_window_slow_a_run() {
+    let full = r#"
+        [topology]
+        clients = 8
+        client_nic_gbs = 10
+        oss = 8
+        oss_nic_gbs = 100
+        targets_per_oss = 1
+        target_read_gbs = 100
+        [workload]
+        kind = "io"
+        direction = "read"
+        bytes_per_client = "10GB"
+        [workload.layout]
+        stripe_count = 1
+    "#;
+    let a = &run(full)[0];
+    assert!(close(a.aggregate_rate(), 80e9, 0.01));
+    let b = &run(&full.replace(
+        "targets_per_oss = 1",
+        "targets_per_oss = 1\nfabric_oversubscription = 4",
+    ))[0];
+    assert!(close(b.aggregate_rate(), 20e9, 0.01));
+    // 4 KiB requests, one in flight, 100 us of target time + 4 us of wire: ~39 MB/s.
+    let c = &run(&full
+        .replace("stripe_count = 1", "stripe_count = 1\n[workload.x]")
+        .replace("[workload.x]", "")
+        .replace(
+            "bytes_per_client = \"10GB\"",
+            "bytes_per_client = \"40MB\"\nrequest_size = 4096\nwindow = 1",
+        ))[0];
+    let per = 4096.0 / 104e-6;
+    assert!(
+        close(c.client_rates()[0], per, 0.02),
+        "{}",
+        c.client_rates()[0]
+    );
+}
+
+#[test]
+fn a_metadata_storm_is_held_by_the_mds_rate() {
+    let r = &run(r#"
+        [topology]
+        clients = 10
+        mds_ops_per_s = 10000
+        [workload]
+        kind = "metadata"
+        files_per_client = 1000
+        ops_per_file = 2
+        window = 64
+    "#)[0];
+    assert_eq!(r.unit, "ops");
+    assert!(close(r.makespan, 2.0, 0.01), "{}", r.makespan);
+}
+
+#[test]
+fn an_epoch_reads_every_shard_once_and_a_sweep_expands() {
+    let r = run(r#"
+        [topology]
+        clients = 4
+        oss = 2
+        targets_per_oss = 4
+        [workload]
+        kind = "epoch"
+        dataset_bytes = "1G"
+        shard_size = "64M"
+        [workload.layout]
+        stripe_size = "1M"
+        [sweep]
+        "workload.layout.stripe_count" = [1, 2, 8, -1]
+    "#);
+    assert_eq!(r.len(), 4);
+    for x in &r {
+        assert_eq!(x.total, (1u64 << 30) as f64);
+        assert_eq!(x.target_amount.iter().sum::<f64>(), (1u64 << 30) as f64);
+    }
+    assert_eq!(r[0].value.as_deref(), Some("1"));
+}
+
+#[test]
+fn bytes_per_target_agrees_with_the_layouts_pieces() {
+    for (count, size, off, len) in [
+        (3i64, 1u64 << 20, 12345u64, 77_000_000u64),
+        (8, 65536, 0, 1 << 30),
+        (1, 4 << 20, 5, 3),
+        (-1, 1 << 20, (1 << 20) - 1, (9 << 20) + 2),
+    ] {
+        let spec = LayoutSpec {
+            stripe_count: count,
+            stripe_size: Size(size),
+            ..Default::default()
+        };
+        let l = layout_of(&spec, 8, 5).unwrap();
+        let mut fast = BTreeMap::new();
+        bytes_per_target(&l, off, len, &mut fast);
+        let mut slow: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in l.pieces(off, len).unwrap() {
+            *slow
+                .entry(l.components[p.component].objects[p.stripe as usize].target)
+                .or_default() += p.len;
+        }
+        slow.retain(|_, v| *v > 0);
+        fast.retain(|_, v| *v > 0);
+        assert_eq!(fast, slow, "count {count} size {size} at {off} for {len}");
+    }
+}
