@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod mount;
+mod sim;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -32,6 +33,9 @@ enum Cmd {
     /// Start, inspect or stop a cluster on this machine.
     #[command(subcommand)]
     Cluster(cluster::ClusterCmd),
+    /// The striping testbed: run experiments through the flow model.
+    #[command(subcommand)]
+    Sim(sim::SimCmd),
     /// Set the layout of a new or empty file, or a directory's default:
     /// `setstripe -c N -S SIZE [-i IDX] PATH`, or components `-E END -c N -S SIZE ... PATH`.
     Setstripe {
@@ -155,6 +159,7 @@ fn main() -> Result<()> {
     rt.block_on(async move {
         let cmd = match cli.cmd {
             Cmd::Cluster(c) => return cluster::run(c).await,
+            Cmd::Sim(c) => return sim::run(c),
             Cmd::Umount { mountpoint } => return mount::umount(&mountpoint),
             Cmd::Mount {
                 mountpoint,
@@ -172,7 +177,7 @@ fn main() -> Result<()> {
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
         match cmd {
-            Cmd::Cluster(_) | Cmd::Umount { .. } => unreachable!("handled above"),
+            Cmd::Cluster(_) | Cmd::Sim(_) | Cmd::Umount { .. } => unreachable!("handled above"),
             Cmd::Mount {
                 mountpoint,
                 options,
