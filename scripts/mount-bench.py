@@ -79,8 +79,9 @@ def run_meta(directory, n):
     time: fio's filecreate engine spends O(files) per operation at this count, so the loop is
     ours (a Python call adds about a microsecond to each system call)."""
     import time
-    sub = os.path.join(directory, "meta")
-    os.makedirs(sub, exist_ok=True)
+    sub = os.path.join(directory, f"meta.{os.getpid()}")
+    shutil.rmtree(sub, ignore_errors=True)
+    os.makedirs(sub)
     names = [os.path.join(sub, f"f{i:06}") for i in range(n)]
     out = {}
     t = time.perf_counter()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::AnyNet;
 use lnet::{call, DmaBuffer, Registered, Transport};
 use proto::layout::{Layout, StripeCount};
 use proto::md::*;
@@ -56,7 +57,7 @@ pub(crate) struct Inner {
     /// Where each target's storage server is, learnt from the MDS and kept: the data path
     /// asks the MDS again only for a target it has not seen.
     servers: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
-    pub(crate) net: TcpEndpoint,
+    pub(crate) net: AnyNet,
     pub(crate) cfg: ClientConfig,
     client_id: u128,
     next_req: AtomicU64,
@@ -89,11 +90,16 @@ impl Client {
     }
 
     pub async fn connect_with(mds: &str, cfg: ClientConfig) -> Result<Client> {
+        Self::connect_on(TcpEndpoint::client(TcpConfig::default()).into(), mds, cfg).await
+    }
+
+    /// Connects through `net`: a TCP endpoint, or a node of the simulated fabric.
+    pub async fn connect_on(net: AnyNet, mds: &str, cfg: ClientConfig) -> Result<Client> {
         let creds = cfg.creds.clone();
         let client = Client {
             inner: Arc::new(Inner {
                 mds: parse_nid(mds)?,
-                net: TcpEndpoint::client(TcpConfig::default()),
+                net,
                 cfg,
                 servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: rand::random(),

@@ -10,6 +10,7 @@
 //! the request and a [`BulkPeer`] that moves bytes with the caller's registered memory. This
 //! crate never interprets what it carries beyond the frame and its own self-test service.
 
+pub mod anynet;
 pub mod error;
 pub mod region;
 pub mod selftest;
@@ -21,6 +22,7 @@ pub mod transport;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+pub use anynet::AnyNet;
 pub use error::{NetError, RegionError};
 pub use region::{DmaBuffer, RegionTable, Registered};
 pub use service::{BulkPeer, Incoming, Service};

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::AnyNet;
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
@@ -49,7 +50,7 @@ pub struct Allocator {
     registry: Arc<Registry>,
     /// Files held open: their removed objects wait for the last close.
     pub open: Arc<crate::open::OpenFiles>,
-    net: TcpEndpoint,
+    net: AnyNet,
     pools: Mutex<HashMap<u32, VecDeque<Fid>>>,
     /// Targets whose orphans have been cleaned up in this run.
     ready: Mutex<HashSet<u32>>,
@@ -58,10 +59,15 @@ pub struct Allocator {
 
 impl Allocator {
     pub fn new(registry: Arc<Registry>) -> Arc<Allocator> {
+        Self::with_net(registry, TcpEndpoint::client(TcpConfig::default()).into())
+    }
+
+    /// An allocator that reaches the storage servers through `net`.
+    pub fn with_net(registry: Arc<Registry>, net: AnyNet) -> Arc<Allocator> {
         Arc::new(Allocator {
             registry,
             open: Arc::new(crate::open::OpenFiles::default()),
-            net: TcpEndpoint::client(TcpConfig::default()),
+            net,
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
             next: AtomicUsize::new(0),

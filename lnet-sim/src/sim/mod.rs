@@ -105,6 +105,10 @@ struct State {
     default_link: LinkParams,
     links: HashMap<Link, LinkParams>,
     busy_until: HashMap<Link, Instant>,
+    /// A node's NIC: bytes per second, and when its sending and receiving sides are next free.
+    nics: HashMap<String, u64>,
+    egress_free: HashMap<String, Instant>,
+    ingress_free: HashMap<String, Instant>,
     cut: HashSet<Link>,
     trace: Vec<TraceEvent>,
     dropped_trace: u64,
@@ -137,6 +141,9 @@ impl Fabric {
                     default_link: LinkParams::default(),
                     links: HashMap::new(),
                     busy_until: HashMap::new(),
+                    nics: HashMap::new(),
+                    egress_free: HashMap::new(),
+                    ingress_free: HashMap::new(),
                     cut: HashSet::new(),
                     trace: Vec::new(),
                     dropped_trace: 0,
@@ -165,6 +172,18 @@ impl Fabric {
 
     /// Starts a node (or restarts a crashed one as a new incarnation), serving `service` if
     /// given. Its memory starts empty.
+    /// Gives node `name` a NIC of `bandwidth` bytes per second in each direction (0: none),
+    /// shared by everything it sends and everything it receives: a message waits for the
+    /// sender's NIC, the link and the receiver's NIC, and holds all three while it crosses.
+    pub fn set_nic(&self, name: &str, bandwidth: u64) {
+        let mut st = self.inner.state.lock();
+        if bandwidth == 0 {
+            st.nics.remove(name);
+        } else {
+            st.nics.insert(name.to_owned(), bandwidth);
+        }
+    }
+
     pub fn start_node(
         &self,
         name: &str,
@@ -285,9 +304,31 @@ impl FabricInner {
     /// has left, and the link's parameters.
     fn occupy(st: &mut State, link: Link, bytes: u64, now: Instant) -> (Instant, LinkParams) {
         let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
-        let depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
-        let sent = depart + params.transfer_time(bytes);
+        let (from, to) = (link.0.clone(), link.1.clone());
+        let mut depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
+        let mut took = params.transfer_time(bytes);
+        let nic_time = |bw: Option<&u64>| {
+            bw.map_or(Duration::ZERO, |b| {
+                Duration::from_nanos((u128::from(bytes) * 1_000_000_000 / u128::from(*b)) as u64)
+            })
+        };
+        let (out_nic, in_nic) = (st.nics.get(&from).copied(), st.nics.get(&to).copied());
+        if out_nic.is_some() {
+            depart = depart.max(st.egress_free.get(&from).copied().unwrap_or(now));
+            took = took.max(nic_time(out_nic.as_ref()));
+        }
+        if in_nic.is_some() {
+            depart = depart.max(st.ingress_free.get(&to).copied().unwrap_or(now));
+            took = took.max(nic_time(in_nic.as_ref()));
+        }
+        let sent = depart + took;
         st.busy_until.insert(link, sent);
+        if out_nic.is_some() {
+            st.egress_free.insert(from, sent);
+        }
+        if in_nic.is_some() {
+            st.ingress_free.insert(to, sent);
+        }
         (sent, params)
     }
 

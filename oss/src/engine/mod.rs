@@ -11,6 +11,7 @@
 
 pub mod buf;
 pub mod mem;
+pub mod paced;
 pub mod psync;
 pub mod uring;
 
