@@ -115,7 +115,12 @@ impl Allocator {
                 .iter()
                 .position(|t| t.index == o)
                 .ok_or_else(|| no_space(format!("target {o} is down, full or unknown")))?,
-            None => self.next.fetch_add(1, Ordering::Relaxed) % targets.len(),
+            // Successive files tile the targets (a file of n stripes moves the start on by n),
+            // and files over every target still start one further on each time.
+            None => {
+                let step = if n >= targets.len() { 1 } else { n.max(1) };
+                self.next.fetch_add(step, Ordering::Relaxed) % targets.len()
+            }
         };
         targets.rotate_left(start);
         if c.stripe_offset.is_none() && (min as f64) < 0.8 * max as f64 {

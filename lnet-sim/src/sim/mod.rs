@@ -173,8 +173,9 @@ impl Fabric {
     /// Starts a node (or restarts a crashed one as a new incarnation), serving `service` if
     /// given. Its memory starts empty.
     /// Gives node `name` a NIC of `bandwidth` bytes per second in each direction (0: none),
-    /// shared by everything it sends and everything it receives: a message waits for the
-    /// sender's NIC, the link and the receiver's NIC, and holds all three while it crosses.
+    /// shared by everything it sends and everything it receives: a message queues for the
+    /// sender's NIC and the link, then for the receiver's NIC; a busy receiver delays its
+    /// arrival but not the sender's next message (the switch buffers it).
     pub fn set_nic(&self, name: &str, bandwidth: u64) {
         let mut st = self.inner.state.lock();
         if bandwidth == 0 {
@@ -305,35 +306,33 @@ impl FabricInner {
     fn occupy(st: &mut State, link: Link, bytes: u64, now: Instant) -> (Instant, LinkParams) {
         let params = st.links.get(&link).unwrap_or(&st.default_link).clone();
         let (from, to) = (link.0.clone(), link.1.clone());
-        let mut depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
-        let mut took = params.transfer_time(bytes);
-        let nic_time = |bw: Option<&u64>| {
+        let nic_time = |bw: Option<u64>| {
             bw.map_or(Duration::ZERO, |b| {
-                Duration::from_nanos((u128::from(bytes) * 1_000_000_000 / u128::from(*b)) as u64)
+                Duration::from_nanos((u128::from(bytes) * 1_000_000_000 / u128::from(b)) as u64)
             })
         };
         let (out_nic, in_nic) = (st.nics.get(&from).copied(), st.nics.get(&to).copied());
+        // Out through the sender's NIC and the link, queued behind what they already carry...
+        let mut depart = st.busy_until.get(&link).copied().unwrap_or(now).max(now);
         if out_nic.is_some() {
             depart = depart.max(st.egress_free.get(&from).copied().unwrap_or(now));
-            took = took.max(nic_time(out_nic.as_ref()));
         }
-        if in_nic.is_some() {
-            depart = depart.max(st.ingress_free.get(&to).copied().unwrap_or(now));
-            took = took.max(nic_time(in_nic.as_ref()));
-        }
-        let sent = depart + took;
-        st.busy_until.insert(link, sent);
+        let out = depart + params.transfer_time(bytes).max(nic_time(out_nic));
+        st.busy_until.insert(link, out);
         if out_nic.is_some() {
-            st.egress_free.insert(from, sent);
+            st.egress_free.insert(from, out);
         }
+        // ...and in through the receiver's NIC, which takes one message at a time: a busy
+        // receiver delays the arrival, not the sender (the switch holds the bytes).
+        let mut sent = out;
         if in_nic.is_some() {
+            let free = st.ingress_free.get(&to).copied().unwrap_or(now);
+            sent = out.max(free + nic_time(in_nic));
             st.ingress_free.insert(to, sent);
         }
         (sent, params)
     }
 
-    /// Decides the fate of a message of `bytes` from `from` to `to`, and when each copy lands.
-    /// `Err` means the sender learns at once (destination or sender down).
     pub(crate) fn route(
         &self,
         from: &node::NodeInner,

@@ -181,7 +181,8 @@ pub struct LayoutSpec {
     pub stripe_count: i64,
     #[serde(default = "d_stripe_size")]
     pub stripe_size: Size,
-    /// The first target of every file; by default files start round-robin over the targets.
+    /// The first target of every file; by default file i starts at target i × stripe_count
+    /// (i, when files cover every target) modulo the targets, as the MDS places them.
     #[serde(default)]
     pub stripe_offset: Option<u32>,
     #[serde(default)]
@@ -547,7 +548,7 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
             for (i, m) in per_client.iter_mut().enumerate() {
                 match pattern {
                     Pattern::FilePerProcess => {
-                        let n = layout_width(&w.layout, targets);
+                        let n = start_step(&w.layout, targets);
                         let first = w
                             .layout
                             .stripe_offset
@@ -570,7 +571,7 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
                 .0
                 .max(1);
             let shards = total.div_ceil(shard);
-            let n = u64::from(layout_width(&w.layout, targets));
+            let n = u64::from(start_step(&w.layout, targets));
             for s in 0..shards {
                 let first = w
                     .layout
@@ -659,14 +660,16 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
     })
 }
 
-fn layout_width(spec: &LayoutSpec, targets: u32) -> u32 {
+/// How far the first target moves from one file to the next, as the MDS's allocator does:
+/// by the first component's stripe count, or by one when files cover every target.
+fn start_step(spec: &LayoutSpec, targets: u32) -> u32 {
     let n = spec
         .components
         .first()
         .map_or(spec.stripe_count, |c| c.stripe_count);
-    if n < 0 {
-        targets
+    if n < 0 || n as u64 >= u64::from(targets) {
+        1
     } else {
-        (n as u32).clamp(1, targets)
+        (n as u32).max(1)
     }
 }

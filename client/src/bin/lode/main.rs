@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod mount;
+mod real;
 mod sim;
 
 use std::io::{Read, Write};
@@ -134,6 +135,10 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let mut cli = Cli::parse();
+    if let Cmd::Sim(c) = cli.cmd {
+        // The testbed makes its own runtimes.
+        return sim::run(c);
+    }
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     // A path inside a lode mount names its filesystem and its lode path, as `lfs` allows.
     let mut from_mount = None;
@@ -159,7 +164,6 @@ fn main() -> Result<()> {
     rt.block_on(async move {
         let cmd = match cli.cmd {
             Cmd::Cluster(c) => return cluster::run(c).await,
-            Cmd::Sim(c) => return sim::run(c),
             Cmd::Umount { mountpoint } => return mount::umount(&mountpoint),
             Cmd::Mount {
                 mountpoint,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use lnet::testbed::{load, run_model, Report};
@@ -43,9 +43,6 @@ pub fn run(cmd: SimCmd) -> Result<()> {
     let points = load(&text).with_context(|| format!("in {}", experiment.display()))?;
     let out = out.unwrap_or_else(|| experiment.with_extension("out"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    if matches!(mode, Mode::Real) {
-        bail!("--mode real is not built yet: the model runs (--mode model)");
-    }
     let mut reports = vec![];
     for (i, p) in points.iter().enumerate() {
         let label = match (&p.parameter, &p.value) {
@@ -59,13 +56,26 @@ pub fn run(cmd: SimCmd) -> Result<()> {
         );
         bar.set_prefix(format!("[{}/{}] {label}", i + 1, points.len()));
         let t = Instant::now();
-        let r = run_model(p, |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })?;
+        let r = match mode {
+            Mode::Model => run_model(p, |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })?,
+            Mode::Real => {
+                bar.set_style(
+                    ProgressStyle::with_template("{prefix} [{bar:40}] {bytes}/{total_bytes} {msg}")
+                        .expect("a valid template"),
+                );
+                let b = bar.clone();
+                crate::real::run_real(p, move |done, total| {
+                    b.set_length(total);
+                    b.set_position(done);
+                })?
+            }
+        };
         bar.finish_with_message(format!("in {:.2} s", t.elapsed().as_secs_f64()));
         println!(
-            "  {}: {} in {:.3} s, {} flows, {} rate computations, model time {:.2} s",
+            "  {}: {} in {:.3} s, {} flows, {} rate computations, wall time {:.2} s",
             label,
             rate(r.aggregate_rate(), r.unit),
             r.makespan,
