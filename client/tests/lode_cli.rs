@@ -37,6 +37,7 @@ fn help_names_every_command() {
         "bench",
         "mount",
         "umount",
+        "sim",
     ] {
         assert!(out.contains(cmd), "{cmd} missing from:\n{out}");
     }
@@ -75,4 +76,88 @@ fn bad_mount_options_are_refused_by_name() {
         "/nonexistent-mountpoint",
     ]);
     assert!(!ok && out.contains("not a directory"), "{out}");
+}
+
+/// The aggregate rate of each run in a `lode sim run` output directory.
+fn rates(dir: &std::path::Path) -> Vec<f64> {
+    let csv = std::fs::read_to_string(dir.join("runs.csv")).unwrap();
+    csv.lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(6).unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_testbed_runs_an_experiment_in_both_modes_and_they_agree() {
+    let dir = std::env::temp_dir().join(format!("lode-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exp = dir.join("tiny.toml");
+    std::fs::write(
+        &exp,
+        r#"
+        name = "two clients, two targets"
+        [topology]
+        clients = 2
+        client_nic_gbs = 2
+        oss = 2
+        oss_nic_gbs = 4
+        targets_per_oss = 1
+        target_write_gbs = 0.5
+        [workload]
+        kind = "checkpoint"
+        bytes_per_client = "16M"
+        request_size = "1M"
+        [workload.layout]
+        stripe_size = "1M"
+        [sweep]
+        "workload.layout.stripe_count" = [1, -1]
+        "#,
+    )
+    .unwrap();
+    let (model, real) = (dir.join("model"), dir.join("real"));
+    let (ok, out) = lode(&[
+        "sim",
+        "run",
+        exp.to_str().unwrap(),
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = lode(&[
+        "sim",
+        "run",
+        exp.to_str().unwrap(),
+        "--mode",
+        "real",
+        // A debug build moves little: a slow run keeps the code's own cost out of the figures.
+        "--budget-mbs",
+        "16",
+        "--out",
+        real.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let (m, r) = (rates(&model), rates(&real));
+    assert_eq!(m.len(), 2);
+    // Two targets of 0.5 GB/s, each client on its own or both striped over both: 1 GB/s.
+    assert!(
+        (m[0] - 1e9).abs() < 1e7 && (m[1] - 1e9).abs() < 1e7,
+        "model {m:?}"
+    );
+    for (a, b) in m.iter().zip(&r) {
+        assert!(
+            (a - b).abs() / a < 0.10,
+            "model {m:?} against real code {r:?}"
+        );
+    }
+    assert!(model.join("runs.csv").exists() && real.join("clients-1.csv").exists());
+    // A metadata storm is for the model only, and says so.
+    let bad = dir.join("meta.toml");
+    std::fs::write(
+        &bad,
+        "[topology]\nclients = 1\n[workload]\nkind = \"metadata\"\nfiles_per_client = 10\n",
+    )
+    .unwrap();
+    let (ok, out) = lode(&["sim", "run", bad.to_str().unwrap(), "--mode", "real"]);
+    assert!(!ok && out.contains("data workloads"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

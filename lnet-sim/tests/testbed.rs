@@ -229,3 +229,25 @@ fn bytes_per_target_agrees_with_the_layouts_pieces() {
         assert_eq!(fast, slow, "count {count} size {size} at {off} for {len}");
     }
 }
+
+#[test]
+fn targets_carved_from_one_disk_share_it() {
+    let base = r#"
+        [topology]
+        clients = 4
+        client_nic_gbs = 10
+        oss = 1
+        oss_nic_gbs = 100
+        targets_per_oss = 4
+        target_write_gbs = 2
+        [workload]
+        kind = "checkpoint"
+        bytes_per_client = "4GB"
+    "#;
+    assert!(close(run(base)[0].aggregate_rate(), 8e9, 0.01));
+    let shared = base.replace(
+        "targets_per_oss = 4",
+        "targets_per_oss = 4\noss_disk_gbs = 3",
+    );
+    assert!(close(run(&shared)[0].aggregate_rate(), 3e9, 0.01));
+}

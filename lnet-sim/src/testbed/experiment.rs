@@ -134,6 +134,10 @@ pub struct Topology {
     pub oss_nic_gbs: f64,
     #[serde(default = "d_one")]
     pub targets_per_oss: u32,
+    /// A device (or backplane) behind each OSS that all its targets share, in GB/s; none if
+    /// absent. Several targets carved out of one disk, as on a test machine, share it.
+    #[serde(default)]
+    pub oss_disk_gbs: Option<f64>,
     #[serde(default = "d_target")]
     pub target_read_gbs: f64,
     #[serde(default = "d_target")]
@@ -502,6 +506,15 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
             capacity: t.oss_nic_gbs * gb,
         });
     }
+    let disk0 = res.len();
+    if let Some(d) = t.oss_disk_gbs {
+        for i in 0..t.oss {
+            res.push(Resource {
+                name: format!("disk{i}"),
+                capacity: d * gb,
+            });
+        }
+    }
     let target0 = res.len();
     let io_lat = t.target_io_latency_us * us;
     for i in 0..targets {
@@ -610,6 +623,9 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
             }
             let oss = target % t.oss;
             let mut r = vec![client0 + c, oss0 + oss as usize, target0 + target as usize];
+            if t.oss_disk_gbs.is_some() {
+                r.push(disk0 + oss as usize);
+            }
             if let Some(core) = core {
                 r.push(core);
             }

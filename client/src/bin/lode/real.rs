@@ -23,9 +23,6 @@ use proto::layout::{Component, Layout, StripeCount};
 use proto::registry::{RegisterTargets, TargetReport};
 use tokio::task::JoinSet;
 
-/// What this machine moves through real code comfortably, in bytes per second of simulated
-/// traffic; the slowdown keeps the run under it.
-const HOST_BUDGET: f64 = 250e6;
 /// Largest experiment the real mode takes.
 const MAX_TARGETS: u32 = 64;
 const MAX_CLIENTS: u32 = 64;
@@ -58,8 +55,11 @@ fn template(spec: &lnet::testbed::experiment::LayoutSpec) -> Result<Layout> {
     Ok(Layout::new(comps)?)
 }
 
+/// Runs one point; `budget` is how many bytes per second of simulated traffic this machine moves
+/// through real code comfortably (the slowdown keeps the run under it).
 pub fn run_real(
     point: &Point,
+    budget: f64,
     progress: impl Fn(u64, u64) + Send + Sync + 'static,
 ) -> Result<Report> {
     let x = &point.experiment;
@@ -131,8 +131,12 @@ pub fn run_real(
     let ceiling = (f64::from(targets) * target_bw)
         .min(f64::from(t.clients) * t.client_nic_gbs)
         .min(f64::from(t.oss) * t.oss_nic_gbs)
+        .min(
+            t.oss_disk_gbs
+                .map_or(f64::INFINITY, |d| f64::from(t.oss) * d),
+        )
         * gb;
-    let slow = (ceiling / HOST_BUDGET).max(1.0);
+    let slow = (ceiling / budget.max(1e6)).max(1.0);
     let bw = |gbs: f64| (gbs * gb / slow) as u64;
     let lat = |us: f64| Duration::from_secs_f64(us * 1e-6 * slow);
 
@@ -161,9 +165,23 @@ pub fn run_real(
         for j in 0..t.oss {
             let mut served = vec![];
             let mut reports = vec![];
+            // The OSS's targets share its disk, if the topology gives it one.
+            let mut device: Arc<dyn oss::engine::Engine> =
+                Arc::new(oss::engine::mem::MemEngine::new(64 << 30));
+            if let Some(d) = t.oss_disk_gbs {
+                let disk = Arc::new(oss::engine::paced::PacedEngine::new(
+                    device,
+                    oss::engine::paced::Pace {
+                        read_bps: bw(d),
+                        write_bps: bw(d),
+                        io_latency: Duration::ZERO,
+                    },
+                ));
+                paces.push(disk.clone());
+                device = disk;
+            }
             for k in (0..targets).filter(|k| k % t.oss == j) {
-                let mem: Arc<dyn oss::engine::Engine> =
-                    Arc::new(oss::engine::mem::MemEngine::new(64 << 30));
+                let mem = device.clone();
                 let paced = Arc::new(oss::engine::paced::PacedEngine::new(
                     mem,
                     oss::engine::paced::Pace {

@@ -21,6 +21,10 @@ pub enum SimCmd {
         /// Where the CSVs and plots go (default: beside the experiment, in NAME.out/).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Real-code mode: the simulated traffic this machine carries through real code, in
+        /// MB/s; the run is slowed down to stay under it.
+        #[arg(long, default_value_t = 250.0)]
+        budget_mbs: f64,
     },
 }
 
@@ -37,6 +41,7 @@ pub fn run(cmd: SimCmd) -> Result<()> {
         experiment,
         mode,
         out,
+        budget_mbs,
     } = cmd;
     let text = std::fs::read_to_string(&experiment)
         .with_context(|| format!("reading {}", experiment.display()))?;
@@ -67,7 +72,7 @@ pub fn run(cmd: SimCmd) -> Result<()> {
                         .expect("a valid template"),
                 );
                 let b = bar.clone();
-                crate::real::run_real(p, move |done, total| {
+                crate::real::run_real(p, budget_mbs * 1e6, move |done, total| {
                     b.set_length(total);
                     b.set_position(done);
                 })?
