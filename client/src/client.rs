@@ -144,6 +144,12 @@ impl Client {
 
     /// Carries out a namespace change as this handle's user; resends never apply it twice.
     pub async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
+        self.reint_with(mutation, false).await
+    }
+
+    /// A mutation that also counts an open of the file it returns (create and open in one
+    /// round trip).
+    pub(crate) async fn reint_with(&self, mutation: Mutation, open: bool) -> Result<Option<Inode>> {
         let req = ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
@@ -152,6 +158,7 @@ impl Client {
             creds: self.creds.clone(),
             mutation,
             req: Some(req),
+            open,
         };
         Ok(self.rpc(&self.inner.mds.clone(), &r).await?.inode)
     }

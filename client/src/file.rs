@@ -151,8 +151,9 @@ impl OpenOptions {
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            match client.reint(m).await {
-                Ok(Some(inode)) => return self.open_unchecked(client, inode).await,
+            // The MDS counts the open with the create: one round trip.
+            match client.reint_with(m, true).await {
+                Ok(Some(inode)) => return self.open_counted(client, inode, true).await,
                 Ok(None) => return Err(ClientError::posix(libc::EIO, "no inode in the reply")),
                 Err(e) if e.errno() == libc::EEXIST && !self.create_new => {}
                 Err(e) => return Err(e),
@@ -176,10 +177,11 @@ impl OpenOptions {
                 format!("permission denied on {}", inode.fid),
             ));
         }
-        self.open_unchecked(client, inode).await
+        self.open_counted(client, inode, false).await
     }
 
-    async fn open_unchecked(&self, client: &Client, inode: Inode) -> Result<File> {
+    /// Opens `inode`; `counted` when the MDS already counted this open (with the create).
+    async fn open_counted(&self, client: &Client, inode: Inode, counted: bool) -> Result<File> {
         match inode.kind {
             Kind::Dir => {
                 return Err(ClientError::posix(
@@ -203,9 +205,11 @@ impl OpenOptions {
         }
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes.
-        client
-            .rpc(&client.inner.mds.clone(), &MdsOpen { fid: inode.fid })
-            .await?;
+        if !counted {
+            client
+                .rpc(&client.inner.mds.clone(), &MdsOpen { fid: inode.fid })
+                .await?;
+        }
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),

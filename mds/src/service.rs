@@ -152,7 +152,20 @@ impl MdsService {
                     return reply::<MdsReint>(&MdsReintReply { inode: done.inode });
                 }
                 let objects = self.prepare(&mut r.mutation).await?;
-                self.apply(r.mutation, r.creds, r.req, objects).await
+                let body = self.apply(r.mutation, r.creds, r.req, objects).await?;
+                if r.open {
+                    let done: MdsReintReply = proto::msg::decode_body(&body)
+                        .map_err(|e| RemoteError::new(StatusCode::Internal, e.to_string()))?;
+                    if let Some(i) = done.inode.filter(|i| i.kind == Kind::File) {
+                        if !self.alloc.open.open(i.fid) {
+                            return Err(ns_error(NsError {
+                                errno: libc::EMFILE,
+                                what: "too many open files".into(),
+                            }));
+                        }
+                    }
+                }
+                Ok(body)
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;

@@ -248,6 +248,9 @@ pub struct MdsReint {
     /// Names the request across resends: the MDS answers a resend of a request it already
     /// carried out with the reply it gave then, instead of doing it twice.
     pub req: Option<ReqId>,
+    /// Also count an open of the regular file the mutation returns (a create that opens, in
+    /// one round trip); the matching close is an `MdsClose`.
+    pub open: bool,
 }
 
 /// A client's own numbering of its modifying requests.

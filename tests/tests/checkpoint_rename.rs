@@ -21,6 +21,7 @@ fn reint(m: Mutation) -> MdsReint {
         creds: Creds::root(),
         mutation: m,
         req: None,
+        open: false,
     }
 }
 

@@ -224,6 +224,7 @@ fn reint(m: Mutation) -> MdsReint {
         creds: Creds::root(),
         mutation: m,
         req: None,
+        open: false,
     }
 }
 

@@ -148,6 +148,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                 creds: root.clone(),
                 mutation: m,
                 req: None,
+                open: false,
             },
             T,
         )
@@ -178,6 +179,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
+                            open: false,
                         },
                         T,
                     )
@@ -267,6 +269,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
+                            open: false,
                         },
                         T,
                     )
@@ -296,6 +299,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
+                            open: false,
                         },
                         T,
                     )
