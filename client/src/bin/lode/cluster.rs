@@ -159,6 +159,17 @@ async fn up(a: UpArgs) -> Result<()> {
         }
     };
     let mds_addr = format!("127.0.0.1:{}", conf.port);
+    // Another cluster (or anything) on our ports would answer in our servers' place.
+    for port in std::iter::once(u32::from(conf.port))
+        .chain((0..conf.oss).map(|i| u32::from(conf.port) + 100 + i))
+    {
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_err() {
+            bail!(
+                "port {port} on 127.0.0.1 is in use: another cluster is running there \
+                 (lode cluster status/down --dir ...), or choose --port"
+            );
+        }
+    }
     let mut started = vec![];
     let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
     started.push((
