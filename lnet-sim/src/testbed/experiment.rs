@@ -382,22 +382,21 @@ impl Report {
     }
 }
 
-/// A file's layout instantiated over `targets` targets, its first stripe on `first`.
-pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> {
+/// The layout a file asks the MDS for: its components, without objects (a stripe count above
+/// the targets stays as asked; the MDS takes what there is).
+pub fn template(spec: &LayoutSpec) -> Result<Layout> {
     let count = |n: i64| -> Result<StripeCount> {
         match n {
             -1 => Ok(StripeCount::All),
-            n if n > 0 && n <= targets as i64 => Ok(StripeCount::Count(n as u32)),
-            n if n > 0 => Ok(StripeCount::Count(targets)),
+            n if n > 0 && n <= u32::MAX as i64 => Ok(StripeCount::Count(n as u32)),
             n => Err(invalid(format!("stripe_count {n}"))),
         }
     };
     let mut comps = vec![];
     if spec.components.is_empty() {
-        comps.push(Component::raid0(
-            count(spec.stripe_count)?,
-            spec.stripe_size.0,
-        ));
+        let mut c = Component::raid0(count(spec.stripe_count)?, spec.stripe_size.0);
+        c.stripe_offset = spec.stripe_offset;
+        comps.push(c);
     } else {
         let mut start = 0;
         for c in &spec.components {
@@ -411,6 +410,12 @@ pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> 
             comps.push(x);
         }
     }
+    Layout::new(comps).map_err(|e| invalid(e.to_string()))
+}
+
+/// A file's layout instantiated over `targets` targets, its first stripe on `first`.
+pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> {
+    let mut comps = template(spec)?.components;
     // Successive components continue round-robin from where the previous one stopped, as
     // the MDS's allocator does.
     let mut next = first;
@@ -419,6 +424,9 @@ pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> 
             StripeCount::All => targets,
             StripeCount::Count(n) => n.min(targets),
         };
+        if let StripeCount::Count(_) = c.stripe_count {
+            c.stripe_count = StripeCount::Count(n);
+        }
         c.objects = (0..n)
             .map(|k| StripeObject {
                 target: (next + k) % targets,

@@ -16,10 +16,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use client::{Client, ClientConfig, OpenOptions};
 use lnet::sim::{Fabric, LinkParams};
-use lnet::testbed::experiment::{bytes_per_target, Access, Direction, Kind, Pattern};
+use lnet::testbed::experiment::{bytes_per_target, template, Access, Direction, Kind, Pattern};
 use lnet::testbed::{Point, Report};
 use lnet::Transport;
-use proto::layout::{Component, Layout, StripeCount};
 use proto::registry::{RegisterTargets, TargetReport};
 use tokio::task::JoinSet;
 
@@ -27,33 +26,6 @@ use tokio::task::JoinSet;
 const MAX_TARGETS: u32 = 64;
 const MAX_CLIENTS: u32 = 64;
 const MAX_BYTES: u64 = 4 << 30;
-
-fn template(spec: &lnet::testbed::experiment::LayoutSpec) -> Result<Layout> {
-    let count = |n: i64| match n {
-        -1 => Ok(StripeCount::All),
-        n if n > 0 => Ok(StripeCount::Count(n as u32)),
-        n => bail!("stripe_count {n}"),
-    };
-    let mut comps = vec![];
-    if spec.components.is_empty() {
-        let mut c = Component::raid0(count(spec.stripe_count)?, spec.stripe_size.0);
-        c.stripe_offset = spec.stripe_offset;
-        comps.push(c);
-    } else {
-        let mut start = 0;
-        for x in &spec.components {
-            let mut c = Component::raid0(
-                count(x.stripe_count)?,
-                x.stripe_size.unwrap_or(spec.stripe_size).0,
-            );
-            c.start = start;
-            c.end = x.end.0;
-            start = x.end.0;
-            comps.push(c);
-        }
-    }
-    Ok(Layout::new(comps)?)
-}
 
 /// Runs one point; `budget` is how many bytes per second of simulated traffic this machine moves
 /// through real code comfortably (the slowdown keeps the run under it).
