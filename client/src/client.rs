@@ -112,6 +112,30 @@ impl Client {
     }
 
     /// The same connection, acting as another user (a mount serving many users).
+    /// Whether new files can be striped over `want` targets now: the targets are up and the
+    /// MDS's allocator has taken each of them into service (after a start, it first cleans up
+    /// each target's orphans). Probes with a file at the root, removed again.
+    pub async fn can_stripe_over(&self, want: u32) -> Result<bool> {
+        if self.statfs().await?.targets_up < want {
+            return Ok(false);
+        }
+        let root = self.as_user(Creds::root());
+        let name = format!("/.lode-probe-{:032x}", self.inner.client_id);
+        let f = crate::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .stripe_all()
+            .open(&root, &name)
+            .await?;
+        let n = f
+            .inode()
+            .layout
+            .map_or(0, |l| l.components[0].objects.len());
+        f.close().await?;
+        root.unlink(&name).await?;
+        Ok(n as u32 >= want)
+    }
+
     /// The credentials this handle's calls carry.
     pub fn creds(&self) -> &Creds {
         &self.creds

@@ -228,10 +228,9 @@ async fn up(a: UpArgs) -> Result<()> {
             );
         }
         if let Ok(c) = Client::connect_with(&mds_addr, quick()).await {
-            if let Ok(t) = c.targets().await {
-                if t.iter().filter(|t| t.up).count() >= want {
-                    break;
-                }
+            // Up, and taken into service by the allocator: a new file can use every target.
+            if c.can_stripe_over(want as u32).await.unwrap_or(false) {
+                break;
             }
         }
         if Instant::now() > deadline {

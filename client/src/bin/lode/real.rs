@@ -201,25 +201,8 @@ pub fn run_real(
         let c0 = clients[0].clone();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let s = c0.statfs().await?;
-            if s.targets_up == targets {
-                let probe = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .stripe_all()
-                    .open(&c0, "/probe")
-                    .await;
-                if let Ok(f) = probe {
-                    let n = f
-                        .inode()
-                        .layout
-                        .map_or(0, |l| l.components[0].objects.len());
-                    f.close().await?;
-                    c0.unlink("/probe").await?;
-                    if n as u32 == targets {
-                        break;
-                    }
-                }
+            if c0.can_stripe_over(targets).await.unwrap_or(false) {
+                break;
             }
             if tokio::time::Instant::now() > deadline {
                 bail!("the simulated servers did not all come up");
