@@ -32,7 +32,7 @@ pub struct ClientConfig {
     pub retry_for: Duration,
     /// The credentials calls are made with.
     pub creds: Creds,
-    /// Stripe reads and writes in flight at once per file operation.
+    /// Reads and writes in flight at once to each target, over all of this client's files.
     pub window: usize,
 }
 
@@ -57,6 +57,9 @@ pub(crate) struct Inner {
     /// Where each target's storage server is, learnt from the MDS and kept: the data path
     /// asks the MDS again only for a target it has not seen.
     servers: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
+    /// Each target's window: how many of this client's reads and writes may be in flight to
+    /// it at once, over all files and calls (Lustre's RPCs in flight per target).
+    windows: parking_lot::Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Semaphore>>>,
     pub(crate) net: AnyNet,
     pub(crate) cfg: ClientConfig,
     client_id: u128,
@@ -102,6 +105,7 @@ impl Client {
                 net,
                 cfg,
                 servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
+                windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: rand::random(),
                 next_req: AtomicU64::new(1),
             }),
@@ -109,6 +113,17 @@ impl Client {
         };
         client.statfs().await?;
         Ok(client)
+    }
+
+    /// The window of `target`: a read or write to it holds one permit while in flight.
+    pub(crate) fn window(&self, target: u32) -> Arc<tokio::sync::Semaphore> {
+        let n = self.inner.cfg.window.max(1);
+        self.inner
+            .windows
+            .lock()
+            .entry(target)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n)))
+            .clone()
     }
 
     /// The same connection, acting as another user (a mount serving many users).

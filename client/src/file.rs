@@ -2,8 +2,9 @@
 //! between the caller's memory and the storage targets.
 //!
 //! A read or write is cut into pieces, each inside one stripe unit of one object
-//! (`Layout::pieces`), and up to `window` pieces are in flight at once, so one large call
-//! reaches the bandwidth of all the targets it touches. Reads can land directly in memory the
+//! (`Layout::pieces`), and up to `window` pieces per target are in flight at once (over all
+//! of the client's calls, as Lustre bounds RPCs in flight per target), so one large call
+//! reaches the bandwidth of all the targets it touches and many calls do not flood one target. Reads can land directly in memory the
 //! caller registered ([`File::read_into`]): the storage server puts the bytes there, with no
 //! copy on the client. A file's size is its writers' business: on `fsync` and `close` they
 //! report how far they wrote, and the MDS keeps the largest (so disjoint writers of one file
@@ -296,6 +297,17 @@ impl File {
             .collect())
     }
 
+    /// The client's window of every target the pieces touch.
+    fn windows(
+        &self,
+        planned: &[(proto::layout::Piece, StripeObject, Nid)],
+    ) -> std::collections::HashMap<u32, Arc<Semaphore>> {
+        planned
+            .iter()
+            .map(|(_, o, _)| (o.target, self.client.window(o.target)))
+            .collect()
+    }
+
     /// Where the storage server of `target` is.
     async fn oss_of(&self, targets: &HashSet<u32>) -> Result<std::collections::HashMap<u32, Nid>> {
         self.client.servers_of(targets).await
@@ -358,10 +370,11 @@ impl File {
             .filter(|&e| e <= proto::md::MAX_FILE_SIZE)
             .ok_or_else(|| ClientError::posix(libc::EFBIG, "past the file size limit"))?;
         let planned = self.plan(offset, len).await?;
-        let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
+        let windows = self.windows(&planned);
         let mut tasks = JoinSet::new();
         for (p, obj, oss) in planned {
-            let (client, region, window) = (self.client.clone(), region.clone(), window.clone());
+            let window = windows[&obj.target].clone();
+            let (client, region) = (self.client.clone(), region.clone());
             tasks.spawn(async move {
                 let _slot = window
                     .acquire_owned()
@@ -440,12 +453,12 @@ impl File {
             ));
         }
         let planned = self.plan(offset, len).await?;
-        let window = Arc::new(Semaphore::new(self.client.inner.cfg.window.max(1)));
+        let windows = self.windows(&planned);
         let mut tasks = JoinSet::new();
         for (p, obj, oss) in planned {
             let at = region_offset + (p.file_offset - offset);
             let desc = region.desc(at, p.len as u32, false)?;
-            let (client, window) = (self.client.clone(), window.clone());
+            let (client, window) = (self.client.clone(), windows[&obj.target].clone());
             tasks.spawn(async move {
                 let _slot = window
                     .acquire_owned()

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use client::{Client, OpenOptions};
 use indicatif::{ProgressBar, ProgressStyle};
+use lnet::Registered;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -41,7 +42,45 @@ pub struct BenchArgs {
     dir: String,
 }
 
-const CHUNK: usize = 64 << 20;
+/// Bytes one write or read call moves, per stripe of the file: a file striped over four
+/// targets moves four times as much per call, so each target sees what it would under a
+/// one-stripe file (as a Lustre client's dirty and read-ahead limits are per target).
+const CHUNK: u64 = 64 << 20;
+/// Stripes beyond which a call grows no further (a file over every target of a large cluster).
+const CHUNK_STRIPES: u64 = 8;
+/// Calls in flight per file, so that one is always on the wire while the other completes.
+const IN_FLIGHT: usize = 2;
+/// The most memory the buffers of all files together take.
+const MEMORY: u64 = 2 << 30;
+
+/// The bytes one call moves: `CHUNK` per stripe (a stripe count of -1 means every target),
+/// within `MEMORY` over all files, and never below one stripe unit.
+async fn chunk_for(client: &Client, a: &BenchArgs, stripe_size: u64) -> Result<usize> {
+    let stripes = match u64::try_from(a.stripe_count) {
+        Ok(n) => n,
+        Err(_) => u64::from(client.statfs().await?.targets_up),
+    };
+    let budget = MEMORY / (a.files * IN_FLIGHT) as u64;
+    let chunk = (CHUNK * stripes.clamp(1, CHUNK_STRIPES))
+        .min(budget)
+        .max(stripe_size.max(1 << 20));
+    Ok(usize::try_from(chunk)?)
+}
+
+type Buffers = Vec<Arc<Registered<Vec<u8>>>>;
+
+/// One file's registered buffers, made before the clock starts (as fio and IOR do): the run
+/// times the transfer, not the allocation of its memory.
+fn buffers(client: &Client, chunk: usize) -> Result<Buffers> {
+    (0..IN_FLIGHT)
+        .map(|_| {
+            client
+                .register(vec![0x5au8; chunk])
+                .map(Arc::new)
+                .map_err(Into::into)
+        })
+        .collect()
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -153,13 +192,14 @@ fn options(a: &BenchArgs, stripe_size: u64) -> OpenOptions {
     }
 }
 
-/// Writes `size` bytes through registered buffers (the servers pull straight from them), with
-/// two writes in flight so that one is always on the wire.
+/// Writes `size` bytes from registered buffers (the servers pull straight from them), one
+/// call per buffer in flight so that one is always on the wire.
 async fn write_file(
     client: &Client,
     path: &str,
     opts: &OpenOptions,
     size: u64,
+    buffers: &Buffers,
     b: &ProgressBar,
 ) -> Result<()> {
     let f = Arc::new(
@@ -167,9 +207,7 @@ async fn write_file(
             .await
             .with_context(|| format!("creating {path}"))?,
     );
-    let buffers: Vec<_> = (0..2)
-        .map(|_| client.register(vec![0x5au8; CHUNK]).map(Arc::new))
-        .collect::<Result<_, _>>()?;
+    let chunk = buffers[0].len();
     let mut inflight: std::collections::VecDeque<
         tokio::task::JoinHandle<Result<u64, client::ClientError>>,
     > = Default::default();
@@ -180,7 +218,7 @@ async fn write_file(
             let done = inflight.pop_front().context("a write in flight")?;
             b.inc(done.await??);
         }
-        let n = (size - at).min(CHUNK as u64);
+        let n = (size - at).min(chunk);
         let (f, buf) = (f.clone(), buffers[turn % buffers.len()].clone());
         inflight.push_back(tokio::spawn(async move {
             f.write_from(at, buf, 0, n).await.map(|_| n)
@@ -200,19 +238,23 @@ async fn write_file(
 }
 
 /// Reads a file straight into registered memory (the storage servers put the bytes there),
-/// two chunks in flight as writes have, so no target waits between chunks.
-async fn read_file(client: &Client, path: &str, size: u64, b: &ProgressBar) -> Result<()> {
+/// as many calls in flight as writes have, so no target waits between calls.
+async fn read_file(
+    client: &Client,
+    path: &str,
+    size: u64,
+    regions: &Buffers,
+    b: &ProgressBar,
+) -> Result<()> {
     let f = Arc::new(OpenOptions::new().open(client, path).await?);
-    let regions: Vec<_> = (0..2)
-        .map(|_| client.register(vec![0u8; CHUNK]).map(Arc::new))
-        .collect::<Result<_, _>>()?;
+    let chunk = regions[0].len();
     let mut inflight: std::collections::VecDeque<
         tokio::task::JoinHandle<Result<(u64, usize), client::ClientError>>,
     > = Default::default();
     let (mut at, mut turn) = (0u64, 0usize);
     let settle = |r: (u64, usize)| -> Result<()> {
         let (from, n) = r;
-        let want = (size - from).min(CHUNK as u64);
+        let want = (size - from).min(chunk);
         if (n as u64) < want {
             bail!("{path} is short: {} of {size}", from + n as u64);
         }
@@ -223,7 +265,7 @@ async fn read_file(client: &Client, path: &str, size: u64, b: &ProgressBar) -> R
         if inflight.len() == regions.len() {
             settle(inflight.pop_front().context("a read in flight")?.await??)?;
         }
-        let n = (size - at).min(CHUNK as u64);
+        let n = (size - at).min(chunk);
         let (f, region) = (f.clone(), regions[turn % regions.len()].clone());
         inflight.push_back(tokio::spawn(async move {
             f.read_into(at, &region, 0, n).await.map(|got| (at, got))
@@ -248,12 +290,16 @@ async fn lode_round(
     let paths: Vec<String> = (0..a.files)
         .map(|i| format!("{}/r{round}-f{i}", a.dir))
         .collect();
+    let chunk = chunk_for(client, a, stripe_size).await?;
+    let memory: Vec<Arc<Buffers>> = (0..a.files)
+        .map(|_| buffers(client, chunk).map(Arc::new))
+        .collect::<Result<_>>()?;
     let b = bar(size * a.files as u64, "lode write");
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for p in paths.clone() {
-        let (c, o, b) = (client.clone(), opts.clone(), b.clone());
-        tasks.spawn(async move { write_file(&c, &p, &o, size, &b).await });
+    for (p, m) in paths.iter().cloned().zip(&memory) {
+        let (c, o, b, m) = (client.clone(), opts.clone(), b.clone(), m.clone());
+        tasks.spawn(async move { write_file(&c, &p, &o, size, &m, &b).await });
     }
     while let Some(r) = tasks.join_next().await {
         r??;
@@ -262,9 +308,9 @@ async fn lode_round(
     b.finish_and_clear();
     let b = bar(size * a.files as u64, "lode read");
     let t0 = Instant::now();
-    for p in paths.clone() {
-        let (c, b) = (client.clone(), b.clone());
-        tasks.spawn(async move { read_file(&c, &p, size, &b).await });
+    for (p, m) in paths.iter().cloned().zip(&memory) {
+        let (c, b, m) = (client.clone(), b.clone(), m.clone());
+        tasks.spawn(async move { read_file(&c, &p, size, &m, &b).await });
     }
     while let Some(r) = tasks.join_next().await {
         r??;
@@ -283,10 +329,11 @@ async fn lode_checkpoint(
     size: u64,
     stripe_size: u64,
 ) -> Result<f64> {
+    let memory = buffers(client, chunk_for(client, a, stripe_size).await?)?;
     let b = bar(size, "lode checkpoint");
     let (tmp, name) = (format!("{}/ckpt.tmp", a.dir), format!("{}/ckpt", a.dir));
     let t0 = Instant::now();
-    write_file(client, &tmp, &options(a, stripe_size), size, &b).await?;
+    write_file(client, &tmp, &options(a, stripe_size), size, &memory, &b).await?;
     client.rename(&tmp, &name).await?;
     let secs = t0.elapsed().as_secs_f64();
     b.finish_and_clear();
@@ -318,10 +365,10 @@ async fn local_round(dir: &Path, files: usize, size: u64) -> Result<(f64, f64)> 
                     .custom_flags(libc::O_DIRECT)
                     .open(&p)?;
                 let mut v = vec![];
-                let buf = aligned(&mut v, CHUNK);
+                let buf = aligned(&mut v, CHUNK as usize);
                 let mut at = 0;
                 while at < size {
-                    let n = ((size - at).min(CHUNK as u64) as usize).div_ceil(4096) * 4096;
+                    let n = ((size - at).min(CHUNK) as usize).div_ceil(4096) * 4096;
                     if write {
                         f.write_all_at(&buf[..n], at)?;
                     } else {
@@ -355,10 +402,10 @@ async fn local_checkpoint(dir: &Path, size: u64) -> Result<f64> {
     tokio::task::spawn_blocking(move || -> Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&t2)?;
-        let data = vec![0x5au8; CHUNK];
+        let data = vec![0x5au8; CHUNK as usize];
         let mut at = 0;
         while at < size {
-            let n = (size - at).min(CHUNK as u64) as usize;
+            let n = (size - at).min(CHUNK) as usize;
             f.write_all(&data[..n])?;
             at += n as u64;
         }
