@@ -353,9 +353,18 @@ async fn local_round(dir: &Path, files: usize, size: u64) -> Result<(f64, f64)> 
         .map(|i| dir.join(format!("lode-bench-local-{i}")))
         .collect();
     let run = |write: bool, paths: Vec<PathBuf>| async move {
+        // Buffers filled before the clock starts, as lode's are.
+        let memory: Vec<Vec<u8>> = paths
+            .iter()
+            .map(|_| {
+                let mut v = vec![];
+                aligned(&mut v, CHUNK as usize);
+                v
+            })
+            .collect();
         let t0 = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
-        for p in paths {
+        for (p, mut v) in paths.into_iter().zip(memory) {
             tasks.spawn_blocking(move || -> Result<()> {
                 let f = LocalOpen::new()
                     .read(true)
@@ -364,7 +373,6 @@ async fn local_round(dir: &Path, files: usize, size: u64) -> Result<(f64, f64)> 
                     .truncate(write)
                     .custom_flags(libc::O_DIRECT)
                     .open(&p)?;
-                let mut v = vec![];
                 let buf = aligned(&mut v, CHUNK as usize);
                 let mut at = 0;
                 while at < size {
@@ -397,12 +405,12 @@ async fn local_round(dir: &Path, files: usize, size: u64) -> Result<(f64, f64)> 
 
 async fn local_checkpoint(dir: &Path, size: u64) -> Result<f64> {
     let (tmp, name) = (dir.join("lode-bench-ckpt.tmp"), dir.join("lode-bench-ckpt"));
+    let data = vec![0x5au8; CHUNK as usize];
     let t0 = Instant::now();
     let (t2, n2) = (tmp.clone(), name.clone());
     tokio::task::spawn_blocking(move || -> Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&t2)?;
-        let data = vec![0x5au8; CHUNK as usize];
         let mut at = 0;
         while at < size {
             let n = (size - at).min(CHUNK) as usize;
