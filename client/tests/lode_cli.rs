@@ -161,3 +161,67 @@ fn the_testbed_runs_an_experiment_in_both_modes_and_they_agree() {
     assert!(!ok && out.contains("data workloads"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn random_reads_in_the_real_code_are_held_by_the_targets_queues_as_modelled() {
+    let dir = std::env::temp_dir().join(format!("lode-sim-random-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exp = dir.join("random.toml");
+    // Two targets of 4 I/Os at a time, 500 us each: 64 KiB requests at random offsets reach
+    // 4 x 64 KiB / (500 us + the transfer) per target, far below their 1 GB/s.
+    std::fs::write(
+        &exp,
+        r#"
+        [topology]
+        clients = 2
+        client_nic_gbs = 4
+        oss = 2
+        oss_nic_gbs = 4
+        targets_per_oss = 1
+        target_read_gbs = 1
+        target_io_latency_us = 500
+        target_queue_depth = 4
+        [workload]
+        kind = "io"
+        direction = "read"
+        access = "random"
+        bytes_per_client = "8M"
+        request_size = "64K"
+        window = 16
+        [workload.layout]
+        stripe_size = "1M"
+        [sweep]
+        "workload.layout.stripe_count" = [1, -1]
+        "#,
+    )
+    .unwrap();
+    let (model, real) = (dir.join("model"), dir.join("real"));
+    let run = |mode: &str, out: &std::path::Path| {
+        let (ok, text) = lode(&[
+            "sim",
+            "run",
+            exp.to_str().unwrap(),
+            "--mode",
+            mode,
+            "--budget-mbs",
+            "16",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{text}");
+        rates(out)
+    };
+    let (m, r) = (run("model", &model), run("real", &real));
+    let per_target = 4.0 * 65536.0 / (500e-6 + 65536.0 / 1e9);
+    // (Less the run's start: an open and a first I/O, 3% of this short run.)
+    for rate in &m {
+        assert!((rate - 2.0 * per_target).abs() / rate < 0.05, "model {m:?}");
+    }
+    for (a, b) in m.iter().zip(&r) {
+        assert!(
+            (a - b).abs() / a < 0.10,
+            "model {m:?} against real code {r:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -251,3 +251,34 @@ fn targets_carved_from_one_disk_share_it() {
     );
     assert!(close(run(&shared)[0].aggregate_rate(), 3e9, 0.01));
 }
+
+#[test]
+fn random_io_is_held_by_the_targets_queue_depth_and_service_time() {
+    // One target of 4 I/Os at a time, 500 us each plus a 64 KiB transfer at 1 GB/s:
+    // 4 x 64 KiB per 565.5 us, 463.5 MB/s; sequential access gets the whole 1 GB/s.
+    let base = r#"
+        [topology]
+        clients = 1
+        client_nic_gbs = 10
+        oss = 1
+        oss_nic_gbs = 10
+        targets_per_oss = 1
+        target_read_gbs = 1
+        target_io_latency_us = 500
+        target_queue_depth = 4
+        link_latency_us = 1
+        [workload]
+        kind = "io"
+        direction = "read"
+        access = "random"
+        bytes_per_client = "1G"
+        request_size = "64K"
+        window = 64
+        [workload.layout]
+        stripe_count = 1
+    "#;
+    let want = 4.0 * 65536.0 / (500e-6 + 65536.0 / 1e9);
+    assert!(close(run(base)[0].aggregate_rate(), want, 0.01));
+    let seq = base.replace("access = \"random\"", "access = \"sequential\"");
+    assert!(close(run(&seq)[0].aggregate_rate(), 1e9, 0.01));
+}

@@ -45,6 +45,7 @@ async fn cluster(fabric: &Fabric, dir: &std::path::Path) -> Client {
                 read_bps: 1 << 30,
                 write_bps: 1 << 30,
                 io_latency: Duration::from_millis(1),
+                queue_depth: 0,
             },
         ));
         let root = PathBuf::from(format!("/ost-{k}"));

@@ -530,9 +530,10 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
             Direction::Read => t.target_read_gbs,
             Direction::Write => t.target_write_gbs,
         } * gb;
-        // Small random I/O: a target completes queue_depth I/Os per io_latency.
+        // Random I/O: a target works on queue_depth I/Os at once, each taking io_latency and
+        // its transfer.
         let iops_bw = match access {
-            Access::Random => f64::from(t.target_queue_depth) / io_lat.max(1e-12) * q,
+            Access::Random => f64::from(t.target_queue_depth) * q / (io_lat + q / bw).max(1e-12),
             Access::Sequential => f64::INFINITY,
         };
         res.push(Resource {

@@ -1,5 +1,5 @@
-//! An engine that holds another to a device's pace: a read and a write bandwidth and a time per
-//! I/O, as a disk of those figures would. The testbed's real-code mode gives each simulated
+//! An engine that holds another to a device's pace: a read and a write bandwidth, a time per
+//! I/O and how many I/Os it works on at once, as a disk of those figures would. The testbed's real-code mode gives each simulated
 //! target one, over the in-memory engine.
 
 use std::io;
@@ -20,10 +20,20 @@ pub struct Pace {
     pub write_bps: u64,
     /// Added to every data I/O (its service time, overlapping other I/Os' transfers).
     pub io_latency: Duration,
+    /// Data I/Os in service at once; more wait for a slot (0: no limit). Small random I/Os
+    /// then complete `queue_depth` per `io_latency`.
+    pub queue_depth: usize,
 }
 
 pub struct PacedEngine {
     inner: Arc<dyn Engine>,
+    clock: Arc<Clock>,
+    /// The device's queue: one permit per I/O in service.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+/// The device's channels: when each is next free.
+struct Clock {
     pace: Pace,
     /// When the device's read and write channels are next free.
     free: Mutex<(Instant, Instant)>,
@@ -35,17 +45,48 @@ impl PacedEngine {
         let now = Instant::now();
         PacedEngine {
             inner,
-            pace,
-            free: Mutex::new((now, now)),
-            enabled: std::sync::atomic::AtomicBool::new(true),
+            clock: Arc::new(Clock {
+                pace,
+                free: Mutex::new((now, now)),
+                enabled: std::sync::atomic::AtomicBool::new(true),
+            }),
+            slots: (pace.queue_depth > 0)
+                .then(|| Arc::new(tokio::sync::Semaphore::new(pace.queue_depth))),
         }
     }
 
     /// Turns the pacing off (to lay down data before a measured run) or on again.
     pub fn set_enabled(&self, on: bool) {
-        self.enabled.store(on, std::sync::atomic::Ordering::SeqCst);
+        self.clock
+            .enabled
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// An I/O of `len` bytes through `op`, once the device has a slot for it: it ends when the
+    /// device would have finished it.
+    fn paced<T: Send + 'static>(
+        &self,
+        len: usize,
+        write: bool,
+        op: impl FnOnce() -> BoxFuture<T> + Send + 'static,
+    ) -> BoxFuture<T> {
+        let (clock, slots) = (self.clock.clone(), self.slots.clone());
+        Box::pin(async move {
+            let _slot = match &slots {
+                Some(s) if clock.enabled.load(std::sync::atomic::Ordering::SeqCst) => {
+                    s.clone().acquire_owned().await.ok()
+                }
+                _ => None,
+            };
+            let due = clock.due(len, write);
+            let r = op().await;
+            tokio::time::sleep_until(due).await;
+            r
+        })
+    }
+}
+
+impl Clock {
     /// When an I/O of `bytes` issued now completes: transfers queue behind each other at the
     /// channel's bandwidth, and each also waits one I/O time.
     fn due(&self, bytes: usize, write: bool) -> Instant {
@@ -82,13 +123,8 @@ impl Engine for PacedEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)> {
-        let due = self.due(buf.len(), false);
-        let op = self.inner.read_at(f, offset, buf);
-        Box::pin(async move {
-            let r = op.await;
-            tokio::time::sleep_until(due).await;
-            r
-        })
+        let (inner, f) = (self.inner.clone(), f.clone());
+        self.paced(buf.len(), false, move || inner.read_at(&f, offset, buf))
     }
 
     fn write_at(
@@ -97,13 +133,8 @@ impl Engine for PacedEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> BoxFuture<(AlignedBuf, io::Result<usize>)> {
-        let due = self.due(buf.len(), true);
-        let op = self.inner.write_at(f, offset, buf);
-        Box::pin(async move {
-            let r = op.await;
-            tokio::time::sleep_until(due).await;
-            r
-        })
+        let (inner, f) = (self.inner.clone(), f.clone());
+        self.paced(buf.len(), true, move || inner.write_at(&f, offset, buf))
     }
 
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>> {

@@ -26,6 +26,9 @@ use tokio::task::JoinSet;
 const MAX_TARGETS: u32 = 64;
 const MAX_CLIENTS: u32 = 64;
 const MAX_BYTES: u64 = 4 << 30;
+/// Requests per second of simulated traffic this machine carries with time to spare (each is
+/// a real call through the fabric, the storage service and the paced device).
+const IOPS_BUDGET: f64 = 4000.0;
 
 /// Runs one point; `budget` is how many bytes per second of simulated traffic this machine moves
 /// through real code comfortably (the slowdown keeps the run under it).
@@ -44,9 +47,7 @@ pub fn run_real(
     if w.kind == Kind::Metadata {
         bail!("the real-code mode runs data workloads (io, checkpoint, epoch)");
     }
-    if w.access == Some(Access::Random) {
-        bail!("the real-code mode runs sequential access");
-    }
+    let random = w.access == Some(Access::Random);
     let direction = match w.kind {
         Kind::Checkpoint => Direction::Write,
         Kind::Epoch => Direction::Read,
@@ -108,7 +109,16 @@ pub fn run_real(
                 .map_or(f64::INFINITY, |d| f64::from(t.oss) * d),
         )
         * gb;
-    let slow = (ceiling / budget.max(1e6)).max(1.0);
+    // Small random requests: also no more requests per second than the host can carry.
+    let q = w.request_size.0.max(1);
+    let iops = if random {
+        (f64::from(targets) * f64::from(t.target_queue_depth)
+            / (t.target_io_latency_us * 1e-6).max(1e-9))
+        .min(ceiling / q as f64)
+    } else {
+        ceiling / q as f64
+    };
+    let slow = (ceiling / budget.max(1e6)).max(iops / IOPS_BUDGET).max(1.0);
     let bw = |gbs: f64| (gbs * gb / slow) as u64;
     let lat = |us: f64| Duration::from_secs_f64(us * 1e-6 * slow);
 
@@ -147,6 +157,7 @@ pub fn run_real(
                         read_bps: bw(d),
                         write_bps: bw(d),
                         io_latency: Duration::ZERO,
+                        queue_depth: 0,
                     },
                 ));
                 paces.push(disk.clone());
@@ -160,6 +171,7 @@ pub fn run_real(
                         read_bps: bw(t.target_read_gbs),
                         write_bps: bw(t.target_write_gbs),
                         io_latency: lat(t.target_io_latency_us),
+                        queue_depth: t.target_queue_depth as usize,
                     },
                 ));
                 paces.push(paced.clone());
@@ -251,7 +263,6 @@ pub fn run_real(
         let progress = Arc::new(progress);
         let start = tokio::time::Instant::now();
         let mut runs = JoinSet::new();
-        let q = w.request_size.0.max(1);
         for (i, c) in clients.iter().enumerate() {
             let (c, mine, done, progress) =
                 (c.clone(), jobs[i].clone(), done.clone(), progress.clone());
@@ -267,8 +278,14 @@ pub fn run_real(
                             .await?,
                     );
                     let mut inflight = JoinSet::new();
-                    let mut at = off;
-                    while at < off + len {
+                    // Request-sized blocks of the range, in order or shuffled: every byte once.
+                    let mut blocks: Vec<u64> = (0..len.div_ceil(q)).map(|k| off + k * q).collect();
+                    if random {
+                        use rand::seq::SliceRandom;
+                        use rand::SeedableRng;
+                        blocks.shuffle(&mut rand::rngs::StdRng::seed_from_u64(i as u64));
+                    }
+                    for at in blocks {
                         while inflight.len() >= window {
                             let n: u64 = inflight.join_next().await.expect("not empty")??;
                             moved += n;
@@ -286,7 +303,6 @@ pub fn run_real(
                                 Ok(n)
                             }
                         });
-                        at += n;
                     }
                     while let Some(r) = inflight.join_next().await {
                         let n = r??;
