@@ -4,11 +4,11 @@
 //! A read or write is cut into pieces, each inside one stripe unit of one object
 //! (`Layout::pieces`), and up to `window` pieces per target are in flight at once (over all
 //! of the client's calls, as Lustre bounds RPCs in flight per target), so one large call
-//! reaches the bandwidth of all the targets it touches and many calls do not flood one target. Reads can land directly in memory the
-//! caller registered ([`File::read_into`]): the storage server puts the bytes there, with no
-//! copy on the client. A file's size is its writers' business: on `fsync` and `close` they
-//! report how far they wrote, and the MDS keeps the largest (so disjoint writers of one file
-//! leave the right size).
+//! reaches the bandwidth of all the targets it touches and many calls do not flood one
+//! target. Reads can land directly in memory the caller registered ([`File::read_into`]): the
+//! storage server puts the bytes there, with no copy on the client. A file's size is its
+//! writers' business: on `fsync` and `close` they report how far they wrote, and the MDS keeps
+//! the largest (so disjoint writers of one file leave the right size).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,6 +1,6 @@
 //! An engine that holds another to a device's pace: a read and a write bandwidth, a time per
-//! I/O and how many I/Os it works on at once, as a disk of those figures would. The testbed's real-code mode gives each simulated
-//! target one, over the in-memory engine.
+//! I/O and how many I/Os it works on at once, as a disk of those figures would. The testbed's
+//! real-code mode gives each simulated target one, over the in-memory engine.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,8 +20,8 @@ pub struct Pace {
     pub write_bps: u64,
     /// Added to every data I/O (its service time, overlapping other I/Os' transfers).
     pub io_latency: Duration,
-    /// Data I/Os in service at once; more wait for a slot (0: no limit). Small random I/Os
-    /// then complete `queue_depth` per `io_latency`.
+    /// Data I/Os in service at once; more wait for a slot (0: no limit). Random I/Os then
+    /// complete `queue_depth` per `io_latency` and transfer.
     pub queue_depth: usize,
 }
 
