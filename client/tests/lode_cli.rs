@@ -87,6 +87,24 @@ fn rates(dir: &std::path::Path) -> Vec<f64> {
         .collect()
 }
 
+/// `lode sim run EXP --mode MODE --out OUT`: the aggregate rate of each run.
+fn sim(exp: &std::path::Path, mode: &str, out: &std::path::Path) -> Vec<f64> {
+    let (ok, text) = lode(&[
+        "sim",
+        "run",
+        exp.to_str().unwrap(),
+        "--mode",
+        mode,
+        // A debug build moves little: a slow run keeps the code's own cost out of the figures.
+        "--budget-mbs",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    rates(out)
+}
+
 #[test]
 fn the_testbed_runs_an_experiment_in_both_modes_and_they_agree() {
     let dir = std::env::temp_dir().join(format!("lode-sim-{}", std::process::id()));
@@ -115,28 +133,7 @@ fn the_testbed_runs_an_experiment_in_both_modes_and_they_agree() {
     )
     .unwrap();
     let (model, real) = (dir.join("model"), dir.join("real"));
-    let (ok, out) = lode(&[
-        "sim",
-        "run",
-        exp.to_str().unwrap(),
-        "--out",
-        model.to_str().unwrap(),
-    ]);
-    assert!(ok, "{out}");
-    let (ok, out) = lode(&[
-        "sim",
-        "run",
-        exp.to_str().unwrap(),
-        "--mode",
-        "real",
-        // A debug build moves little: a slow run keeps the code's own cost out of the figures.
-        "--budget-mbs",
-        "16",
-        "--out",
-        real.to_str().unwrap(),
-    ]);
-    assert!(ok, "{out}");
-    let (m, r) = (rates(&model), rates(&real));
+    let (m, r) = (sim(&exp, "model", &model), sim(&exp, "real", &real));
     assert_eq!(m.len(), 2);
     // Two targets of 0.5 GB/s, each client on its own or both striped over both: 1 GB/s.
     assert!(
@@ -196,22 +193,7 @@ fn random_reads_in_the_real_code_are_held_by_the_targets_queues_as_modelled() {
     )
     .unwrap();
     let (model, real) = (dir.join("model"), dir.join("real"));
-    let run = |mode: &str, out: &std::path::Path| {
-        let (ok, text) = lode(&[
-            "sim",
-            "run",
-            exp.to_str().unwrap(),
-            "--mode",
-            mode,
-            "--budget-mbs",
-            "16",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert!(ok, "{text}");
-        rates(out)
-    };
-    let (m, r) = (run("model", &model), run("real", &real));
+    let (m, r) = (sim(&exp, "model", &model), sim(&exp, "real", &real));
     let per_target = 4.0 * 65536.0 / (500e-6 + 65536.0 / 1e9);
     // (Less the run's start: an open and a first I/O, 3% of this short run.)
     for rate in &m {
