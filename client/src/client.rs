@@ -16,7 +16,7 @@ use proto::{Fid, Nid, Rpc};
 use crate::error::{ClientError, Result};
 
 /// The root directory's FID.
-pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+pub use proto::fid::ROOT;
 /// Longest path accepted.
 pub const MAX_PATH: usize = 4096;
 /// Symlinks followed in one resolution before ELOOP.

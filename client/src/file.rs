@@ -603,7 +603,7 @@ impl File {
             let servers = self.oss_of(&targets).await?;
             for c in &layout.components {
                 for (k, o) in c.objects.iter().enumerate() {
-                    let osize = object_size(c, k as u64, size);
+                    let osize = c.object_size(k as u64, size);
                     self.client
                         .rpc(
                             &servers[&o.target],
@@ -736,18 +736,6 @@ impl Drop for File {
             });
         }
     }
-}
-
-/// How many bytes of object `stripe` of component `c` hold file bytes below `file_size`.
-fn object_size(c: &Component, stripe: u64, file_size: u64) -> u64 {
-    if file_size <= c.start {
-        return 0;
-    }
-    let end = file_size.min(c.end);
-    let (ss, n) = (c.stripe_size, c.stripes().max(1));
-    let row = ss * n;
-    let (full, rem) = (end / row, end % row);
-    full * ss + rem.saturating_sub(stripe * ss).min(ss)
 }
 
 /// Sequential reads with readahead: the next `ahead` chunks are always on their way.
@@ -885,29 +873,5 @@ impl Writer {
             self.reclaim_one().await?;
         }
         Ok(self.next)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn object_sizes_after_truncation_follow_the_stripes() {
-        let c = Component::raid0(StripeCount::Count(4), 1 << 20);
-        let mut c = c;
-        c.objects = (0..4)
-            .map(|i| StripeObject {
-                target: i,
-                fid: proto::Fid::new(1, i + 1, 0),
-            })
-            .collect();
-        // 5.5 MiB over 4 stripes of 1 MiB: stripe 0 holds 2 MiB, stripe 1 holds 1.5, the others 1.
-        let s = (5 << 20) + (1 << 19);
-        assert_eq!(object_size(&c, 0, s), 2 << 20);
-        assert_eq!(object_size(&c, 1, s), (1 << 20) + (1 << 19));
-        assert_eq!(object_size(&c, 2, s), 1 << 20);
-        assert_eq!(object_size(&c, 3, s), 1 << 20);
-        assert_eq!(object_size(&c, 0, 0), 0);
     }
 }

@@ -1,20 +1,18 @@
-//! The lode client: the library ML code links, the `lode` command, and local clusters.
+//! The lode client library: what ML code links to reach a lode filesystem.
 //!
 //! - [`Client`]: a connection to a filesystem; paths, directories, links, renames, layouts.
 //! - [`File`] and [`OpenOptions`]: striped parallel reads and writes, straight into memory the
 //!   caller registered.
 //! - [`blocking`]: the same for callers without an async runtime.
-//! - [`fuse`]: the POSIX mount.
 //!
 //! Metadata goes to the MDS; file data goes to and from the storage servers directly, one
-//! stream per stripe, in parallel.
+//! stream per stripe, in parallel. This crate holds no server, no mount and no command line:
+//! those are `lode-mount` and `lode-cli`, built on it.
 
 pub mod blocking;
 pub mod client;
 pub mod error;
 pub mod file;
-pub mod fuse;
-pub mod stream;
 pub mod stripe_args;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};

@@ -10,18 +10,9 @@ fn bad(what: String) -> ClientError {
     ClientError::posix(libc::EINVAL, what)
 }
 
-/// Parses sizes like 4M, 64k, 1G, 1048576.
+/// Parses a size with [`proto::size::parse_size`]'s units (4M, 64k, 1.5G, 16GB, 1048576).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| bad(format!("bad size {s:?}")))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| bad(format!("size {s:?} is too large")))
+    proto::size::parse_size(s).map_err(|e| bad(e.to_string()))
 }
 
 /// Parses the options (without the path) into a layout.

@@ -1,6 +1,7 @@
 //! One endpoint type for code that runs on either network: TCP in production, the simulated
 //! fabric in the testbed's real-code mode and in tests.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +10,9 @@ use proto::{Nid, Opcode};
 use crate::error::NetError;
 use crate::region::RegionTable;
 use crate::service::BoxFuture;
-use crate::sim::SimEndpoint;
-use crate::tcp::TcpEndpoint;
+use crate::service::Service;
+use crate::sim::{Fabric, SimEndpoint};
+use crate::tcp::{TcpConfig, TcpEndpoint};
 use crate::transport::Transport;
 
 #[derive(Clone)]
@@ -57,5 +59,62 @@ impl Transport for AnyNet {
             AnyNet::Tcp(e) => e.call_raw(peer, opcode, body, deadline),
             AnyNet::Sim(e) => e.call_raw(peer, opcode, body, deadline),
         }
+    }
+}
+
+impl AnyNet {
+    /// Stops serving: a TCP endpoint stops accepting and closes its connections; a node of the
+    /// simulated fabric goes down (its peers see it as crashed).
+    pub fn shutdown(&self) {
+        match self {
+            AnyNet::Tcp(e) => e.shutdown(),
+            AnyNet::Sim(e) => e.shutdown(),
+        }
+    }
+}
+
+/// Where a server attaches to the network: an address to listen on, or a named node of a
+/// simulated fabric. The same server code runs on both.
+#[derive(Clone)]
+pub enum Attach {
+    Tcp { listen: SocketAddr, cfg: TcpConfig },
+    Sim { fabric: Fabric, node: String },
+}
+
+impl Attach {
+    pub fn tcp(listen: SocketAddr) -> Attach {
+        Attach::Tcp {
+            listen,
+            cfg: TcpConfig::default(),
+        }
+    }
+
+    pub fn sim(fabric: &Fabric, node: &str) -> Attach {
+        Attach::Sim {
+            fabric: fabric.clone(),
+            node: node.to_owned(),
+        }
+    }
+
+    /// Serves `service` here.
+    pub async fn serve(&self, service: Arc<dyn Service>) -> Result<AnyNet, NetError> {
+        Ok(match self {
+            Attach::Tcp { listen, cfg } => TcpEndpoint::bind(*listen, service, cfg.clone())
+                .await?
+                .into(),
+            Attach::Sim { fabric, node } => fabric.start_node(node, Some(service))?.into(),
+        })
+    }
+
+    /// An endpoint that only makes calls, for a part of the server with calls of its own (the
+    /// MDS's allocator, a storage server's heartbeats). On the fabric it is a node of its own,
+    /// named after the server and `role`.
+    pub fn caller(&self, role: &str) -> Result<AnyNet, NetError> {
+        Ok(match self {
+            Attach::Tcp { cfg, .. } => TcpEndpoint::client(cfg.clone()).into(),
+            Attach::Sim { fabric, node } => {
+                fabric.start_node(&format!("{node}-{role}"), None)?.into()
+            }
+        })
     }
 }

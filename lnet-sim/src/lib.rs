@@ -17,12 +17,11 @@ pub mod selftest;
 pub mod service;
 pub mod sim;
 pub mod tcp;
-pub mod testbed;
 pub mod transport;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use anynet::AnyNet;
+pub use anynet::{AnyNet, Attach};
 pub use error::{NetError, RegionError};
 pub use region::{DmaBuffer, RegionTable, Registered};
 pub use service::{BulkPeer, Incoming, Service};

@@ -12,7 +12,6 @@
 //! first, so space evens out.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,7 @@ use proto::registry::{TargetInfo, TargetReport};
 use proto::{Fid, StatusCode};
 
 use crate::namespace::NsError;
+use crate::placement::{place, Candidate};
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -54,7 +54,8 @@ pub struct Allocator {
     pools: Mutex<HashMap<u32, VecDeque<Fid>>>,
     /// Targets whose orphans have been cleaned up in this run.
     ready: Mutex<HashSet<u32>>,
-    next: AtomicUsize,
+    /// The round-robin position of [`place`].
+    next: Mutex<usize>,
 }
 
 impl Allocator {
@@ -70,7 +71,7 @@ impl Allocator {
             net,
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
-            next: AtomicUsize::new(0),
+            next: Mutex::new(0),
         })
     }
 
@@ -90,43 +91,15 @@ impl Allocator {
     }
 
     fn choose(&self, c: &Component) -> Result<Vec<u32>, NsError> {
-        let mut targets = self.eligible();
-        if targets.is_empty() {
-            return Err(no_space("no storage target is up with free space"));
-        }
-        if !c.targets.is_empty() {
-            for t in &c.targets {
-                if !targets.iter().any(|e| e.index == *t) {
-                    return Err(no_space(format!("target {t} is down, full or unknown")));
-                }
-            }
-            return Ok(c.targets.clone());
-        }
-        let n = match c.stripe_count {
-            StripeCount::All => targets.len(),
-            StripeCount::Count(n) => (n as usize).min(targets.len()),
-        };
-        targets.sort_by_key(|t| t.index);
-        let (min, max) = targets.iter().fold((u64::MAX, 0), |(lo, hi), t| {
-            (lo.min(t.free), hi.max(t.free))
-        });
-        let start = match c.stripe_offset {
-            Some(o) => targets
-                .iter()
-                .position(|t| t.index == o)
-                .ok_or_else(|| no_space(format!("target {o} is down, full or unknown")))?,
-            // Successive files tile the targets (a file of n stripes moves the start on by n),
-            // and files over every target still start one further on each time.
-            None => {
-                let step = if n >= targets.len() { 1 } else { n.max(1) };
-                self.next.fetch_add(step, Ordering::Relaxed) % targets.len()
-            }
-        };
-        targets.rotate_left(start);
-        if c.stripe_offset.is_none() && (min as f64) < 0.8 * max as f64 {
-            targets.sort_by_key(|t| std::cmp::Reverse(t.free));
-        }
-        Ok(targets.into_iter().take(n).map(|t| t.index).collect())
+        let candidates: Vec<Candidate> = self
+            .eligible()
+            .iter()
+            .map(|t| Candidate {
+                index: t.index,
+                free: t.free,
+            })
+            .collect();
+        place(&candidates, c, &mut self.next.lock()).map_err(|e| no_space(e.to_string()))
     }
 
     async fn refill(&self, target: u32) -> Result<(), NsError> {

@@ -1,13 +1,17 @@
 //! The metadata server: the namespace, its journal and recovery, atomic rename, layout choice and
 //! object allocation, and the registry of storage targets. File data never passes through it.
 //!
-//! Built so far: the [`registry`] of storage targets, served by [`service`]. The namespace
-//! comes next (see `docs/architecture.md`).
+//! [`server::MdsServer`] assembles the pieces and runs them on any network; `lode-mds` and
+//! in-process clusters start it the same way.
 
 pub mod alloc;
 pub mod journal;
 pub mod namespace;
 pub mod open;
+pub mod placement;
 pub mod registry;
+pub mod server;
 pub mod service;
 pub mod store;
+
+pub use server::{MdsConfig, MdsServer};

@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
-/// The root directory's FID, as in Lustre.
-pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
 /// The sequence new inodes are numbered in.
-pub const INODE_SEQ: u64 = proto::fid::FIRST_NORMAL_SEQ;
+pub use proto::fid::INODE_SEQ;
+/// The root directory's FID, as in Lustre.
+pub use proto::fid::ROOT;
 /// Longest name in a directory.
 pub const MAX_NAME: usize = 255;
 /// Longest symlink target.

@@ -25,7 +25,7 @@ const MAGIC: [u8; 8] = *b"LODEREG\0";
 const VERSION: u32 = 1;
 /// Most targets one filesystem may have.
 pub const MAX_TARGETS: usize = 65_536;
-/// A target not heard from for this long is reported down.
+/// A target not heard from for this long is reported down, unless the MDS is set otherwise.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,8 @@ struct Entry {
 pub struct Registry {
     path: PathBuf,
     entries: Mutex<BTreeMap<u32, Entry>>,
+    /// A target not heard from for this long is down.
+    heartbeat_timeout: Duration,
 }
 
 impl Registry {
@@ -105,7 +107,14 @@ impl Registry {
         Ok(Registry {
             path,
             entries: Mutex::new(entries),
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
         })
+    }
+
+    /// Reports a target down once it has not been heard from for `timeout`.
+    pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Registry {
+        self.heartbeat_timeout = timeout;
+        self
     }
 
     fn persist(&self, entries: &BTreeMap<u32, Entry>) -> Result<(), RegistryError> {
@@ -211,7 +220,9 @@ impl Registry {
                 oss: e.oss.clone(),
                 total: e.total,
                 free: e.free,
-                up: e.last_seen.is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT),
+                up: e
+                    .last_seen
+                    .is_some_and(|t| t.elapsed() < self.heartbeat_timeout),
             })
             .collect()
     }

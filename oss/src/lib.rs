@@ -4,7 +4,8 @@
 //! - [`engine`]: how bytes reach the disk (io_uring, psync, and an in-memory crash simulator).
 //! - [`object`]: one object's data and checksums, in 4 KiB blocks.
 //! - [`target`]: a storage target: a directory of objects and the id counter.
-//! - [`server`]: the OST requests of the network, carried out on the targets.
+//! - [`service`]: the OST requests of the network, carried out on the targets.
+//! - [`server`]: a whole storage server: registration, index assignment, heartbeats, shutdown.
 //!
 //! File data arrives and leaves through the network layer's bulk transfers; this crate never
 //! sees a path of the namespace, only objects.
@@ -13,7 +14,9 @@ pub mod engine;
 pub mod error;
 pub mod object;
 pub mod server;
+pub mod service;
 pub mod target;
 
 pub use error::TargetError;
+pub use server::{OssConfig, OssServer, TargetHome};
 pub use target::{ScrubReport, Target};

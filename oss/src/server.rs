@@ -1,142 +1,283 @@
-//! The storage service: OST requests from the network, carried out on the targets this server
-//! holds. Data of a write is pulled from the client and its checksum verified before the target
-//! sees a byte; data of a read is put straight from the target's buffer into the client's region.
+//! One storage server, assembled and running: its targets registered with the MDS (which
+//! assigns an index to each new one), served on any network, their space reported by a
+//! heartbeat, and synced on the way down. `lode-oss` is argument parsing plus
+//! [`local_targets`] and [`OssServer::start`]; in-process clusters (tests, the testbed) call the
+//! same function with targets on in-memory or paced engines.
 
-use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use lnet::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
-use lnet::NetError;
-use proto::msg::opcodes;
-use proto::ost::*;
-use proto::{BulkDesc, RemoteError, StatusCode};
+use lnet::{call, AnyNet, Attach, NetError, Transport};
+use proto::registry::{Heartbeat, RegisterTargets, TargetReport};
+use proto::Nid;
+use tokio::task::JoinHandle;
 
+use crate::engine::Engine;
+use crate::error::TargetError;
+use crate::service::{OssService, ServiceSlot};
 use crate::target::Target;
 
-/// Serves OST requests for a set of targets, by index.
-pub struct OssService {
-    targets: BTreeMap<u32, Arc<Target>>,
+/// Most targets one server holds.
+pub const MAX_TARGETS_PER_OSS: u32 = 256;
+/// How long one registration or heartbeat call may take.
+const MDS_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A target this server holds: the engine its bytes go through and its directory there. The
+/// directory must hold a formatted target ([`Target::format`]), with or without an index.
+#[derive(Clone)]
+pub struct TargetHome {
+    pub engine: Arc<dyn Engine>,
+    pub root: PathBuf,
 }
 
-impl OssService {
-    pub fn new(targets: impl IntoIterator<Item = Arc<Target>>) -> Arc<Self> {
-        Arc::new(OssService {
-            targets: targets.into_iter().map(|t| (t.index(), t)).collect(),
-        })
-    }
+/// What a storage server runs with.
+#[derive(Clone, Debug)]
+pub struct OssConfig {
+    /// The MDS to register with and heartbeat to.
+    pub mds: Nid,
+    /// Time between heartbeats.
+    pub heartbeat_every: Duration,
+    /// How long to keep trying to reach the MDS at start before giving up.
+    pub mds_timeout: Duration,
+}
 
-    fn target(&self, index: u32) -> Result<&Arc<Target>, RemoteError> {
-        self.targets.get(&index).ok_or_else(|| {
-            RemoteError::new(
-                StatusCode::NotFound,
-                format!("this server has no target {index}"),
-            )
-        })
-    }
-
-    async fn dispatch(
-        &self,
-        req: Incoming,
-        bulk: Arc<dyn BulkPeer>,
-    ) -> Result<Vec<u8>, RemoteError> {
-        match req.opcode {
-            opcodes::OST_PRECREATE => {
-                let r: OstPrecreate = req.decode()?;
-                let first = self.target(r.target)?.precreate(r.count).await?;
-                reply::<OstPrecreate>(&OstPrecreated {
-                    first,
-                    count: r.count,
-                })
-            }
-            opcodes::OST_WRITE => {
-                let r: OstWrite = req.decode()?;
-                let target = self.target(r.target)?;
-                if r.desc.crc32c.is_none() {
-                    return Err(RemoteError::new(
-                        StatusCode::BadRequest,
-                        "a write's descriptor must carry its crc32c",
-                    ));
-                }
-                let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
-                let size = target.write(r.fid, r.offset, &data, r.sync).await?;
-                reply::<OstWrite>(&OstWritten { size })
-            }
-            opcodes::OST_READ => {
-                let r: OstRead = req.decode()?;
-                let target = self.target(r.target)?;
-                let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
-                let size = target.size(r.fid).await?;
-                let bytes = data.len() as u32;
-                if bytes > 0 {
-                    let desc = BulkDesc {
-                        len: bytes,
-                        ..r.desc
-                    };
-                    bulk.put(&desc, data).await.map_err(bulk_error)?;
-                }
-                reply::<OstRead>(&OstReadDone { bytes, size })
-            }
-            opcodes::OST_TRUNCATE => {
-                let r: OstTruncate = req.decode()?;
-                self.target(r.target)?.truncate(r.fid, r.size).await?;
-                reply::<OstTruncate>(&OstDone {})
-            }
-            opcodes::OST_PUNCH => {
-                let r: OstPunch = req.decode()?;
-                self.target(r.target)?.punch(r.fid, r.offset, r.len).await?;
-                reply::<OstPunch>(&OstDone {})
-            }
-            opcodes::OST_DESTROY => {
-                let r: OstDestroy = req.decode()?;
-                self.target(r.target)?.destroy(r.fid).await?;
-                reply::<OstDestroy>(&OstDone {})
-            }
-            opcodes::OST_GETATTR => {
-                let r: OstGetattr = req.decode()?;
-                let size = self.target(r.target)?.size(r.fid).await?;
-                reply::<OstGetattr>(&OstAttr { size })
-            }
-            opcodes::OST_SYNC => {
-                let r: OstSync = req.decode()?;
-                self.target(r.target)?.sync(r.fid).await?;
-                reply::<OstSync>(&OstDone {})
-            }
-            opcodes::OST_STATFS => {
-                let r: OstStatfs = req.decode()?;
-                let space = self.target(r.target)?.space()?;
-                reply::<OstStatfs>(&TargetSpace {
-                    index: r.target,
-                    total: space.total,
-                    free: space.free,
-                })
-            }
-            opcodes::OST_DESTROY_ABOVE => {
-                let r: OstDestroyAbove = req.decode()?;
-                let destroyed = self.target(r.target)?.destroy_above(r.keep_up_to).await?;
-                reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
-            }
-            other => Err(RemoteError::new(
-                StatusCode::NoService,
-                format!("a storage server does not serve {other:?}"),
-            )),
+impl OssConfig {
+    pub fn new(mds: Nid) -> OssConfig {
+        OssConfig {
+            mds,
+            heartbeat_every: Duration::from_secs(5),
+            mds_timeout: Duration::from_secs(60),
         }
     }
 }
 
-fn bulk_error(e: NetError) -> RemoteError {
-    let code = match e {
-        NetError::Checksum { .. } => StatusCode::Checksum,
-        _ => StatusCode::Bulk,
-    };
-    RemoteError::new(code, e.to_string())
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("a storage server holds 1 to {MAX_TARGETS_PER_OSS} targets, not {0}")]
+    TargetCount(usize),
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error("attaching to the network: {0}")]
+    Net(NetError),
+    #[error("registering with the MDS at {mds}: {source}")]
+    Register { mds: Nid, source: NetError },
+    #[error("the MDS answered {got} indices for {sent} targets")]
+    Indices { got: usize, sent: usize },
+    #[error("reading {dir}: {source}")]
+    DataDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
-impl Service for OssService {
-    fn handle(
-        self: Arc<Self>,
-        req: Incoming,
-        bulk: Arc<dyn BulkPeer>,
-    ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
-        Box::pin(async move { self.dispatch(req, bulk).await })
+/// A running storage server.
+pub struct OssServer {
+    net: AnyNet,
+    /// The endpoint of registration and heartbeats.
+    caller: AnyNet,
+    targets: Vec<Arc<Target>>,
+    heartbeat: JoinHandle<()>,
+}
+
+impl OssServer {
+    /// Binds at `at`, registers `homes` with the MDS (retrying while it cannot be reached,
+    /// up to `cfg.mds_timeout`), writes the indices it assigns into the targets, serves them
+    /// and starts the heartbeat.
+    pub async fn start(
+        cfg: OssConfig,
+        homes: Vec<TargetHome>,
+        at: &Attach,
+    ) -> Result<OssServer, ServerError> {
+        if homes.is_empty() || homes.len() > MAX_TARGETS_PER_OSS as usize {
+            return Err(ServerError::TargetCount(homes.len()));
+        }
+        // Bind first: the MDS must be told where this server is. Until the targets have
+        // their indices, requests are answered Busy.
+        let slot = ServiceSlot::new();
+        let net = at.serve(slot.clone()).await.map_err(ServerError::Net)?;
+        let caller = match at.caller("mgmt") {
+            Ok(c) => c,
+            Err(e) => {
+                net.shutdown();
+                return Err(ServerError::Net(e));
+            }
+        };
+        let (targets, heartbeat) = match Self::join(&cfg, homes, &net, &caller).await {
+            Ok(t) => t,
+            Err(e) => {
+                net.shutdown();
+                caller.shutdown();
+                return Err(e);
+            }
+        };
+        slot.set(OssService::new(targets.iter().cloned()));
+        let indices: Vec<u32> = targets.iter().map(|t| t.index()).collect();
+        tracing::info!(nid = %net.nid(), ?indices, "storage server serving");
+        Ok(OssServer {
+            net,
+            caller,
+            targets,
+            heartbeat,
+        })
     }
+
+    /// Registration, index assignment and the heartbeat's start.
+    async fn join(
+        cfg: &OssConfig,
+        homes: Vec<TargetHome>,
+        net: &AnyNet,
+        caller: &AnyNet,
+    ) -> Result<(Vec<Arc<Target>>, JoinHandle<()>), ServerError> {
+        let register = RegisterTargets {
+            oss: net.nid(),
+            targets: reports(&homes).await?,
+        };
+        let deadline = tokio::time::Instant::now() + cfg.mds_timeout;
+        let registered = loop {
+            match call(caller, &cfg.mds, &register, MDS_CALL_TIMEOUT).await {
+                Ok(r) => break r,
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(mds = %cfg.mds, error = %e, "MDS not reachable yet; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(source) => {
+                    return Err(ServerError::Register {
+                        mds: cfg.mds.clone(),
+                        source,
+                    })
+                }
+            }
+        };
+        if registered.indices.len() != homes.len() {
+            return Err(ServerError::Indices {
+                got: registered.indices.len(),
+                sent: homes.len(),
+            });
+        }
+        let mut targets = vec![];
+        for (home, index) in homes.iter().zip(&registered.indices) {
+            Target::assign_index(&home.engine, &home.root, *index).await?;
+            targets.push(Arc::new(
+                Target::open(home.engine.clone(), &home.root).await?,
+            ));
+        }
+        let beat = tokio::spawn(heartbeat(
+            caller.clone(),
+            cfg.mds.clone(),
+            net.nid(),
+            homes,
+            cfg.heartbeat_every.max(Duration::from_millis(10)),
+        ));
+        Ok((targets, beat))
+    }
+
+    /// Where clients and the MDS reach it.
+    pub fn nid(&self) -> Nid {
+        self.net.nid()
+    }
+
+    /// The indices of the targets it serves.
+    pub fn indices(&self) -> Vec<u32> {
+        self.targets.iter().map(|t| t.index()).collect()
+    }
+
+    /// Stops heartbeating and serving, then syncs every target.
+    pub async fn stop(self) -> Result<(), TargetError> {
+        self.heartbeat.abort();
+        self.net.shutdown();
+        self.caller.shutdown();
+        for t in &self.targets {
+            t.sync_all().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Each target's label and space, as the MDS wants them.
+async fn reports(homes: &[TargetHome]) -> Result<Vec<TargetReport>, TargetError> {
+    let mut out = vec![];
+    for h in homes {
+        let (index, uuid) = Target::label(&h.engine, &h.root).await?;
+        let space = h.engine.space(&h.root).map_err(|e| TargetError::Target {
+            what: format!("{} space", h.root.display()),
+            source: e,
+        })?;
+        out.push(TargetReport {
+            index,
+            uuid,
+            total: space.total,
+            free: space.free,
+        });
+    }
+    Ok(out)
+}
+
+/// Tells the MDS every `every` that this server is up and how much space its targets have.
+async fn heartbeat(caller: AnyNet, mds: Nid, me: Nid, homes: Vec<TargetHome>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let targets = match reports(&homes).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read target space");
+                continue;
+            }
+        };
+        let hb = Heartbeat {
+            oss: me.clone(),
+            targets,
+        };
+        if let Err(e) = call(&caller, &mds, &hb, every.max(MDS_CALL_TIMEOUT)).await {
+            tracing::warn!(mds = %mds, error = %e, "heartbeat failed");
+        }
+    }
+}
+
+/// The targets of a server of local disks: every formatted target under `data_dir`, and new
+/// ones formatted (without an index: the MDS assigns it) until there are `count`.
+pub async fn local_targets(
+    engine: &Arc<dyn Engine>,
+    data_dir: &Path,
+    count: u32,
+) -> Result<Vec<TargetHome>, ServerError> {
+    if count == 0 || count > MAX_TARGETS_PER_OSS {
+        return Err(ServerError::TargetCount(count as usize));
+    }
+    let mut dirs = target_dirs(data_dir)?;
+    while (dirs.len() as u32) < count {
+        let uuid: u128 = rand::random();
+        let root = data_dir.join(format!("ost-{uuid:032x}"));
+        Target::format(engine, &root, uuid, None).await?;
+        tracing::info!(dir = %root.display(), "formatted a new target");
+        dirs.push(root);
+    }
+    Ok(dirs
+        .into_iter()
+        .map(|root| TargetHome {
+            engine: engine.clone(),
+            root,
+        })
+        .collect())
+}
+
+/// The formatted target directories under `dir` (each `ost-*` with a `TARGET` label).
+pub fn target_dirs(dir: &Path) -> Result<Vec<PathBuf>, ServerError> {
+    let err = |source| ServerError::DataDir {
+        dir: dir.to_owned(),
+        source,
+    };
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).map_err(err)? {
+        let p = e.map_err(err)?.path();
+        if p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("ost-"))
+            && p.join("TARGET").exists()
+        {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
 }

@@ -27,8 +27,7 @@ use crate::object::Object;
 
 type Result<T> = std::result::Result<T, TargetError>;
 
-/// The sequence of target 0's objects; target `i` uses `OST_SEQ_BASE + i`.
-pub const OST_SEQ_BASE: u64 = 0x1_0000_0000;
+pub use proto::fid::OST_SEQ_BASE;
 /// Most objects created by one precreate.
 pub const MAX_PRECREATE: u32 = 20_000;
 /// Objects kept open at once; beyond it, idle ones are closed.

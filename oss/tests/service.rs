@@ -8,7 +8,7 @@ use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{call, NetError, Transport};
 use oss::engine::mem::MemEngine;
 use oss::engine::Engine;
-use oss::server::OssService;
+use oss::service::OssService;
 use oss::Target;
 use proto::ost::*;
 use proto::{BulkDesc, Fid, Nid, StatusCode};

@@ -18,6 +18,15 @@ pub struct Fid {
 /// Sequences below this are reserved for well-known objects (the root, the registries).
 pub const FIRST_NORMAL_SEQ: u64 = 0x2_0000_0400;
 
+/// The sequence of the MDS's inodes: every file and directory but the root.
+pub const INODE_SEQ: u64 = FIRST_NORMAL_SEQ;
+
+/// The root directory (Lustre's `[0x200000007:0x1:0x0]`).
+pub const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+
+/// The sequence of storage target 0's objects; target `i` uses `OST_SEQ_BASE + i`.
+pub const OST_SEQ_BASE: u64 = 0x1_0000_0000;
+
 impl Fid {
     pub const fn new(seq: u64, oid: u32, ver: u32) -> Self {
         Fid { seq, oid, ver }

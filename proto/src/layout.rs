@@ -16,6 +16,8 @@
 //! Component boundaries are multiples of the component's stripe size, so every stripe unit
 //! lies inside one component. This module is pure: no I/O, no allocation of objects.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::Fid;
@@ -153,6 +155,19 @@ impl Component {
             .checked_add(object_offset % self.stripe_size)?;
         self.contains(offset).then_some(offset)
     }
+
+    /// How long object `stripe` is when the file is `file_size` bytes: its highest object
+    /// offset holding a file byte of this component, plus one (0 if it holds none).
+    pub fn object_size(&self, stripe: u64, file_size: u64) -> u64 {
+        if file_size <= self.start {
+            return 0;
+        }
+        let end = file_size.min(self.end);
+        let (ss, n) = (self.stripe_size, self.stripes().max(1));
+        let row = ss * n;
+        let (full, rem) = (end / row, end % row);
+        full * ss + rem.saturating_sub(stripe * ss).min(ss)
+    }
 }
 
 /// One contiguous piece of a file range on one object.
@@ -271,6 +286,44 @@ impl Layout {
         }
         Ok(out)
     }
+
+    /// Adds to `out` the bytes of `offset..offset+len` that land on each target: whole rounds
+    /// of a component counted at once (one stripe on every object), the ragged ends piece by
+    /// piece. Bytes outside every component are not counted.
+    pub fn bytes_per_target(&self, offset: u64, len: u64, out: &mut BTreeMap<u32, u64>) {
+        let end = offset.saturating_add(len);
+        for c in &self.components {
+            let (s, e) = (offset.max(c.start), end.min(c.end));
+            if s >= e || c.objects.is_empty() {
+                continue;
+            }
+            let round = c.stripes() * c.stripe_size;
+            // Stripes follow absolute file offsets (as Lustre's do).
+            let first_round = s.div_ceil(round) * round;
+            let last_round = (e / round) * round;
+            if first_round < last_round {
+                self.piecewise_bytes(s, first_round, out);
+                let rounds = (last_round - first_round) / round;
+                for o in &c.objects {
+                    *out.entry(o.target).or_default() += rounds * c.stripe_size;
+                }
+                self.piecewise_bytes(last_round, e, out);
+            } else {
+                self.piecewise_bytes(s, e, out);
+            }
+        }
+    }
+
+    fn piecewise_bytes(&self, a: u64, b: u64, out: &mut BTreeMap<u32, u64>) {
+        let Ok(pieces) = self.pieces(a, b.saturating_sub(a)) else {
+            return;
+        };
+        for p in pieces {
+            if let Some(o) = self.components[p.component].objects.get(p.stripe as usize) {
+                *out.entry(o.target).or_default() += p.len;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -290,7 +343,7 @@ mod tests {
             objects: (0..count)
                 .map(|i| StripeObject {
                     target: i,
-                    fid: Fid::new(0x1_0000_0000 + u64::from(i), 1, 0),
+                    fid: Fid::new(crate::fid::OST_SEQ_BASE + u64::from(i), 1, 0),
                 })
                 .collect(),
         }
@@ -463,5 +516,35 @@ mod tests {
         let l = progressive();
         let body = crate::msg::encode_body(&l).unwrap();
         assert_eq!(crate::msg::decode_body::<Layout>(&body).unwrap(), l);
+    }
+
+    #[test]
+    fn object_sizes_after_truncation_follow_the_stripes() {
+        let c = instantiated(0, EOF, 1 << 20, 4);
+        // 5.5 MiB over 4 stripes of 1 MiB: stripe 0 holds 2 MiB, stripe 1 holds 1.5, the others 1.
+        let s = (5 << 20) + (1 << 19);
+        assert_eq!(c.object_size(0, s), 2 << 20);
+        assert_eq!(c.object_size(1, s), (1 << 20) + (1 << 19));
+        assert_eq!(c.object_size(2, s), 1 << 20);
+        assert_eq!(c.object_size(3, s), 1 << 20);
+        assert_eq!(c.object_size(0, 0), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn bytes_per_target_counts_what_the_pieces_count(
+            l in any_layout(),
+            offset in 0u64..(256 << 20),
+            len in 0u64..(64 << 20),
+        ) {
+            let mut fast = BTreeMap::new();
+            l.bytes_per_target(offset, len, &mut fast);
+            let mut slow = BTreeMap::new();
+            for p in l.pieces(offset, len).unwrap() {
+                let t = l.components[p.component].objects[p.stripe as usize].target;
+                *slow.entry(t).or_insert(0u64) += p.len;
+            }
+            prop_assert_eq!(fast, slow);
+        }
     }
 }

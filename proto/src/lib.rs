@@ -14,6 +14,7 @@ pub mod nid;
 pub mod ost;
 pub mod registry;
 pub mod seq;
+pub mod size;
 pub mod status;
 
 pub use bulk::BulkDesc;

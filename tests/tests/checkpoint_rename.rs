@@ -13,7 +13,7 @@ use lode_tests::{run, scratch, Server};
 use proto::md::*;
 use proto::Nid;
 
-const ROOT: proto::Fid = proto::Fid::new(0x2_0000_0007, 1, 0);
+use proto::fid::ROOT;
 const T: Duration = Duration::from_secs(5);
 
 fn reint(m: Mutation) -> MdsReint {

@@ -217,7 +217,7 @@ async fn the_mds_keeps_index_assignments_across_kill_9() {
 use proto::layout::{Component, Layout, StripeCount};
 use proto::md::*;
 
-const ROOT: proto::Fid = proto::Fid::new(0x2_0000_0007, 1, 0);
+use proto::fid::ROOT;
 
 fn reint(m: Mutation) -> MdsReint {
     MdsReint {

@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use client::{Client, ClientConfig, OpenOptions};
+use cluster::{Cluster, ClusterBuilder, Network};
 use lnet::sim::{Fabric, LinkParams};
-use lnet::Transport;
 use oss::engine::paced::{Pace, PacedEngine};
-use proto::registry::{RegisterTargets, TargetReport};
 
 const WINDOW: usize = 3;
 
@@ -24,21 +23,16 @@ fn scratch() -> PathBuf {
 
 /// An MDS and two storage servers of one slow target each (1 ms per I/O, so that requests
 /// overlap), and a client with a window of `WINDOW`.
-async fn cluster(fabric: &Fabric, dir: &std::path::Path) -> Client {
+async fn cluster(fabric: &Fabric, dir: &std::path::Path) -> (Cluster, Client) {
     fabric
         .set_default_link(LinkParams {
             latency: Duration::from_micros(100),
             ..Default::default()
         })
         .unwrap();
-    let registry = Arc::new(mds::registry::Registry::open(dir).unwrap());
-    let store = Arc::new(mds::store::Store::open(dir, 16 << 20).unwrap());
-    let alloc_ep = fabric.start_node("mds-alloc", None).unwrap();
-    let alloc = mds::alloc::Allocator::with_net(registry.clone(), alloc_ep.into());
-    tokio::spawn(alloc.clone().run(store.clone(), Duration::from_millis(50)));
-    let service = mds::service::MdsService::new(registry, store, alloc);
-    let mds = fabric.start_node("mds", Some(service)).unwrap().nid();
-    for k in 0..2u32 {
+    let mut builder = ClusterBuilder::new(Network::Fabric(fabric.clone()), dir)
+        .maintain_every(Duration::from_millis(50));
+    for _ in 0..2 {
         let engine: Arc<dyn oss::engine::Engine> = Arc::new(PacedEngine::new(
             Arc::new(oss::engine::mem::MemEngine::new(1 << 30)),
             Pace {
@@ -48,51 +42,19 @@ async fn cluster(fabric: &Fabric, dir: &std::path::Path) -> Client {
                 queue_depth: 0,
             },
         ));
-        let root = PathBuf::from(format!("/ost-{k}"));
-        let uuid = 0x5eed_0000_0000_0000_0000_0000_0000_0000u128 + u128::from(k);
-        oss::target::Target::format(&engine, &root, uuid, Some(k))
-            .await
-            .unwrap();
-        let target = Arc::new(
-            oss::target::Target::open(engine.clone(), &root)
-                .await
-                .unwrap(),
-        );
-        let space = engine.space(&root).unwrap();
-        let ep = fabric
-            .start_node(
-                &format!("oss{k}"),
-                Some(oss::server::OssService::new(vec![target])),
-            )
-            .unwrap();
-        let register = RegisterTargets {
-            oss: ep.nid(),
-            targets: vec![TargetReport {
-                index: Some(k),
-                uuid,
-                total: space.total,
-                free: space.free,
-            }],
-        };
-        lnet::call(&ep, &mds, &register, Duration::from_secs(10))
-            .await
-            .unwrap();
+        builder = builder.storage_server(vec![engine]);
     }
-    let ep = fabric.start_node("client", None).unwrap();
+    let cluster = builder.start().await.unwrap();
     let cfg = ClientConfig {
         window: WINDOW,
         ..Default::default()
     };
-    let c = Client::connect_on(ep.into(), &mds.to_string(), cfg)
+    let c = cluster.client("client", cfg).await.unwrap();
+    cluster
+        .wait_ready(&c, 2, Duration::from_secs(15))
         .await
         .unwrap();
-    for _ in 0..300 {
-        if c.can_stripe_over(2).await.unwrap_or(false) {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the targets did not come up");
+    (cluster, c)
 }
 
 /// The most requests from the client that each storage server had unanswered at once.
@@ -116,7 +78,7 @@ fn most_in_flight(fabric: &Fabric) -> HashMap<String, usize> {
 async fn a_client_keeps_at_most_its_window_in_flight_to_each_target() {
     let dir = scratch();
     let fabric = Fabric::new(7);
-    let c = cluster(&fabric, &dir).await;
+    let (servers, c) = cluster(&fabric, &dir).await;
     let f = Arc::new(
         OpenOptions::new()
             .read(true)
@@ -168,5 +130,6 @@ async fn a_client_keeps_at_most_its_window_in_flight_to_each_target() {
         // The window is used, not only respected: the calls overlap up to it.
         assert_eq!(w, WINDOW, "{oss}: writes in flight");
     }
+    servers.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -223,6 +223,13 @@ impl Fabric {
         }
     }
 
+    /// The incarnation of `name` running now, if it is.
+    pub fn generation(&self, name: &str) -> Option<u64> {
+        let st = self.inner.state.lock();
+        let slot = st.nodes.get(name)?;
+        slot.live.as_ref().map(|_| slot.generation)
+    }
+
     /// Whether `name` is running.
     pub fn is_up(&self, name: &str) -> bool {
         self.inner

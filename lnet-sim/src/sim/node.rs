@@ -242,6 +242,17 @@ impl SimEndpoint {
     pub fn generation(&self) -> u64 {
         self.node.generation
     }
+
+    /// Takes this node off the fabric, as [`super::Fabric::crash`] does (a later start of the
+    /// same name is a new incarnation). A node already replaced is left alone.
+    pub fn shutdown(&self) {
+        let fabric = super::Fabric {
+            inner: self.fabric.clone(),
+        };
+        if fabric.generation(&self.node.name) == Some(self.node.generation) {
+            fabric.crash(&self.node.name);
+        }
+    }
 }
 
 impl Transport for SimEndpoint {

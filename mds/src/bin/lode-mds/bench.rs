@@ -16,7 +16,7 @@ use mds::registry::Registry;
 use mds::service::MdsService;
 use mds::store::{Store, DEFAULT_CHECKPOINT_BYTES};
 use proto::md::*;
-use proto::{Fid, Nid};
+use proto::Nid;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -31,7 +31,7 @@ pub struct BenchArgs {
     rounds: usize,
 }
 
-const ROOT: Fid = Fid::new(0x2_0000_0007, 1, 0);
+use proto::fid::ROOT;
 const T: Duration = Duration::from_secs(30);
 const OPS: [&str; 5] = ["create", "stat", "readdir", "rename", "unlink"];
 

@@ -10,15 +10,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use lnet::tcp::{TcpConfig, TcpEndpoint};
-use lnet::Transport;
-use std::sync::Arc;
-use std::time::Duration;
-
-use mds::alloc::Allocator;
-use mds::registry::Registry;
-use mds::service::MdsService;
-use mds::store::{Store, DEFAULT_CHECKPOINT_BYTES};
+use lnet::Attach;
+use mds::store::DEFAULT_CHECKPOINT_BYTES;
+use mds::{MdsConfig, MdsServer};
 
 #[derive(Parser)]
 #[command(
@@ -138,22 +132,19 @@ fn fsck(dir: &std::path::Path) -> Result<()> {
 
 fn serve(args: ServeArgs) -> Result<()> {
     let args = args.settings()?;
-    let data_dir = args.data_dir;
-    let _lock = daemon::DataDirLock::acquire(&data_dir)?;
-    let registry = Arc::new(Registry::open(&data_dir)?);
-    let store = Arc::new(Store::open(&data_dir, args.checkpoint_mib << 20)?);
+    let cfg = MdsConfig {
+        checkpoint_bytes: args.checkpoint_mib << 20,
+        ..MdsConfig::new(args.data_dir)
+    };
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let alloc = Allocator::new(registry.clone());
-        tokio::spawn(alloc.clone().run(store.clone(), Duration::from_secs(1)));
-        let service = MdsService::new(registry, store, alloc);
-        let ep = TcpEndpoint::bind(args.listen, service, TcpConfig::default())
+        let server = MdsServer::start(cfg, &Attach::tcp(args.listen))
             .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        println!("lode-mds serving at {}", ep.nid());
+            .with_context(|| format!("starting the MDS on {}", args.listen))?;
+        println!("lode-mds serving at {}", server.nid());
         let why = daemon::stop_requested().await?;
         tracing::info!(signal = why, "shutting down");
-        ep.shutdown();
+        server.stop().await;
         Ok(())
     })
 }

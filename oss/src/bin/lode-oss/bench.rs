@@ -17,7 +17,7 @@ use lnet::{call, Transport};
 use oss::engine::psync::Psync;
 use oss::engine::uring::Uring;
 use oss::engine::{AlignedBuf, Engine, EngineConfig, FileHandle, OpenMode};
-use oss::server::OssService;
+use oss::service::OssService;
 use oss::Target;
 use proto::ost::{OstRead, OstSync, OstWrite};
 use proto::{Fid, Nid};

@@ -8,17 +8,14 @@ mod bench;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use lnet::tcp::{TcpConfig, TcpEndpoint};
-use lnet::{call, Transport};
-use oss::engine::{self, Engine, EngineConfig, EngineKind};
-use oss::server::OssService;
-use oss::Target;
-use proto::registry::{Heartbeat, RegisterTargets, TargetReport};
+use lnet::Attach;
+use oss::engine::{self, EngineConfig, EngineKind};
+use oss::server::{local_targets, target_dirs};
+use oss::{OssConfig, OssServer, Target};
 use proto::Nid;
 
 #[derive(Parser)]
@@ -76,9 +73,6 @@ struct ServeArgs {
     mds_timeout: u64,
 }
 
-/// Most targets one server holds.
-const MAX_TARGETS_PER_OSS: u32 = 256;
-
 fn main() -> Result<()> {
     daemon::init_logging();
     let cli = Cli::parse();
@@ -99,44 +93,9 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
     })?))
 }
 
-/// The target directories under `dir`, formatted or being formatted.
-fn target_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = vec![];
-    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let p = e?.path();
-        if p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("ost-"))
-            && p.join("TARGET").exists()
-        {
-            out.push(p);
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-async fn reports(engine: &Arc<dyn Engine>, dirs: &[PathBuf]) -> Result<Vec<TargetReport>> {
-    let mut out = vec![];
-    for d in dirs {
-        let (index, uuid) = Target::label(engine, d).await?;
-        let space = engine.space(d)?;
-        out.push(TargetReport {
-            index,
-            uuid,
-            total: space.total,
-            free: space.free,
-        });
-    }
-    Ok(out)
-}
-
 async fn serve(args: ServeArgs) -> Result<()> {
     let data_dir = args.data_dir.context("--data-dir is required")?;
     let mds = parse_nid(args.mds.as_deref().context("--mds is required")?)?;
-    if args.targets == 0 || args.targets > MAX_TARGETS_PER_OSS {
-        bail!("--targets must be 1..={MAX_TARGETS_PER_OSS}");
-    }
     let _lock = daemon::DataDirLock::acquire(&data_dir)?;
     let engine = engine::start(
         args.engine,
@@ -145,119 +104,24 @@ async fn serve(args: ServeArgs) -> Result<()> {
             queue_depth: args.queue_depth,
         },
     )?;
-    let mut dirs = target_dirs(&data_dir)?;
-    while (dirs.len() as u32) < args.targets {
-        let uuid: u128 = rand::random();
-        let root = data_dir.join(format!("ost-{uuid:032x}"));
-        Target::format(&engine, &root, uuid, None).await?;
-        tracing::info!(dir = %root.display(), "formatted a new target");
-        dirs.push(root);
-    }
-
-    // Bind first: the MDS must be told where this server is.
-    let (service_slot, service) = oss_service_slot();
-    let ep = TcpEndpoint::bind(args.listen, service, TcpConfig::default())
+    let homes = local_targets(&engine, &data_dir, args.targets).await?;
+    let cfg = OssConfig {
+        heartbeat_every: Duration::from_secs(args.heartbeat.max(1)),
+        mds_timeout: Duration::from_secs(args.mds_timeout),
+        ..OssConfig::new(mds)
+    };
+    let server = OssServer::start(cfg, homes, &Attach::tcp(args.listen))
         .await
-        .with_context(|| format!("listening on {}", args.listen))?;
-    let me = ep.nid();
-    let client = TcpEndpoint::client(TcpConfig::default());
-    let register = RegisterTargets {
-        oss: me.clone(),
-        targets: reports(&engine, &dirs).await?,
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.mds_timeout);
-    let registered = loop {
-        match call(&client, &mds, &register, Duration::from_secs(5)).await {
-            Ok(r) => break r,
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                tracing::warn!(mds = %mds, error = %e, "MDS not reachable yet; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => return Err(e).context(format!("registering with the MDS at {mds}")),
-        }
-    };
-    if registered.indices.len() != dirs.len() {
-        bail!(
-            "the MDS answered {} indices for {} targets",
-            registered.indices.len(),
-            dirs.len()
-        );
-    }
-    let mut targets = vec![];
-    for (dir, index) in dirs.iter().zip(&registered.indices) {
-        Target::assign_index(&engine, dir, *index).await?;
-        targets.push(Arc::new(Target::open(engine.clone(), dir).await?));
-    }
-    service_slot.set(OssService::new(targets.iter().cloned()));
-    let indices: Vec<u32> = targets.iter().map(|t| t.index()).collect();
-    tracing::info!(nid = %me, ?indices, engine = engine.name(), "serving");
-    println!("lode-oss serving targets {indices:?} at {me}");
-
-    let beat = {
-        let (engine, dirs, mds, me) = (engine.clone(), dirs.clone(), mds.clone(), me.clone());
-        let every = Duration::from_secs(args.heartbeat.max(1));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let targets = match reports(&engine, &dirs).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read target space");
-                        continue;
-                    }
-                };
-                let hb = Heartbeat {
-                    oss: me.clone(),
-                    targets,
-                };
-                if let Err(e) = call(&client, &mds, &hb, every).await {
-                    tracing::warn!(mds = %mds, error = %e, "heartbeat failed");
-                }
-            }
-        })
-    };
-
+        .with_context(|| format!("starting the storage server on {}", args.listen))?;
+    println!(
+        "lode-oss serving targets {:?} at {}",
+        server.indices(),
+        server.nid()
+    );
     let why = daemon::stop_requested().await?;
-    tracing::info!(signal = why, "shutting down");
-    beat.abort();
-    ep.shutdown();
-    for t in &targets {
-        t.sync_all().await?;
-    }
+    tracing::info!(signal = why, engine = engine.name(), "shutting down");
+    server.stop().await?;
     Ok(())
-}
-
-/// The service is built after registration (it needs the targets' indices), but the endpoint
-/// is bound before it; until then requests are refused as not yet served.
-fn oss_service_slot() -> (Arc<ServiceSlot>, Arc<dyn lnet::Service>) {
-    let slot = Arc::new(ServiceSlot(std::sync::OnceLock::new()));
-    (slot.clone(), slot)
-}
-
-struct ServiceSlot(std::sync::OnceLock<Arc<OssService>>);
-
-impl ServiceSlot {
-    fn set(&self, s: Arc<OssService>) {
-        let _ = self.0.set(s);
-    }
-}
-
-impl lnet::Service for ServiceSlot {
-    fn handle(
-        self: Arc<Self>,
-        req: lnet::Incoming,
-        bulk: Arc<dyn lnet::BulkPeer>,
-    ) -> lnet::service::BoxFuture<'static, Result<Vec<u8>, proto::RemoteError>> {
-        match self.0.get() {
-            Some(s) => s.clone().handle(req, bulk),
-            None => Box::pin(async {
-                Err(proto::RemoteError::new(
-                    proto::StatusCode::Busy,
-                    "targets are starting",
-                ))
-            }),
-        }
-    }
 }
 
 async fn scrub(data_dir: &Path) -> Result<()> {

@@ -1,9 +1,6 @@
 //! The flow model against closed forms and published figures.
 
-use std::collections::BTreeMap;
-
-use lnet::testbed::experiment::{bytes_per_target, layout_of, LayoutSpec, Size};
-use lnet::testbed::{load, run_model, Report};
+use testbed::{load, run_model, Report};
 
 fn run(toml: &str) -> Vec<Report> {
     load(toml)
@@ -200,34 +197,6 @@ fn an_epoch_reads_every_shard_once_and_a_sweep_expands() {
         assert_eq!(x.target_amount.iter().sum::<f64>(), (1u64 << 30) as f64);
     }
     assert_eq!(r[0].value.as_deref(), Some("1"));
-}
-
-#[test]
-fn bytes_per_target_agrees_with_the_layouts_pieces() {
-    for (count, size, off, len) in [
-        (3i64, 1u64 << 20, 12345u64, 77_000_000u64),
-        (8, 65536, 0, 1 << 30),
-        (1, 4 << 20, 5, 3),
-        (-1, 1 << 20, (1 << 20) - 1, (9 << 20) + 2),
-    ] {
-        let spec = LayoutSpec {
-            stripe_count: count,
-            stripe_size: Size(size),
-            ..Default::default()
-        };
-        let l = layout_of(&spec, 8, 5).unwrap();
-        let mut fast = BTreeMap::new();
-        bytes_per_target(&l, off, len, &mut fast);
-        let mut slow: BTreeMap<u32, u64> = BTreeMap::new();
-        for p in l.pieces(off, len).unwrap() {
-            *slow
-                .entry(l.components[p.component].objects[p.stripe as usize].target)
-                .or_default() += p.len;
-        }
-        slow.retain(|_, v| *v > 0);
-        fast.retain(|_, v| *v > 0);
-        assert_eq!(fast, slow, "count {count} size {size} at {off} for {len}");
-    }
 }
 
 #[test]

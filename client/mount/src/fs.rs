@@ -23,14 +23,14 @@ use parking_lot::Mutex;
 use proto::md::{Creds, DirEntry, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
 use proto::Fid;
 
-use crate::client::{Client, ROOT};
-use crate::error::ClientError;
-use crate::file::{File, OpenOptions};
 use crate::stream::{Ahead, Streams};
+use client::ClientError;
+use client::{Client, ROOT};
+use client::{File, OpenOptions};
 
 /// How long the kernel may trust attributes and entries it was given.
 const TTL: Duration = Duration::from_secs(1);
-const INODE_SEQ: u64 = 0x2_0000_0400;
+use proto::fid::INODE_SEQ;
 
 fn ino_of(fid: Fid) -> INodeNo {
     if fid == ROOT {
@@ -913,7 +913,7 @@ impl Filesystem for LodeFs {
             // that tools copying extended attributes (cp -a, rsync -X, shutil) keep working.
             let text = String::from_utf8_lossy(value).into_owned();
             let opts: Vec<String> = text.split_whitespace().map(String::from).collect();
-            let layout = match crate::stripe_args::parse(&opts) {
+            let layout = match client::stripe_args::parse(&opts) {
                 Ok(l) => l,
                 Err(e) => return reply.error(errno(&e)),
             };
@@ -943,7 +943,7 @@ impl Filesystem for LodeFs {
                     .then(|| {
                         i.layout
                             .as_ref()
-                            .map(|l| crate::stripe_args::format(l).into_bytes())
+                            .map(|l| client::stripe_args::format(l).into_bytes())
                     })
                     .flatten()
                     .as_ref()

@@ -24,12 +24,14 @@
 
 use std::collections::BTreeMap;
 
+use mds::placement::{place, Candidate};
+use proto::fid::OST_SEQ_BASE;
 use proto::layout::{Component, Layout, StripeCount, StripeObject, EOF};
 use proto::Fid;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::flow::{self, Flow, Outcome, Resource};
+use crate::flow::{self, Flow, Outcome, Resource};
 
 #[derive(Debug, Error)]
 pub enum ExperimentError {
@@ -71,29 +73,12 @@ impl TryFrom<toml::Value> for Size {
     }
 }
 
+/// A size of an experiment: [`proto::size::parse_size`]'s units, or EOF (the end of a file).
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    if t.eq_ignore_ascii_case("eof") {
+    if s.trim().eq_ignore_ascii_case("eof") {
         return Ok(EOF);
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
-    let mult: f64 = match unit.trim() {
-        "" | "B" => 1.0,
-        "K" | "k" | "KiB" => 1024.0,
-        "M" | "MiB" => 1024f64.powi(2),
-        "G" | "GiB" => 1024f64.powi(3),
-        "T" | "TiB" => 1024f64.powi(4),
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        u => return Err(format!("unknown unit {u:?} in {s:?}")),
-    };
-    Ok((n * mult).round() as u64)
+    proto::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn d_gbs() -> f64 {
@@ -413,69 +398,27 @@ pub fn template(spec: &LayoutSpec) -> Result<Layout> {
     Layout::new(comps).map_err(|e| invalid(e.to_string()))
 }
 
-/// A file's layout instantiated over `targets` targets, its first stripe on `first`.
-pub fn layout_of(spec: &LayoutSpec, targets: u32, first: u32) -> Result<Layout> {
+/// A file's layout instantiated over `targets` equal targets, each component placed by the
+/// MDS's own policy from the round-robin position `cursor` (which moves on as the MDS's does).
+pub fn layout_of(spec: &LayoutSpec, targets: u32, cursor: &mut usize) -> Result<Layout> {
+    let candidates: Vec<Candidate> = (0..targets)
+        .map(|index| Candidate { index, free: 1 })
+        .collect();
     let mut comps = template(spec)?.components;
-    // Successive components continue round-robin from where the previous one stopped, as
-    // the MDS's allocator does.
-    let mut next = first;
     for c in &mut comps {
-        let n = match c.stripe_count {
-            StripeCount::All => targets,
-            StripeCount::Count(n) => n.min(targets),
-        };
+        let chosen = place(&candidates, c, cursor).map_err(|e| invalid(e.to_string()))?;
         if let StripeCount::Count(_) = c.stripe_count {
-            c.stripe_count = StripeCount::Count(n);
+            c.stripe_count = StripeCount::Count(chosen.len() as u32);
         }
-        c.objects = (0..n)
-            .map(|k| StripeObject {
-                target: (next + k) % targets,
-                fid: Fid::new(0x100000000 + u64::from((next + k) % targets), 1, 0),
+        c.objects = chosen
+            .into_iter()
+            .map(|target| StripeObject {
+                target,
+                fid: Fid::new(OST_SEQ_BASE + u64::from(target), 1, 0),
             })
             .collect();
-        next = (next + n) % targets;
     }
     Layout::new(comps).map_err(|e| invalid(e.to_string()))
-}
-
-/// Bytes of `[offset, offset + len)` that land on each target, through the layout's own
-/// mapping: whole rounds of a component counted at once, the ragged ends piece by piece.
-pub fn bytes_per_target(layout: &Layout, offset: u64, len: u64, out: &mut BTreeMap<u32, u64>) {
-    let end = offset.saturating_add(len);
-    for (ci, c) in layout.components.iter().enumerate() {
-        let (s, e) = (offset.max(c.start), end.min(c.end));
-        if s >= e {
-            continue;
-        }
-        let width = c.objects.len() as u64;
-        let round = width * c.stripe_size;
-        // Stripes follow absolute file offsets (as Lustre's do): a whole aligned round puts
-        // one stripe on every object.
-        let first_round = s.div_ceil(round) * round;
-        let last_round = (e / round) * round;
-        let piecewise = |a: u64, b: u64, out: &mut BTreeMap<u32, u64>| {
-            if a >= b {
-                return;
-            }
-            let Ok(pieces) = layout.pieces(a, b - a) else {
-                return;
-            };
-            for p in pieces {
-                let t = layout.components[p.component].objects[p.stripe as usize].target;
-                *out.entry(t).or_default() += p.len;
-            }
-        };
-        if first_round < last_round {
-            piecewise(s, first_round, out);
-            let rounds = (last_round - first_round) / round;
-            for o in &layout.components[ci].objects {
-                *out.entry(o.target).or_default() += rounds * c.stripe_size;
-            }
-            piecewise(last_round, e, out);
-        } else {
-            piecewise(s, e, out);
-        }
-    }
 }
 
 /// Turns one point of an experiment into resources and flows, runs the model, and reports.
@@ -566,19 +509,17 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
                 .ok_or_else(|| invalid("the workload needs bytes_per_client"))?
                 .0;
             let pattern = w.pattern.unwrap_or(Pattern::FilePerProcess);
-            let shared = layout_of(&w.layout, targets, w.layout.stripe_offset.unwrap_or(0))?;
+            // Files are created in order, each placed where the MDS would place it.
+            let mut cursor = 0;
+            let shared = layout_of(&w.layout, targets, &mut cursor)?;
+            let mut cursor = 0;
             for (i, m) in per_client.iter_mut().enumerate() {
                 match pattern {
                     Pattern::FilePerProcess => {
-                        let n = start_step(&w.layout, targets);
-                        let first = w
-                            .layout
-                            .stripe_offset
-                            .unwrap_or(((i as u64 * u64::from(n)) % u64::from(targets)) as u32);
-                        let l = layout_of(&w.layout, targets, first)?;
-                        bytes_per_target(&l, 0, b, m);
+                        let l = layout_of(&w.layout, targets, &mut cursor)?;
+                        l.bytes_per_target(0, b, m);
                     }
-                    Pattern::SharedFile => bytes_per_target(&shared, i as u64 * b, b, m),
+                    Pattern::SharedFile => shared.bytes_per_target(i as u64 * b, b, m),
                 }
             }
         }
@@ -593,16 +534,12 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
                 .0
                 .max(1);
             let shards = total.div_ceil(shard);
-            let n = u64::from(start_step(&w.layout, targets));
+            let mut cursor = 0;
             for s in 0..shards {
-                let first = w
-                    .layout
-                    .stripe_offset
-                    .unwrap_or(((s * n) % u64::from(targets)) as u32);
-                let l = layout_of(&w.layout, targets, first)?;
+                let l = layout_of(&w.layout, targets, &mut cursor)?;
                 let len = shard.min(total - s * shard);
                 let c = (s % u64::from(t.clients)) as usize;
-                bytes_per_target(&l, 0, len, &mut per_client[c]);
+                l.bytes_per_target(0, len, &mut per_client[c]);
             }
         }
         Kind::Metadata => {
@@ -683,18 +620,4 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
         flows: flows.len(),
         events: out.events,
     })
-}
-
-/// How far the first target moves from one file to the next, as the MDS's allocator does:
-/// by the first component's stripe count, or by one when files cover every target.
-fn start_step(spec: &LayoutSpec, targets: u32) -> u32 {
-    let n = spec
-        .components
-        .first()
-        .map_or(spec.stripe_count, |c| c.stripe_count);
-    if n < 0 || n as u64 >= u64::from(targets) {
-        1
-    } else {
-        (n as u32).max(1)
-    }
 }

@@ -16,8 +16,8 @@ use parking_lot::Mutex;
 use proto::Fid;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::error::{ClientError, Result};
-use crate::file::File;
+use client::File;
+use client::{ClientError, Result};
 
 /// Writes in flight for one file.
 #[derive(Default)]

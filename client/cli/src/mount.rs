@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use client::fuse::LodeFs;
 use client::Client;
-use fuser::MountOption;
+use mount::mounted;
 
 /// The MDS and lode path behind `path`, if it lies inside a lode mount on this machine. The
 /// mount's source names its MDS (`lode@ADDR`).
@@ -35,82 +34,16 @@ pub fn in_mount(path: &str) -> Option<(String, String)> {
     })
 }
 
-fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config> {
-    let mut cfg = fuser::Config::default();
-    cfg.n_threads = Some(4);
-    let mut out = vec![
-        MountOption::FSName(format!("lode@{mds}")),
-        MountOption::Subtype("lode".into()),
-    ];
-    for o in opts.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
-        out.push(match o {
-            "allow_other" => {
-                cfg.acl = fuser::SessionACL::All;
-                continue;
-            }
-            "allow_root" => {
-                cfg.acl = fuser::SessionACL::RootAndOwner;
-                continue;
-            }
-            "default_permissions" => MountOption::DefaultPermissions,
-            "ro" => MountOption::RO,
-            "rw" => MountOption::RW,
-            other => bail!("unknown mount option {other:?} (allow_other, allow_root, default_permissions, ro, rw)"),
-        });
-    }
-    cfg.mount_options = out;
-    Ok(cfg)
-}
-
-/// Whether `path` is a mount point now.
-fn mounted(path: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(path) else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(canon.to_string_lossy().as_ref()))
-}
-
 /// Mounts in the foreground until SIGTERM or SIGINT, then unmounts.
 pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
-    let cfg = config(opts, mds)?;
-    let fs = LodeFs::new(client, tokio::runtime::Handle::current());
-    let notifier = fs.notifier_slot();
-    let session = fuser::spawn_mount(fs, mountpoint, &cfg)
-        .with_context(|| format!("mounting on {}", mountpoint.display()))?;
-    let _ = notifier.set(session.notifier());
-    println!("lode mounted on {} from {mds}", mountpoint.display());
-    // Until asked to stop, or until someone unmounts it (lode umount, fusermount3 -u).
-    let unmounted = async {
-        while mounted(mountpoint) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    let stop = async {
+        match daemon_signal().await {
+            Ok(why) => tracing::info!(signal = why, "asked to stop"),
+            Err(e) => tracing::warn!(error = %e, "cannot wait for signals; stopping"),
         }
     };
-    tokio::select! {
-        why = daemon_signal() => tracing::info!(signal = why?, "unmounting"),
-        () = unmounted => tracing::info!("unmounted from outside"),
-    }
-    if !mounted(mountpoint) {
-        // Already gone: nothing for the session to unmount (it would only complain).
-        std::mem::forget(session);
-        return Ok(());
-    }
-    {
-        if let Err(e) = tokio::task::spawn_blocking(move || session.umount_and_join()).await? {
-            // Busy (files open in it): detach it now; it goes when the last user lets go.
-            tracing::warn!(error = %e, "mount busy; detaching it");
-            let lazy = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(mountpoint)
-                .status();
-            if !lazy.is_ok_and(|s| s.success()) {
-                bail!("cannot unmount {}: {e}", mountpoint.display());
-            }
-        }
-    }
+    let mounted_now = || println!("lode mounted on {} from {mds}", mountpoint.display());
+    mount::serve(client, mds, mountpoint, opts, mounted_now, stop).await?;
     Ok(())
 }
 
@@ -127,7 +60,7 @@ async fn daemon_signal() -> Result<&'static str> {
 /// Starts the mount as a background process and returns once it is mounted.
 pub async fn daemonize(mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    config(opts, mds)?; // refuse bad options here, not in a background process
+    mount::config(opts, mds)?; // refuse bad options here, not in a background process
     if !mountpoint.is_dir() {
         bail!("{} is not a directory", mountpoint.display());
     }

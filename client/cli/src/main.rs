@@ -4,7 +4,6 @@
 mod bench;
 mod cluster;
 mod mount;
-mod real;
 mod sim;
 
 use std::io::{Read, Write};

@@ -1,0 +1,223 @@
+//! A whole lode cluster in one process: an MDS, storage servers and clients, on loopback TCP
+//! or on the simulated fabric. Servers start through [`mds::MdsServer::start`] and
+//! [`oss::OssServer::start`], the calls `lode-mds` and `lode-oss` make, so targets join by
+//! registration (the MDS assigns their indices) and stay up by heartbeats, as in production.
+//!
+//! Used by the cross-crate tests and the testbed's real-code mode. It never picks a port of
+//! its own on TCP (the system gives one) and keeps every file under the scratch directory it is
+//! given; targets live on whatever engines the caller hands it (in memory, paced, or on disk).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use client::{Client, ClientConfig, ClientError};
+use lnet::sim::Fabric;
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::{AnyNet, Attach, NetError};
+use mds::{MdsConfig, MdsServer};
+use oss::engine::Engine;
+use oss::{OssConfig, OssServer, Target, TargetError, TargetHome};
+use proto::Nid;
+
+/// Where the cluster's nodes meet.
+#[derive(Clone)]
+pub enum Network {
+    /// Real sockets on 127.0.0.1, ports chosen by the system.
+    Loopback,
+    /// Named nodes of a simulated fabric: `mds`, `oss0`, `oss1`, ... and the clients' names.
+    Fabric(Fabric),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("starting the MDS: {0}")]
+    Mds(#[from] mds::server::ServerError),
+    #[error("starting storage server {index}: {source}")]
+    Oss {
+        index: usize,
+        source: oss::server::ServerError,
+    },
+    #[error("formatting a target: {0}")]
+    Format(#[from] TargetError),
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("creating {path}: {source}")]
+    Scratch {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("only {up} of {want} targets took new stripes within {within:?}")]
+    NotReady {
+        up: u32,
+        want: u32,
+        within: Duration,
+    },
+}
+
+/// How to build a cluster.
+pub struct ClusterBuilder {
+    network: Network,
+    scratch: PathBuf,
+    servers: Vec<Vec<Arc<dyn Engine>>>,
+    heartbeat_every: Duration,
+    heartbeat_timeout: Duration,
+    maintain_every: Duration,
+}
+
+impl ClusterBuilder {
+    /// A cluster on `network` keeping the MDS's files under `scratch`.
+    pub fn new(network: Network, scratch: impl Into<PathBuf>) -> ClusterBuilder {
+        let mds = MdsConfig::new("");
+        ClusterBuilder {
+            network,
+            scratch: scratch.into(),
+            servers: vec![],
+            heartbeat_every: OssConfig::new(Nid::sim("mds").expect("a valid name")).heartbeat_every,
+            heartbeat_timeout: mds.heartbeat_timeout,
+            maintain_every: Duration::from_millis(200),
+        }
+    }
+
+    /// Adds a storage server with one target on each of `engines` (targets may share one).
+    pub fn storage_server(mut self, engines: Vec<Arc<dyn Engine>>) -> ClusterBuilder {
+        self.servers.push(engines);
+        self
+    }
+
+    /// Heartbeats every `every`; a target silent for `timeout` is down.
+    pub fn heartbeat(mut self, every: Duration, timeout: Duration) -> ClusterBuilder {
+        self.heartbeat_every = every;
+        self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// How often the MDS's allocator refills pools and destroys removed objects.
+    pub fn maintain_every(mut self, every: Duration) -> ClusterBuilder {
+        self.maintain_every = every;
+        self
+    }
+
+    fn attach(&self, name: &str) -> Attach {
+        match &self.network {
+            Network::Loopback => Attach::tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            Network::Fabric(f) => Attach::sim(f, name),
+        }
+    }
+
+    /// Starts the MDS, formats every target (without an index) and starts the storage
+    /// servers, which register and heartbeat. Returns once every server is serving; the
+    /// allocator takes the targets into service shortly after ([`Cluster::wait_ready`]).
+    pub async fn start(self) -> Result<Cluster, ClusterError> {
+        let mds_dir = self.scratch.join("mds");
+        std::fs::create_dir_all(&mds_dir).map_err(|source| ClusterError::Scratch {
+            path: mds_dir.clone(),
+            source,
+        })?;
+        let cfg = MdsConfig {
+            maintain_every: self.maintain_every,
+            heartbeat_timeout: self.heartbeat_timeout,
+            ..MdsConfig::new(&mds_dir)
+        };
+        let mds = MdsServer::start(cfg, &self.attach("mds")).await?;
+        let mut oss = vec![];
+        for (i, engines) in self.servers.iter().enumerate() {
+            let mut homes = vec![];
+            for (k, engine) in engines.iter().enumerate() {
+                let root = self.scratch.join(format!("oss{i}/ost-{k}"));
+                let uuid = (0x10de_u128 << 112) | ((i as u128) << 32) | k as u128;
+                Target::format(engine, &root, uuid, None).await?;
+                homes.push(TargetHome {
+                    engine: engine.clone(),
+                    root,
+                });
+            }
+            let cfg = OssConfig {
+                heartbeat_every: self.heartbeat_every,
+                mds_timeout: Duration::from_secs(30),
+                ..OssConfig::new(mds.nid())
+            };
+            let server = OssServer::start(cfg, homes, &self.attach(&format!("oss{i}")))
+                .await
+                .map_err(|source| ClusterError::Oss { index: i, source })?;
+            oss.push(Some(server));
+        }
+        Ok(Cluster {
+            network: self.network,
+            mds,
+            oss,
+        })
+    }
+}
+
+/// A running cluster.
+pub struct Cluster {
+    network: Network,
+    mds: MdsServer,
+    oss: Vec<Option<OssServer>>,
+}
+
+impl Cluster {
+    pub fn mds(&self) -> &MdsServer {
+        &self.mds
+    }
+
+    /// Storage server `i`, unless it was stopped.
+    pub fn oss(&self, i: usize) -> Option<&OssServer> {
+        self.oss.get(i).and_then(|o| o.as_ref())
+    }
+
+    /// A client connected to the MDS; on the fabric, a node named `name`.
+    pub async fn client(&self, name: &str, cfg: ClientConfig) -> Result<Client, ClusterError> {
+        let net: AnyNet = match &self.network {
+            Network::Loopback => TcpEndpoint::client(TcpConfig::default()).into(),
+            Network::Fabric(f) => f.start_node(name, None)?.into(),
+        };
+        Ok(Client::connect_on(net, &self.mds.nid().to_string(), cfg).await?)
+    }
+
+    /// Waits until a new file can be striped over `targets` targets (registered, heard from,
+    /// and taken into service by the allocator), for at most `within`.
+    pub async fn wait_ready(
+        &self,
+        client: &Client,
+        targets: u32,
+        within: Duration,
+    ) -> Result<(), ClusterError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if client.can_stripe_over(targets).await.unwrap_or(false) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                let up = client.statfs().await.map_or(0, |s| s.targets_up);
+                return Err(ClusterError::NotReady {
+                    up,
+                    want: targets,
+                    within,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops storage server `i` as its process would on SIGTERM (no more heartbeats).
+    pub async fn stop_oss(&mut self, i: usize) -> Result<(), TargetError> {
+        match self.oss.get_mut(i).and_then(|o| o.take()) {
+            Some(s) => s.stop().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops every server.
+    pub async fn stop(self) {
+        for s in self.oss.into_iter().flatten() {
+            if let Err(e) = s.stop().await {
+                tracing::warn!(error = %e, "stopping a storage server");
+            }
+        }
+        self.mds.stop().await;
+    }
+}

@@ -1,0 +1,123 @@
+//! Storage servers join a cluster the way they do in production, on the simulated fabric:
+//! they register unindexed targets, the MDS assigns the indices, heartbeats keep them up, and
+//! a server that goes silent is marked down and gets no new stripes until it is heard again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use client::{ClientConfig, OpenOptions};
+use cluster::{ClusterBuilder, Network};
+use lnet::sim::Fabric;
+use oss::engine::mem::MemEngine;
+use oss::engine::Engine;
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lode-cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn memory() -> Arc<dyn Engine> {
+    Arc::new(MemEngine::new(1 << 30))
+}
+
+/// Targets of the registry that are up, by index.
+fn up(c: &cluster::Cluster) -> Vec<u32> {
+    let list = c.mds().registry().list();
+    list.iter().filter(|t| t.up).map(|t| t.index).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_joins_goes_silent_is_marked_down_and_comes_back() {
+    let dir = scratch("join");
+    let fabric = Fabric::new(11);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .heartbeat(Duration::from_millis(100), Duration::from_millis(800))
+        .maintain_every(Duration::from_millis(50))
+        .storage_server(vec![memory(), memory()])
+        .storage_server(vec![memory()])
+        .start()
+        .await
+        .unwrap();
+    // Indices come from the MDS, in registration order.
+    assert_eq!(cluster.oss(0).unwrap().indices(), vec![0, 1]);
+    assert_eq!(cluster.oss(1).unwrap().indices(), vec![2]);
+    let c = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&c, 3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(up(&cluster), vec![0, 1, 2]);
+
+    // The second server falls off the network: its heartbeats stop reaching the MDS, and
+    // the MDS's probes of silent targets get no answer.
+    fabric.partition("oss1-mgmt", "mds");
+    fabric.partition("oss1", "mds-alloc");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(up(&cluster), vec![0, 1], "a silent target is down");
+    assert_eq!(c.statfs().await.unwrap().targets_up, 2);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .stripe_all()
+        .open(&c, "/while-down")
+        .await
+        .unwrap();
+    let layout = f.inode().layout.unwrap();
+    let on: Vec<u32> = layout.components[0]
+        .objects
+        .iter()
+        .map(|o| o.target)
+        .collect();
+    assert!(!on.contains(&2), "no new stripe on a down target: {on:?}");
+    f.close().await.unwrap();
+
+    // Heard again: up again, and new files stripe over it.
+    fabric.heal();
+    cluster
+        .wait_ready(&c, 3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(up(&cluster), vec![0, 1, 2]);
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_cluster_runs_on_loopback_tcp() {
+    let dir = scratch("tcp");
+    let cluster = ClusterBuilder::new(Network::Loopback, &dir)
+        .heartbeat(Duration::from_millis(200), Duration::from_secs(5))
+        .storage_server(vec![memory(), memory()])
+        .start()
+        .await
+        .unwrap();
+    let c = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&c, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i % 253) as u8).collect();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .stripe_all()
+        .stripe_size(1 << 20)
+        .open(&c, "/over-tcp")
+        .await
+        .unwrap();
+    f.write_at(0, &data).await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(f.read_at(0, &mut back).await.unwrap(), data.len());
+    assert!(back == data);
+    f.close().await.unwrap();
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,140 @@
+//! Where a new component's stripes go: a plain function over the targets that may take new
+//! stripes now and a round-robin cursor, no I/O. The MDS's allocator calls it for every file it
+//! creates; the testbed's model calls it to lay out the files of an experiment, so both place
+//! stripes the same way.
+//!
+//! The policy, after Lustre's: a component asking for given targets gets exactly those; one
+//! asking for a first target starts there; otherwise successive files tile the targets (a file
+//! of n stripes moves the start on by n; files over every target still start one further on
+//! each time). When free space is out of balance (the emptiest target has less than 80% of the
+//! fullest's free bytes), the fullest targets are taken first instead.
+
+use proto::layout::{Component, StripeCount};
+
+/// A target that may take new stripes: up, in service and not full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub index: u32,
+    pub free: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no storage target is up with free space")]
+    NoTargets,
+    #[error("target {0} is down, full or unknown")]
+    Unavailable(u32),
+}
+
+/// Below this ratio of least to most free space, placement favours the emptiest targets.
+const BALANCED: f64 = 0.8;
+
+/// The targets of component `c`'s stripes, in stripe order. `cursor` is the round-robin
+/// position shared by successive placements; it moves on unless `c` names its first target.
+pub fn place(
+    candidates: &[Candidate],
+    c: &Component,
+    cursor: &mut usize,
+) -> Result<Vec<u32>, PlacementError> {
+    if candidates.is_empty() {
+        return Err(PlacementError::NoTargets);
+    }
+    if !c.targets.is_empty() {
+        if let Some(t) = c
+            .targets
+            .iter()
+            .find(|t| !candidates.iter().any(|e| e.index == **t))
+        {
+            return Err(PlacementError::Unavailable(*t));
+        }
+        return Ok(c.targets.clone());
+    }
+    let mut targets = candidates.to_vec();
+    targets.sort_by_key(|t| t.index);
+    let n = match c.stripe_count {
+        StripeCount::All => targets.len(),
+        StripeCount::Count(n) => (n as usize).min(targets.len()),
+    };
+    let start = match c.stripe_offset {
+        Some(o) => targets
+            .iter()
+            .position(|t| t.index == o)
+            .ok_or(PlacementError::Unavailable(o))?,
+        None => {
+            let step = if n >= targets.len() { 1 } else { n.max(1) };
+            let at = *cursor % targets.len();
+            *cursor = cursor.wrapping_add(step);
+            at
+        }
+    };
+    targets.rotate_left(start);
+    let (min, max) = targets.iter().fold((u64::MAX, 0), |(lo, hi), t| {
+        (lo.min(t.free), hi.max(t.free))
+    });
+    if c.stripe_offset.is_none() && (min as f64) < BALANCED * max as f64 {
+        targets.sort_by_key(|t| std::cmp::Reverse(t.free));
+    }
+    Ok(targets.into_iter().take(n).map(|t| t.index).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn even(n: u32) -> Vec<Candidate> {
+        (0..n).map(|index| Candidate { index, free: 100 }).collect()
+    }
+
+    fn count(n: u32) -> Component {
+        Component::raid0(StripeCount::Count(n), 1 << 20)
+    }
+
+    #[test]
+    fn successive_files_tile_the_targets() {
+        let mut cursor = 0;
+        let got: Vec<Vec<u32>> = (0..4)
+            .map(|_| place(&even(8), &count(2), &mut cursor).unwrap())
+            .collect();
+        assert_eq!(got, vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]);
+    }
+
+    #[test]
+    fn files_over_every_target_start_one_further_each_time() {
+        let mut cursor = 0;
+        let all = Component::raid0(StripeCount::All, 1 << 20);
+        assert_eq!(place(&even(3), &all, &mut cursor).unwrap(), vec![0, 1, 2]);
+        assert_eq!(place(&even(3), &all, &mut cursor).unwrap(), vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn a_named_first_target_is_honoured_and_leaves_the_cursor() {
+        let mut cursor = 5;
+        let mut c = count(2);
+        c.stripe_offset = Some(7);
+        assert_eq!(place(&even(8), &c, &mut cursor).unwrap(), vec![7, 0]);
+        assert_eq!(cursor, 5);
+        c.stripe_offset = Some(9);
+        assert_eq!(
+            place(&even(8), &c, &mut cursor),
+            Err(PlacementError::Unavailable(9))
+        );
+    }
+
+    #[test]
+    fn unbalanced_free_space_fills_the_emptiest_targets_first() {
+        let mut cands = even(4);
+        cands[2].free = 1_000;
+        cands[3].free = 500;
+        let mut cursor = 0;
+        assert_eq!(place(&cands, &count(2), &mut cursor).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn no_targets_is_an_error_not_an_empty_layout() {
+        let mut cursor = 0;
+        assert_eq!(
+            place(&[], &count(1), &mut cursor),
+            Err(PlacementError::NoTargets)
+        );
+    }
+}

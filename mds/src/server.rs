@@ -1,0 +1,114 @@
+//! One metadata server, assembled and running: the data directory locked, the registry and
+//! the namespace's store opened, the allocator's maintenance loop started, the service served
+//! on any network. `lode-mds` is argument parsing plus [`MdsServer::start`]; in-process
+//! clusters (tests, the testbed) call the same function.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lnet::{AnyNet, Attach, NetError, Transport};
+use proto::Nid;
+use tokio::task::JoinHandle;
+
+use crate::alloc::Allocator;
+use crate::registry::{Registry, RegistryError, HEARTBEAT_TIMEOUT};
+use crate::service::MdsService;
+use crate::store::{Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
+
+/// What an MDS runs with.
+#[derive(Clone, Debug)]
+pub struct MdsConfig {
+    /// Where the journal, snapshots and the registry of targets live.
+    pub data_dir: PathBuf,
+    /// Journal bytes past which a snapshot is written.
+    pub checkpoint_bytes: u64,
+    /// How often the allocator refills object pools and destroys removed files' objects.
+    pub maintain_every: Duration,
+    /// A target not heard from for this long is reported down and gets no new stripes.
+    pub heartbeat_timeout: Duration,
+}
+
+impl MdsConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> MdsConfig {
+        MdsConfig {
+            data_dir: data_dir.into(),
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            maintain_every: Duration::from_secs(1),
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Lock(#[from] daemon::LockError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("attaching to the network: {0}")]
+    Net(#[from] NetError),
+}
+
+/// A running MDS. Dropping it without [`MdsServer::stop`] leaves its tasks to the runtime.
+pub struct MdsServer {
+    net: AnyNet,
+    /// The allocator's endpoint for its calls to the storage servers.
+    caller: AnyNet,
+    maintain: JoinHandle<()>,
+    registry: Arc<Registry>,
+    store: Arc<Store>,
+    _lock: daemon::DataDirLock,
+}
+
+impl MdsServer {
+    /// Opens the MDS's state in `cfg.data_dir` (recovering the journal) and serves it at `at`.
+    pub async fn start(cfg: MdsConfig, at: &Attach) -> Result<MdsServer, ServerError> {
+        let lock = daemon::DataDirLock::acquire(&cfg.data_dir)?;
+        let registry =
+            Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
+        let store = Arc::new(Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?);
+        let caller = at.caller("alloc")?;
+        let alloc = Allocator::with_net(registry.clone(), caller.clone());
+        let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
+        let service = MdsService::new(registry.clone(), store.clone(), alloc);
+        let net = match at.serve(service).await {
+            Ok(net) => net,
+            Err(e) => {
+                maintain.abort();
+                caller.shutdown();
+                return Err(e.into());
+            }
+        };
+        tracing::info!(nid = %net.nid(), dir = %cfg.data_dir.display(), "MDS serving");
+        Ok(MdsServer {
+            net,
+            caller,
+            maintain,
+            registry,
+            store,
+            _lock: lock,
+        })
+    }
+
+    /// Where clients and storage servers reach it.
+    pub fn nid(&self) -> Nid {
+        self.net.nid()
+    }
+
+    /// The storage targets it knows, with their liveness.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Stops serving and closes the store (its committed journal is on disk).
+    pub async fn stop(self) {
+        self.net.shutdown();
+        self.maintain.abort();
+        let _ = self.maintain.await;
+        self.caller.shutdown();
+        drop(self.store);
+    }
+}

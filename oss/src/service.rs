@@ -1,0 +1,172 @@
+//! The storage service: OST requests from the network, carried out on the targets this server
+//! holds. Data of a write is pulled from the client and its checksum verified before the target
+//! sees a byte; data of a read is put straight from the target's buffer into the client's region.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use lnet::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
+use lnet::NetError;
+use proto::msg::opcodes;
+use proto::ost::*;
+use proto::{BulkDesc, RemoteError, StatusCode};
+
+use crate::target::Target;
+
+/// Serves OST requests for a set of targets, by index.
+pub struct OssService {
+    targets: BTreeMap<u32, Arc<Target>>,
+}
+
+impl OssService {
+    pub fn new(targets: impl IntoIterator<Item = Arc<Target>>) -> Arc<Self> {
+        Arc::new(OssService {
+            targets: targets.into_iter().map(|t| (t.index(), t)).collect(),
+        })
+    }
+
+    fn target(&self, index: u32) -> Result<&Arc<Target>, RemoteError> {
+        self.targets.get(&index).ok_or_else(|| {
+            RemoteError::new(
+                StatusCode::NotFound,
+                format!("this server has no target {index}"),
+            )
+        })
+    }
+
+    async fn dispatch(
+        &self,
+        req: Incoming,
+        bulk: Arc<dyn BulkPeer>,
+    ) -> Result<Vec<u8>, RemoteError> {
+        match req.opcode {
+            opcodes::OST_PRECREATE => {
+                let r: OstPrecreate = req.decode()?;
+                let first = self.target(r.target)?.precreate(r.count).await?;
+                reply::<OstPrecreate>(&OstPrecreated {
+                    first,
+                    count: r.count,
+                })
+            }
+            opcodes::OST_WRITE => {
+                let r: OstWrite = req.decode()?;
+                let target = self.target(r.target)?;
+                if r.desc.crc32c.is_none() {
+                    return Err(RemoteError::new(
+                        StatusCode::BadRequest,
+                        "a write's descriptor must carry its crc32c",
+                    ));
+                }
+                let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
+                let size = target.write(r.fid, r.offset, &data, r.sync).await?;
+                reply::<OstWrite>(&OstWritten { size })
+            }
+            opcodes::OST_READ => {
+                let r: OstRead = req.decode()?;
+                let target = self.target(r.target)?;
+                let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
+                let size = target.size(r.fid).await?;
+                let bytes = data.len() as u32;
+                if bytes > 0 {
+                    let desc = BulkDesc {
+                        len: bytes,
+                        ..r.desc
+                    };
+                    bulk.put(&desc, data).await.map_err(bulk_error)?;
+                }
+                reply::<OstRead>(&OstReadDone { bytes, size })
+            }
+            opcodes::OST_TRUNCATE => {
+                let r: OstTruncate = req.decode()?;
+                self.target(r.target)?.truncate(r.fid, r.size).await?;
+                reply::<OstTruncate>(&OstDone {})
+            }
+            opcodes::OST_PUNCH => {
+                let r: OstPunch = req.decode()?;
+                self.target(r.target)?.punch(r.fid, r.offset, r.len).await?;
+                reply::<OstPunch>(&OstDone {})
+            }
+            opcodes::OST_DESTROY => {
+                let r: OstDestroy = req.decode()?;
+                self.target(r.target)?.destroy(r.fid).await?;
+                reply::<OstDestroy>(&OstDone {})
+            }
+            opcodes::OST_GETATTR => {
+                let r: OstGetattr = req.decode()?;
+                let size = self.target(r.target)?.size(r.fid).await?;
+                reply::<OstGetattr>(&OstAttr { size })
+            }
+            opcodes::OST_SYNC => {
+                let r: OstSync = req.decode()?;
+                self.target(r.target)?.sync(r.fid).await?;
+                reply::<OstSync>(&OstDone {})
+            }
+            opcodes::OST_STATFS => {
+                let r: OstStatfs = req.decode()?;
+                let space = self.target(r.target)?.space()?;
+                reply::<OstStatfs>(&TargetSpace {
+                    index: r.target,
+                    total: space.total,
+                    free: space.free,
+                })
+            }
+            opcodes::OST_DESTROY_ABOVE => {
+                let r: OstDestroyAbove = req.decode()?;
+                let destroyed = self.target(r.target)?.destroy_above(r.keep_up_to).await?;
+                reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
+            }
+            other => Err(RemoteError::new(
+                StatusCode::NoService,
+                format!("a storage server does not serve {other:?}"),
+            )),
+        }
+    }
+}
+
+fn bulk_error(e: NetError) -> RemoteError {
+    let code = match e {
+        NetError::Checksum { .. } => StatusCode::Checksum,
+        _ => StatusCode::Bulk,
+    };
+    RemoteError::new(code, e.to_string())
+}
+
+impl Service for OssService {
+    fn handle(
+        self: Arc<Self>,
+        req: Incoming,
+        bulk: Arc<dyn BulkPeer>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
+        Box::pin(async move { self.dispatch(req, bulk).await })
+    }
+}
+
+/// A service bound before its targets are known: requests are answered Busy until
+/// [`ServiceSlot::set`] gives it the real one (a server binds first so that it can tell the
+/// MDS its address, and learns its targets' indices from the answer).
+pub(crate) struct ServiceSlot(std::sync::OnceLock<Arc<OssService>>);
+
+impl ServiceSlot {
+    pub(crate) fn new() -> Arc<ServiceSlot> {
+        Arc::new(ServiceSlot(std::sync::OnceLock::new()))
+    }
+
+    pub(crate) fn set(&self, s: Arc<OssService>) {
+        let _ = self.0.set(s);
+    }
+}
+
+impl Service for ServiceSlot {
+    fn handle(
+        self: Arc<Self>,
+        req: Incoming,
+        bulk: Arc<dyn BulkPeer>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
+        match self.0.get() {
+            Some(s) => s.clone().handle(req, bulk),
+            None => {
+                Box::pin(async { Err(RemoteError::new(StatusCode::Busy, "targets are starting")) })
+            }
+        }
+    }
+}
