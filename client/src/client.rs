@@ -183,12 +183,12 @@ impl Client {
 
     /// Carries out a namespace change as this handle's user; resends never apply it twice.
     pub async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
-        self.reint_with(mutation, false).await
+        Ok(self.reint_with(mutation, false).await?.inode)
     }
 
     /// A mutation that also counts an open of the file it returns (create and open in one
     /// round trip).
-    pub(crate) async fn reint_with(&self, mutation: Mutation, open: bool) -> Result<Option<Inode>> {
+    pub(crate) async fn reint_with(&self, mutation: Mutation, open: bool) -> Result<MdsReintReply> {
         let req = ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
@@ -199,7 +199,7 @@ impl Client {
             req: Some(req),
             open,
         };
-        Ok(self.rpc(&self.inner.mds.clone(), &r).await?.inode)
+        self.rpc(&self.inner.mds.clone(), &r).await
     }
 
     /// Registers memory so that reads can land in it directly (see [`crate::File::read_into`]).

@@ -142,23 +142,31 @@ impl OpenOptions {
     /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
     pub async fn open_in(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
         if self.create || self.create_new {
-            // Exclusive first: a file this call creates opens whatever its mode says.
+            // One round trip: the MDS creates the file, or (without O_EXCL) finds it there and
+            // opens it, counting the open either way.
             let m = Mutation::Create {
                 parent,
                 name: name.to_vec(),
                 kind: Kind::File,
                 mode: self.mode.unwrap_or(0o644),
-                exclusive: true,
+                exclusive: self.create_new,
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            // The MDS counts the open with the create: one round trip.
-            match client.reint_with(m, true).await {
-                Ok(Some(inode)) => return self.open_counted(client, inode, true).await,
-                Ok(None) => return Err(ClientError::posix(libc::EIO, "no inode in the reply")),
-                Err(e) if e.errno() == libc::EEXIST && !self.create_new => {}
-                Err(e) => return Err(e),
+            let done = client.reint_with(m, true).await?;
+            let inode = done
+                .inode
+                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))?;
+            if !done.created {
+                // An existing file: opened with the access its mode gives, as any open.
+                if let Err(e) = self.check_access(client, &inode) {
+                    let _ = client
+                        .rpc(&client.inner.mds.clone(), &MdsClose { fid: inode.fid })
+                        .await;
+                    return Err(e);
+                }
             }
+            return self.open_counted(client, inode, true).await;
         }
         let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
@@ -166,6 +174,12 @@ impl OpenOptions {
 
     /// Opens a file already looked up, if the client's credentials allow the access asked for.
     pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
+        self.check_access(client, &inode)?;
+        self.open_counted(client, inode, false).await
+    }
+
+    /// Whether the client's credentials allow the access asked for on an existing file.
+    fn check_access(&self, client: &Client, inode: &Inode) -> Result<()> {
         let want = if self.read { 4 } else { 0 }
             | if self.write || self.append || self.truncate {
                 2
@@ -178,7 +192,7 @@ impl OpenOptions {
                 format!("permission denied on {}", inode.fid),
             ));
         }
-        self.open_counted(client, inode, false).await
+        Ok(())
     }
 
     /// Opens `inode`; `counted` when the MDS already counted this open (with the create).

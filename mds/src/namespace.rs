@@ -41,6 +41,17 @@ pub struct Applied {
     pub removed: Vec<Inode>,
 }
 
+/// What a request will do, decided before anything is allocated for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// A resend of a request already carried out: its first reply.
+    Replied(Applied),
+    /// `open(O_CREAT)` without `O_EXCL` of an existing file: it is opened, nothing changes.
+    Opens(Inode),
+    /// A change to apply.
+    Applies,
+}
+
 /// An errno and what it was about.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{what} (errno {errno})")]
@@ -259,16 +270,41 @@ impl Namespace {
         })
     }
 
-    /// Applies a client's request once: a request already carried out gets its first reply.
+    /// What request `req` will do, decided before anything is allocated for it: answered as
+    /// before (a resend), an existing file opened (`open(O_CREAT)` without `O_EXCL`: nothing to
+    /// change), or a change to apply. A create that cannot succeed fails here. This is the one
+    /// place the reply cache is consulted; [`Namespace::apply_request`] guards only against a
+    /// resend carried out in between.
+    pub fn decide(&self, m: &Mutation, who: &Creds, req: Option<ReqId>) -> Result<Decision> {
+        if let Some(done) = req.and_then(|r| self.replied(r)) {
+            return Ok(Decision::Replied(done));
+        }
+        if let Mutation::Create {
+            parent,
+            name,
+            kind,
+            exclusive,
+            ..
+        } = m
+        {
+            if let Some(existing) = self.check_create(*parent, name, *kind, *exclusive, who)? {
+                return Ok(Decision::Opens(existing.clone()));
+            }
+        }
+        Ok(Decision::Applies)
+    }
+
+    /// Applies a client's request once. Returns what it did, and whether it was carried out
+    /// now (false: a resend of a request already carried out, answered as then).
     pub fn apply_request(
         &mut self,
         m: &Mutation,
         who: &Creds,
         now: Time,
         req: Option<ReqId>,
-    ) -> Result<Applied> {
+    ) -> Result<(Applied, bool)> {
         if let Some(done) = req.and_then(|r| self.replied(r)) {
-            return Ok(done);
+            return Ok((done, false));
         }
         let applied = self.apply(m, who, now)?;
         if let Some(r) = req {
@@ -281,7 +317,7 @@ impl Namespace {
             }
             slots.push_back((r.seq, applied.inode.clone()));
         }
-        Ok(applied)
+        Ok((applied, true))
     }
 
     /// Checks and applies one mutation by `who` at time `now`; on error nothing changed.
@@ -341,7 +377,34 @@ impl Namespace {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Whether a create of `name` in `parent` can go ahead: `Some(existing)` when it opens an
+    /// existing file instead (`open(O_CREAT)` without `O_EXCL`), `None` when it creates.
+    fn check_create(
+        &self,
+        parent: Fid,
+        name: &[u8],
+        kind: Kind,
+        exclusive: bool,
+        who: &Creds,
+    ) -> Result<Option<&Inode>> {
+        check_name(name)?;
+        self.dir(parent)?;
+        let Some(existing) = self.entries[&parent].get(name) else {
+            self.require(parent, who, 3)?;
+            return Ok(None);
+        };
+        let existing = self.inode(*existing)?;
+        if exclusive || kind != Kind::File || existing.kind != Kind::File {
+            return err(
+                libc::EEXIST,
+                format!("{:?} exists", String::from_utf8_lossy(name)),
+            );
+        }
+        self.require(parent, who, 1)?;
+        Ok(Some(existing))
+    }
+
+    #[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create
     fn create(
         &mut self,
         parent: Fid,
@@ -354,81 +417,31 @@ impl Namespace {
         who: &Creds,
         now: Time,
     ) -> Result<Applied> {
-        check_name(name)?;
-        self.dir(parent)?;
-        if let Some(existing) = self.entries[&parent].get(name) {
-            let existing = self.inode(*existing)?;
-            if exclusive || kind != Kind::File || existing.kind != Kind::File {
-                return err(
-                    libc::EEXIST,
-                    format!("{:?} exists", String::from_utf8_lossy(name)),
-                );
-            }
+        if let Some(existing) = self.check_create(parent, name, kind, exclusive, who)? {
             // open(O_CREAT) without O_EXCL on an existing file opens it.
-            self.require(parent, who, 1)?;
             return Ok(Applied {
                 inode: Some(existing.clone()),
                 removed: vec![],
             });
         }
-        let p = self.require(parent, who, 3)?.clone();
-        if kind == Kind::Symlink && (target.is_empty() || target.len() > MAX_SYMLINK) {
-            return err(
-                libc::ENAMETOOLONG,
-                format!("a symlink target is 1 to {MAX_SYMLINK} bytes"),
-            );
-        }
-        if kind.is_special() && layout.is_some() {
-            return err(libc::EINVAL, "a special file has no layout");
-        }
-        if let Some(l) = &layout {
-            l.validate().map_err(|e| NsError {
-                errno: libc::EINVAL,
-                what: e.to_string(),
-            })?;
-            if kind != Kind::File && l.components.iter().any(|c| c.is_instantiated()) {
-                return err(
-                    libc::EINVAL,
-                    "only a file's layout has objects; a directory's is a template",
-                );
-            }
-        }
+        check_new_inode(kind, target, layout.as_ref())?;
         let oid = self.next_oid;
         let Some(next) = oid.checked_add(1) else {
             return err(libc::ENOSPC, "inode numbers are exhausted");
         };
-        let fid = Fid::new(INODE_SEQ, oid, 0);
-        // New entries take the directory's group when it is setgid, and inherit its default
-        // layout (a directory passes it on to subdirectories too).
-        let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
-        let inherited = match kind {
-            Kind::Dir | Kind::File => layout.or_else(|| p.layout.clone()),
-            _ => None,
-        };
-        let inode = Inode {
-            fid,
+        let p = self.inode(parent)?;
+        let inode = new_inode(
+            Fid::new(INODE_SEQ, oid, 0),
             kind,
-            mode: if kind == Kind::Symlink {
-                0o777
-            } else {
-                mode & PERM_MASK
-            },
-            uid: who.uid,
-            gid,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            size: if kind == Kind::Symlink {
-                target.len() as u64
-            } else {
-                0
-            },
-            atime: now,
-            mtime: now,
-            ctime: now,
-            xattrs: BTreeMap::new(),
-            layout: inherited,
-            target: target.to_vec(),
-        };
+            mode,
+            target,
+            layout,
+            p,
+            who,
+            now,
+        );
         self.next_oid = next;
+        let fid = inode.fid;
         if kind == Kind::Dir {
             self.entries.insert(fid, BTreeMap::new());
             self.parents.insert(fid, parent);
@@ -976,6 +989,76 @@ impl Namespace {
             }
         }
         problems
+    }
+}
+
+/// What a new inode of `kind` must satisfy: a symlink's target length, no layout on special
+/// files, a valid layout, objects only in a file's layout.
+fn check_new_inode(kind: Kind, target: &[u8], layout: Option<&Layout>) -> Result<()> {
+    if kind == Kind::Symlink && (target.is_empty() || target.len() > MAX_SYMLINK) {
+        return err(
+            libc::ENAMETOOLONG,
+            format!("a symlink target is 1 to {MAX_SYMLINK} bytes"),
+        );
+    }
+    if kind.is_special() && layout.is_some() {
+        return err(libc::EINVAL, "a special file has no layout");
+    }
+    if let Some(l) = layout {
+        l.validate().map_err(|e| NsError {
+            errno: libc::EINVAL,
+            what: e.to_string(),
+        })?;
+        if kind != Kind::File && l.components.iter().any(|c| c.is_instantiated()) {
+            return err(
+                libc::EINVAL,
+                "only a file's layout has objects; a directory's is a template",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A new inode in directory `p`: it takes the directory's group when that is setgid, and its
+/// default layout unless it brings one (a directory passes it on to subdirectories too).
+#[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create, and where
+fn new_inode(
+    fid: Fid,
+    kind: Kind,
+    mode: u32,
+    target: &[u8],
+    layout: Option<Layout>,
+    p: &Inode,
+    who: &Creds,
+    now: Time,
+) -> Inode {
+    let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
+    let layout = match kind {
+        Kind::Dir | Kind::File => layout.or_else(|| p.layout.clone()),
+        _ => None,
+    };
+    Inode {
+        fid,
+        kind,
+        mode: if kind == Kind::Symlink {
+            0o777
+        } else {
+            mode & PERM_MASK
+        },
+        uid: who.uid,
+        gid,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        size: if kind == Kind::Symlink {
+            target.len() as u64
+        } else {
+            0
+        },
+        atime: now,
+        mtime: now,
+        ctime: now,
+        xattrs: BTreeMap::new(),
+        layout,
+        target: target.to_vec(),
     }
 }
 

@@ -15,7 +15,7 @@ use proto::{RemoteError, StatusCode};
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
 
 use crate::alloc::Allocator;
-use crate::namespace::NsError;
+use crate::namespace::{Applied, Decision, NsError};
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
 
@@ -147,34 +147,12 @@ impl MdsService {
                 })
             }
             opcodes::MDS_REINT => {
-                let mut r: MdsReint = req.decode()?;
-                if let Some(done) = r.req.and_then(|q| self.store.read(|ns| ns.replied(q))) {
-                    return reply::<MdsReint>(&MdsReintReply { inode: done.inode });
-                }
-                let objects = self.prepare(&mut r.mutation).await?;
-                let body = self.apply(r.mutation, r.creds, r.req, objects).await?;
-                if r.open {
-                    let done: MdsReintReply = proto::msg::decode_body(&body)
-                        .map_err(|e| RemoteError::new(StatusCode::Internal, e.to_string()))?;
-                    if let Some(i) = done.inode.filter(|i| i.kind == Kind::File) {
-                        if !self.alloc.open.open(i.fid) {
-                            return Err(ns_error(NsError {
-                                errno: libc::EMFILE,
-                                what: "too many open files".into(),
-                            }));
-                        }
-                    }
-                }
-                Ok(body)
+                let r: MdsReint = req.decode()?;
+                self.reint(r).await
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
-                if !self.alloc.open.open(r.fid) {
-                    return Err(ns_error(NsError {
-                        errno: libc::EMFILE,
-                        what: "too many open files".into(),
-                    }));
-                }
+                self.count_open(r.fid)?;
                 reply::<MdsOpen>(&MdsOpenDone {})
             }
             opcodes::MDS_CLOSE => {
@@ -269,6 +247,44 @@ impl MdsService {
 }
 
 impl MdsService {
+    /// One mutation: decided in the namespace first (a resend is answered as then, an
+    /// `O_CREAT` of an existing file opens it without a change), objects taken only for a
+    /// change that goes ahead, the open counted with it when asked.
+    async fn reint(&self, r: MdsReint) -> Result<Vec<u8>, RemoteError> {
+        let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
+        let (inode, created) = match decided.map_err(store_error)? {
+            Decision::Replied(done) => {
+                // The first attempt counted its open, if it asked for one.
+                return reply::<MdsReint>(&MdsReintReply {
+                    inode: done.inode,
+                    created: true,
+                });
+            }
+            Decision::Opens(inode) => (Some(inode), false),
+            Decision::Applies => {
+                let mut m = r.mutation;
+                let objects = self.prepare(&mut m).await?;
+                (self.apply(m, r.creds, r.req, objects).await?.inode, true)
+            }
+        };
+        if r.open {
+            if let Some(i) = inode.as_ref().filter(|i| i.kind == Kind::File) {
+                self.count_open(i.fid)?;
+            }
+        }
+        reply::<MdsReint>(&MdsReintReply { inode, created })
+    }
+
+    fn count_open(&self, fid: proto::Fid) -> Result<(), RemoteError> {
+        if self.alloc.open.open(fid) {
+            return Ok(());
+        }
+        Err(ns_error(NsError {
+            errno: libc::EMFILE,
+            what: "too many open files".into(),
+        }))
+    }
+
     /// Applies a mutation; objects allocated for it that it did not use (an existing file was
     /// opened, or it failed) go back to their pools.
     async fn apply(
@@ -277,7 +293,7 @@ impl MdsService {
         creds: Creds,
         req: Option<ReqId>,
         objects: Vec<StripeObject>,
-    ) -> Result<Vec<u8>, RemoteError> {
+    ) -> Result<Applied, RemoteError> {
         let result = self.store.apply_request(m, creds, req).await;
         let used = match &result {
             Ok(a) => a
@@ -290,10 +306,7 @@ impl MdsService {
         };
         let unused: Vec<StripeObject> = objects.into_iter().filter(|o| !used.contains(o)).collect();
         self.alloc.give_back(&unused);
-        let applied = result.map_err(store_error)?;
-        reply::<MdsReint>(&MdsReintReply {
-            inode: applied.inode,
-        })
+        result.map_err(store_error)
     }
 }
 

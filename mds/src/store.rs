@@ -19,7 +19,7 @@ use proto::md::{Creds, Mutation, Time};
 use tokio::sync::watch;
 
 use crate::journal::{self, encode_record, JournalError, JournalWriter, Record};
-use crate::namespace::{Applied, Namespace, NsError};
+use crate::namespace::{Applied, Decision, Namespace, NsError};
 
 /// Journal size that triggers a snapshot.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
@@ -140,11 +140,8 @@ impl Store {
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
             let time = now();
-            if let Some(done) = req.and_then(|r| ns.replied(r)) {
-                // Carried out before: answer as then, once everything so far is durable.
-                (done, *seq)
-            } else {
-                let applied = ns.apply_request(&m, &who, time, req)?;
+            let (applied, fresh) = ns.apply_request(&m, &who, time, req)?;
+            if fresh {
                 *seq += 1;
                 let rec = Record {
                     seq: *seq,
@@ -155,11 +152,39 @@ impl Store {
                 };
                 pending.bytes.extend_from_slice(&encode_record(&rec));
                 pending.last_seq = *seq;
-                (applied, *seq)
             }
+            // A resend carried out meanwhile is answered as then, once everything so far is
+            // durable.
+            (applied, *seq)
         };
         self.shared.wake.notify_one();
         self.wait_durable(seq, applied).await
+    }
+
+    /// What a request will do ([`Namespace::decide`]). What it answers without a change (a
+    /// resend's first reply, an existing file opened) is answered once everything applied so
+    /// far is durable, so nothing is acknowledged that a crash could take back.
+    pub async fn decide(
+        &self,
+        m: &Mutation,
+        who: &Creds,
+        req: Option<proto::md::ReqId>,
+    ) -> Result<Decision, StoreError> {
+        let (decision, seq) = {
+            let guard = self.shared.ns.lock();
+            (guard.0.decide(m, who, req)?, guard.1)
+        };
+        match &decision {
+            Decision::Applies => {}
+            Decision::Replied(_) | Decision::Opens(_) => {
+                let none = Applied {
+                    inode: None,
+                    removed: vec![],
+                };
+                self.wait_durable(seq, none).await?;
+            }
+        }
+        Ok(decision)
     }
 
     async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {

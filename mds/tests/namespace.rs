@@ -783,3 +783,73 @@ fn special_files_and_who_may_set_times() {
     };
     assert_eq!(fs.errno(now, &alice), libc::EACCES);
 }
+
+fn create_file(name: &str, exclusive: bool) -> Mutation {
+    Mutation::Create {
+        parent: ROOT,
+        name: name.into(),
+        kind: Kind::File,
+        mode: 0o644,
+        exclusive,
+        target: vec![],
+        layout: None,
+    }
+}
+
+#[test]
+fn a_create_is_decided_before_anything_is_allocated_for_it() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let req = |seq| Some(ReqId { client: 7, seq });
+    // A new name: the create goes ahead.
+    assert_eq!(
+        fs.ns.decide(&create_file("ckpt", true), &root, req(1)),
+        Ok(Decision::Applies)
+    );
+    let (made, fresh) = fs
+        .ns
+        .apply_request(&create_file("ckpt", true), &root, t(1), req(1))
+        .unwrap();
+    assert!(fresh);
+    // The same request again (a resend) gets its first reply, and applies nothing.
+    assert_eq!(
+        fs.ns.decide(&create_file("ckpt", true), &root, req(1)),
+        Ok(Decision::Replied(made.clone()))
+    );
+    let before = fs.ns.clone();
+    let (again, fresh) = fs
+        .ns
+        .apply_request(&create_file("ckpt", true), &root, t(2), req(1))
+        .unwrap();
+    assert!(!fresh && again == made && fs.ns == before);
+    // open(O_CREAT) of the existing file (a checkpoint rewritten): opened, nothing to change.
+    let inode = made.inode.unwrap();
+    assert_eq!(
+        fs.ns.decide(&create_file("ckpt", false), &root, req(2)),
+        Ok(Decision::Opens(inode))
+    );
+    // O_EXCL of it, or O_CREAT over a directory, fails before any allocation.
+    assert_eq!(
+        fs.ns
+            .decide(&create_file("ckpt", true), &root, req(3))
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
+    assert_eq!(
+        fs.ns
+            .decide(&create_file("d", false), &root, req(4))
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    // Without write permission on the directory a new name is refused up front.
+    assert_eq!(
+        fs.ns
+            .decide(&create_file("other", false), &user(1000), req(5))
+            .unwrap_err()
+            .errno,
+        libc::EACCES
+    );
+}

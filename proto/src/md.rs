@@ -266,6 +266,9 @@ pub struct ReqId {
 pub struct MdsReintReply {
     /// The inode created, linked or changed, with fresh attributes.
     pub inode: Option<Inode>,
+    /// False when a create without `exclusive` found the file there and opened it (the
+    /// caller then checks its access as for any open); true otherwise.
+    pub created: bool,
 }
 
 /// Looks up `name` in `parent`.

@@ -1,0 +1,68 @@
+//! The create path as the network sees it: opening a file of a known directory with `O_CREAT`
+//! (as the mount does, and `OpenOptions::open_in`) costs one round trip to the MDS whether the
+//! file is new or already there (a checkpoint rewritten in place).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use client::{ClientConfig, OpenOptions};
+use cluster::{ClusterBuilder, Network};
+use lnet::sim::Fabric;
+use oss::engine::mem::MemEngine;
+use proto::fid::ROOT;
+
+/// Requests the client sent the MDS so far.
+fn requests_to_mds(fabric: &Fabric) -> usize {
+    fabric
+        .trace()
+        .iter()
+        .filter(|e| e.from == "client" && e.to == "mds" && e.kind == "request")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
+    let dir = std::env::temp_dir().join(format!("lode-cluster-create-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fabric = Fabric::new(3);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .start()
+        .await
+        .unwrap();
+    let c = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&c, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let create = OpenOptions::new().write(true).create(true).truncate(false);
+
+    let before = requests_to_mds(&fabric);
+    let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
+    assert_eq!(requests_to_mds(&fabric) - before, 1, "a new file");
+    let objects = f.inode().layout.unwrap().components[0].objects.clone();
+    f.write_at(0, b"version 1").await.unwrap();
+    f.close().await.unwrap();
+
+    let before = requests_to_mds(&fabric);
+    let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
+    assert_eq!(requests_to_mds(&fabric) - before, 1, "an existing file");
+    assert_eq!(
+        f.inode().layout.unwrap().components[0].objects,
+        objects,
+        "the same file, not a new one"
+    );
+    let mut back = [0u8; 9];
+    assert_eq!(f.read_at(0, &mut back).await.unwrap(), 9);
+    assert_eq!(&back, b"version 1");
+    f.close().await.unwrap();
+
+    // O_EXCL still refuses it.
+    let excl = OpenOptions::new().write(true).create_new(true);
+    assert!(excl.open(&c, "/ckpt").await.unwrap_err().is(libc::EEXIST));
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
