@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
+use crate::readahead::Readahead;
 
 /// How to open a file, after `std::fs::OpenOptions`, with a layout for new files.
 #[derive(Clone, Debug, Default)]
@@ -431,10 +432,9 @@ impl File {
     /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns how many (short only at
     /// the end of the file). Holes read as zeros.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let region = self.client.register(vec![0u8; buf.len()])?;
-        let n = self.read_into(offset, &region, 0, buf.len() as u64).await?;
-        buf[..n].copy_from_slice(&region.read(0, n as u64)?.as_slice()[..n]);
-        Ok(n)
+        let chunk = self.read_chunk(offset, buf.len()).await?;
+        buf[..chunk.len()].copy_from_slice(&chunk);
+        Ok(chunk.len())
     }
 
     /// Reads up to `len` bytes at `offset` straight into `region` at `region_offset`: the
@@ -717,11 +717,11 @@ impl File {
 
     /// A reader of `chunk`-byte pieces from `offset` on, keeping `ahead` chunks in flight.
     pub fn reader(self: &Arc<Self>, offset: u64, chunk: usize, ahead: usize) -> Reader {
+        let mut plan = Readahead::new(chunk as u64, ahead, 0);
+        plan.observe(offset, 0);
         Reader {
             file: self.clone(),
-            next: offset,
-            chunk: chunk.max(1),
-            ahead: ahead.max(1),
+            plan,
             inflight: VecDeque::new(),
         }
     }
@@ -752,41 +752,65 @@ impl Drop for File {
     }
 }
 
-/// Sequential reads with readahead: the next `ahead` chunks are always on their way.
+/// Bytes read from a file, landed once in registered memory (the storage servers put them
+/// there); they are handed on as a slice, without a copy.
+pub struct Chunk {
+    bytes: lnet::region::RegionAccess,
+    _region: Registered<Vec<u8>>,
+}
+
+impl std::ops::Deref for Chunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+}
+
+impl File {
+    /// Reads up to `len` bytes at `offset` into memory of its own (short only at the end of
+    /// the file).
+    pub async fn read_chunk(&self, offset: u64, len: usize) -> Result<Chunk> {
+        let region = self.client.register(vec![0u8; len])?;
+        let n = self.read_into(offset, &region, 0, len as u64).await?;
+        Ok(Chunk {
+            bytes: region.read(0, n as u64)?,
+            _region: region,
+        })
+    }
+}
+
+/// Sequential reads with readahead: the next `ahead` chunks are always on their way, as
+/// [`Readahead`] decides.
 pub struct Reader {
     file: Arc<File>,
-    next: u64,
-    chunk: usize,
-    ahead: usize,
-    inflight: VecDeque<tokio::task::JoinHandle<Result<Vec<u8>>>>,
+    plan: Readahead,
+    inflight: VecDeque<(u64, tokio::task::JoinHandle<Result<Chunk>>)>,
 }
 
 impl Reader {
     /// The next chunk, or `None` at the end of the file.
-    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>> {
-        while self.inflight.len() < self.ahead {
-            let (file, at, len) = (self.file.clone(), self.next, self.chunk);
-            self.next += len as u64;
-            self.inflight.push_back(tokio::spawn(async move {
-                let mut buf = vec![0u8; len];
-                let n = file.read_at(at, &mut buf).await?;
-                buf.truncate(n);
-                Ok(buf)
-            }));
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
+        for (at, len) in self.plan.issue() {
+            let file = self.file.clone();
+            let read = tokio::spawn(async move { file.read_chunk(at, len as usize).await });
+            self.inflight.push_back((at, read));
         }
-        let Some(first) = self.inflight.pop_front() else {
+        let Some((at, first)) = self.inflight.pop_front() else {
             return Ok(None);
         };
-        let buf = first
+        let chunk = first
             .await
             .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
-        if buf.is_empty() {
-            for t in self.inflight.drain(..) {
+        self.plan.landed(at, chunk.len() as u64);
+        self.plan.consumed(at);
+        self.plan.observe(at, chunk.len() as u64);
+        if chunk.is_empty() {
+            for (_, t) in self.inflight.drain(..) {
                 t.abort();
             }
             return Ok(None);
         }
-        Ok(Some(buf))
+        Ok(Some(chunk))
     }
 }
 

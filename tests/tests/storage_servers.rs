@@ -416,6 +416,8 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
         .inode
         .unwrap();
     assert_eq!(h.layout.unwrap().components[0].objects.len(), 1);
+    // Servers stopped before their files go: a live server may still be writing there.
+    drop(oss_server);
     drop(mds);
-    std::fs::remove_dir_all(&root).unwrap();
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -583,7 +583,7 @@ impl Filesystem for LodeFs {
         let streams = self.streams.clone();
         self.rt.spawn(async move {
             match streams.read(&f, &window, offset, size as usize).await {
-                Ok(data) => reply.data(&data),
+                Ok(data) => reply.data(data.as_slice()),
                 Err(e) => reply.error(errno(&e)),
             }
         });

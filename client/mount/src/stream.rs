@@ -16,8 +16,7 @@ use parking_lot::Mutex;
 use proto::Fid;
 use tokio::task::{JoinHandle, JoinSet};
 
-use client::File;
-use client::{ClientError, Result};
+use client::{Access, Chunk, ClientError, File, Readahead, Result};
 
 /// Writes in flight for one file.
 #[derive(Default)]
@@ -56,40 +55,88 @@ struct PerFile {
     epoch: std::sync::atomic::AtomicU64,
 }
 
-/// A handle's readahead window.
-#[derive(Default)]
+/// A handle's readahead window: the plan, and the chunks it asked for, in file order.
 pub struct Ahead {
-    /// Where the next sequential read would start.
-    next: u64,
-    /// Sequential reads seen in a row.
-    streak: u32,
+    plan: Readahead,
     epoch: u64,
-    /// Chunks in flight or landed, in file order: (offset, read).
-    chunks: VecDeque<(u64, JoinHandle<Result<Vec<u8>>>)>,
-    /// Where the next chunk to issue starts.
-    issued_to: u64,
-    /// A chunk came back short: nothing to issue past it.
-    eof: bool,
+    chunks: VecDeque<(u64, Pending)>,
+}
+
+/// A chunk of the window: on its way, or landed (and partly read by the kernel already).
+enum Pending {
+    Reading(JoinHandle<Result<Chunk>>),
+    Landed(Arc<Chunk>),
+}
+
+impl Pending {
+    async fn landed(self) -> Result<Arc<Chunk>> {
+        match self {
+            Pending::Landed(c) => Ok(c),
+            Pending::Reading(h) => {
+                Ok(Arc::new(h.await.map_err(|e| {
+                    ClientError::posix(libc::EIO, e.to_string())
+                })??))
+            }
+        }
+    }
+}
+
+impl Default for Ahead {
+    fn default() -> Self {
+        Ahead {
+            plan: Readahead::new(CHUNK as u64, AHEAD, 2),
+            epoch: 0,
+            chunks: VecDeque::new(),
+        }
+    }
 }
 
 impl Ahead {
     /// Cancels the reads in flight and waits until they let go of the file.
     pub async fn stop(&mut self) {
-        for (_, h) in self.chunks.drain(..) {
-            h.abort();
-            let _ = h.await;
+        self.plan.reset();
+        for (_, p) in self.chunks.drain(..) {
+            if let Pending::Reading(h) = p {
+                h.abort();
+                let _ = h.await;
+            }
+        }
+    }
+
+    /// Forgets the chunks the plan no longer wants (dropping a handle leaves its read to
+    /// finish unseen).
+    fn drop_chunks(&mut self, starts: &[u64]) {
+        self.chunks.retain(|(s, _)| !starts.contains(s));
+    }
+}
+
+/// Bytes for one read of the kernel: a slice of a chunk that landed once in registered memory,
+/// or (a read spanning chunks, or not part of a stream) bytes of their own.
+pub enum ReadOut {
+    Slice(Arc<Chunk>, std::ops::Range<usize>),
+    Chunk(Chunk),
+    Joined(Vec<u8>),
+}
+
+impl ReadOut {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ReadOut::Slice(c, r) => &c[r.clone()],
+            ReadOut::Chunk(c) => c,
+            ReadOut::Joined(v) => v,
         }
     }
 }
+
+/// Readahead chunk size and how many chunks stay in flight per handle.
+const CHUNK: usize = 1 << 20;
+const AHEAD: usize = 16;
 
 /// Write-behind and readahead for the files of one mount.
 pub struct Streams {
     files: Mutex<HashMap<Fid, Arc<PerFile>>>,
     /// Writes in flight per file before a new one waits.
     pub max_behind: usize,
-    /// Readahead chunk size and how many chunks stay in flight.
-    pub chunk: usize,
-    pub ahead: usize,
 }
 
 impl Default for Streams {
@@ -97,8 +144,6 @@ impl Default for Streams {
         Streams {
             files: Mutex::default(),
             max_behind: 16,
-            chunk: 1 << 20,
-            ahead: 16,
         }
     }
 }
@@ -188,85 +233,69 @@ impl Streams {
         ahead: &tokio::sync::Mutex<Ahead>,
         offset: u64,
         size: usize,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<ReadOut> {
         let fid = file.inode().fid;
         self.wait(fid).await;
         let epoch = self.of(fid).epoch.load(std::sync::atomic::Ordering::SeqCst);
         let mut a = ahead.lock().await;
-        if a.epoch != epoch || offset != a.next {
-            a.chunks.clear(); // dropping a JoinHandle leaves its read to finish unseen
-            a.eof = false;
+        if a.epoch != epoch {
+            let stale = a.plan.reset();
+            a.drop_chunks(&stale);
             a.epoch = epoch;
-            a.streak = if offset == a.next { a.streak + 1 } else { 0 };
-        } else {
-            a.streak += 1;
         }
-        a.next = offset + size as u64;
-        if a.streak < 2 {
+        let (access, dropped) = a.plan.observe(offset, size as u64);
+        a.drop_chunks(&dropped);
+        if access == Access::Direct {
             // Not (yet) a stream: read directly, letting other reads of the handle run too.
             drop(a);
-            let mut buf = vec![0u8; size];
-            let n = file.read_at(offset, &mut buf).await?;
-            buf.truncate(n);
-            return Ok(buf);
+            return Ok(ReadOut::Chunk(file.read_chunk(offset, size).await?));
         }
-        if a.chunks.is_empty() {
-            a.issued_to = offset;
-        }
-        let mut out = Vec::with_capacity(size);
         let end = offset + size as u64;
+        let mut parts: Vec<ReadOut> = vec![];
         let mut at = offset;
         while at < end {
-            self.top_up(file, &mut a);
-            let Some((start, _)) = a.chunks.front() else {
+            top_up(file, &mut a);
+            let Some((start, pending)) = a.chunks.pop_front() else {
                 break; // past the end of the file
             };
-            let start = *start;
-            let (_, handle) = a.chunks.pop_front().expect("just looked");
-            let data = handle
-                .await
-                .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
-            let chunk_end = start + data.len() as u64;
-            if (data.len()) < self.chunk {
-                a.eof = true;
-                a.chunks.clear();
-            }
+            let chunk = pending.landed().await?;
+            a.plan.landed(start, chunk.len() as u64);
+            let chunk_end = start + chunk.len() as u64;
             if at >= chunk_end {
-                if data.len() < self.chunk {
+                a.plan.consumed(start);
+                if (chunk.len() as u64) < a.plan.chunk() {
                     break;
                 }
                 continue;
             }
             let from = (at - start) as usize;
-            let to = ((end.min(chunk_end)) - start) as usize;
-            out.extend_from_slice(&data[from..to]);
+            let to = (end.min(chunk_end) - start) as usize;
             at = start + to as u64;
-            if to < data.len() {
+            parts.push(ReadOut::Slice(chunk.clone(), from..to));
+            if to < chunk.len() {
                 // The rest of this chunk is the next read's start: keep it at the front.
-                let rest = data;
-                let keep = tokio::spawn(async move { Ok(rest) });
-                a.chunks.push_front((start, keep));
+                a.chunks.push_front((start, Pending::Landed(chunk)));
                 break;
             }
-            if data.len() < self.chunk {
+            a.plan.consumed(start);
+            if (chunk.len() as u64) < a.plan.chunk() {
                 break;
             }
         }
-        self.top_up(file, &mut a);
-        Ok(out)
+        top_up(file, &mut a);
+        Ok(match parts.len() {
+            0 => ReadOut::Joined(vec![]),
+            1 => parts.pop().expect("one part"),
+            _ => ReadOut::Joined(parts.iter().flat_map(|p| p.as_slice().to_vec()).collect()),
+        })
     }
+}
 
-    fn top_up(&self, file: &Arc<File>, a: &mut Ahead) {
-        while !a.eof && a.chunks.len() < self.ahead.max(1) {
-            let (f, at, len) = (file.clone(), a.issued_to, self.chunk);
-            let read = tokio::spawn(async move {
-                let mut buf = vec![0u8; len];
-                let n = f.read_at(at, &mut buf).await?;
-                buf.truncate(n);
-                Ok(buf)
-            });
-            a.chunks.push_back((at, read));
-            a.issued_to += len as u64;
-        }
+/// Issues the chunks the plan wants on their way.
+fn top_up(file: &Arc<File>, a: &mut Ahead) {
+    for (at, len) in a.plan.issue() {
+        let f = file.clone();
+        let read = tokio::spawn(async move { f.read_chunk(at, len as usize).await });
+        a.chunks.push_back((at, Pending::Reading(read)));
     }
 }
