@@ -44,7 +44,7 @@ class Cluster:
         self.lode("mount", "--daemon", self.mnt)
 
     def down(self):
-        subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+        subprocess.run(["umount", "-l", self.mnt], capture_output=True)
         subprocess.run([os.path.join(self.bins, "lode"), "cluster", "down", "--dir", self.dir], capture_output=True)
 
 def lib_creates(c, n, tag):
