@@ -1,6 +1,7 @@
 //! The client for callers without an async runtime: each call runs to completion on a runtime
 //! the wrapper owns.
 
+use proto::FsErrorKind;
 use std::future::Future;
 
 use crate::client::Client;
@@ -17,7 +18,7 @@ impl BlockingClient {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
-            .map_err(|e| ClientError::posix(libc::EIO, format!("starting a runtime: {e}")))?;
+            .map_err(|e| ClientError::fs(FsErrorKind::Io, format!("starting a runtime: {e}")))?;
         let client = rt.block_on(Client::connect(mds))?;
         Ok(BlockingClient { rt, client })
     }

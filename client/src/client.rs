@@ -1,6 +1,7 @@
 //! A connection to a lode filesystem: metadata through the MDS, paths resolved component by
 //! component, and every call resent across a server's restart for a bounded time.
 
+use proto::FsErrorKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,10 +80,13 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
     if s.contains('@') {
         return s
             .parse()
-            .map_err(|e: proto::NidError| ClientError::posix(libc::EINVAL, e.to_string()));
+            .map_err(|e: proto::NidError| ClientError::fs(FsErrorKind::Invalid, e.to_string()));
     }
     s.parse().map(Nid::Tcp).map_err(|_| {
-        ClientError::posix(libc::EINVAL, format!("{s:?} is neither IP:PORT nor a NID"))
+        ClientError::fs(
+            FsErrorKind::Invalid,
+            format!("{s:?} is neither IP:PORT nor a NID"),
+        )
     })
 }
 
@@ -227,14 +231,14 @@ impl Client {
     /// Splits an absolute path into its components.
     fn components(path: &str) -> Result<Vec<&[u8]>> {
         if !path.starts_with('/') {
-            return Err(ClientError::posix(
-                libc::EINVAL,
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
                 format!("{path:?} is not an absolute path"),
             ));
         }
         if path.len() > MAX_PATH {
-            return Err(ClientError::posix(
-                libc::ENAMETOOLONG,
+            return Err(ClientError::fs(
+                FsErrorKind::NameTooLong,
                 format!("a path is at most {MAX_PATH} bytes"),
             ));
         }
@@ -268,8 +272,8 @@ impl Client {
             if inode.kind == Kind::Symlink && (follow || !todo.is_empty()) {
                 links += 1;
                 if links > MAX_SYMLINKS {
-                    return Err(ClientError::posix(
-                        libc::ELOOP,
+                    return Err(ClientError::fs(
+                        FsErrorKind::Loop,
                         format!("too many symlinks in {path:?}"),
                     ));
                 }
@@ -299,13 +303,16 @@ impl Client {
     pub(crate) async fn parent_of<'p>(&self, path: &'p str) -> Result<(Inode, &'p [u8])> {
         let comps = Self::components(path)?;
         let Some((last, _)) = comps.split_last() else {
-            return Err(ClientError::posix(libc::EINVAL, "the root has no parent"));
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
+                "the root has no parent",
+            ));
         };
         let cut = path.trim_end_matches('/').len() - last.len();
         let parent = self.resolve(&path[..cut.max(1)], true).await?;
         if parent.kind != Kind::Dir {
-            return Err(ClientError::posix(
-                libc::ENOTDIR,
+            return Err(ClientError::fs(
+                FsErrorKind::NotDir,
                 format!("{} is not a directory", &path[..cut]),
             ));
         }
@@ -342,7 +349,7 @@ impl Client {
         };
         self.reint(m)
             .await?
-            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
     }
 
     pub async fn mkdir(&self, path: &str, mode: u32) -> Result<Inode> {
@@ -357,7 +364,7 @@ impl Client {
             at.push_str(&String::from_utf8_lossy(c));
             match self.mkdir(&at, mode).await {
                 Ok(_) => {}
-                Err(e) if e.is(libc::EEXIST) => {}
+                Err(e) if e.is(FsErrorKind::Exists) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -372,8 +379,8 @@ impl Client {
     pub async fn readlink(&self, path: &str) -> Result<String> {
         let i = self.lstat(path).await?;
         if i.kind != Kind::Symlink {
-            return Err(ClientError::posix(
-                libc::EINVAL,
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
                 format!("{path} is not a symlink"),
             ));
         }
@@ -390,7 +397,7 @@ impl Client {
         };
         self.reint(m)
             .await?
-            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
     }
 
     async fn remove(&self, path: &str, dir: bool) -> Result<()> {
@@ -435,7 +442,7 @@ impl Client {
         let i = self.resolve(path, true).await?;
         self.reint(Mutation::Setattr { fid: i.fid, attr })
             .await?
-            .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
     }
 
     /// Every entry of a directory.
@@ -454,8 +461,8 @@ impl Client {
     pub async fn readdir_plus(&self, dir: Fid) -> Result<Vec<(DirEntry, Inode)>> {
         let (entries, attrs) = self.readdir_pages(dir, true).await?;
         if entries.len() != attrs.len() {
-            return Err(ClientError::posix(
-                libc::EIO,
+            return Err(ClientError::fs(
+                FsErrorKind::Io,
                 "a readdirplus page lost attributes",
             ));
         }
@@ -512,8 +519,9 @@ impl Client {
             .collect();
         let found = known(&fresh);
         *self.inner.servers.lock() = fresh;
-        found
-            .ok_or_else(|| ClientError::posix(libc::EIO, "a target of this file is not registered"))
+        found.ok_or_else(|| {
+            ClientError::fs(FsErrorKind::Io, "a target of this file is not registered")
+        })
     }
 
     /// The storage targets, for `lode df`.
@@ -532,8 +540,8 @@ impl Client {
             Ok(i) => self
                 .reint(Mutation::SetLayout { fid: i.fid, layout })
                 .await?
-                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply")),
-            Err(e) if e.is(libc::ENOENT) => {
+                .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply")),
+            Err(e) if e.is(FsErrorKind::NotFound) => {
                 self.create_node(path, Kind::File, 0o644, b"", Some(layout))
                     .await
             }

@@ -1,11 +1,14 @@
-//! The client's errors, with the errno a POSIX caller expects.
+//! The client's errors. They are typed: what went wrong in the filesystem's terms
+//! ([`FsErrorKind`]), or the network's error as it is. The POSIX edges (the mount, the Python
+//! package, the command line) turn them into errno with [`ClientError::errno`].
 
 use lnet::NetError;
+use proto::{FsErrorKind, StatusCode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{what} (errno {errno})")]
-    Posix { errno: i32, what: String },
+    #[error("{what} ({kind:?})")]
+    Fs { kind: FsErrorKind, what: String },
     #[error("{0}")]
     Net(#[from] NetError),
     #[error("{0}")]
@@ -13,33 +16,45 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    pub fn posix(errno: i32, what: impl Into<String>) -> Self {
-        ClientError::Posix {
-            errno,
+    pub fn fs(kind: FsErrorKind, what: impl Into<String>) -> Self {
+        ClientError::Fs {
+            kind,
             what: what.into(),
         }
     }
 
-    /// The errno for this error.
-    pub fn errno(&self) -> i32 {
+    /// What went wrong, in the filesystem's terms.
+    pub fn kind(&self) -> FsErrorKind {
         match self {
-            ClientError::Posix { errno, .. } => *errno,
-            ClientError::Net(NetError::Remote { err, .. }) => err.code.errno(),
-            ClientError::Net(
-                NetError::Timeout { .. }
-                | NetError::NodeDown { .. }
-                | NetError::Unreachable { .. }
-                | NetError::Closed { .. },
-            ) => libc::EIO,
-            ClientError::Net(NetError::Busy { .. }) => libc::EAGAIN,
-            ClientError::Net(_) => libc::EIO,
-            ClientError::Layout(_) => libc::EINVAL,
+            ClientError::Fs { kind, .. } => *kind,
+            ClientError::Net(NetError::Remote { err, .. }) => match err.code {
+                StatusCode::Fs(k) => k,
+                StatusCode::NotFound => FsErrorKind::NotFound,
+                StatusCode::Exists => FsErrorKind::Exists,
+                StatusCode::Invalid => FsErrorKind::Invalid,
+                StatusCode::NoSpace => FsErrorKind::NoSpace,
+                StatusCode::Busy => FsErrorKind::WouldBlock,
+                _ => FsErrorKind::Io,
+            },
+            ClientError::Net(NetError::Busy { .. }) => FsErrorKind::WouldBlock,
+            ClientError::Net(_) => FsErrorKind::Io,
+            ClientError::Layout(_) => FsErrorKind::Invalid,
         }
     }
 
-    /// Whether this is the error `errno`.
-    pub fn is(&self, errno: i32) -> bool {
-        self.errno() == errno
+    /// Whether this is an error of `kind`.
+    pub fn is(&self, kind: FsErrorKind) -> bool {
+        self.kind() == kind
+    }
+
+    /// The errno a POSIX caller sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            // A server's own code keeps its errno (EPROTO, ENOSYS, EBUSY...).
+            ClientError::Net(NetError::Remote { err, .. }) => err.code.errno(),
+            ClientError::Net(NetError::Busy { .. }) => libc::EAGAIN,
+            other => other.kind().errno(),
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! writers' business: on `fsync` and `close` they report how far they wrote, and the MDS keeps
 //! the largest (so disjoint writers of one file leave the right size).
 
+use proto::FsErrorKind;
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -132,7 +133,7 @@ impl OpenOptions {
             let (parent, name) = client.parent_of(path).await?;
             match self.open_in(client, parent.fid, name).await {
                 // An existing directory or symlink under O_CREAT: resolve it as open(2) does.
-                Err(e) if e.is(libc::EEXIST) && !self.create_new => {}
+                Err(e) if e.is(FsErrorKind::Exists) && !self.create_new => {}
                 other => return other,
             }
         }
@@ -157,7 +158,7 @@ impl OpenOptions {
             let done = client.reint_with(m, true).await?;
             let inode = done
                 .inode
-                .ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))?;
+                .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
             if !done.created {
                 // An existing file: opened with the access its mode gives, as any open.
                 if let Err(e) = self.check_access(client, &inode) {
@@ -188,8 +189,8 @@ impl OpenOptions {
                 0
             };
         if inode.kind == Kind::File && !inode.permits(client.creds(), want) {
-            return Err(ClientError::posix(
-                libc::EACCES,
+            return Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
                 format!("permission denied on {}", inode.fid),
             ));
         }
@@ -200,21 +201,21 @@ impl OpenOptions {
     async fn open_counted(&self, client: &Client, inode: Inode, counted: bool) -> Result<File> {
         match inode.kind {
             Kind::Dir => {
-                return Err(ClientError::posix(
-                    libc::EISDIR,
+                return Err(ClientError::fs(
+                    FsErrorKind::IsDir,
                     format!("{} is a directory", inode.fid),
                 ))
             }
             Kind::Symlink => {
-                return Err(ClientError::posix(
-                    libc::ELOOP,
+                return Err(ClientError::fs(
+                    FsErrorKind::Loop,
                     format!("{} is a symlink", inode.fid),
                 ))
             }
             Kind::File => {}
             _ => {
-                return Err(ClientError::posix(
-                    libc::ENXIO,
+                return Err(ClientError::fs(
+                    FsErrorKind::NoDevice,
                     format!("{} is a special file, opened by the kernel", inode.fid),
                 ))
             }
@@ -280,8 +281,8 @@ impl File {
         let i = self.inode.lock();
         match &i.layout {
             Some(l) if l.components.iter().all(|c| c.is_instantiated()) => Ok(l.clone()),
-            _ => Err(ClientError::posix(
-                libc::EIO,
+            _ => Err(ClientError::fs(
+                FsErrorKind::Io,
                 format!(
                     "{} has no objects (no storage target was up when it was made)",
                     i.fid
@@ -358,8 +359,8 @@ impl File {
         len: u64,
     ) -> Result<u64> {
         if !self.writable {
-            return Err(ClientError::posix(
-                libc::EBADF,
+            return Err(ClientError::fs(
+                FsErrorKind::BadHandle,
                 "the file is not open for writing",
             ));
         }
@@ -375,15 +376,17 @@ impl File {
             .checked_add(len)
             .is_none_or(|e| e > region.len())
         {
-            return Err(ClientError::posix(
-                libc::EINVAL,
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
                 "the write does not fit the region",
             ));
         }
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= proto::md::MAX_FILE_SIZE)
-            .ok_or_else(|| ClientError::posix(libc::EFBIG, "past the file size limit"))?;
+            .ok_or_else(|| {
+                ClientError::fs(FsErrorKind::FileTooLarge, "past the file size limit")
+            })?;
         let planned = self.plan(offset, len).await?;
         let windows = self.windows(&planned);
         let mut tasks = JoinSet::new();
@@ -394,7 +397,7 @@ impl File {
                 let _slot = window
                     .acquire_owned()
                     .await
-                    .map_err(|_| ClientError::posix(libc::EIO, "closed"))?;
+                    .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let desc =
                     region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
                 let w = OstWrite {
@@ -417,7 +420,7 @@ impl File {
                     first_err.get_or_insert(e);
                 }
                 Err(e) => {
-                    first_err.get_or_insert(ClientError::posix(libc::EIO, e.to_string()));
+                    first_err.get_or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
                 }
             }
         }
@@ -461,8 +464,8 @@ impl File {
             .checked_add(len)
             .is_none_or(|e| e > region.len())
         {
-            return Err(ClientError::posix(
-                libc::EINVAL,
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
                 "the read does not fit the region",
             ));
         }
@@ -477,7 +480,7 @@ impl File {
                 let _slot = window
                     .acquire_owned()
                     .await
-                    .map_err(|_| ClientError::posix(libc::EIO, "closed"))?;
+                    .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let r = OstRead {
                     target: obj.target,
                     fid: obj.fid,
@@ -498,7 +501,7 @@ impl File {
                     first_err.get_or_insert(e);
                 }
                 Err(e) => {
-                    first_err.get_or_insert(ClientError::posix(libc::EIO, e.to_string()));
+                    first_err.get_or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
                 }
             }
         }
@@ -537,7 +540,7 @@ impl File {
             });
         }
         while let Some(r) = tasks.join_next().await {
-            r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+            r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
         }
         self.publish_size().await
     }
@@ -603,8 +606,8 @@ impl File {
     /// Truncates or extends the file to `size`.
     pub async fn set_len(&self, size: u64) -> Result<()> {
         if !self.writable {
-            return Err(ClientError::posix(
-                libc::EBADF,
+            return Err(ClientError::fs(
+                FsErrorKind::BadHandle,
                 "the file is not open for writing",
             ));
         }
@@ -652,8 +655,8 @@ impl File {
     /// (fallocate's PUNCH_HOLE | KEEP_SIZE).
     pub async fn punch(&self, offset: u64, len: u64) -> Result<()> {
         if !self.writable {
-            return Err(ClientError::posix(
-                libc::EBADF,
+            return Err(ClientError::fs(
+                FsErrorKind::BadHandle,
                 "the file is not open for writing",
             ));
         }
@@ -663,7 +666,7 @@ impl File {
         let end = offset.saturating_add(len).min(proto::md::MAX_FILE_SIZE);
         let pieces = layout
             .pieces(offset, end.saturating_sub(offset))
-            .map_err(|e| ClientError::posix(libc::EINVAL, e.to_string()))?;
+            .map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))?;
         // One extent per object: the pieces of one object are contiguous in it.
         let mut extents: Vec<(StripeObject, u64, u64)> = vec![];
         for p in pieces {
@@ -694,7 +697,7 @@ impl File {
             });
         }
         while let Some(r) = calls.join_next().await {
-            r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+            r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
         }
         self.dirty.lock().extend(punched);
         self.touch(true).await
@@ -800,7 +803,7 @@ impl Reader {
         };
         let chunk = first
             .await
-            .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+            .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
         self.plan.landed(at, chunk.len() as u64);
         self.plan.consumed(at);
         self.plan.observe(at, chunk.len() as u64);
@@ -854,7 +857,7 @@ impl Writer {
         if let Some(t) = self.inflight.pop_front() {
             let buf = t
                 .await
-                .map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+                .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
             self.free.push(buf);
         }
         Ok(())

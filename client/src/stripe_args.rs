@@ -3,11 +3,12 @@
 //! takes them as the `lode.layout` extended attribute.
 
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE, EOF};
+use proto::FsErrorKind;
 
 use crate::error::{ClientError, Result};
 
 fn bad(what: String) -> ClientError {
-    ClientError::posix(libc::EINVAL, what)
+    ClientError::fs(FsErrorKind::Invalid, what)
 }
 
 /// Parses a size with [`proto::size::parse_size`]'s units (4M, 64k, 1.5G, 16GB, 1048576).

@@ -2,6 +2,7 @@
 //! (as the mount does, and `OpenOptions::open_in`) costs one round trip to the MDS whether the
 //! file is new or already there (a checkpoint rewritten in place).
 
+use proto::FsErrorKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +63,11 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
 
     // O_EXCL still refuses it.
     let excl = OpenOptions::new().write(true).create_new(true);
-    assert!(excl.open(&c, "/ckpt").await.unwrap_err().is(libc::EEXIST));
+    assert!(excl
+        .open(&c, "/ckpt")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::Exists));
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

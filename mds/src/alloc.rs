@@ -23,7 +23,7 @@ use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
 use proto::ost::{OstDestroy, OstDestroyAbove, OstPrecreate, OstStatfs};
 use proto::registry::{TargetInfo, TargetReport};
-use proto::{Fid, StatusCode};
+use proto::{Fid, FsErrorKind, StatusCode};
 
 use crate::namespace::NsError;
 use crate::placement::{place, Candidate};
@@ -41,7 +41,7 @@ const PROBE_DEADLINE: Duration = Duration::from_secs(1);
 
 fn no_space(what: impl Into<String>) -> NsError {
     NsError {
-        errno: libc::ENOSPC,
+        kind: FsErrorKind::NoSpace,
         what: what.into(),
     }
 }

@@ -3,12 +3,12 @@
 //! replaying the journal rebuilds exactly the same state.
 //!
 //! Every operation is checked in full before anything changes, so a failed operation changes
-//! nothing. Errors are errno values, as POSIX callers expect them.
+//! nothing. Errors are typed ([`FsErrorKind`]); the POSIX edges turn them into errno.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use proto::layout::Layout;
-use proto::Fid;
+use proto::{Fid, FsErrorKind};
 use serde::{Deserialize, Serialize};
 
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
@@ -52,17 +52,24 @@ pub enum Decision {
     Applies,
 }
 
-/// An errno and what it was about.
+/// What went wrong, and what it was about.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{what} (errno {errno})")]
+#[error("{what} ({kind:?})")]
 pub struct NsError {
-    pub errno: i32,
+    pub kind: FsErrorKind,
     pub what: String,
 }
 
-fn err<T>(errno: i32, what: impl Into<String>) -> Result<T> {
+impl NsError {
+    /// The errno a POSIX caller sees for it.
+    pub fn errno(&self) -> i32 {
+        self.kind.errno()
+    }
+}
+
+fn err<T>(kind: FsErrorKind, what: impl Into<String>) -> Result<T> {
     Err(NsError {
-        errno,
+        kind,
         what: what.into(),
     })
 }
@@ -90,7 +97,7 @@ pub const MAX_CLIENTS: usize = 16_384;
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
         return err(
-            libc::EINVAL,
+            FsErrorKind::Invalid,
             format!(
                 "{:?} is not a valid name here",
                 String::from_utf8_lossy(name)
@@ -99,12 +106,12 @@ pub fn check_name(name: &[u8]) -> Result<()> {
     }
     if name.len() > MAX_NAME {
         return err(
-            libc::ENAMETOOLONG,
+            FsErrorKind::NameTooLong,
             format!("a name is at most {MAX_NAME} bytes"),
         );
     }
     if name.contains(&b'/') || name.contains(&0) {
-        return err(libc::EINVAL, "a name cannot hold '/' or NUL");
+        return err(FsErrorKind::Invalid, "a name cannot hold '/' or NUL");
     }
     Ok(())
 }
@@ -146,7 +153,7 @@ impl Namespace {
     pub fn inode(&self, fid: Fid) -> Result<&Inode> {
         match self.inodes.get(&fid) {
             Some(i) => Ok(i),
-            None => err(libc::ESTALE, format!("{fid} does not exist")),
+            None => err(FsErrorKind::Stale, format!("{fid} does not exist")),
         }
     }
 
@@ -162,7 +169,7 @@ impl Namespace {
         self.inode(fid)?;
         match self.entries.get(&fid) {
             Some(d) => Ok(d),
-            None => err(libc::ENOTDIR, format!("{fid} is not a directory")),
+            None => err(FsErrorKind::NotDir, format!("{fid} is not a directory")),
         }
     }
 
@@ -176,7 +183,10 @@ impl Namespace {
         if Self::permits(inode, who, want) {
             Ok(inode)
         } else {
-            err(libc::EACCES, format!("permission denied on {fid}"))
+            err(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {fid}"),
+            )
         }
     }
 
@@ -194,7 +204,7 @@ impl Namespace {
         match self.entries[&parent].get(name) {
             Some(f) => self.inode(*f),
             None => err(
-                libc::ENOENT,
+                FsErrorKind::NotFound,
                 format!("no entry {:?}", String::from_utf8_lossy(name)),
             ),
         }
@@ -242,7 +252,10 @@ impl Namespace {
     /// on the directory; in a sticky directory, also owning the entry or the directory).
     fn may_unlink(&self, parent: &Inode, victim: &Inode, who: &Creds) -> Result<()> {
         if !Self::permits(parent, who, 3) {
-            return err(libc::EACCES, format!("permission denied on {}", parent.fid));
+            return err(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {}", parent.fid),
+            );
         }
         if parent.mode & S_ISVTX != 0
             && who.uid != 0
@@ -250,7 +263,7 @@ impl Namespace {
             && who.uid != parent.uid
         {
             return err(
-                libc::EPERM,
+                FsErrorKind::NotPermitted,
                 "sticky directory: only the owner may remove this entry",
             );
         }
@@ -396,7 +409,7 @@ impl Namespace {
         let existing = self.inode(*existing)?;
         if exclusive || kind != Kind::File || existing.kind != Kind::File {
             return err(
-                libc::EEXIST,
+                FsErrorKind::Exists,
                 format!("{:?} exists", String::from_utf8_lossy(name)),
             );
         }
@@ -427,7 +440,7 @@ impl Namespace {
         check_new_inode(kind, target, layout.as_ref())?;
         let oid = self.next_oid;
         let Some(next) = oid.checked_add(1) else {
-            return err(libc::ENOSPC, "inode numbers are exhausted");
+            return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
         };
         let p = self.inode(parent)?;
         let inode = new_inode(
@@ -471,16 +484,22 @@ impl Namespace {
         check_name(name)?;
         let inode = self.inode(fid)?;
         if inode.kind == Kind::Dir {
-            return err(libc::EPERM, "directories cannot be hard-linked");
+            return err(
+                FsErrorKind::NotPermitted,
+                "directories cannot be hard-linked",
+            );
         }
         if inode.nlink >= MAX_LINKS {
-            return err(libc::EMLINK, format!("{fid} has {MAX_LINKS} links"));
+            return err(
+                FsErrorKind::TooManyLinks,
+                format!("{fid} has {MAX_LINKS} links"),
+            );
         }
         self.dir(parent)?;
         self.require(parent, who, 3)?;
         if self.entries[&parent].contains_key(name) {
             return err(
-                libc::EEXIST,
+                FsErrorKind::Exists,
                 format!("{:?} exists", String::from_utf8_lossy(name)),
             );
         }
@@ -532,10 +551,13 @@ impl Namespace {
     fn grow_size(&mut self, fid: Fid, size: u64, who: &Creds, now: Time) -> Result<Applied> {
         let i = self.require(fid, who, 2)?;
         if i.kind != Kind::File {
-            return err(libc::EINVAL, format!("{fid} is not a regular file"));
+            return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
         }
         if size > MAX_FILE_SIZE {
-            return err(libc::EFBIG, format!("{size} is past the file size limit"));
+            return err(
+                FsErrorKind::FileTooLarge,
+                format!("{size} is past the file size limit"),
+            );
         }
         let x = self.inodes.get_mut(&fid).expect("checked above");
         if size > x.size {
@@ -552,20 +574,22 @@ impl Namespace {
     fn set_layout(&mut self, fid: Fid, layout: &Layout, who: &Creds, now: Time) -> Result<Applied> {
         let i = self.require(fid, who, 2)?;
         layout.validate().map_err(|e| NsError {
-            errno: libc::EINVAL,
+            kind: FsErrorKind::Invalid,
             what: e.to_string(),
         })?;
         match i.kind {
-            Kind::Symlink => return err(libc::EINVAL, "a symlink has no layout"),
-            k if k.is_special() => return err(libc::EINVAL, "a special file has no layout"),
+            Kind::Symlink => return err(FsErrorKind::Invalid, "a symlink has no layout"),
+            k if k.is_special() => {
+                return err(FsErrorKind::Invalid, "a special file has no layout")
+            }
             Kind::Dir if layout.components.iter().any(|c| c.is_instantiated()) => {
                 return err(
-                    libc::EINVAL,
+                    FsErrorKind::Invalid,
                     "a directory's layout is a template, without objects",
                 );
             }
             Kind::File if i.size > 0 => {
-                return err(libc::EEXIST, format!("{fid} already has data"));
+                return err(FsErrorKind::Exists, format!("{fid} already has data"));
             }
             _ => {}
         }
@@ -641,15 +665,20 @@ impl Namespace {
         match (dir, victim.kind == Kind::Dir) {
             (true, false) => {
                 return err(
-                    libc::ENOTDIR,
+                    FsErrorKind::NotDir,
                     format!("{victim_fid} is not a directory", victim_fid = victim.fid),
                 )
             }
-            (false, true) => return err(libc::EISDIR, format!("{} is a directory", victim.fid)),
+            (false, true) => {
+                return err(FsErrorKind::IsDir, format!("{} is a directory", victim.fid))
+            }
             _ => {}
         }
         if dir && !self.entries[&victim.fid].is_empty() {
-            return err(libc::ENOTEMPTY, format!("{} is not empty", victim.fid));
+            return err(
+                FsErrorKind::NotEmpty,
+                format!("{} is not empty", victim.fid),
+            );
         }
         let p = self.inode(parent)?.clone();
         self.may_unlink(&p, &victim, who)?;
@@ -679,7 +708,7 @@ impl Namespace {
         check_name(new_name)?;
         if flags.noreplace && flags.exchange {
             return err(
-                libc::EINVAL,
+                FsErrorKind::Invalid,
                 "RENAME_NOREPLACE and RENAME_EXCHANGE exclude each other",
             );
         }
@@ -694,7 +723,7 @@ impl Namespace {
         let src_dir = src.kind == Kind::Dir;
         // A directory cannot move below itself.
         if src_dir && self.is_within(new_parent, src.fid) {
-            return err(libc::EINVAL, "cannot move a directory below itself");
+            return err(FsErrorKind::Invalid, "cannot move a directory below itself");
         }
         if let Some(d) = &dst {
             if d.fid == src.fid {
@@ -707,29 +736,31 @@ impl Namespace {
             self.may_unlink(&np, d, who)?;
             if flags.noreplace {
                 return err(
-                    libc::EEXIST,
+                    FsErrorKind::Exists,
                     format!("{:?} exists", String::from_utf8_lossy(new_name)),
                 );
             }
             if flags.exchange {
                 if d.kind == Kind::Dir && self.is_within(parent, d.fid) {
-                    return err(libc::EINVAL, "cannot move a directory below itself");
+                    return err(FsErrorKind::Invalid, "cannot move a directory below itself");
                 }
                 return Ok(self.exchange(parent, name, &src, new_parent, new_name, d, now));
             }
             match (src_dir, d.kind == Kind::Dir) {
                 (true, false) => {
-                    return err(libc::ENOTDIR, format!("{} is not a directory", d.fid))
+                    return err(FsErrorKind::NotDir, format!("{} is not a directory", d.fid))
                 }
-                (false, true) => return err(libc::EISDIR, format!("{} is a directory", d.fid)),
+                (false, true) => {
+                    return err(FsErrorKind::IsDir, format!("{} is a directory", d.fid))
+                }
                 (true, true) if !self.entries[&d.fid].is_empty() => {
-                    return err(libc::ENOTEMPTY, format!("{} is not empty", d.fid))
+                    return err(FsErrorKind::NotEmpty, format!("{} is not empty", d.fid))
                 }
                 _ => {}
             }
         } else if flags.exchange {
             return err(
-                libc::ENOENT,
+                FsErrorKind::NotFound,
                 format!(
                     "no entry {:?} to exchange with",
                     String::from_utf8_lossy(new_name)
@@ -807,41 +838,53 @@ impl Namespace {
         let i = self.inode(fid)?.clone();
         let owner = who.uid == 0 || who.uid == i.uid;
         if a.mode.is_some() && !owner {
-            return err(libc::EPERM, "only the owner may change the mode");
+            return err(
+                FsErrorKind::NotPermitted,
+                "only the owner may change the mode",
+            );
         }
         if let Some(uid) = a.uid {
             if who.uid != 0 && uid != i.uid {
-                return err(libc::EPERM, "only root may change the owner");
+                return err(FsErrorKind::NotPermitted, "only root may change the owner");
             }
         }
         if let Some(gid) = a.gid {
             if who.uid != 0 && (!owner || !who.in_group(gid)) {
                 return err(
-                    libc::EPERM,
+                    FsErrorKind::NotPermitted,
                     "only the owner may change the group, to one of theirs",
                 );
             }
         }
         if (a.atime.is_some() || a.mtime.is_some()) && !owner {
             if !a.times_now {
-                return err(libc::EPERM, "only the owner may set times other than now");
+                return err(
+                    FsErrorKind::NotPermitted,
+                    "only the owner may set times other than now",
+                );
             }
             if !Self::permits(&i, who, 2) {
-                return err(libc::EACCES, "permission denied to set times");
+                return err(FsErrorKind::AccessDenied, "permission denied to set times");
             }
         }
         if let Some(size) = a.size {
             if i.kind == Kind::Dir {
-                return err(libc::EISDIR, format!("{fid} is a directory"));
+                return err(FsErrorKind::IsDir, format!("{fid} is a directory"));
             }
             if i.kind != Kind::File {
-                return err(libc::EINVAL, format!("{fid} is not a regular file"));
+                return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
             }
             if size > MAX_FILE_SIZE {
-                return err(libc::EFBIG, format!("{size} is past the file size limit"));
+                return err(
+                    FsErrorKind::FileTooLarge,
+                    format!("{size} is past the file size limit"),
+                );
             }
             if !Self::permits(&i, who, 2) {
-                return err(libc::EACCES, format!("permission denied on {fid}"));
+                return err(
+                    FsErrorKind::AccessDenied,
+                    format!("permission denied on {fid}"),
+                );
             }
         }
         let x = self.inodes.get_mut(&fid).expect("checked above");
@@ -880,27 +923,30 @@ impl Namespace {
         now: Time,
     ) -> Result<Applied> {
         let Some(short) = name.strip_prefix("user.") else {
-            return err(libc::EOPNOTSUPP, "only user.* extended attributes are kept");
+            return err(
+                FsErrorKind::NotSupported,
+                "only user.* extended attributes are kept",
+            );
         };
         if short.is_empty() || name.len() > MAX_XATTR_NAME {
             return err(
-                libc::ERANGE,
+                FsErrorKind::Range,
                 format!("an xattr name is at most {MAX_XATTR_NAME} bytes"),
             );
         }
         let i = self.require(fid, who, 2)?;
         match value {
             Some(v) if v.len() > MAX_XATTR_VALUE => {
-                return err(libc::E2BIG, "xattr value too large")
+                return err(FsErrorKind::TooBig, "xattr value too large")
             }
             Some(_) if !i.xattrs.contains_key(name) && i.xattrs.len() >= MAX_XATTRS => {
                 return err(
-                    libc::ENOSPC,
+                    FsErrorKind::NoSpace,
                     format!("an inode holds at most {MAX_XATTRS} xattrs"),
                 )
             }
             None if !i.xattrs.contains_key(name) => {
-                return err(libc::ENODATA, format!("no xattr {name}"))
+                return err(FsErrorKind::NoAttribute, format!("no xattr {name}"))
             }
             _ => {}
         }
@@ -997,21 +1043,21 @@ impl Namespace {
 fn check_new_inode(kind: Kind, target: &[u8], layout: Option<&Layout>) -> Result<()> {
     if kind == Kind::Symlink && (target.is_empty() || target.len() > MAX_SYMLINK) {
         return err(
-            libc::ENAMETOOLONG,
+            FsErrorKind::NameTooLong,
             format!("a symlink target is 1 to {MAX_SYMLINK} bytes"),
         );
     }
     if kind.is_special() && layout.is_some() {
-        return err(libc::EINVAL, "a special file has no layout");
+        return err(FsErrorKind::Invalid, "a special file has no layout");
     }
     if let Some(l) = layout {
         l.validate().map_err(|e| NsError {
-            errno: libc::EINVAL,
+            kind: FsErrorKind::Invalid,
             what: e.to_string(),
         })?;
         if kind != Kind::File && l.components.iter().any(|c| c.is_instantiated()) {
             return err(
-                libc::EINVAL,
+                FsErrorKind::Invalid,
                 "only a file's layout has objects; a directory's is a template",
             );
         }

@@ -10,7 +10,7 @@ use proto::layout::StripeObject;
 use proto::md::*;
 use proto::msg::opcodes;
 use proto::registry::*;
-use proto::{RemoteError, StatusCode};
+use proto::{FsErrorKind, RemoteError, StatusCode};
 
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
 
@@ -26,7 +26,7 @@ pub struct MdsService {
 }
 
 fn ns_error(e: NsError) -> RemoteError {
-    RemoteError::new(StatusCode::Posix(e.errno), e.what)
+    RemoteError::new(StatusCode::Fs(e.kind), e.what)
 }
 
 fn store_error(e: StoreError) -> RemoteError {
@@ -69,9 +69,9 @@ impl MdsService {
     /// objects: only the MDS hands them out.
     async fn prepare(&self, m: &mut Mutation) -> Result<Vec<StripeObject>, RemoteError> {
         let forged = |l: &Layout| l.components.iter().any(|c| c.is_instantiated());
-        let refuse = |errno, what: &str| {
+        let refuse = |kind, what: &str| {
             Err(ns_error(NsError {
-                errno,
+                kind,
                 what: what.into(),
             }))
         };
@@ -83,7 +83,10 @@ impl MdsService {
                 ..
             } => {
                 if layout.as_ref().is_some_and(forged) {
-                    return refuse(libc::EINVAL, "a layout from a client cannot name objects");
+                    return refuse(
+                        FsErrorKind::Invalid,
+                        "a layout from a client cannot name objects",
+                    );
                 }
                 let parent = *parent;
                 let template = match layout.take() {
@@ -98,7 +101,10 @@ impl MdsService {
             }
             Mutation::SetLayout { fid, layout } => {
                 if forged(layout) {
-                    return refuse(libc::EINVAL, "a layout from a client cannot name objects");
+                    return refuse(
+                        FsErrorKind::Invalid,
+                        "a layout from a client cannot name objects",
+                    );
                 }
                 let fid = *fid;
                 let is_file = self
@@ -114,9 +120,10 @@ impl MdsService {
                 }
                 Ok(objects)
             }
-            Mutation::Destroyed { .. } => {
-                refuse(libc::EPERM, "only the MDS records destroyed objects")
-            }
+            Mutation::Destroyed { .. } => refuse(
+                FsErrorKind::NotPermitted,
+                "only the MDS records destroyed objects",
+            ),
             _ => Ok(vec![]),
         }
     }
@@ -280,7 +287,7 @@ impl MdsService {
             return Ok(());
         }
         Err(ns_error(NsError {
-            errno: libc::EMFILE,
+            kind: FsErrorKind::TooManyOpen,
             what: "too many open files".into(),
         }))
     }

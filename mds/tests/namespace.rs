@@ -73,7 +73,7 @@ impl Fs {
     }
 
     fn errno(&mut self, m: Mutation, who: &Creds) -> i32 {
-        self.run(m, who).unwrap_err().errno
+        self.run(m, who).unwrap_err().errno()
     }
 }
 
@@ -120,7 +120,9 @@ fn create_lookup_and_readdir() {
     };
     assert_eq!(fs.run(again, &root).unwrap().inode.unwrap().fid, f.fid);
     assert_eq!(
-        fs.create(d.fid, "f", Kind::File, &root).unwrap_err().errno,
+        fs.create(d.fid, "f", Kind::File, &root)
+            .unwrap_err()
+            .errno(),
         libc::EEXIST
     );
 }
@@ -181,7 +183,9 @@ fn bad_names_are_refused() {
         ("a\0b", libc::EINVAL),
     ] {
         assert_eq!(
-            fs.create(ROOT, name, Kind::File, &root).unwrap_err().errno,
+            fs.create(ROOT, name, Kind::File, &root)
+                .unwrap_err()
+                .errno(),
             errno,
             "{name:?}"
         );
@@ -189,19 +193,23 @@ fn bad_names_are_refused() {
     assert_eq!(
         fs.create(ROOT, &"x".repeat(256), Kind::File, &root)
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::ENAMETOOLONG
     );
     fs.create(ROOT, &"x".repeat(255), Kind::File, &root)
         .unwrap();
     let stale = proto::Fid::new(INODE_SEQ, 999, 0);
     assert_eq!(
-        fs.create(stale, "a", Kind::File, &root).unwrap_err().errno,
+        fs.create(stale, "a", Kind::File, &root)
+            .unwrap_err()
+            .errno(),
         libc::ESTALE
     );
     let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
     assert_eq!(
-        fs.create(f.fid, "a", Kind::File, &root).unwrap_err().errno,
+        fs.create(f.fid, "a", Kind::File, &root)
+            .unwrap_err()
+            .errno(),
         libc::ENOTDIR
     );
 }
@@ -364,7 +372,7 @@ fn rename_replaces_atomically_and_refuses_what_posix_refuses() {
     );
     assert_eq!(fs.ns.lookup(ROOT, b"ckpt", &root).unwrap().fid, new.fid);
     assert_eq!(
-        fs.ns.lookup(ROOT, b"ckpt.tmp", &root).unwrap_err().errno,
+        fs.ns.lookup(ROOT, b"ckpt.tmp", &root).unwrap_err().errno(),
         libc::ENOENT
     );
     // A directory below itself; file over directory; directory over file; non-empty target.
@@ -425,7 +433,9 @@ fn permissions_for_other_users_and_sticky_directories() {
     let root = Creds::root();
     let (alice, bob) = (user(1000), user(1001));
     assert_eq!(
-        fs.create(ROOT, "a", Kind::File, &alice).unwrap_err().errno,
+        fs.create(ROOT, "a", Kind::File, &alice)
+            .unwrap_err()
+            .errno(),
         libc::EACCES
     );
     let tmp = fs.create(ROOT, "tmp", Kind::Dir, &root).unwrap();
@@ -473,14 +483,14 @@ fn permissions_for_other_users_and_sticky_directories() {
         fs.ns
             .lookup(private.fid, b"secret", &bob)
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EACCES
     );
     assert_eq!(
         fs.ns
             .readdir(private.fid, None, 10, &bob)
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EACCES
     );
     fs.run(
@@ -833,7 +843,7 @@ fn a_create_is_decided_before_anything_is_allocated_for_it() {
         fs.ns
             .decide(&create_file("ckpt", true), &root, req(3))
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EEXIST
     );
     fs.create(ROOT, "d", Kind::Dir, &root).unwrap();
@@ -841,7 +851,7 @@ fn a_create_is_decided_before_anything_is_allocated_for_it() {
         fs.ns
             .decide(&create_file("d", false), &root, req(4))
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EEXIST
     );
     // Without write permission on the directory a new name is refused up front.
@@ -849,7 +859,7 @@ fn a_create_is_decided_before_anything_is_allocated_for_it() {
         fs.ns
             .decide(&create_file("other", false), &user(1000), req(5))
             .unwrap_err()
-            .errno,
+            .errno(),
         libc::EACCES
     );
 }

@@ -22,4 +22,4 @@ pub use fid::Fid;
 pub use frame::{FrameError, FrameKind, Header, HEADER_LEN, MAX_BODY, MAX_BULK};
 pub use msg::{Opcode, Rpc};
 pub use nid::{Net, Nid, NidError};
-pub use status::{RemoteError, StatusCode};
+pub use status::{FsErrorKind, RemoteError, StatusCode};

@@ -29,8 +29,77 @@ pub enum StatusCode {
     /// The disk failed, or stored data failed its checksum (EIO). The message names the object
     /// and the offset.
     Io,
-    /// A POSIX error from the namespace, carried as its errno (ENOTEMPTY, EACCES, ...).
-    Posix(i32),
+    /// A filesystem error from the namespace (not empty, access denied, ...).
+    Fs(FsErrorKind),
+}
+
+/// Why a filesystem operation failed, in the filesystem's own terms. The MDS and the client
+/// library speak of these; the POSIX edges (the mount, the Python package, the command line)
+/// turn them into errno with [`FsErrorKind::errno`], the one table of that mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FsErrorKind {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    AccessDenied,
+    NotPermitted,
+    NameTooLong,
+    Invalid,
+    NoSpace,
+    /// Too many symlinks, or a symlink where a file was asked for.
+    Loop,
+    TooManyLinks,
+    TooManyOpen,
+    FileTooLarge,
+    /// A value does not fit the buffer given for it.
+    Range,
+    /// A value is larger than it may ever be (an extended attribute's).
+    TooBig,
+    /// No such extended attribute.
+    NoAttribute,
+    /// The handle's file is gone.
+    Stale,
+    NotSupported,
+    /// A special file, which the kernel opens itself.
+    NoDevice,
+    /// A handle used for what it was not opened for, or after close.
+    BadHandle,
+    /// Try again.
+    WouldBlock,
+    Io,
+}
+
+impl FsErrorKind {
+    /// The errno a POSIX caller sees (Linux numbering).
+    pub fn errno(self) -> i32 {
+        match self {
+            FsErrorKind::NotPermitted => 1,  // EPERM
+            FsErrorKind::NotFound => 2,      // ENOENT
+            FsErrorKind::Io => 5,            // EIO
+            FsErrorKind::NoDevice => 6,      // ENXIO
+            FsErrorKind::TooBig => 7,        // E2BIG
+            FsErrorKind::BadHandle => 9,     // EBADF
+            FsErrorKind::WouldBlock => 11,   // EAGAIN
+            FsErrorKind::AccessDenied => 13, // EACCES
+            FsErrorKind::Exists => 17,       // EEXIST
+            FsErrorKind::NotDir => 20,       // ENOTDIR
+            FsErrorKind::IsDir => 21,        // EISDIR
+            FsErrorKind::Invalid => 22,      // EINVAL
+            FsErrorKind::TooManyOpen => 24,  // EMFILE
+            FsErrorKind::FileTooLarge => 27, // EFBIG
+            FsErrorKind::NoSpace => 28,      // ENOSPC
+            FsErrorKind::TooManyLinks => 31, // EMLINK
+            FsErrorKind::Range => 34,        // ERANGE
+            FsErrorKind::NameTooLong => 36,  // ENAMETOOLONG
+            FsErrorKind::NotEmpty => 39,     // ENOTEMPTY
+            FsErrorKind::Loop => 40,         // ELOOP
+            FsErrorKind::NoAttribute => 61,  // ENODATA
+            FsErrorKind::NotSupported => 95, // EOPNOTSUPP
+            FsErrorKind::Stale => 116,       // ESTALE
+        }
+    }
 }
 
 impl StatusCode {
@@ -48,7 +117,7 @@ impl StatusCode {
             StatusCode::Invalid => 22,    // EINVAL
             StatusCode::NoSpace => 28,    // ENOSPC
             StatusCode::Io => 5,          // EIO
-            StatusCode::Posix(e) => e,
+            StatusCode::Fs(k) => k.errno(),
         }
     }
 }
@@ -75,5 +144,19 @@ impl RemoteError {
             message.truncate(cut);
         }
         RemoteError { code, message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_linux_errno() {
+        // Spot checks against the kernel's numbering; the table is the only mapping.
+        assert_eq!(FsErrorKind::NotFound.errno(), 2);
+        assert_eq!(FsErrorKind::NotEmpty.errno(), 39);
+        assert_eq!(FsErrorKind::Stale.errno(), 116);
+        assert_eq!(StatusCode::Fs(FsErrorKind::Exists).errno(), 17);
     }
 }

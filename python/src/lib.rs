@@ -2,6 +2,7 @@
 //! the GIL; reads land straight in the caller's buffer (a bytearray, a memoryview, a numpy
 //! array: anything with a contiguous writable buffer), with no copy on this side.
 
+use proto::FsErrorKind;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -514,7 +515,7 @@ impl Filesystem {
             }
             let mut counts = vec![0usize; tasks.len()];
             while let Some(r) = tasks.join_next().await {
-                let (i, n) = r.map_err(|e| ClientError::posix(libc::EIO, e.to_string()))??;
+                let (i, n) = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
                 counts[i] = n;
             }
             for (_, f) in files {

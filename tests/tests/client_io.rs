@@ -2,6 +2,7 @@
 //! each, as processes on loopback): files of every shape read back byte for byte, close-to-open
 //! between clients, a storage server killed mid-I/O, and the checkpoint pattern under readers.
 
+use proto::FsErrorKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -219,24 +220,28 @@ async fn disjoint_writers_of_one_file_and_close_to_open() {
         .open(&a, "/missing")
         .await
         .unwrap_err()
-        .is(libc::ENOENT));
+        .is(FsErrorKind::NotFound));
     a.mkdir("/d", 0o755).await.unwrap();
     assert!(OpenOptions::new()
         .open(&a, "/d")
         .await
         .unwrap_err()
-        .is(libc::EISDIR));
+        .is(FsErrorKind::IsDir));
     assert!(create
         .clone()
         .create_new(true)
         .open(&a, "/log")
         .await
         .unwrap_err()
-        .is(libc::EEXIST));
-    assert!(a.stat("relative").await.unwrap_err().is(libc::EINVAL));
+        .is(FsErrorKind::Exists));
+    assert!(a
+        .stat("relative")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::Invalid));
     a.symlink("/loop2", "/loop1").await.unwrap();
     a.symlink("/loop1", "/loop2").await.unwrap();
-    assert!(a.stat("/loop1").await.unwrap_err().is(libc::ELOOP));
+    assert!(a.stat("/loop1").await.unwrap_err().is(FsErrorKind::Loop));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,7 +309,7 @@ async fn a_storage_server_killed_during_io_is_waited_for_and_nothing_is_lost() {
         "gave up after {:?}",
         t0.elapsed()
     );
-    assert!(err.is(libc::EIO), "{err}");
+    assert!(err.is(FsErrorKind::Io), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,7 +382,11 @@ async fn an_unlinked_open_file_stays_readable_until_closed() {
     w.close().await.unwrap();
     let f = OpenOptions::new().open(&c, "/doomed").await.unwrap();
     c.unlink("/doomed").await.unwrap();
-    assert!(c.stat("/doomed").await.unwrap_err().is(libc::ENOENT));
+    assert!(c
+        .stat("/doomed")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::NotFound));
     // Longer than a maintenance pass of the MDS, which destroys removed files' objects.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut back = vec![0u8; data.len()];

@@ -6,6 +6,7 @@
 //! inode `[0x200000400:n:0]` is `n + 1`). Permissions are checked by the MDS with the calling
 //! process's uid and gid (and by the kernel too with `-o default_permissions`).
 
+use proto::FsErrorKind;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -183,7 +184,7 @@ impl LodeFs {
             .lock()
             .get(&fh.0)
             .cloned()
-            .ok_or_else(|| ClientError::posix(libc::EBADF, "no such open file"))
+            .ok_or_else(|| ClientError::fs(FsErrorKind::BadHandle, "no such open file"))
     }
 }
 
@@ -208,7 +209,7 @@ fn name(n: &OsStr) -> Vec<u8> {
 }
 
 fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
-    i.ok_or_else(|| ClientError::posix(libc::EIO, "no inode in the reply"))
+    i.ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
 }
 
 /// The extended attribute that shows and sets a layout, as `lode setstripe` options (as Lustre
@@ -773,7 +774,7 @@ impl Filesystem for LodeFs {
             let listing = async {
                 let dir = c.getattr(fid_of(ino)).await?;
                 if dir.kind != Kind::Dir {
-                    return Err(ClientError::posix(libc::ENOTDIR, "not a directory"));
+                    return Err(ClientError::fs(FsErrorKind::NotDir, "not a directory"));
                 }
                 let parent = if dir.fid == ROOT {
                     dir.clone()

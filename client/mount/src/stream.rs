@@ -9,6 +9,7 @@
 //! sequential reads on a handle and keeps a window of chunks in flight; a write to the file
 //! through any handle of this mount drops every window over it.
 
+use proto::FsErrorKind;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ impl Behind {
     async fn drain(&mut self) {
         while let Some(r) = self.tasks.join_next().await {
             let done =
-                r.unwrap_or_else(|e| (0, 0, Err(ClientError::posix(libc::EIO, e.to_string()))));
+                r.unwrap_or_else(|e| (0, 0, Err(ClientError::fs(FsErrorKind::Io, e.to_string()))));
             self.settle(done);
         }
         self.ranges.clear();
@@ -74,7 +75,7 @@ impl Pending {
             Pending::Landed(c) => Ok(c),
             Pending::Reading(h) => {
                 Ok(Arc::new(h.await.map_err(|e| {
-                    ClientError::posix(libc::EIO, e.to_string())
+                    ClientError::fs(FsErrorKind::Io, e.to_string())
                 })??))
             }
         }
@@ -179,8 +180,9 @@ impl Streams {
         }
         while b.tasks.len() >= self.max_behind.max(1) {
             if let Some(r) = b.tasks.join_next().await {
-                let done =
-                    r.unwrap_or_else(|e| (0, 0, Err(ClientError::posix(libc::EIO, e.to_string()))));
+                let done = r.unwrap_or_else(|e| {
+                    (0, 0, Err(ClientError::fs(FsErrorKind::Io, e.to_string())))
+                });
                 b.settle(done);
             }
         }
