@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::readahead::Readahead;
+use crate::writebehind::{Step, WriteBehind};
 
 /// How to open a file, after `std::fs::OpenOptions`, with a layout for new files.
 #[derive(Clone, Debug, Default)]
@@ -828,7 +829,9 @@ pub struct Writer {
     free: Vec<Buffer>,
     /// The buffer being filled and how much of it is.
     filling: Option<(Buffer, usize)>,
-    inflight: VecDeque<tokio::task::JoinHandle<Result<Buffer>>>,
+    /// Writes in flight, in issue order, with their ranges.
+    inflight: VecDeque<(u64, u64, tokio::task::JoinHandle<Result<Buffer>>)>,
+    plan: WriteBehind<ClientError>,
 }
 
 /// A registered buffer of a [`Writer`].
@@ -848,21 +851,37 @@ impl File {
             free,
             filling: None,
             inflight: VecDeque::new(),
+            plan: WriteBehind::new(ahead),
         })
     }
 }
 
 impl Writer {
-    async fn reclaim_one(&mut self) -> Result<()> {
-        if let Some(t) = self.inflight.pop_front() {
-            let buf = t
-                .await
-                .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
-            self.free.push(buf);
+    /// Waits for the oldest write in flight and takes its buffer back.
+    async fn reclaim_one(&mut self) {
+        let Some((start, end, t)) = self.inflight.pop_front() else {
+            return;
+        };
+        let landed = t
+            .await
+            .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))
+            .and_then(|r| r);
+        match landed {
+            Ok(buf) => {
+                self.free.push(buf);
+                self.plan.landed(start, end, Ok(()));
+            }
+            Err(e) => {
+                // The buffer went with the failed write: a fresh one replaces it.
+                if let Ok(b) = self.file.client.register(vec![0u8; self.chunk]) {
+                    self.free.push(Arc::new(b));
+                }
+                self.plan.landed(start, end, Err(e));
+            }
         }
-        Ok(())
     }
 
+    /// Issues the buffer being filled, once the plan lets it go.
     async fn send(&mut self) -> Result<()> {
         let Some((buf, len)) = self.filling.take() else {
             return Ok(());
@@ -871,21 +890,37 @@ impl Writer {
             self.free.push(buf);
             return Ok(());
         }
-        let (file, at) = (self.file.clone(), self.next);
-        self.next += len as u64;
-        self.inflight.push_back(tokio::spawn(async move {
+        let (at, end) = (self.next, self.next + len as u64);
+        loop {
+            match self.plan.before(at, end) {
+                Step::Report => {
+                    self.free.push(buf);
+                    return Err(self.plan.take_error().expect("an error to report"));
+                }
+                Step::Drain | Step::WaitOne => self.reclaim_one().await,
+                Step::Issue => break,
+            }
+        }
+        self.next = end;
+        self.plan.issued(at, end);
+        let file = self.file.clone();
+        let write = tokio::spawn(async move {
             file.write_from(at, buf.clone(), 0, len as u64).await?;
             Ok(buf)
-        }));
+        });
+        self.inflight.push_back((at, end, write));
         Ok(())
     }
 
-    /// Appends `data` to the stream.
+    /// Appends `data` to the stream. A failure of an earlier write is returned here.
     pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             if self.filling.is_none() {
                 while self.free.is_empty() {
-                    self.reclaim_one().await?;
+                    self.reclaim_one().await;
+                }
+                if let Some(e) = self.plan.take_error() {
+                    return Err(e);
                 }
                 let buf = self.free.pop().expect("a free buffer after reclaiming");
                 self.filling = Some((buf, 0));
@@ -907,12 +942,16 @@ impl Writer {
         Ok(())
     }
 
-    /// Sends what is gathered and waits for every write; returns the offset reached.
+    /// Sends what is gathered and waits for every write; returns the offset reached, or the
+    /// first failure.
     pub async fn finish(mut self) -> Result<u64> {
         self.send().await?;
         while !self.inflight.is_empty() {
-            self.reclaim_one().await?;
+            self.reclaim_one().await;
         }
-        Ok(self.next)
+        match self.plan.take_error() {
+            Some(e) => Err(e),
+            None => Ok(self.next),
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! - [`File`] and [`OpenOptions`]: striped parallel reads and writes, straight into memory the
 //!   caller registered.
 //! - [`blocking`]: the same for callers without an async runtime.
-//! - [`readahead`]: which chunks to have on their way, as a plain state machine.
+//! - [`readahead`] and [`writebehind`]: which reads to have on their way and when a write may
+//!   go, as plain state machines.
 //!
 //! Metadata goes to the MDS; file data goes to and from the storage servers directly, one
 //! stream per stripe, in parallel. This crate holds no server, no mount and no command line:
@@ -16,8 +17,10 @@ pub mod error;
 pub mod file;
 pub mod readahead;
 pub mod stripe_args;
+pub mod writebehind;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
 pub use error::{ClientError, Result};
 pub use file::{Chunk, File, OpenOptions, Reader, Writer};
 pub use readahead::{Access, Readahead};
+pub use writebehind::{Step, WriteBehind};

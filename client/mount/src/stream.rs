@@ -17,36 +17,46 @@ use parking_lot::Mutex;
 use proto::Fid;
 use tokio::task::{JoinHandle, JoinSet};
 
-use client::{Access, Chunk, ClientError, File, Readahead, Result};
+use client::{Access, Chunk, ClientError, File, Readahead, Result, Step, WriteBehind};
 
-/// Writes in flight for one file.
-#[derive(Default)]
+/// Writes in flight for one file: the tasks, and the plan that says when the next may go.
 struct Behind {
     tasks: JoinSet<(u64, u64, Result<()>)>,
-    ranges: Vec<(u64, u64)>,
-    error: Option<ClientError>,
+    plan: WriteBehind<ClientError>,
+}
+
+impl Default for Behind {
+    fn default() -> Self {
+        Behind {
+            tasks: JoinSet::new(),
+            plan: WriteBehind::new(MAX_BEHIND),
+        }
+    }
 }
 
 impl Behind {
-    fn settle(&mut self, done: (u64, u64, Result<()>)) {
-        let (start, end, r) = done;
-        if let Some(i) = self.ranges.iter().position(|&x| x == (start, end)) {
-            self.ranges.swap_remove(i);
-        }
-        if let Err(e) = r {
-            self.error.get_or_insert(e);
+    /// Waits for any one write in flight.
+    async fn land_one(&mut self) {
+        match self.tasks.join_next().await {
+            Some(Ok((start, end, r))) => self.plan.landed(start, end, r),
+            Some(Err(e)) => self
+                .plan
+                .lost(ClientError::fs(FsErrorKind::Io, e.to_string())),
+            None => self.plan.drained(),
         }
     }
 
+    /// Waits for every write in flight.
     async fn drain(&mut self) {
-        while let Some(r) = self.tasks.join_next().await {
-            let done =
-                r.unwrap_or_else(|e| (0, 0, Err(ClientError::fs(FsErrorKind::Io, e.to_string()))));
-            self.settle(done);
+        while !self.tasks.is_empty() {
+            self.land_one().await;
         }
-        self.ranges.clear();
+        self.plan.drained();
     }
 }
+
+/// Writes in flight per file before a new one waits.
+const MAX_BEHIND: usize = 16;
 
 /// The state of one file across the handles of this mount.
 #[derive(Default)]
@@ -134,19 +144,9 @@ const CHUNK: usize = 1 << 20;
 const AHEAD: usize = 16;
 
 /// Write-behind and readahead for the files of one mount.
+#[derive(Default)]
 pub struct Streams {
     files: Mutex<HashMap<Fid, Arc<PerFile>>>,
-    /// Writes in flight per file before a new one waits.
-    pub max_behind: usize,
-}
-
-impl Default for Streams {
-    fn default() -> Self {
-        Streams {
-            files: Mutex::default(),
-            max_behind: 16,
-        }
-    }
 }
 
 impl Streams {
@@ -171,27 +171,18 @@ impl Streams {
         let per = self.of(fid);
         per.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = per.behind.lock().await;
-        if let Some(e) = b.error.take() {
-            return Err(e);
-        }
         let end = offset + data.len() as u64;
-        if b.ranges.iter().any(|&(s, e)| s < end && offset < e) {
-            b.drain().await;
-        }
-        while b.tasks.len() >= self.max_behind.max(1) {
-            if let Some(r) = b.tasks.join_next().await {
-                let done = r.unwrap_or_else(|e| {
-                    (0, 0, Err(ClientError::fs(FsErrorKind::Io, e.to_string())))
-                });
-                b.settle(done);
+        loop {
+            match b.plan.before(offset, end) {
+                Step::Report => return Err(b.plan.take_error().expect("an error to report")),
+                Step::Drain => b.drain().await,
+                Step::WaitOne => b.land_one().await,
+                Step::Issue => break,
             }
-        }
-        if let Some(e) = b.error.take() {
-            return Err(e);
         }
         // The size shows the write at once, as the kernel expects after the reply.
         file.issued_to(end);
-        b.ranges.push((offset, end));
+        b.plan.issued(offset, end);
         let f = file.clone();
         b.tasks.spawn(async move {
             let r = f.write_at(offset, &data).await.map(|_| ());
@@ -215,7 +206,7 @@ impl Streams {
         };
         let mut b = per.behind.lock().await;
         b.drain().await;
-        match b.error.take() {
+        match b.plan.take_error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
