@@ -130,18 +130,7 @@ impl MdsService {
 
     async fn dispatch(&self, req: Incoming) -> Result<Vec<u8>, RemoteError> {
         match req.opcode {
-            opcodes::MDS_REGISTER_TARGETS => {
-                let r: RegisterTargets = req.decode()?;
-                let indices = self.registry.register(&r.oss, &r.targets).map_err(|e| {
-                    let code = match e {
-                        RegistryError::IndexTaken { .. } => StatusCode::Exists,
-                        RegistryError::Full => StatusCode::NoSpace,
-                        _ => StatusCode::Io,
-                    };
-                    RemoteError::new(code, e.to_string())
-                })?;
-                reply::<RegisterTargets>(&Registered { indices })
-            }
+            opcodes::MDS_REGISTER_TARGETS => self.register(req.decode()?),
             opcodes::MDS_HEARTBEAT => {
                 let r: Heartbeat = req.decode()?;
                 self.registry.heartbeat(&r.oss, &r.targets);
@@ -169,15 +158,7 @@ impl MdsService {
             }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
-                let targets = self.registry.list();
-                let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
-                reply::<MdsStatfs>(&FsStats {
-                    inodes: self.store.read(|ns| ns.len() as u64),
-                    total: up.iter().map(|t| t.total).sum(),
-                    free: up.iter().map(|t| t.free).sum(),
-                    targets: targets.len() as u32,
-                    targets_up: up.len() as u32,
-                })
+                self.statfs()
             }
             opcodes::MDS_LOOKUP => {
                 let r: MdsLookup = req.decode()?;
@@ -195,56 +176,7 @@ impl MdsService {
                     .map_err(ns_error)?;
                 reply::<MdsGetattr>(&MdsInode { inode })
             }
-            opcodes::MDS_READDIR => {
-                let r: MdsReaddir = req.decode()?;
-                let max = r.max.clamp(1, MAX_READDIR) as usize;
-                let after = (!r.after.is_empty()).then_some(&r.after[..]);
-                let (entries, attrs, max) = self
-                    .store
-                    .read(|ns| {
-                        let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
-                        // A page stays well under the largest body, whatever the names' length.
-                        let per_entry = if r.plus { 192 } else { 32 };
-                        let mut budget = proto::frame::MAX_BODY as usize / 2;
-                        let fits = entries
-                            .iter()
-                            .position(|(name, ..)| {
-                                budget = budget.saturating_sub(name.len() + per_entry);
-                                budget == 0
-                            })
-                            .unwrap_or(entries.len());
-                        let max = max.min(fits.max(1));
-                        entries.truncate(max + 1);
-                        let attrs: Vec<Inode> = if r.plus {
-                            entries
-                                .iter()
-                                .take(max)
-                                .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
-                                .map(|i| Inode {
-                                    xattrs: Default::default(),
-                                    layout: None,
-                                    target: vec![],
-                                    ..i.clone()
-                                })
-                                .collect()
-                        } else {
-                            vec![]
-                        };
-                        Ok((entries, attrs, max))
-                    })
-                    .map_err(ns_error)?;
-                let end = entries.len() <= max;
-                let entries = entries
-                    .into_iter()
-                    .take(max)
-                    .map(|(name, fid, kind)| DirEntry { name, fid, kind })
-                    .collect();
-                reply::<MdsReaddir>(&MdsDirPage {
-                    entries,
-                    attrs,
-                    end,
-                })
-            }
+            opcodes::MDS_READDIR => self.readdir(req.decode()?),
             other => Err(RemoteError::new(
                 StatusCode::NoService,
                 format!("the MDS does not serve {other:?}"),
@@ -254,6 +186,84 @@ impl MdsService {
 }
 
 impl MdsService {
+    /// A storage server's targets, registered: their indices (durable before the answer).
+    fn register(&self, r: RegisterTargets) -> Result<Vec<u8>, RemoteError> {
+        let indices = self.registry.register(&r.oss, &r.targets).map_err(|e| {
+            let code = match e {
+                RegistryError::IndexTaken { .. } => StatusCode::Exists,
+                RegistryError::Full => StatusCode::NoSpace,
+                _ => StatusCode::Io,
+            };
+            RemoteError::new(code, e.to_string())
+        })?;
+        reply::<RegisterTargets>(&Registered { indices })
+    }
+
+    /// Inodes, and the space of the targets that are up.
+    fn statfs(&self) -> Result<Vec<u8>, RemoteError> {
+        let targets = self.registry.list();
+        let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
+        reply::<MdsStatfs>(&FsStats {
+            inodes: self.store.read(|ns| ns.len() as u64),
+            total: up.iter().map(|t| t.total).sum(),
+            free: up.iter().map(|t| t.free).sum(),
+            targets: targets.len() as u32,
+            targets_up: up.len() as u32,
+        })
+    }
+
+    /// One page of a directory, cut to fit a reply whatever the names' length; with `plus`,
+    /// each entry's attributes (without xattrs, layout or target).
+    fn readdir(&self, r: MdsReaddir) -> Result<Vec<u8>, RemoteError> {
+        let max = r.max.clamp(1, MAX_READDIR) as usize;
+        let after = (!r.after.is_empty()).then_some(&r.after[..]);
+        let (entries, attrs, max) = self
+            .store
+            .read(|ns| {
+                let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
+                // A page stays well under the largest body, whatever the names' length.
+                let per_entry = if r.plus { 192 } else { 32 };
+                let mut budget = proto::frame::MAX_BODY as usize / 2;
+                let fits = entries
+                    .iter()
+                    .position(|(name, ..)| {
+                        budget = budget.saturating_sub(name.len() + per_entry);
+                        budget == 0
+                    })
+                    .unwrap_or(entries.len());
+                let max = max.min(fits.max(1));
+                entries.truncate(max + 1);
+                let attrs: Vec<Inode> = if r.plus {
+                    entries
+                        .iter()
+                        .take(max)
+                        .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
+                        .map(|i| Inode {
+                            xattrs: Default::default(),
+                            layout: None,
+                            target: vec![],
+                            ..i.clone()
+                        })
+                        .collect()
+                } else {
+                    vec![]
+                };
+                Ok((entries, attrs, max))
+            })
+            .map_err(ns_error)?;
+        let end = entries.len() <= max;
+        let entries = entries
+            .into_iter()
+            .take(max)
+            .map(|(name, fid, kind)| DirEntry { name, fid, kind })
+            .collect();
+        reply::<MdsReaddir>(&MdsDirPage {
+            entries,
+            attrs,
+            end,
+        })
+    }
+
     /// One mutation: decided in the namespace first (a resend is answered as then, an
     /// `O_CREAT` of an existing file opens it without a change), objects taken only for a
     /// change that goes ahead, the open counted with it when asked.

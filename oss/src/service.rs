@@ -34,6 +34,36 @@ impl OssService {
         })
     }
 
+    /// Data pulled from the client, its checksum verified before the target sees a byte.
+    async fn write(&self, r: OstWrite, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
+        let target = self.target(r.target)?;
+        if r.desc.crc32c.is_none() {
+            return Err(RemoteError::new(
+                StatusCode::BadRequest,
+                "a write's descriptor must carry its crc32c",
+            ));
+        }
+        let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
+        let size = target.write(r.fid, r.offset, &data, r.sync).await?;
+        reply::<OstWrite>(&OstWritten { size })
+    }
+
+    /// Data put from the target's buffer straight into the client's region.
+    async fn read(&self, r: OstRead, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
+        let target = self.target(r.target)?;
+        let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
+        let size = target.size(r.fid).await?;
+        let bytes = data.len() as u32;
+        if bytes > 0 {
+            let desc = BulkDesc {
+                len: bytes,
+                ..r.desc
+            };
+            bulk.put(&desc, data).await.map_err(bulk_error)?;
+        }
+        reply::<OstRead>(&OstReadDone { bytes, size })
+    }
+
     async fn dispatch(
         &self,
         req: Incoming,
@@ -48,34 +78,8 @@ impl OssService {
                     count: r.count,
                 })
             }
-            opcodes::OST_WRITE => {
-                let r: OstWrite = req.decode()?;
-                let target = self.target(r.target)?;
-                if r.desc.crc32c.is_none() {
-                    return Err(RemoteError::new(
-                        StatusCode::BadRequest,
-                        "a write's descriptor must carry its crc32c",
-                    ));
-                }
-                let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
-                let size = target.write(r.fid, r.offset, &data, r.sync).await?;
-                reply::<OstWrite>(&OstWritten { size })
-            }
-            opcodes::OST_READ => {
-                let r: OstRead = req.decode()?;
-                let target = self.target(r.target)?;
-                let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
-                let size = target.size(r.fid).await?;
-                let bytes = data.len() as u32;
-                if bytes > 0 {
-                    let desc = BulkDesc {
-                        len: bytes,
-                        ..r.desc
-                    };
-                    bulk.put(&desc, data).await.map_err(bulk_error)?;
-                }
-                reply::<OstRead>(&OstReadDone { bytes, size })
-            }
+            opcodes::OST_WRITE => self.write(req.decode()?, bulk).await,
+            opcodes::OST_READ => self.read(req.decode()?, bulk).await,
             opcodes::OST_TRUNCATE => {
                 let r: OstTruncate = req.decode()?;
                 self.target(r.target)?.truncate(r.fid, r.size).await?;

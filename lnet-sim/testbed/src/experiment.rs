@@ -421,190 +421,203 @@ pub fn layout_of(spec: &LayoutSpec, targets: u32, cursor: &mut usize) -> Result<
     Layout::new(comps).map_err(|e| invalid(e.to_string()))
 }
 
+/// The model's resources, and where each kind starts in the list.
+struct Resources {
+    list: Vec<Resource>,
+    client0: usize,
+    oss0: usize,
+    /// The OSS's shared devices, if the topology gives them.
+    disk0: Option<usize>,
+    target0: usize,
+    /// The fabric's core, if oversubscribed.
+    core: Option<usize>,
+    mds: usize,
+}
+
+const GB: f64 = 1e9;
+const US: f64 = 1e-6;
+
+/// Client NICs, OSS NICs, shared devices, targets, the core if oversubscribed, and the MDS.
+fn resources(t: &Topology, direction: Direction, access: Access, q: f64) -> Resources {
+    let mut list = vec![];
+    let add = |list: &mut Vec<Resource>, name: String, capacity: f64| {
+        list.push(Resource { name, capacity });
+        list.len() - 1
+    };
+    let client0 = list.len();
+    for i in 0..t.clients {
+        add(&mut list, format!("client{i}"), t.client_nic_gbs * GB);
+    }
+    let oss0 = list.len();
+    for i in 0..t.oss {
+        add(&mut list, format!("oss{i}"), t.oss_nic_gbs * GB);
+    }
+    let disk0 = t.oss_disk_gbs.map(|d| {
+        let first = list.len();
+        for i in 0..t.oss {
+            add(&mut list, format!("disk{i}"), d * GB);
+        }
+        first
+    });
+    let target0 = list.len();
+    let io_lat = t.target_io_latency_us * US;
+    let bw = match direction {
+        Direction::Read => t.target_read_gbs,
+        Direction::Write => t.target_write_gbs,
+    } * GB;
+    // Random I/O: a target works on queue_depth I/Os at once, each taking io_latency and its
+    // transfer.
+    let iops_bw = match access {
+        Access::Random => f64::from(t.target_queue_depth) * q / (io_lat + q / bw).max(1e-12),
+        Access::Sequential => f64::INFINITY,
+    };
+    for i in 0..t.targets() {
+        add(&mut list, format!("target{i}"), bw.min(iops_bw));
+    }
+    let core = (t.fabric_oversubscription > 1.0).then(|| {
+        let core = f64::from(t.clients) * t.client_nic_gbs * GB / t.fabric_oversubscription;
+        add(&mut list, "core".into(), core)
+    });
+    let mds = add(&mut list, "mds".into(), t.mds_ops_per_s);
+    Resources {
+        list,
+        client0,
+        oss0,
+        disk0,
+        target0,
+        core,
+        mds,
+    }
+}
+
+/// The bytes each client moves to or from each target, its files placed as the MDS would
+/// place them, created in order.
+fn bytes_per_client(t: &Topology, w: &Workload) -> Result<Vec<BTreeMap<u32, u64>>> {
+    let targets = t.targets();
+    let mut per_client: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); t.clients as usize];
+    if w.kind == Kind::Epoch {
+        let total = w
+            .dataset_bytes
+            .ok_or_else(|| invalid("an epoch needs dataset_bytes"))?
+            .0;
+        let shard = w
+            .shard_size
+            .ok_or_else(|| invalid("an epoch needs shard_size"))?
+            .0
+            .max(1);
+        let mut cursor = 0;
+        for s in 0..total.div_ceil(shard) {
+            let l = layout_of(&w.layout, targets, &mut cursor)?;
+            let len = shard.min(total - s * shard);
+            let c = (s % u64::from(t.clients)) as usize;
+            l.bytes_per_target(0, len, &mut per_client[c]);
+        }
+        return Ok(per_client);
+    }
+    let b = w
+        .bytes_per_client
+        .ok_or_else(|| invalid("the workload needs bytes_per_client"))?
+        .0;
+    let mut cursor = 0;
+    let shared = layout_of(&w.layout, targets, &mut cursor)?;
+    let mut cursor = 0;
+    for (i, m) in per_client.iter_mut().enumerate() {
+        match w.pattern.unwrap_or(Pattern::FilePerProcess) {
+            Pattern::FilePerProcess => {
+                layout_of(&w.layout, targets, &mut cursor)?.bytes_per_target(0, b, m)
+            }
+            Pattern::SharedFile => shared.bytes_per_target(i as u64 * b, b, m),
+        }
+    }
+    Ok(per_client)
+}
+
+/// One flow per client and target it moves bytes to or from, through every resource on the
+/// way, capped by the client's window over the round trip and the target's I/O time.
+fn data_flows(
+    t: &Topology,
+    w: &Workload,
+    r: &Resources,
+    per_client: &[BTreeMap<u32, u64>],
+    q: f64,
+) -> (Vec<Flow>, Vec<usize>) {
+    let rtt = 2.0 * t.link_latency_us * US;
+    let io_lat = t.target_io_latency_us * US;
+    let (mut flows, mut owner) = (vec![], vec![]);
+    for (c, m) in per_client.iter().enumerate() {
+        let streams = m.len().max(1) as f64;
+        for (&target, &bytes) in m.iter().filter(|(_, b)| **b > 0) {
+            let oss = (target % t.oss) as usize;
+            let mut path = vec![r.client0 + c, r.oss0 + oss, r.target0 + target as usize];
+            path.extend(r.disk0.map(|d| d + oss));
+            path.extend(r.core);
+            // The client's window spread over its streams; each request waits a round trip
+            // and the target's I/O time.
+            let in_flight = (f64::from(w.window.max(1)) / streams).max(1.0);
+            flows.push(Flow {
+                resources: path,
+                amount: bytes as f64,
+                start: 0.0,
+                // Open at the MDS, then the first request's round trip.
+                latency: 2.0 * rtt + io_lat,
+                cap: in_flight * q / (rtt + io_lat).max(1e-12),
+            });
+            owner.push(c);
+        }
+    }
+    (flows, owner)
+}
+
+/// One flow of metadata calls per client, through the MDS.
+fn metadata_flows(t: &Topology, w: &Workload, r: &Resources) -> Result<(Vec<Flow>, Vec<usize>)> {
+    let rtt = 2.0 * t.link_latency_us * US;
+    let files = w
+        .files_per_client
+        .ok_or_else(|| invalid("metadata needs files_per_client"))?;
+    let ops = files * w.ops_per_file.unwrap_or(2);
+    let flows = (0..t.clients)
+        .map(|_| Flow {
+            resources: vec![r.mds],
+            amount: ops as f64,
+            start: 0.0,
+            latency: rtt,
+            // One call waits a round trip; `window` of them in flight.
+            cap: f64::from(w.window.max(1)) / rtt.max(1e-12),
+        })
+        .collect();
+    Ok((flows, (0..t.clients as usize).collect()))
+}
+
 /// Turns one point of an experiment into resources and flows, runs the model, and reports.
 pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Report> {
     let x = &point.experiment;
-    let t = &x.topology;
-    let w = &x.workload;
+    let (t, w) = (&x.topology, &x.workload);
     if t.clients == 0 || t.oss == 0 || t.targets_per_oss == 0 {
         return Err(invalid(
             "clients, oss and targets_per_oss must be at least 1",
         ));
     }
-    let targets = t.targets();
-    let gb = 1e9;
-    let us = 1e-6;
     let direction = match w.kind {
         Kind::Checkpoint => Direction::Write,
         Kind::Epoch => Direction::Read,
         _ => w.direction.unwrap_or(Direction::Read),
     };
-    let access = w.access.unwrap_or(Access::Sequential);
     let q = w.request_size.0.max(1) as f64;
-    // Resources: client NICs, OSS NICs, targets, the core if oversubscribed, the MDS.
-    let mut res = vec![];
-    let client0 = res.len();
-    for i in 0..t.clients {
-        res.push(Resource {
-            name: format!("client{i}"),
-            capacity: t.client_nic_gbs * gb,
-        });
-    }
-    let oss0 = res.len();
-    for i in 0..t.oss {
-        res.push(Resource {
-            name: format!("oss{i}"),
-            capacity: t.oss_nic_gbs * gb,
-        });
-    }
-    let disk0 = res.len();
-    if let Some(d) = t.oss_disk_gbs {
-        for i in 0..t.oss {
-            res.push(Resource {
-                name: format!("disk{i}"),
-                capacity: d * gb,
-            });
-        }
-    }
-    let target0 = res.len();
-    let io_lat = t.target_io_latency_us * us;
-    for i in 0..targets {
-        let bw = match direction {
-            Direction::Read => t.target_read_gbs,
-            Direction::Write => t.target_write_gbs,
-        } * gb;
-        // Random I/O: a target works on queue_depth I/Os at once, each taking io_latency and
-        // its transfer.
-        let iops_bw = match access {
-            Access::Random => f64::from(t.target_queue_depth) * q / (io_lat + q / bw).max(1e-12),
-            Access::Sequential => f64::INFINITY,
-        };
-        res.push(Resource {
-            name: format!("target{i}"),
-            capacity: bw.min(iops_bw),
-        });
-    }
-    let core = (t.fabric_oversubscription > 1.0).then(|| {
-        res.push(Resource {
-            name: "core".into(),
-            capacity: f64::from(t.clients) * t.client_nic_gbs * gb / t.fabric_oversubscription,
-        });
-        res.len() - 1
-    });
-    let mds = res.len();
-    res.push(Resource {
-        name: "mds".into(),
-        capacity: t.mds_ops_per_s,
-    });
-    let rtt = 2.0 * t.link_latency_us * us;
-    let mut flows = vec![];
-    let mut owner = vec![];
-    let mut unit = "B";
-    // Per client: bytes per target.
-    let mut per_client: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); t.clients as usize];
-    match w.kind {
-        Kind::Io | Kind::Checkpoint => {
-            let b = w
-                .bytes_per_client
-                .ok_or_else(|| invalid("the workload needs bytes_per_client"))?
-                .0;
-            let pattern = w.pattern.unwrap_or(Pattern::FilePerProcess);
-            // Files are created in order, each placed where the MDS would place it.
-            let mut cursor = 0;
-            let shared = layout_of(&w.layout, targets, &mut cursor)?;
-            let mut cursor = 0;
-            for (i, m) in per_client.iter_mut().enumerate() {
-                match pattern {
-                    Pattern::FilePerProcess => {
-                        let l = layout_of(&w.layout, targets, &mut cursor)?;
-                        l.bytes_per_target(0, b, m);
-                    }
-                    Pattern::SharedFile => shared.bytes_per_target(i as u64 * b, b, m),
-                }
-            }
-        }
-        Kind::Epoch => {
-            let total = w
-                .dataset_bytes
-                .ok_or_else(|| invalid("an epoch needs dataset_bytes"))?
-                .0;
-            let shard = w
-                .shard_size
-                .ok_or_else(|| invalid("an epoch needs shard_size"))?
-                .0
-                .max(1);
-            let shards = total.div_ceil(shard);
-            let mut cursor = 0;
-            for s in 0..shards {
-                let l = layout_of(&w.layout, targets, &mut cursor)?;
-                let len = shard.min(total - s * shard);
-                let c = (s % u64::from(t.clients)) as usize;
-                l.bytes_per_target(0, len, &mut per_client[c]);
-            }
-        }
-        Kind::Metadata => {
-            unit = "ops";
-            let files = w
-                .files_per_client
-                .ok_or_else(|| invalid("metadata needs files_per_client"))?;
-            let ops = files * w.ops_per_file.unwrap_or(2);
-            for c in 0..t.clients as usize {
-                flows.push(Flow {
-                    resources: vec![mds],
-                    amount: ops as f64,
-                    start: 0.0,
-                    latency: rtt,
-                    // One call waits a round trip; `window` of them in flight.
-                    cap: f64::from(w.window.max(1)) / rtt.max(1e-12),
-                });
-                owner.push((c, None));
-            }
-        }
-    }
-    for (c, m) in per_client.iter().enumerate() {
-        let streams = m.len().max(1) as f64;
-        for (&target, &bytes) in m {
-            if bytes == 0 {
-                continue;
-            }
-            let oss = target % t.oss;
-            let mut r = vec![client0 + c, oss0 + oss as usize, target0 + target as usize];
-            if t.oss_disk_gbs.is_some() {
-                r.push(disk0 + oss as usize);
-            }
-            if let Some(core) = core {
-                r.push(core);
-            }
-            // The client's window spread over its streams; each request waits a round trip
-            // and the target's I/O time.
-            let in_flight = (f64::from(w.window.max(1)) / streams).max(1.0);
-            let cap = in_flight * q / (rtt + io_lat).max(1e-12);
-            flows.push(Flow {
-                resources: r,
-                amount: bytes as f64,
-                start: 0.0,
-                // Open at the MDS, then the first request's round trip.
-                latency: 2.0 * rtt + io_lat,
-                cap,
-            });
-            owner.push((c, Some(target)));
-        }
-    }
-    let out: Outcome = flow::run(&res, &flows, progress);
+    let r = resources(t, direction, w.access.unwrap_or(Access::Sequential), q);
+    let (flows, owner) = if w.kind == Kind::Metadata {
+        metadata_flows(t, w, &r)?
+    } else {
+        data_flows(t, w, &r, &bytes_per_client(t, w)?, q)
+    };
+    let out: Outcome = flow::run(&r.list, &flows, progress);
     let mut client_amount = vec![0.0; t.clients as usize];
     let mut client_finish = vec![0.0f64; t.clients as usize];
     for (i, f) in flows.iter().enumerate() {
-        let (c, _) = owner[i];
-        client_amount[c] += f.amount;
-        client_finish[c] = client_finish[c].max(out.finish[i]);
+        client_amount[owner[i]] += f.amount;
+        client_finish[owner[i]] = client_finish[owner[i]].max(out.finish[i]);
     }
     let makespan = out.makespan;
-    let target_amount: Vec<f64> = (0..targets as usize)
-        .map(|k| out.carried[target0 + k])
-        .collect();
-    let target_utilisation = (0..targets as usize)
-        .map(|k| out.carried[target0 + k] / (res[target0 + k].capacity * makespan).max(1e-12))
-        .collect();
+    let targets = r.target0..r.target0 + t.targets() as usize;
     Ok(Report {
         name: x.name.clone(),
         parameter: point.parameter.clone(),
@@ -613,10 +626,12 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
         makespan,
         client_amount,
         client_finish,
-        target_amount,
-        target_utilisation,
+        target_amount: targets.clone().map(|k| out.carried[k]).collect(),
+        target_utilisation: targets
+            .map(|k| out.carried[k] / (r.list[k].capacity * makespan).max(1e-12))
+            .collect(),
         timeline: out.timeline,
-        unit,
+        unit: if w.kind == Kind::Metadata { "ops" } else { "B" },
         flows: flows.len(),
         events: out.events,
     })
