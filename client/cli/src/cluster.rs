@@ -129,7 +129,7 @@ pub async fn run(cmd: ClusterCmd) -> Result<()> {
 }
 
 async fn up(a: UpArgs) -> Result<()> {
-    let dir = a.dir;
+    let dir = a.dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     if pids(&dir).iter().any(|(_, p)| alive(*p)) {
         bail!(
@@ -139,108 +139,13 @@ async fn up(a: UpArgs) -> Result<()> {
     }
     let conf = match read_conf(&dir) {
         Some(c) => c,
-        None => {
-            if a.oss == 0 || a.oss > 64 || a.targets_per_oss == 0 || a.targets_per_oss > 64 {
-                bail!("--oss and --targets-per-oss must be 1..=64");
-            }
-            let c = Conf {
-                port: a.port,
-                oss: a.oss,
-                targets: a.targets_per_oss,
-            };
-            std::fs::write(
-                dir.join("cluster.conf"),
-                format!(
-                    "port = {}\noss = {}\ntargets_per_oss = {}\n",
-                    c.port, c.oss, c.targets
-                ),
-            )?;
-            c
-        }
+        None => new_conf(&dir, &a)?,
     };
     let mds_addr = format!("127.0.0.1:{}", conf.port);
-    // Another cluster (or anything) on our ports would answer in our servers' place.
-    for port in std::iter::once(u32::from(conf.port))
-        .chain((0..conf.oss).map(|i| u32::from(conf.port) + 100 + i))
-    {
-        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_err() {
-            bail!(
-                "port {port} on 127.0.0.1 is in use: another cluster is running there \
-                 (lode cluster status/down --dir ...), or choose --port"
-            );
-        }
-    }
-    let mut started = vec![];
-    let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
-    started.push((
-        "mds".to_owned(),
-        spawn(
-            &dir,
-            "mds",
-            &sibling("lode-mds")?,
-            &[
-                "--data-dir".into(),
-                d("mds"),
-                "--listen".into(),
-                mds_addr.clone(),
-            ],
-        )?,
-    ));
-    std::fs::write(
-        dir.join("cluster.pids"),
-        started
-            .iter()
-            .map(|(r, p)| format!("{r} {p}\n"))
-            .collect::<String>(),
-    )?;
-    for i in 0..conf.oss {
-        let listen = format!("127.0.0.1:{}", u32::from(conf.port) + 100 + i);
-        let args = vec![
-            "--data-dir".into(),
-            d(&format!("oss{i}")),
-            "--mds".into(),
-            mds_addr.clone(),
-            "--listen".into(),
-            listen,
-            "--targets".into(),
-            conf.targets.to_string(),
-        ];
-        started.push((
-            format!("oss{i}"),
-            spawn(&dir, &format!("oss{i}"), &sibling("lode-oss")?, &args)?,
-        ));
-    }
-    std::fs::write(
-        dir.join("cluster.pids"),
-        started
-            .iter()
-            .map(|(r, p)| format!("{r} {p}\n"))
-            .collect::<String>(),
-    )?;
-
-    let want = (conf.oss * conf.targets) as usize;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((role, _)) = started.iter().find(|(_, p)| !alive(*p)) {
-            bail!(
-                "{role} exited while starting; see {}",
-                dir.join("logs").join(format!("{role}.log")).display()
-            );
-        }
-        if let Ok(c) = Client::connect_with(&mds_addr, quick()).await {
-            // Up, and taken into service by the allocator: a new file can use every target.
-            if c.can_stripe_over(want as u32).await.unwrap_or(false) {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the cluster was not ready within 60 s; see {}",
-                dir.join("logs").display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    ports_free(&conf)?;
+    let started = start_servers(&dir, &conf, &mds_addr)?;
+    let want = conf.oss * conf.targets;
+    wait_ready(&dir, &started, &mds_addr, want).await?;
     println!(
         "lode cluster up: MDS at {mds_addr}, {want} targets on {} storage servers, data in {}",
         conf.oss,
@@ -253,6 +158,112 @@ async fn up(a: UpArgs) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+/// A new cluster's settings, written to `cluster.conf` so that a later `up` reuses them.
+fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
+    if a.oss == 0 || a.oss > 64 || a.targets_per_oss == 0 || a.targets_per_oss > 64 {
+        bail!("--oss and --targets-per-oss must be 1..=64");
+    }
+    let c = Conf {
+        port: a.port,
+        oss: a.oss,
+        targets: a.targets_per_oss,
+    };
+    std::fs::write(
+        dir.join("cluster.conf"),
+        format!(
+            "port = {}\noss = {}\ntargets_per_oss = {}\n",
+            c.port, c.oss, c.targets
+        ),
+    )?;
+    Ok(c)
+}
+
+/// Refuses ports in use: another cluster (or anything) there would answer in our servers' place.
+fn ports_free(conf: &Conf) -> Result<()> {
+    for port in std::iter::once(u32::from(conf.port))
+        .chain((0..conf.oss).map(|i| u32::from(conf.port) + 100 + i))
+    {
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_err() {
+            bail!(
+                "port {port} on 127.0.0.1 is in use: another cluster is running there \
+                 (lode cluster status/down --dir ...), or choose --port"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Starts the MDS and the storage servers, recording each one's pid as it starts.
+fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String, i32)>> {
+    let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
+    let mut started = vec![];
+    let mds_args = [
+        "--data-dir".into(),
+        d("mds"),
+        "--listen".into(),
+        mds_addr.into(),
+    ];
+    started.push((
+        "mds".to_owned(),
+        spawn(dir, "mds", &sibling("lode-mds")?, &mds_args)?,
+    ));
+    write_pids(dir, &started)?;
+    for i in 0..conf.oss {
+        let args = [
+            "--data-dir".into(),
+            d(&format!("oss{i}")),
+            "--mds".into(),
+            mds_addr.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", u32::from(conf.port) + 100 + i),
+            "--targets".into(),
+            conf.targets.to_string(),
+        ];
+        let role = format!("oss{i}");
+        started.push((
+            role.clone(),
+            spawn(dir, &role, &sibling("lode-oss")?, &args)?,
+        ));
+        write_pids(dir, &started)?;
+    }
+    Ok(started)
+}
+
+fn write_pids(dir: &Path, started: &[(String, i32)]) -> Result<()> {
+    let text: String = started.iter().map(|(r, p)| format!("{r} {p}\n")).collect();
+    Ok(std::fs::write(dir.join("cluster.pids"), text)?)
+}
+
+/// Waits until a new file can use every target: up, and taken into service by the allocator.
+async fn wait_ready(
+    dir: &Path,
+    started: &[(String, i32)],
+    mds_addr: &str,
+    want: u32,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((role, _)) = started.iter().find(|(_, p)| !alive(*p)) {
+            bail!(
+                "{role} exited while starting; see {}",
+                dir.join("logs").join(format!("{role}.log")).display()
+            );
+        }
+        if let Ok(c) = Client::connect_with(mds_addr, quick()).await {
+            if c.can_stripe_over(want).await.unwrap_or(false) {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the cluster was not ready within 60 s; see {}",
+                dir.join("logs").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn quick() -> client::ClientConfig {
