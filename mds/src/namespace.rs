@@ -693,6 +693,8 @@ impl Namespace {
         })
     }
 
+    /// Long by design: rename's checks in the order POSIX gives its errors, then the change;
+    /// every check must pass before anything changes.
     #[allow(clippy::too_many_arguments)]
     fn rename(
         &mut self,

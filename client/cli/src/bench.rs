@@ -97,6 +97,7 @@ fn bar(total: u64, what: &str) -> ProgressBar {
     b
 }
 
+/// lode against the local baseline in rotated rounds (long by design: a script of timed steps).
 pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
     let size = crate::parse_size(&a.size)?;
     let stripe_size = crate::parse_size(&a.stripe_size)?;

@@ -126,6 +126,7 @@ pub fn mds_addr(flag: Option<String>) -> String {
         .unwrap_or_else(|| "127.0.0.1:9400".into())
 }
 
+/// Argument parsing and one arm per command (long by design: the command table).
 fn main() -> Result<()> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "warn".into());

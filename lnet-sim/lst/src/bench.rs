@@ -139,6 +139,8 @@ fn report_rate(title: &str, cases: &[Case<'_>]) {
     }
 }
 
+/// Every measurement in the order the report prints them (long by design: a script of timed
+/// steps against their baselines).
 pub async fn run(args: BenchArgs) -> Result<()> {
     if args.rounds == 0 || args.mib == 0 || args.calls == 0 || args.inflight == 0 {
         bail!("--rounds, --mib, --calls and --inflight must be positive");

@@ -70,6 +70,8 @@ impl Ord for Level {
 /// Max-min fair rates of `active` flows over `resources` (progressive filling): raise every
 /// unfrozen flow's rate together; when a resource fills (or a flow reaches its cap) freeze the
 /// flows it holds back, and go on with the rest.
+///
+/// Long by design: one algorithm whose steps share its working arrays.
 pub fn max_min_rates(resources: &[Resource], flows: &[Flow], active: &[usize], rate: &mut [f64]) {
     let mut left: Vec<f64> = resources.iter().map(|r| r.capacity).collect();
     let mut count = vec![0usize; resources.len()];
@@ -172,6 +174,8 @@ pub fn max_min_rates(resources: &[Resource], flows: &[Flow], active: &[usize], r
 }
 
 /// Runs every flow to its end. `progress(done, total)` is called as flows finish.
+///
+/// Long by design: the discrete-event loop (next event, advance, recompute rates) in one piece.
 pub fn run(
     resources: &[Resource],
     flows: &[Flow],

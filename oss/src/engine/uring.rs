@@ -126,6 +126,9 @@ fn stopped() -> io::Error {
 }
 
 /// One ring's loop. In-flight requests live in `slots`, indexed by user_data.
+///
+/// Long by design: submission, completion and the slots they share are one loop; split, the
+/// slot bookkeeping would cross function boundaries as borrowed state.
 fn run(
     mut ring: IoUring,
     rx: crossbeam_channel::Receiver<Request>,

@@ -125,6 +125,8 @@ where
     Ok((clients * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// One round of every measured operation, in the order the report lists them (long by design:
+/// a script of steps, each timed).
 async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Result<Vec<f64>> {
     let root = Creds::root();
     let eps: Vec<Arc<TcpEndpoint>> = (0..clients)

@@ -168,6 +168,7 @@ impl Bench {
         self.args.mib << 20
     }
 
+    /// Every engine and baseline in rotated rounds (long by design: a script of timed steps).
     async fn run_all(&self) -> Result<()> {
         let mut cases = vec![];
         for io in [
@@ -503,7 +504,7 @@ async fn target_io(
 }
 
 /// The same through the network: OST_WRITE and OST_READ with bulk transfers, four in flight
-/// for sequential I/O and `qd` for random reads.
+/// for sequential I/O and `qd` for random reads. (Long by design: setup, three timed phases.)
 async fn net_io(
     c: Arc<TcpEndpoint>,
     nid: Nid,
