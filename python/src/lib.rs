@@ -443,7 +443,7 @@ impl Filesystem {
     /// Reads every `(path, offset, length)` at once and returns when all have landed: into
     /// the buffers of `into` (one per range, each at least `length` long), returning the byte
     /// counts, or else as a list of bytes. Short counts only at the end of a file.
-    /// (Long by design: argument checks on Python objects, then one batch of reads.)
+    // Long by design: argument checks on Python objects, then one batch of reads.
     #[pyo3(signature = (ranges, into=None, max_in_flight=256))]
     fn read_ranges<'py>(
         &self,
