@@ -15,83 +15,19 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, LockOwner, OpenFlags, RenameFlags as FuseRename, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow,
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, RenameFlags as FuseRename, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow,
 };
 use parking_lot::Mutex;
-use proto::md::{Creds, DirEntry, Inode, Kind, Mutation, RenameFlags, SetAttr, Time};
-use proto::Fid;
+use proto::md::{Creds, DirEntry, Inode, Kind, Mutation, RenameFlags, SetAttr};
 
+use crate::kernel::*;
 use crate::stream::{Ahead, Streams};
 use client::ClientError;
 use client::{Client, ROOT};
 use client::{File, OpenOptions};
-
-/// How long the kernel may trust attributes and entries it was given.
-const TTL: Duration = Duration::from_secs(1);
-use proto::fid::INODE_SEQ;
-
-fn ino_of(fid: Fid) -> INodeNo {
-    if fid == ROOT {
-        INodeNo(1)
-    } else {
-        INodeNo(u64::from(fid.oid) + 1)
-    }
-}
-
-fn fid_of(ino: INodeNo) -> Fid {
-    if ino.0 == 1 {
-        ROOT
-    } else {
-        Fid::new(INODE_SEQ, (ino.0 - 1) as u32, 0)
-    }
-}
-
-fn time(t: Time) -> SystemTime {
-    t.to_system_time()
-}
-
-fn from_time(t: SystemTime) -> Time {
-    Time::from(t)
-}
-
-fn kind(k: Kind) -> FileType {
-    match k {
-        Kind::Dir => FileType::Directory,
-        Kind::File => FileType::RegularFile,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev(_) => FileType::CharDevice,
-        Kind::BlockDev(_) => FileType::BlockDevice,
-    }
-}
-
-fn attr(i: &Inode, size: u64) -> FileAttr {
-    FileAttr {
-        ino: ino_of(i.fid),
-        size,
-        blocks: size.div_ceil(512),
-        atime: time(i.atime),
-        mtime: time(i.mtime),
-        ctime: time(i.ctime),
-        crtime: time(i.ctime),
-        kind: kind(i.kind),
-        perm: (i.mode & 0o7777) as u16,
-        nlink: i.nlink,
-        uid: i.uid,
-        gid: i.gid,
-        rdev: i.kind.rdev() as u32,
-        blksize: 1 << 20,
-        flags: 0,
-    }
-}
-
-fn errno(e: &ClientError) -> Errno {
-    Errno::from_i32(e.errno())
-}
 
 /// The mounted filesystem.
 /// A directory's entries as opendir saw them, with their attributes where known.
@@ -186,30 +122,6 @@ impl LodeFs {
             .cloned()
             .ok_or_else(|| ClientError::fs(FsErrorKind::BadHandle, "no such open file"))
     }
-}
-
-/// The supplementary groups of the calling process.
-fn groups_of(pid: u32) -> Vec<u32> {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return vec![];
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| {
-            g.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn name(n: &OsStr) -> Vec<u8> {
-    n.as_bytes().to_vec()
-}
-
-fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
-    i.ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
 }
 
 /// The extended attribute that shows and sets a layout, as `lode setstripe` options (as Lustre

@@ -4,11 +4,13 @@
 //!   through the client library.
 //! - [`stream`]: readahead and write-behind per file, between the kernel's small requests and
 //!   the striped engine.
+//! - `kernel`: how lode's inodes, times and errors look to the kernel (errno is made here).
 //! - [`session`]: options, mounting, serving until stopped, unmounting.
 //!
 //! Errors from the library become errno values here and nowhere else.
 
 pub mod fs;
+mod kernel;
 pub mod session;
 pub mod stream;
 

@@ -1,0 +1,100 @@
+//! How lode looks to the kernel: inode numbers from FIDs and back, times, file types and
+//! attributes, errno from the library's typed errors (the mount is a POSIX edge), and the
+//! caller's groups.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, SystemTime};
+
+use client::{ClientError, ROOT};
+use fuser::{Errno, FileAttr, FileType, INodeNo};
+use proto::fid::INODE_SEQ;
+use proto::md::{Inode, Kind, Time};
+use proto::{Fid, FsErrorKind};
+
+/// How long the kernel may trust attributes and entries it was given.
+pub(crate) const TTL: Duration = Duration::from_secs(1);
+
+pub(crate) fn ino_of(fid: Fid) -> INodeNo {
+    if fid == ROOT {
+        INodeNo(1)
+    } else {
+        INodeNo(u64::from(fid.oid) + 1)
+    }
+}
+
+pub(crate) fn fid_of(ino: INodeNo) -> Fid {
+    if ino.0 == 1 {
+        ROOT
+    } else {
+        Fid::new(INODE_SEQ, (ino.0 - 1) as u32, 0)
+    }
+}
+
+pub(crate) fn time(t: Time) -> SystemTime {
+    t.to_system_time()
+}
+
+pub(crate) fn from_time(t: SystemTime) -> Time {
+    Time::from(t)
+}
+
+pub(crate) fn kind(k: Kind) -> FileType {
+    match k {
+        Kind::Dir => FileType::Directory,
+        Kind::File => FileType::RegularFile,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev(_) => FileType::CharDevice,
+        Kind::BlockDev(_) => FileType::BlockDevice,
+    }
+}
+
+pub(crate) fn attr(i: &Inode, size: u64) -> FileAttr {
+    FileAttr {
+        ino: ino_of(i.fid),
+        size,
+        blocks: size.div_ceil(512),
+        atime: time(i.atime),
+        mtime: time(i.mtime),
+        ctime: time(i.ctime),
+        crtime: time(i.ctime),
+        kind: kind(i.kind),
+        perm: (i.mode & 0o7777) as u16,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: i.kind.rdev() as u32,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+pub(crate) fn errno(e: &ClientError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// The supplementary groups of the calling process.
+pub(crate) fn groups_of(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return vec![];
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn name(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+pub(crate) fn created(i: Option<Inode>) -> Result<Inode, ClientError> {
+    i.ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
+}
