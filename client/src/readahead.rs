@@ -63,10 +63,8 @@ impl Readahead {
     /// of the chunks ahead that are no longer wanted.
     pub fn observe(&mut self, offset: u64, len: u64) -> (Access, Vec<u64>) {
         let mut dropped = vec![];
-        if offset == self.next && (self.streak > 0 || offset == 0 || self.trigger == 0) {
+        if offset == self.next {
             self.streak = self.streak.saturating_add(1);
-        } else if offset == self.next {
-            self.streak = 1;
         } else {
             self.streak = 0;
             dropped.extend(self.ahead.drain(..));
