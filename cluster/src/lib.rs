@@ -142,7 +142,7 @@ impl ClusterBuilder {
             let server = OssServer::start(cfg, homes, &self.attach(&format!("oss{i}")))
                 .await
                 .map_err(|source| ClusterError::Oss { index: i, source })?;
-            oss.push(Some(server));
+            oss.push(server);
         }
         Ok(Cluster {
             network: self.network,
@@ -156,7 +156,7 @@ impl ClusterBuilder {
 pub struct Cluster {
     network: Network,
     mds: MdsServer,
-    oss: Vec<Option<OssServer>>,
+    oss: Vec<OssServer>,
 }
 
 impl Cluster {
@@ -164,9 +164,9 @@ impl Cluster {
         &self.mds
     }
 
-    /// Storage server `i`, unless it was stopped.
+    /// Storage server `i`.
     pub fn oss(&self, i: usize) -> Option<&OssServer> {
-        self.oss.get(i).and_then(|o| o.as_ref())
+        self.oss.get(i)
     }
 
     /// A client connected to the MDS; on the fabric, a node named `name`.
@@ -203,17 +203,9 @@ impl Cluster {
         }
     }
 
-    /// Stops storage server `i` as its process would on SIGTERM (no more heartbeats).
-    pub async fn stop_oss(&mut self, i: usize) -> Result<(), TargetError> {
-        match self.oss.get_mut(i).and_then(|o| o.take()) {
-            Some(s) => s.stop().await,
-            None => Ok(()),
-        }
-    }
-
     /// Stops every server.
     pub async fn stop(self) {
-        for s in self.oss.into_iter().flatten() {
+        for s in self.oss {
             if let Err(e) = s.stop().await {
                 tracing::warn!(error = %e, "stopping a storage server");
             }
