@@ -41,7 +41,9 @@ class Cluster:
         self.lode("mkdir", "/data")
         self.lode("setstripe", "-c", "-1", "-S", "4M", "/data")
         os.makedirs(self.mnt, exist_ok=True)
-        self.lode("mount", "--daemon", self.mnt)
+        # The mount runs on in the background: its output must not hold our pipes open.
+        subprocess.run([os.path.join(self.bins, "lode"), "--mds", self.mds, "mount", "--daemon", self.mnt],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def down(self):
         subprocess.run(["umount", "-l", self.mnt], capture_output=True)

@@ -29,6 +29,9 @@ use crate::error::{ClientError, Result};
 use crate::readahead::Readahead;
 use crate::writebehind::{Step, WriteBehind};
 
+/// Most times an open by path looks the path up again because its file was replaced.
+const MAX_REOPEN: u32 = 8;
+
 /// How to open a file, after `std::fs::OpenOptions`, with a layout for new files.
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
@@ -138,8 +141,16 @@ impl OpenOptions {
                 other => return other,
             }
         }
-        let inode = client.resolve(path, true).await?;
-        self.open_inode(client, inode).await
+        // Between the lookup and the open, a rename may replace the file the path named (a
+        // checkpoint committed): the old one is gone, and the path now names the new one.
+        let mut tries = 0;
+        loop {
+            let inode = client.resolve(path, true).await?;
+            match self.open_inode(client, inode).await {
+                Err(e) if e.is(FsErrorKind::Stale) && tries < MAX_REOPEN => tries += 1,
+                other => return other,
+            }
+        }
     }
 
     /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
@@ -175,10 +186,40 @@ impl OpenOptions {
         self.open_inode(client, inode).await
     }
 
+    /// Opens the file `fid` in one round trip: the MDS counts the open and answers with its
+    /// attributes as of now (close-to-open); the access asked for is then checked, and the open
+    /// undone if it is refused.
+    pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
+        let mds = client.inner.mds.clone();
+        let inode = client.rpc(&mds, &MdsOpen { fid }).await?.inode;
+        let checked = self
+            .check_access(client, &inode)
+            .and_then(|()| self.kind_opens(&inode));
+        if let Err(e) = checked {
+            let _ = client.rpc(&mds, &MdsClose { fid }).await;
+            return Err(e);
+        }
+        self.open_counted(client, inode, true).await
+    }
+
     /// Opens a file already looked up, if the client's credentials allow the access asked for.
     pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
         self.check_access(client, &inode)?;
         self.open_counted(client, inode, false).await
+    }
+
+    /// Only regular files are opened here (a directory, a symlink or a special file is not).
+    fn kind_opens(&self, inode: &Inode) -> Result<()> {
+        let (kind, what) = match inode.kind {
+            Kind::File => return Ok(()),
+            Kind::Dir => (FsErrorKind::IsDir, "a directory"),
+            Kind::Symlink => (FsErrorKind::Loop, "a symlink"),
+            _ => (
+                FsErrorKind::NoDevice,
+                "a special file, opened by the kernel",
+            ),
+        };
+        Err(ClientError::fs(kind, format!("{} is {what}", inode.fid)))
     }
 
     /// Whether the client's credentials allow the access asked for on an existing file.
@@ -200,34 +241,15 @@ impl OpenOptions {
 
     /// Opens `inode`; `counted` when the MDS already counted this open (with the create).
     async fn open_counted(&self, client: &Client, inode: Inode, counted: bool) -> Result<File> {
-        match inode.kind {
-            Kind::Dir => {
-                return Err(ClientError::fs(
-                    FsErrorKind::IsDir,
-                    format!("{} is a directory", inode.fid),
-                ))
-            }
-            Kind::Symlink => {
-                return Err(ClientError::fs(
-                    FsErrorKind::Loop,
-                    format!("{} is a symlink", inode.fid),
-                ))
-            }
-            Kind::File => {}
-            _ => {
-                return Err(ClientError::fs(
-                    FsErrorKind::NoDevice,
-                    format!("{} is a special file, opened by the kernel", inode.fid),
-                ))
-            }
-        }
+        self.kind_opens(&inode)?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
-        // until this handle closes.
-        if !counted {
-            client
-                .rpc(&client.inner.mds.clone(), &MdsOpen { fid: inode.fid })
-                .await?;
-        }
+        // until this handle closes. Its answer is the freshest view of the file.
+        let inode = if counted {
+            inode
+        } else {
+            let mds = client.inner.mds.clone();
+            client.rpc(&mds, &MdsOpen { fid: inode.fid }).await?.inode
+        };
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),

@@ -61,6 +61,19 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     assert_eq!(&back, b"version 1");
     f.close().await.unwrap();
 
+    // Opening it by FID (as the mount does for a name the kernel looked up): one round trip,
+    // with the file's attributes as of the open.
+    let fid = c.stat("/ckpt").await.unwrap().fid;
+    let before = requests_to_mds(&fabric);
+    let g = OpenOptions::new()
+        .read(true)
+        .open_fid(&c, fid)
+        .await
+        .unwrap();
+    assert_eq!(requests_to_mds(&fabric) - before, 1, "an open by FID");
+    assert_eq!(g.inode().size, 9);
+    g.close().await.unwrap();
+
     // O_EXCL still refuses it.
     let excl = OpenOptions::new().write(true).create_new(true);
     assert!(excl

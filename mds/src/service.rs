@@ -148,8 +148,12 @@ impl MdsService {
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
+                let inode = self
+                    .store
+                    .read(|ns| ns.inode(r.fid).cloned())
+                    .map_err(ns_error)?;
                 self.count_open(r.fid)?;
-                reply::<MdsOpen>(&MdsOpenDone {})
+                reply::<MdsOpen>(&MdsOpened { inode })
             }
             opcodes::MDS_CLOSE => {
                 let r: MdsClose = req.decode()?;

@@ -323,10 +323,17 @@ pub struct MdsDirPage {
     pub end: bool,
 }
 
-/// A client opened the file: its objects outlive its names until the matching close.
+/// A client opened the file: its objects outlive its names until the matching close. The
+/// answer carries the file's attributes as of the open (close-to-open), so that an open by
+/// FID is one round trip.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsOpen {
     pub fid: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsOpened {
+    pub inode: Inode,
 }
 
 /// The matching close.
@@ -340,7 +347,7 @@ pub struct MdsOpenDone {}
 
 impl Rpc for MdsOpen {
     const OPCODE: Opcode = opcodes::MDS_OPEN;
-    type Reply = MdsOpenDone;
+    type Reply = MdsOpened;
 }
 
 impl Rpc for MdsClose {

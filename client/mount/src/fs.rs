@@ -139,9 +139,11 @@ impl Filesystem for LodeFs {
         let _ = config.set_max_background(64);
         // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, page
         // cache dropped when a file's mtime or size changes under the kernel, and O_DIRECT
-        // requests submitted asynchronously (so io_depth reaches the daemon).
+        // requests submitted asynchronously (so io_depth reaches the daemon). O_TRUNC comes
+        // with the open (not as a separate setattr first), so rewriting a file is one open.
         let _ = config.add_capabilities(
-            fuser::InitFlags::FUSE_DO_READDIRPLUS
+            fuser::InitFlags::FUSE_ATOMIC_O_TRUNC
+                | fuser::InitFlags::FUSE_DO_READDIRPLUS
                 | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
                 | fuser::InitFlags::FUSE_PARALLEL_DIROPS
                 | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
@@ -218,7 +220,7 @@ impl Filesystem for LodeFs {
                             OpenOptions::new()
                                 .read(false)
                                 .write(true)
-                                .open_inode(&c, c.getattr(fid).await?)
+                                .open_fid(&c, fid)
                                 .await?,
                         ),
                     };
@@ -427,7 +429,7 @@ impl Filesystem for LodeFs {
                 .write(acc != libc::O_RDONLY)
                 .append(raw & libc::O_APPEND != 0)
                 .truncate(raw & libc::O_TRUNC != 0);
-            let opened = async { opts.open_inode(&c, c.getattr(fid_of(ino)).await?).await };
+            let opened = opts.open_fid(&c, fid_of(ino));
             match opened.await {
                 Ok(f) => {
                     // Close-to-open: another client may have changed the file since the kernel
