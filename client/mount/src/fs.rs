@@ -131,6 +131,9 @@ pub const LAYOUT_XATTR: &str = "lode.layout";
 /// Largest read or write the kernel sends at once.
 const MAX_IO: u32 = 1 << 20;
 
+// One block because fuser's trait is one: each call unpacks the kernel's arguments, hands the
+// work to the library (or to `stream`) on the runtime, and answers; none is over ~70 lines.
+// How lode looks to the kernel is in `kernel.rs`, readahead and write-behind in `stream.rs`.
 impl Filesystem for LodeFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         // 1 MiB requests (the kernel's limit with max_pages), and readahead to match.
