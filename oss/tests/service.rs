@@ -39,6 +39,7 @@ fn code(e: NetError) -> StatusCode {
     }
 }
 
+// Long by design: one server through writes, reads and their edge cases, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_are_written_and_read_through_bulk_transfers() {
     let (_s, nid, c) = oss().await;
@@ -132,6 +133,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     assert_eq!(code(err), StatusCode::NotFound);
 }
 
+// Long by design: one table of bad requests against one server, then a check that nothing was stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_store_nothing() {
     let (_s, nid, c) = oss().await;

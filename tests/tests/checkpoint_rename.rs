@@ -67,6 +67,7 @@ async fn checkpoint(c: &TcpEndpoint, mds: &Nid, v: u64) -> Result<(), lnet::NetE
     Ok(())
 }
 
+// Long by design: kills at every moment of one save loop, each checked after restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rename_over_a_checkpoint_survives_kill_9_at_any_moment() {
     let root = scratch("ckpt-rename");

@@ -147,6 +147,7 @@ async fn files_of_every_size_and_layout_read_back_byte_for_byte() {
     assert_eq!(region.read(10, 4).unwrap().as_slice(), b"tail");
 }
 
+// Long by design: one file through two writers, then a reader on another client, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disjoint_writers_of_one_file_and_close_to_open() {
     let cluster = Cluster::start("client-shared");

@@ -43,6 +43,7 @@ fn oss(dir: &std::path::Path, mds: &Server, listen: &str, targets: &str) -> Resu
     )
 }
 
+// Long by design: one cluster through registration, writes, kill -9 and restart, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     let root = scratch("servers");
@@ -251,6 +252,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(mut check: impl FnMut
     false
 }
 
+// Long by design: one cluster through create, remove, cleanup, restart and orphan removal, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_get_objects_on_targets_and_removed_files_lose_them() {
     let root = scratch("alloc");
