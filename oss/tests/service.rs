@@ -133,7 +133,8 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     assert_eq!(code(err), StatusCode::NotFound);
 }
 
-// Long by design: one table of bad requests against one server, then a check that nothing was stored.
+// Long by design: one table of bad requests against one server, then a check that nothing was
+// stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_store_nothing() {
     let (_s, nid, c) = oss().await;

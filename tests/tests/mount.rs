@@ -40,7 +40,8 @@ fn sh(dir: &Path, script: &str) -> (bool, String) {
     )
 }
 
-// Long by design: one mount, one scenario: starting servers and mounting costs seconds, so every call and tool runs against the same mount, in order.
+// Long by design: one mount, one scenario: starting servers and mounting costs seconds, so every
+// call and tool runs against the same mount, in order.
 #[test]
 fn posix_calls_and_real_tools_work_on_a_mount() {
     // SAFETY: geteuid has no preconditions.

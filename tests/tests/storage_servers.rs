@@ -252,7 +252,8 @@ async fn eventually<F: std::future::Future<Output = bool>>(mut check: impl FnMut
     false
 }
 
-// Long by design: one cluster through create, remove, cleanup, restart and orphan removal, in order.
+// Long by design: one cluster through create, remove, cleanup, restart and orphan removal, in
+// order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_get_objects_on_targets_and_removed_files_lose_them() {
     let root = scratch("alloc");
