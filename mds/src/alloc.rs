@@ -247,7 +247,9 @@ impl Allocator {
     }
 
     async fn destroy_removed(&self, store: &Store) {
-        let doomed = store.read(|ns| ns.doomed(DESTROY_BATCH, |owner| self.open.is_open(owner)));
+        let doomed = store
+            .doomed(DESTROY_BATCH, |owner| self.open.is_open(owner))
+            .await;
         if doomed.is_empty() {
             return;
         }

@@ -2,35 +2,48 @@
 //! the snapshot that lets the journal be cut short.
 //!
 //! ```text
-//! journal:   "LODEJNL\0" (8) | version u32 | reserved u32 | record*
-//! record:    body_len u32 | crc32c(body) u32 | body (postcard Record)
+//! journal:   "LODEJNL\0" (8) | version u32 | reserved u32 | batch*
+//! batch:     "LJB2" (4) | body_len u32 | first_seq u64 | count u32
+//!            | crc32c(the 20 bytes before it, then body) u32 | body
+//! body:      (record_len u32 | postcard Record)*     (count records, seqs first_seq...)
 //! snapshot:  "LODESNP\0" (8) | version u32 | body_len u64 | crc32c(body) u32 | body
 //!            body = postcard (last_seq u64, Namespace)
 //! ```
 //!
-//! Records carry a sequence number; replay applies, on top of the snapshot, the records with a
-//! higher number, in order. A record cut short or failing its checksum ends the journal: it
-//! is the tail of a write that never completed (and so was never acknowledged), and the file is
-//! truncated there before new records are appended. A zero length ends it too: the file is
-//! extended with zeros ahead of the records, 4 MiB at a time, so that a commit overwrites
-//! blocks the filesystem already holds and its fdatasync flushes data alone (several times
-//! faster than growing the file at every commit).
+//! One group commit writes one batch, with one checksum, and syncs it. Replay applies, on top
+//! of the snapshot, the records with a higher sequence number, in order.
+//!
+//! Only the very end of the journal may be cut: the batch that was being written when the
+//! power went (it was never acknowledged). A batch that fails its checksum is such a torn tail
+//! only if no valid batch with later records follows it; otherwise the journal is damaged in
+//! the middle, and recovery stops with [`JournalError::Damaged`] naming the byte, rather than
+//! drop acknowledged changes. The file is extended with zeros ahead of the batches, 4 MiB at a
+//! time, so that a commit overwrites blocks the filesystem already holds and its fdatasync
+//! flushes data alone.
+//!
+//! A record larger than [`MAX_RECORD`] is never written: the store refuses the change before
+//! applying it.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::io;
 
 use proto::md::{Creds, Mutation, ReqId, Time};
 use serde::{Deserialize, Serialize};
 
+use crate::disk::MetaDisk;
 use crate::namespace::Namespace;
 
 const JOURNAL_MAGIC: [u8; 8] = *b"LODEJNL\0";
 const SNAPSHOT_MAGIC: [u8; 8] = *b"LODESNP\0";
-const VERSION: u32 = 1;
+const BATCH_MAGIC: [u8; 4] = *b"LJB2";
+const VERSION: u32 = 2;
 const JOURNAL_HEADER: u64 = 16;
+const BATCH_HEADER: usize = 24;
 /// Largest record: a mutation with its largest names, target and xattr value, with room.
 pub const MAX_RECORD: u32 = 1 << 20;
+/// Largest batch replay accepts (the store flushes long before).
+pub const MAX_BATCH: u32 = 256 << 20;
+const JOURNAL: &str = "journal";
+const SNAPSHOT: &str = "snapshot";
 
 /// One journaled mutation, with everything needed to replay it exactly.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,27 +58,116 @@ pub struct Record {
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path}: {reason}")]
-    Damaged { path: PathBuf, reason: String },
+    #[error("{name}: {source}")]
+    Io {
+        name: &'static str,
+        source: io::Error,
+    },
+    #[error("{name} is damaged: {reason}")]
+    Damaged { name: &'static str, reason: String },
+    #[error("record {seq} is {len} bytes; the journal takes at most {MAX_RECORD}")]
+    TooLarge { seq: u64, len: usize },
 }
 
-fn io_err(path: &Path) -> impl Fn(io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+fn io_err(name: &'static str) -> impl Fn(io::Error) -> JournalError {
+    move |source| JournalError::Io { name, source }
 }
 
-pub fn encode_record(r: &Record) -> Vec<u8> {
+/// A record as it goes in a batch: its length, then its body. Refused past [`MAX_RECORD`].
+pub fn encode_record(r: &Record) -> Result<Vec<u8>, JournalError> {
     // Records are plain data: encoding cannot fail.
     let body = postcard::to_allocvec(r).unwrap_or_default();
-    let mut out = Vec::with_capacity(8 + body.len());
+    if body.len() > MAX_RECORD as usize {
+        return Err(JournalError::TooLarge {
+            seq: r.seq,
+            len: body.len(),
+        });
+    }
+    let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// One group commit's records, framed as a batch: `records` are [`encode_record`]s.
+pub fn encode_batch(first_seq: u64, count: u32, records: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(BATCH_HEADER + records.len());
+    out.extend_from_slice(&BATCH_MAGIC);
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    out.extend_from_slice(&first_seq.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out), records);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(records);
     out
+}
+
+/// A batch found whole in a journal.
+struct Batch<'a> {
+    first_seq: u64,
+    count: u32,
+    body: &'a [u8],
+    end: usize,
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// The batch at `at`, if one is there whole and passes its checksum.
+fn batch_at(raw: &[u8], at: usize) -> Option<Batch<'_>> {
+    let head = raw.get(at..at.checked_add(BATCH_HEADER)?)?;
+    if head[..4] != BATCH_MAGIC {
+        return None;
+    }
+    let len = le32(&head[4..8]);
+    if len > MAX_BATCH {
+        return None;
+    }
+    let end = at + BATCH_HEADER + len as usize;
+    let body = raw.get(at + BATCH_HEADER..end)?;
+    if crc32c::crc32c_append(crc32c::crc32c(&head[..20]), body) != le32(&head[20..24]) {
+        return None;
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&head[8..16]);
+    Some(Batch {
+        first_seq: u64::from_le_bytes(seq),
+        count: le32(&head[16..20]),
+        body,
+        end,
+    })
+}
+
+/// The records of a batch that passed its checksum.
+fn records(b: &Batch<'_>) -> Result<Vec<Record>, String> {
+    let mut out = Vec::with_capacity(b.count as usize);
+    let mut at = 0;
+    while at < b.body.len() {
+        let len = b
+            .body
+            .get(at..at + 4)
+            .map(le32)
+            .ok_or("a record length is cut short")? as usize;
+        let body = b
+            .body
+            .get(at + 4..at + 4 + len)
+            .ok_or("a record is cut short")?;
+        let rec: Record = proto::msg::decode_body(body).map_err(|e| e.to_string())?;
+        if rec.seq != b.first_seq + out.len() as u64 {
+            return Err(format!(
+                "record {} where {} was due",
+                rec.seq,
+                b.first_seq + out.len() as u64
+            ));
+        }
+        out.push(rec);
+        at += 4 + len;
+    }
+    if out.len() != b.count as usize {
+        return Err(format!("{} records where {} were due", out.len(), b.count));
+    }
+    Ok(out)
 }
 
 /// What was found on disk.
@@ -80,17 +182,15 @@ pub struct Recovered {
     pub torn: u64,
 }
 
-/// Reads the snapshot and replays the journal in `dir`.
-pub fn recover(dir: &Path, fresh: Namespace) -> Result<Recovered, JournalError> {
-    let (mut ns, mut last_seq) = read_snapshot(dir)?.unwrap_or((fresh, 0));
-    let path = dir.join("journal");
-    let raw = match fs::read(&path) {
-        Ok(r) => r,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => vec![],
-        Err(e) => return Err(io_err(&path)(e)),
-    };
+/// Reads the snapshot and replays the journal.
+pub fn recover(disk: &dyn MetaDisk, fresh: Namespace) -> Result<Recovered, JournalError> {
+    let (mut ns, mut last_seq) = read_snapshot(disk)?.unwrap_or((fresh, 0));
+    let raw = disk
+        .read(JOURNAL)
+        .map_err(io_err(JOURNAL))?
+        .unwrap_or_default();
     let damaged = |reason: String| JournalError::Damaged {
-        path: path.clone(),
+        name: JOURNAL,
         reason,
     };
     if raw.is_empty() {
@@ -105,23 +205,20 @@ pub fn recover(dir: &Path, fresh: Namespace) -> Result<Recovered, JournalError> 
     if raw.len() < JOURNAL_HEADER as usize || raw[..8] != JOURNAL_MAGIC {
         return Err(damaged("not a journal".into()));
     }
+    if le32(&raw[8..12]) != VERSION {
+        return Err(damaged(format!(
+            "journal version {} (this MDS reads {VERSION})",
+            le32(&raw[8..12])
+        )));
+    }
     let mut at = JOURNAL_HEADER as usize;
     let mut replayed = 0;
-    while let Some(head) = raw.get(at..at + 8) {
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        if len == 0 || len > MAX_RECORD {
-            break;
-        }
-        let Some(body) = raw.get(at + 8..at + 8 + len as usize) else {
-            break;
-        };
-        if crc32c::crc32c(body) != crc {
-            break;
-        }
-        let rec: Record =
-            proto::msg::decode_body(body).map_err(|e| damaged(format!("record at {at}: {e}")))?;
-        if rec.seq > last_seq {
+    while let Some(batch) = batch_at(&raw, at) {
+        let recs = records(&batch).map_err(|e| damaged(format!("batch at byte {at}: {e}")))?;
+        for rec in recs {
+            if rec.seq <= last_seq {
+                continue; // already in the snapshot
+            }
             if rec.seq != last_seq + 1 {
                 return Err(damaged(format!("record {} follows {last_seq}", rec.seq)));
             }
@@ -130,13 +227,29 @@ pub fn recover(dir: &Path, fresh: Namespace) -> Result<Recovered, JournalError> 
             last_seq = rec.seq;
             replayed += 1;
         }
-        at += 8 + len as usize;
+        at = batch.end;
     }
-    // Bytes of an unfinished write past the last record; the zeros laid ahead are not torn.
-    let torn = raw[at.min(raw.len())..]
-        .iter()
-        .rposition(|b| *b != 0)
-        .map_or(0, |p| p + 1);
+    // Past the last whole batch: the zeros laid ahead, and perhaps the torn batch of a write
+    // that never completed. A whole batch with later records further on means the damage is
+    // in the middle, and cutting there would drop acknowledged changes.
+    let tail = &raw[at..];
+    if let Some(first) = tail.iter().position(|b| *b != 0) {
+        let later = (at + first..raw.len().saturating_sub(BATCH_HEADER))
+            .filter(|&p| raw[p..p + 4] == BATCH_MAGIC)
+            .find_map(|p| {
+                batch_at(&raw, p)
+                    .filter(|b| b.first_seq > last_seq)
+                    .map(|b| (p, b))
+            });
+        if let Some((p, b)) = later {
+            return Err(damaged(format!(
+                "bytes {at}..{p} fail their checksum, and records {}.. follow at byte {p}: \
+                 damage in the middle of the journal (records up to {last_seq} are good)",
+                b.first_seq
+            )));
+        }
+    }
+    let torn = tail.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
     Ok(Recovered {
         namespace: ns,
         last_seq,
@@ -146,15 +259,12 @@ pub fn recover(dir: &Path, fresh: Namespace) -> Result<Recovered, JournalError> 
     })
 }
 
-fn read_snapshot(dir: &Path) -> Result<Option<(Namespace, u64)>, JournalError> {
-    let path = dir.join("snapshot");
-    let raw = match fs::read(&path) {
-        Ok(r) => r,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err(&path)(e)),
+fn read_snapshot(disk: &dyn MetaDisk) -> Result<Option<(Namespace, u64)>, JournalError> {
+    let Some(raw) = disk.read(SNAPSHOT).map_err(io_err(SNAPSHOT))? else {
+        return Ok(None);
     };
     let damaged = |reason: &str| JournalError::Damaged {
-        path: path.clone(),
+        name: SNAPSHOT,
         reason: reason.to_owned(),
     };
     if raw.len() < 24 || raw[..8] != SNAPSHOT_MAGIC {
@@ -162,9 +272,11 @@ fn read_snapshot(dir: &Path) -> Result<Option<(Namespace, u64)>, JournalError> {
     }
     let mut len = [0u8; 8];
     len.copy_from_slice(&raw[12..20]);
-    let len = u64::from_le_bytes(len) as usize;
-    let crc = u32::from_le_bytes([raw[20], raw[21], raw[22], raw[23]]);
-    let body = raw.get(24..24 + len).ok_or_else(|| damaged("truncated"))?;
+    let len = usize::try_from(u64::from_le_bytes(len)).map_err(|_| damaged("absurd length"))?;
+    let crc = le32(&raw[20..24]);
+    let body = raw
+        .get(24..24usize.saturating_add(len))
+        .ok_or_else(|| damaged("truncated"))?;
     if crc32c::crc32c(body) != crc {
         return Err(damaged("checksum mismatch"));
     }
@@ -173,72 +285,65 @@ fn read_snapshot(dir: &Path) -> Result<Option<(Namespace, u64)>, JournalError> {
     Ok(Some((ns, seq)))
 }
 
-/// Writes a snapshot of `ns` as of `seq` durably (temporary file, fsync, rename, fsync dir).
-pub fn write_snapshot(dir: &Path, ns: &Namespace, seq: u64) -> Result<(), JournalError> {
-    let path = dir.join("snapshot");
-    let io = io_err(&path);
-    let body = postcard::to_allocvec(&(seq, ns)).map_err(|e| JournalError::Damaged {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    let tmp = dir.join("snapshot.tmp");
-    let mut f = File::create(&tmp).map_err(&io)?;
-    f.write_all(&SNAPSHOT_MAGIC).map_err(&io)?;
-    f.write_all(&VERSION.to_le_bytes()).map_err(&io)?;
-    f.write_all(&(body.len() as u64).to_le_bytes())
-        .map_err(&io)?;
-    f.write_all(&crc32c::crc32c(&body).to_le_bytes())
-        .map_err(&io)?;
-    f.write_all(&body).map_err(&io)?;
-    f.sync_all().map_err(&io)?;
-    fs::rename(&tmp, &path).map_err(&io)?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(&io)
+/// Decodes a snapshot's bytes (for `fsck` and the fuzzer).
+pub fn decode_snapshot(raw: &[u8]) -> Result<(Namespace, u64), JournalError> {
+    let disk = crate::disk::MemDisk::new();
+    disk.replace(SNAPSHOT, raw).map_err(io_err(SNAPSHOT))?;
+    read_snapshot(&disk)?.ok_or_else(|| JournalError::Damaged {
+        name: SNAPSHOT,
+        reason: "missing".into(),
+    })
 }
 
-/// Appends records and makes them durable.
+/// Writes a snapshot of `ns` as of `seq`, durably and atomically.
+pub fn write_snapshot(disk: &dyn MetaDisk, ns: &Namespace, seq: u64) -> Result<(), JournalError> {
+    let body = postcard::to_allocvec(&(seq, ns)).map_err(|e| JournalError::Damaged {
+        name: SNAPSHOT,
+        reason: e.to_string(),
+    })?;
+    let mut out = Vec::with_capacity(24 + body.len());
+    out.extend_from_slice(&SNAPSHOT_MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    disk.replace(SNAPSHOT, &out).map_err(io_err(SNAPSHOT))
+}
+
+/// Appends batches and makes them durable.
 pub struct JournalWriter {
-    path: PathBuf,
-    file: File,
+    disk: std::sync::Arc<dyn MetaDisk>,
     len: u64,
-    /// How far the file holds written zeros for records to come.
+    /// How far the file holds written zeros for batches to come.
     laid: u64,
 }
 
-/// Zeros laid ahead of the records at a time.
+/// Zeros laid ahead of the batches at a time.
 const LAY_AHEAD: u64 = 4 << 20;
 
 impl JournalWriter {
-    /// Opens the journal for appending after its last valid record (cutting a torn tail).
-    pub fn open(dir: &Path, valid_len: u64) -> Result<JournalWriter, JournalError> {
-        let path = dir.join("journal");
-        let io = io_err(&path);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(&io)?;
+    /// Opens the journal for appending after its last valid batch (cutting a torn tail).
+    pub fn open(
+        disk: std::sync::Arc<dyn MetaDisk>,
+        valid_len: u64,
+    ) -> Result<JournalWriter, JournalError> {
+        let io = io_err(JOURNAL);
         let len = if valid_len < JOURNAL_HEADER {
             let mut head = Vec::with_capacity(16);
             head.extend_from_slice(&JOURNAL_MAGIC);
             head.extend_from_slice(&VERSION.to_le_bytes());
             head.extend_from_slice(&0u32.to_le_bytes());
-            file.set_len(0).map_err(&io)?;
-            file.write_all(&head).map_err(&io)?;
-            file.sync_all().map_err(&io)?;
-            File::open(dir).and_then(|d| d.sync_all()).map_err(&io)?;
+            disk.set_len(JOURNAL, 0).map_err(&io)?;
+            disk.write_at(JOURNAL, 0, &head).map_err(&io)?;
+            disk.sync(JOURNAL).map_err(&io)?;
             JOURNAL_HEADER
         } else {
-            file.set_len(valid_len).map_err(&io)?;
-            file.sync_all().map_err(&io)?;
+            disk.set_len(JOURNAL, valid_len).map_err(&io)?;
+            disk.sync(JOURNAL).map_err(&io)?;
             valid_len
         };
-        file.seek(SeekFrom::Start(len)).map_err(&io)?;
-        drop(io);
         Ok(JournalWriter {
-            path,
-            file,
+            disk,
             len,
             laid: len,
         })
@@ -252,42 +357,33 @@ impl JournalWriter {
         self.len <= JOURNAL_HEADER
     }
 
-    /// Appends encoded records and fsyncs them: one call per group commit.
-    pub fn append(&mut self, records: &[u8]) -> Result<(), JournalError> {
-        use std::os::unix::fs::FileExt;
-        let io = io_err(&self.path);
-        let end = self.len + records.len() as u64;
+    /// Appends one batch and syncs it: one call per group commit.
+    pub fn append(&mut self, batch: &[u8]) -> Result<(), JournalError> {
+        let io = io_err(JOURNAL);
+        let end = self.len + batch.len() as u64;
         if end > self.laid {
             // Zeros first, durable, so the commits that follow overwrite allocated blocks.
             let upto = end.max(self.laid + LAY_AHEAD);
             let zeros = vec![0u8; (upto - self.laid) as usize];
-            self.file.write_all_at(&zeros, self.laid).map_err(&io)?;
-            self.file.sync_all().map_err(&io)?;
+            self.disk
+                .write_at(JOURNAL, self.laid, &zeros)
+                .map_err(&io)?;
+            self.disk.sync(JOURNAL).map_err(&io)?;
             self.laid = upto;
         }
-        self.file.write_all_at(records, self.len).map_err(&io)?;
-        self.file.sync_data().map_err(&io)?;
+        self.disk.write_at(JOURNAL, self.len, batch).map_err(&io)?;
+        self.disk.sync_data(JOURNAL).map_err(&io)?;
         self.len = end;
         Ok(())
     }
 
     /// Empties the journal after a snapshot has made its records redundant.
     pub fn reset(&mut self) -> Result<(), JournalError> {
-        let io = io_err(&self.path);
-        self.file.set_len(JOURNAL_HEADER).map_err(&io)?;
-        self.file
-            .seek(SeekFrom::Start(JOURNAL_HEADER))
-            .map_err(&io)?;
-        self.file.sync_all().map_err(&io)?;
+        let io = io_err(JOURNAL);
+        self.disk.set_len(JOURNAL, JOURNAL_HEADER).map_err(&io)?;
+        self.disk.sync(JOURNAL).map_err(&io)?;
         self.len = JOURNAL_HEADER;
         self.laid = JOURNAL_HEADER;
         Ok(())
     }
-}
-
-/// Reads a whole file (for tests that damage journals).
-pub fn read_all(path: &Path) -> io::Result<Vec<u8>> {
-    let mut v = vec![];
-    File::open(path)?.read_to_end(&mut v)?;
-    Ok(v)
 }

@@ -5,6 +5,7 @@
 //! in-process clusters start it the same way.
 
 pub mod alloc;
+pub mod disk;
 pub mod journal;
 pub mod namespace;
 pub mod open;

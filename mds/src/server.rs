@@ -12,12 +12,13 @@ use proto::Nid;
 use tokio::task::JoinHandle;
 
 use crate::alloc::Allocator;
+use crate::disk::MetaDisk;
 use crate::registry::{Registry, RegistryError, HEARTBEAT_TIMEOUT};
 use crate::service::MdsService;
 use crate::store::{Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
 
 /// What an MDS runs with.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MdsConfig {
     /// Where the journal, snapshots and the registry of targets live.
     pub data_dir: PathBuf,
@@ -27,6 +28,21 @@ pub struct MdsConfig {
     pub maintain_every: Duration,
     /// A target not heard from for this long is reported down and gets no new stripes.
     pub heartbeat_timeout: Duration,
+    /// Where the journal and snapshot go instead of `data_dir` (a crash-simulating disk, in
+    /// tests and the simulator).
+    pub disk: Option<Arc<dyn MetaDisk>>,
+}
+
+impl std::fmt::Debug for MdsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MdsConfig")
+            .field("data_dir", &self.data_dir)
+            .field("checkpoint_bytes", &self.checkpoint_bytes)
+            .field("maintain_every", &self.maintain_every)
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("disk", &self.disk.as_ref().map(|_| "custom"))
+            .finish()
+    }
 }
 
 impl MdsConfig {
@@ -36,6 +52,7 @@ impl MdsConfig {
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             maintain_every: Duration::from_secs(1),
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            disk: None,
         }
     }
 }
@@ -69,7 +86,10 @@ impl MdsServer {
         let lock = daemon::DataDirLock::acquire(&cfg.data_dir)?;
         let registry =
             Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
-        let store = Arc::new(Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?);
+        let store = Arc::new(match &cfg.disk {
+            Some(disk) => Store::open_on(disk.clone(), cfg.checkpoint_bytes)?,
+            None => Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?,
+        });
         let caller = at.caller("alloc")?;
         let alloc = Allocator::with_net(registry.clone(), caller.clone());
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));

@@ -10,7 +10,7 @@
 //! mutation is acknowledged to its caller only when durable. If the journal cannot be written,
 //! the store refuses every later mutation: memory would otherwise run ahead of the disk.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,7 +18,8 @@ use parking_lot::{Condvar, Mutex};
 use proto::md::{Creds, Mutation, Time};
 use tokio::sync::watch;
 
-use crate::journal::{self, encode_record, JournalError, JournalWriter, Record};
+use crate::disk::{DirDisk, MetaDisk};
+use crate::journal::{self, encode_batch, encode_record, JournalError, JournalWriter, Record};
 use crate::namespace::{Applied, Decision, Namespace, NsError};
 
 /// Journal size that triggers a snapshot.
@@ -37,7 +38,10 @@ pub enum StoreError {
 }
 
 struct Pending {
+    /// Encoded records waiting for the next group commit, from `first_seq` on.
     bytes: Vec<u8>,
+    first_seq: u64,
+    count: u32,
     last_seq: u64,
     stop: bool,
 }
@@ -70,13 +74,24 @@ fn now() -> Time {
 impl Store {
     /// Recovers the namespace kept in `dir` (or starts one) and starts the committer.
     pub fn open(dir: &Path, checkpoint_bytes: u64) -> Result<Store, StoreError> {
-        let fresh = !dir.join("snapshot").exists() && !dir.join("journal").exists();
-        let rec = journal::recover(dir, Namespace::new(now()))?;
+        Self::open_on(Arc::new(DirDisk::new(dir)), checkpoint_bytes)
+    }
+
+    /// Recovers the namespace kept on `disk` (or starts one) and starts the committer.
+    pub fn open_on(disk: Arc<dyn MetaDisk>, checkpoint_bytes: u64) -> Result<Store, StoreError> {
+        let exists = |name| {
+            disk.exists(name).map_err(|source| JournalError::Io {
+                name: "data directory",
+                source,
+            })
+        };
+        let fresh = !exists("snapshot")? && !exists("journal")?;
+        let rec = journal::recover(&*disk, Namespace::new(now()))?;
         if fresh {
             // A new filesystem: its root (and the time it was made) is durable from the start.
-            journal::write_snapshot(dir, &rec.namespace, 0)?;
+            journal::write_snapshot(&*disk, &rec.namespace, 0)?;
         }
-        let writer = JournalWriter::open(dir, rec.journal_len)?;
+        let writer = JournalWriter::open(disk.clone(), rec.journal_len)?;
         if rec.torn > 0 {
             tracing::warn!(bytes = rec.torn, "cut a torn tail off the journal");
         }
@@ -91,6 +106,8 @@ impl Store {
             ns: Mutex::new((rec.namespace, rec.last_seq)),
             pending: Mutex::new(Pending {
                 bytes: vec![],
+                first_seq: rec.last_seq + 1,
+                count: 0,
                 last_seq: rec.last_seq,
                 stop: false,
             }),
@@ -99,12 +116,11 @@ impl Store {
             durable: tx,
         });
         let s = shared.clone();
-        let dir = dir.to_path_buf();
         let committer = std::thread::Builder::new()
             .name("mds-commit".into())
-            .spawn(move || commit_loop(s, writer, dir, checkpoint_bytes))
+            .spawn(move || commit_loop(s, writer, disk, checkpoint_bytes))
             .map_err(|e| JournalError::Io {
-                path: PathBuf::from("committer thread"),
+                name: "committer thread",
                 source: e,
             })?;
         Ok(Store {
@@ -139,18 +155,27 @@ impl Store {
             }
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
-            let time = now();
-            let (applied, fresh) = ns.apply_request(&m, &who, time, req)?;
+            // The record is made first: one that cannot be journaled is refused before the
+            // namespace changes.
+            let rec = Record {
+                seq: *seq + 1,
+                creds: who,
+                time: now(),
+                mutation: m,
+                req,
+            };
+            let encoded = encode_record(&rec).map_err(|e| NsError {
+                kind: proto::FsErrorKind::TooBig,
+                what: e.to_string(),
+            })?;
+            let (applied, fresh) = ns.apply_request(&rec.mutation, &rec.creds, rec.time, req)?;
             if fresh {
                 *seq += 1;
-                let rec = Record {
-                    seq: *seq,
-                    creds: who,
-                    time,
-                    mutation: m,
-                    req,
-                };
-                pending.bytes.extend_from_slice(&encode_record(&rec));
+                if pending.count == 0 {
+                    pending.first_seq = *seq;
+                }
+                pending.bytes.extend_from_slice(&encoded);
+                pending.count += 1;
                 pending.last_seq = *seq;
             }
             // A resend carried out meanwhile is answered as then, once everything so far is
@@ -187,6 +212,27 @@ impl Store {
         Ok(decision)
     }
 
+    /// Up to `max` objects of removed files to destroy, from removals that are durable: an
+    /// object is never destroyed on the strength of a change a crash could still take back.
+    pub async fn doomed(
+        &self,
+        max: usize,
+        held: impl Fn(proto::Fid) -> bool,
+    ) -> Vec<proto::layout::StripeObject> {
+        let (doomed, seq) = {
+            let guard = self.shared.ns.lock();
+            (guard.0.doomed(max, held), guard.1)
+        };
+        let none = Applied {
+            inode: None,
+            removed: vec![],
+        };
+        match self.wait_durable(seq, none).await {
+            Ok(_) => doomed,
+            Err(_) => vec![],
+        }
+    }
+
     async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {
         let mut rx = self.shared.durable.subscribe();
         let durable = matches!(
@@ -208,17 +254,29 @@ impl Store {
     }
 }
 
-fn commit_loop(s: Arc<Shared>, mut writer: JournalWriter, dir: PathBuf, checkpoint_bytes: u64) {
+fn commit_loop(
+    s: Arc<Shared>,
+    mut writer: JournalWriter,
+    disk: Arc<dyn MetaDisk>,
+    checkpoint_bytes: u64,
+) {
     loop {
         let (batch, last_seq, stop) = {
             let mut p = s.pending.lock();
             while p.bytes.is_empty() && !p.stop {
                 s.wake.wait(&mut p);
             }
-            (std::mem::take(&mut p.bytes), p.last_seq, p.stop)
+            let records = std::mem::take(&mut p.bytes);
+            let (first, count) = (p.first_seq, std::mem::take(&mut p.count));
+            (
+                (count > 0).then_some((first, count, records)),
+                p.last_seq,
+                p.stop,
+            )
         };
         s.room.notify_all();
-        if !batch.is_empty() {
+        if let Some((first, count, records)) = batch {
+            let batch = encode_batch(first, count, &records);
             if let Err(e) = writer.append(&batch) {
                 tracing::error!(error = %e, "journal write failed; refusing further changes");
                 let _ = s.durable.send_replace(Err(()));
@@ -233,7 +291,8 @@ fn commit_loop(s: Arc<Shared>, mut writer: JournalWriter, dir: PathBuf, checkpoi
             };
             // Records applied but not yet written may be in the snapshot; replay skips them
             // by sequence number, so the order of snapshot and journal does not matter.
-            let done = journal::write_snapshot(&dir, &snapshot, seq).and_then(|()| writer.reset());
+            let done =
+                journal::write_snapshot(&*disk, &snapshot, seq).and_then(|()| writer.reset());
             match done {
                 Ok(()) => tracing::info!(seq, "namespace snapshot written; journal emptied"),
                 Err(e) => {

@@ -65,19 +65,19 @@ async fn a_torn_journal_tail_is_cut_and_the_rest_kept() {
             .unwrap();
     }
     drop(store);
-    // A record that was being written when the power went: its length, half its body.
+    // A batch that was being written when the power went: its header, part of its body.
     let path = d.join("journal");
-    let raw = mds::journal::read_all(&path).unwrap();
-    let end = store_end(&raw);
+    let raw = std::fs::read(&path).unwrap();
+    let end = journal_end(&raw);
     assert!(
         raw[end..].iter().all(|b| *b == 0),
         "zeros are laid ahead of the records"
     );
     let mut raw = raw[..end].to_vec();
-    raw.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
+    raw.extend_from_slice(b"LJB2\x40\0\0\0\x06\0\0\0\0\0\0\0\x01\0\0\0");
     std::fs::write(&path, &raw).unwrap();
     let store = Store::open(&d, 1 << 30).unwrap();
-    assert_eq!((store.recovered_records, store.torn_bytes), (5, 11));
+    assert_eq!((store.recovered_records, store.torn_bytes), (5, 17));
     store
         .apply(create("after".into()), Creds::root())
         .await
@@ -102,8 +102,8 @@ async fn snapshots_replace_the_journal_without_loss() {
     let before = store.read(|ns| ns.clone());
     drop(store);
     assert!(d.join("snapshot").exists());
-    let raw = mds::journal::read_all(&d.join("journal")).unwrap();
-    assert!(store_end(&raw) < 8192, "the journal was emptied");
+    let raw = std::fs::read(d.join("journal")).unwrap();
+    assert!(journal_end(&raw) < 8192, "the journal was emptied");
     let store = Store::open(&d, 4096).unwrap();
     store.read(|ns| assert!(ns == &before, "the recovered namespace differs"));
     std::fs::remove_dir_all(&d).unwrap();
@@ -155,15 +155,11 @@ async fn a_resent_request_is_answered_not_redone_even_after_a_restart() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Where the records of a journal end (the header, then length, crc, body...).
-fn store_end(raw: &[u8]) -> usize {
+/// Where the batches of a journal end (the header, then magic, length, seq, count, crc, body).
+fn journal_end(raw: &[u8]) -> usize {
     let mut at = 16;
-    while at + 8 <= raw.len() {
-        let len = u32::from_le_bytes(raw[at..at + 4].try_into().unwrap()) as usize;
-        if len == 0 {
-            break;
-        }
-        at += 8 + len;
+    while at + 24 <= raw.len() && &raw[at..at + 4] == b"LJB2" {
+        at += 24 + u32::from_le_bytes(raw[at + 4..at + 8].try_into().unwrap()) as usize;
     }
     at
 }

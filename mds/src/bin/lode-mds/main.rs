@@ -111,7 +111,8 @@ fn main() -> Result<()> {
 
 fn fsck(dir: &std::path::Path) -> Result<()> {
     let _lock = daemon::DataDirLock::acquire(dir)?;
-    let rec = mds::journal::recover(dir, mds::namespace::Namespace::default())
+    let disk = mds::disk::DirDisk::new(dir);
+    let rec = mds::journal::recover(&disk, mds::namespace::Namespace::default())
         .with_context(|| format!("reading the namespace in {}", dir.display()))?;
     let problems = rec.namespace.check();
     println!(
