@@ -149,12 +149,13 @@ async fn a_record_too_large_to_journal_is_refused_and_later_records_survive() {
         .await
         .unwrap();
     drop(store);
-    let store = open(&disk);
+    let store = Store::open(&dir, 1 << 30).unwrap();
     store.read(|ns| {
         assert!(ns.lookup(ROOT, b"before", &Creds::root()).is_ok());
         assert!(ns.lookup(ROOT, b"after", &Creds::root()).is_ok());
         assert!(ns.check().is_empty());
     });
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test]
