@@ -22,8 +22,6 @@ pub use proto::fid::ROOT;
 pub const MAX_PATH: usize = 4096;
 /// Symlinks followed in one resolution before ELOOP.
 pub const MAX_SYMLINKS: usize = 40;
-/// How long one attempt of a call may take.
-const ATTEMPT: Duration = Duration::from_secs(10);
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -35,6 +33,8 @@ pub struct ClientConfig {
     pub creds: Creds,
     /// Reads and writes in flight at once to each target, over all of this client's files.
     pub window: usize,
+    /// How long one attempt of a call may take before it is resent.
+    pub attempt: Duration,
 }
 
 impl Default for ClientConfig {
@@ -49,6 +49,7 @@ impl Default for ClientConfig {
                 groups: vec![],
             },
             window: 16,
+            attempt: Duration::from_secs(10),
         }
     }
 }
@@ -65,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: ClientConfig,
     client_id: u128,
     next_req: AtomicU64,
+    /// Unsynced writes per file, and the order of writes.
+    pub(crate) writes: crate::unstable::Writes,
 }
 
 /// A connection to one filesystem. Cheap to clone.
@@ -112,6 +115,7 @@ impl Client {
                 windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: rand::random(),
                 next_req: AtomicU64::new(1),
+                writes: crate::unstable::Writes::new(rand::random()),
             }),
             creds,
         };
@@ -173,7 +177,7 @@ impl Client {
         let start = Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
-            match call(&self.inner.net, peer, req, ATTEMPT).await {
+            match call(&self.inner.net, peer, req, self.inner.cfg.attempt).await {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_retryable() && start.elapsed() < self.inner.cfg.retry_for => {
                     tracing::debug!(%peer, error = %e, "resending");

@@ -256,10 +256,10 @@ impl OpenOptions {
             append: self.append,
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
-            dirty: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
         };
+        client.inner.writes.opened(file.inode.lock().fid);
         if self.truncate && (self.write || self.append) {
             file.set_len(0).await?;
         }
@@ -275,8 +275,6 @@ pub struct File {
     writable: bool,
     /// The furthest end this handle has written.
     written_to: AtomicU64,
-    /// Objects written since the last fsync.
-    dirty: Mutex<HashSet<StripeObject>>,
     closed: AtomicBool,
     /// Written since the size was last published.
     unpublished: AtomicBool,
@@ -423,21 +421,26 @@ impl File {
                     .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let desc =
                     region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
+                let stamp = client.inner.writes.begin();
                 let w = OstWrite {
                     target: obj.target,
                     fid: obj.fid,
                     offset: p.object_offset,
                     desc,
                     sync: false,
+                    stamp,
                 };
-                client.rpc(&oss, &w).await.map(|_| obj)
+                let r = client.rpc(&oss, &w).await;
+                client.inner.writes.done(stamp);
+                r.map(|r| (obj, r.epoch))
             });
         }
+        let fid = self.inode.lock().fid;
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok(Ok(obj)) => {
-                    self.dirty.lock().insert(obj);
+                Ok(Ok((obj, epoch))) => {
+                    self.client.inner.writes.written(fid, obj, epoch);
                 }
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
@@ -541,29 +544,49 @@ impl File {
         Ok(len as usize)
     }
 
-    /// Makes every write through this handle durable, and its size visible to everyone.
+    /// Makes every write this client made to the file durable (through any handle), and its
+    /// size visible to everyone. Every object is synced even when one fails; a failure is
+    /// reported and its writes stay to be synced by the next call. Writes a storage target
+    /// lost (its machine restarted before they were synced) are reported as EIO by every
+    /// call until the client's last handle on the file closes.
     pub async fn fsync(&self) -> Result<()> {
-        let dirty: Vec<StripeObject> = self.dirty.lock().drain().collect();
+        let fid = self.inode.lock().fid;
+        let unsynced = self.client.inner.writes.unsynced(fid);
         let servers = self
-            .oss_of(&dirty.iter().map(|o| o.target).collect())
+            .oss_of(&unsynced.iter().map(|(o, _)| o.target).collect())
             .await?;
         let mut tasks = JoinSet::new();
-        for o in dirty {
+        for (o, seen) in unsynced {
             let (client, oss) = (self.client.clone(), servers[&o.target].clone());
             tasks.spawn(async move {
-                client
-                    .rpc(
-                        &oss,
-                        &OstSync {
-                            target: o.target,
-                            fid: o.fid,
-                        },
-                    )
-                    .await
+                let sync = OstSync {
+                    target: o.target,
+                    fid: o.fid,
+                };
+                let ack = client.rpc(&oss, &sync).await?;
+                if client.inner.writes.synced(fid, o, seen, ack.epoch) {
+                    Ok(())
+                } else {
+                    Err(ClientError::fs(
+                        FsErrorKind::Io,
+                        format!(
+                            "target {} restarted and lost writes to object {} that were not yet \
+                             synced",
+                            o.target, o.fid
+                        ),
+                    ))
+                }
             });
         }
+        let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
-            r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
+            let r = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()));
+            if let Err(e) = r.and_then(|r| r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
         }
         self.publish_size().await
     }
@@ -604,14 +627,23 @@ impl File {
         }
         let end = self.written_to.load(Ordering::Relaxed);
         let fid = self.inode.lock().fid;
-        if let Some(i) = self
+        match self
             .client
             .reint(Mutation::GrowSize { fid, size: end })
-            .await?
+            .await
         {
-            *self.inode.lock() = i;
+            Ok(i) => {
+                if let Some(i) = i {
+                    *self.inode.lock() = i;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Still to publish: the next flush or fsync tries again.
+                self.unpublished.store(true, Ordering::SeqCst);
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// Closes the file: its size becomes visible to every client that opens it next
@@ -620,6 +652,7 @@ impl File {
         self.closed.store(true, Ordering::SeqCst);
         let published = self.publish_size().await;
         let fid = self.inode.lock().fid;
+        self.client.inner.writes.closed(fid);
         self.client
             .rpc(&self.client.inner.mds.clone(), &MdsClose { fid })
             .await?;
@@ -716,13 +749,14 @@ impl File {
                     offset: from,
                     len: to - from,
                 };
-                client.rpc(&peer, &req).await
+                client.rpc(&peer, &req).await.map(|ack| (o, ack.epoch))
             });
         }
+        let fid = self.inode.lock().fid;
         while let Some(r) = calls.join_next().await {
-            r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
+            let (o, epoch) = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
+            self.client.inner.writes.written(fid, o, epoch);
         }
-        self.dirty.lock().extend(punched);
         self.touch(true).await
     }
 
@@ -759,6 +793,7 @@ impl Drop for File {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
+        self.client.inner.writes.closed(self.inode.lock().fid);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (client, fid, end) = (
                 self.client.clone(),

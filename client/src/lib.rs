@@ -17,6 +17,7 @@ pub mod error;
 pub mod file;
 pub mod readahead;
 pub mod stripe_args;
+mod unstable;
 pub mod writebehind;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};

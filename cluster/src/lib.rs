@@ -7,6 +7,8 @@
 //! its own on TCP (the system gives one) and keeps every file under the scratch directory it is
 //! given; targets live on whatever engines the caller hands it (in memory, paced, or on disk).
 
+pub mod simulate;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +67,7 @@ pub struct ClusterBuilder {
     heartbeat_every: Duration,
     heartbeat_timeout: Duration,
     maintain_every: Duration,
+    mds_disk: Option<Arc<dyn mds::disk::MetaDisk>>,
 }
 
 impl ClusterBuilder {
@@ -78,7 +81,15 @@ impl ClusterBuilder {
             heartbeat_every: OssConfig::new(Nid::sim("mds").expect("a valid name")).heartbeat_every,
             heartbeat_timeout: mds.heartbeat_timeout,
             maintain_every: Duration::from_millis(200),
+            mds_disk: None,
         }
+    }
+
+    /// Keeps the MDS's journal and snapshot on `disk` (a crash-simulating one, say) rather
+    /// than in the scratch directory.
+    pub fn mds_disk(mut self, disk: Arc<dyn mds::disk::MetaDisk>) -> ClusterBuilder {
+        self.mds_disk = Some(disk);
+        self
     }
 
     /// Adds a storage server with one target on each of `engines` (targets may share one).
@@ -119,10 +130,17 @@ impl ClusterBuilder {
         let cfg = MdsConfig {
             maintain_every: self.maintain_every,
             heartbeat_timeout: self.heartbeat_timeout,
+            disk: self.mds_disk.clone(),
             ..MdsConfig::new(&mds_dir)
         };
-        let mds = MdsServer::start(cfg, &self.attach("mds")).await?;
+        let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;
         let mut oss = vec![];
+        let mut all_homes = vec![];
+        let oss_cfg = OssConfig {
+            heartbeat_every: self.heartbeat_every,
+            mds_timeout: Duration::from_secs(30),
+            ..OssConfig::new(mds.nid())
+        };
         for (i, engines) in self.servers.iter().enumerate() {
             let mut homes = vec![];
             for (k, engine) in engines.iter().enumerate() {
@@ -134,48 +152,97 @@ impl ClusterBuilder {
                     root,
                 });
             }
-            let cfg = OssConfig {
-                heartbeat_every: self.heartbeat_every,
-                mds_timeout: Duration::from_secs(30),
-                ..OssConfig::new(mds.nid())
-            };
-            let server = OssServer::start(cfg, homes, &self.attach(&format!("oss{i}")))
-                .await
-                .map_err(|source| ClusterError::Oss { index: i, source })?;
-            oss.push(server);
+            let server = OssServer::start(
+                oss_cfg.clone(),
+                homes.clone(),
+                &self.attach(&format!("oss{i}")),
+            )
+            .await
+            .map_err(|source| ClusterError::Oss { index: i, source })?;
+            oss.push(Some(server));
+            all_homes.push(homes);
         }
+        // The MDS comes back where clients and servers know it: its node, or its port.
+        let mds_attach = match mds.nid() {
+            Nid::Tcp(addr) => Attach::tcp(addr),
+            _ => self.attach("mds"),
+        };
         Ok(Cluster {
-            network: self.network,
-            mds,
+            mds: Some(mds),
             oss,
+            homes: all_homes,
+            oss_cfg,
+            mds_cfg: cfg,
+            mds_attach,
+            builder: self,
         })
     }
 }
 
 /// A running cluster.
 pub struct Cluster {
-    network: Network,
-    mds: MdsServer,
-    oss: Vec<OssServer>,
+    builder: ClusterBuilder,
+    mds: Option<MdsServer>,
+    mds_cfg: MdsConfig,
+    mds_attach: Attach,
+    oss: Vec<Option<OssServer>>,
+    homes: Vec<Vec<TargetHome>>,
+    oss_cfg: OssConfig,
 }
 
 impl Cluster {
+    /// The MDS. Panics between [`Cluster::stop_mds`] and [`Cluster::start_mds`].
     pub fn mds(&self) -> &MdsServer {
-        &self.mds
+        self.mds.as_ref().expect("the MDS is running")
     }
 
-    /// Storage server `i`.
+    /// Storage server `i`, if it runs.
     pub fn oss(&self, i: usize) -> Option<&OssServer> {
-        self.oss.get(i)
+        self.oss.get(i).and_then(Option::as_ref)
+    }
+
+    /// How many storage servers the cluster has (running or not).
+    pub fn storage_servers(&self) -> usize {
+        self.oss.len()
+    }
+
+    /// Stops storage server `i` as kill -9 would: no last sync; what its disks hold stays.
+    pub fn kill_oss(&mut self, i: usize) {
+        if let Some(s) = self.oss.get_mut(i).and_then(Option::take) {
+            s.kill();
+        }
+    }
+
+    /// Starts storage server `i` again on its targets.
+    pub async fn start_oss(&mut self, i: usize) -> Result<(), ClusterError> {
+        let attach = self.builder.attach(&format!("oss{i}"));
+        let server = OssServer::start(self.oss_cfg.clone(), self.homes[i].clone(), &attach)
+            .await
+            .map_err(|source| ClusterError::Oss { index: i, source })?;
+        self.oss[i] = Some(server);
+        Ok(())
+    }
+
+    /// Stops the MDS as kill -9 would (its journal holds what was committed).
+    pub async fn kill_mds(&mut self) {
+        if let Some(m) = self.mds.take() {
+            m.stop().await;
+        }
+    }
+
+    /// Starts the MDS again on its data (recovering the journal).
+    pub async fn start_mds(&mut self) -> Result<(), ClusterError> {
+        self.mds = Some(MdsServer::start(self.mds_cfg.clone(), &self.mds_attach).await?);
+        Ok(())
     }
 
     /// A client connected to the MDS; on the fabric, a node named `name`.
     pub async fn client(&self, name: &str, cfg: ClientConfig) -> Result<Client, ClusterError> {
-        let net: AnyNet = match &self.network {
+        let net: AnyNet = match &self.builder.network {
             Network::Loopback => TcpEndpoint::client(TcpConfig::default()).into(),
             Network::Fabric(f) => f.start_node(name, None)?.into(),
         };
-        Ok(Client::connect_on(net, &self.mds.nid().to_string(), cfg).await?)
+        Ok(Client::connect_on(net, &self.mds().nid().to_string(), cfg).await?)
     }
 
     /// Waits until a new file can be striped over `targets` targets (registered, heard from,
@@ -205,11 +272,13 @@ impl Cluster {
 
     /// Stops every server.
     pub async fn stop(self) {
-        for s in self.oss {
+        for s in self.oss.into_iter().flatten() {
             if let Err(e) = s.stop().await {
                 tracing::warn!(error = %e, "stopping a storage server");
             }
         }
-        self.mds.stop().await;
+        if let Some(m) = self.mds {
+            m.stop().await;
+        }
     }
 }

@@ -123,6 +123,11 @@ impl MdsServer {
         &self.registry
     }
 
+    /// The namespace's invariants that do not hold now (empty when sound), as `fsck` checks.
+    pub fn fsck(&self) -> Vec<String> {
+        self.store.read(|ns| ns.check())
+    }
+
     /// Stops serving and closes the store (its committed journal is on disk).
     pub async fn stop(self) {
         self.net.shutdown();

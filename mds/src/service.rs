@@ -52,10 +52,20 @@ impl MdsService {
         &self,
         template: Option<Layout>,
     ) -> Result<(Option<Layout>, Vec<StripeObject>), RemoteError> {
-        if !self.alloc.has_targets() && !self.registry.list().is_empty() {
+        let registered = !self.registry.list().is_empty();
+        if !self.alloc.has_targets() && registered {
             self.alloc.maintain(&self.store).await;
         }
         if !self.alloc.has_targets() {
+            if registered {
+                // Targets exist but none is in service yet (after an MDS restart, before
+                // their orphans are cleaned up): a file made now would have no objects for
+                // good. The client resends.
+                return Err(RemoteError::new(
+                    StatusCode::Busy,
+                    "no storage target is in service yet",
+                ));
+            }
             return Ok((template, vec![]));
         }
         let template = template.unwrap_or_else(default_layout);

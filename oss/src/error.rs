@@ -26,6 +26,9 @@ pub enum TargetError {
     Target { what: String, source: io::Error },
     #[error("target metadata is damaged: {0}")]
     Damaged(String),
+    /// A write that arrived after a newer overlapping one from its client: not applied.
+    #[error("stale write: {0}")]
+    Stale(String),
 }
 
 impl TargetError {
@@ -58,6 +61,7 @@ impl TargetError {
             TargetError::Checksum { .. } => StatusCode::Checksum,
             TargetError::Invalid(_) => StatusCode::Invalid,
             TargetError::NoSpace => StatusCode::NoSpace,
+            TargetError::Stale(_) => StatusCode::Fs(proto::FsErrorKind::Stale),
             TargetError::Io { .. } | TargetError::Target { .. } | TargetError::Damaged(_) => {
                 StatusCode::Io
             }

@@ -4,13 +4,18 @@
 //! files are always opened O_DIRECT. A write that covers part of a block reads the block,
 //! checks it, and writes it back whole.
 //!
-//! The checksum file starts with a 32-byte header (magic, version, block size, logical size),
-//! then holds one 8-byte entry per block: the crc32c of the block's newest contents (`cur`) and
-//! of the contents last made durable (`prev`). A block is good if its crc32c matches either,
-//! or if it is all zeros and a slot is 0 (never written). The second slot is what lets a crash
-//! that kept a new checksum but lost the data it describes (or the reverse, on a real disk's
-//! writeback) read back the old block instead of an error. `prev` is replaced only by the first
-//! write to a block after a sync; later writes before the next sync change `cur` alone.
+//! The checksum file starts with a 32-byte header (magic, version 2, block size, logical size),
+//! then holds one 12-byte entry per block: the crc32c of the block's newest contents (`cur`), of
+//! the contents that write replaced (`prev`), and of the contents last made durable (`synced`).
+//! A block is good if its crc32c matches any of them, or if it is all zeros and a slot is 0
+//! (never written). Checksums are written before the data, so a process killed between the two
+//! leaves the block as `prev` describes; a power cut leaves it as `synced` describes (or as a
+//! later write, if the disk kept it). `synced` moves only at the first write to a block after a
+//! sync; until an object has been synced in this run, no block counts as synced (the last run
+//! may have been killed before syncing), so `synced` is kept.
+//!
+//! Writes carry their client's order ([`proto::ost::WriteStamp`]): under the block lock, a write
+//! that overlaps a newer one already applied from the same client is refused as stale.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,8 +23,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use proto::ost::WriteStamp;
 use proto::Fid;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{Notify, RwLock};
 
 use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode};
@@ -33,19 +39,67 @@ pub const MAX_OBJECT_SIZE: u64 = 1 << 44;
 pub const MAX_IO: u64 = proto::MAX_BULK as u64;
 
 const META_MAGIC: [u8; 8] = *b"LODEOBJ\0";
-const META_VERSION: u32 = 1;
+const META_VERSION: u32 = 2;
 pub(crate) const META_HEADER: u64 = 32;
-const ENTRY: u64 = 8;
+const ENTRY: u64 = 12;
+/// Writes remembered per object for ordering (beyond the client's oldest write in flight).
+pub const MAX_STAMPS: usize = 4096;
 
 type Result<T> = std::result::Result<T, TargetError>;
 
-/// The checksum entry of one block: (cur, prev).
-type Entry = (u32, u32);
+/// The checksum entry of one block: (cur, prev, synced).
+type Entry = (u32, u32, u32);
 
 /// Whether a block's contents match its entry.
-fn block_ok(data: &[u8], (cur, prev): Entry) -> bool {
+fn block_ok(data: &[u8], (cur, prev, synced): Entry) -> bool {
     let c = crc32c::crc32c(data);
-    c == cur || c == prev || ((cur == 0 || prev == 0) && data.iter().all(|&b| b == 0))
+    c == cur
+        || c == prev
+        || c == synced
+        || ((cur == 0 || prev == 0 || synced == 0) && data.iter().all(|&b| b == 0))
+}
+
+/// The writes applied lately, per client, so a late one is never applied over a newer one.
+#[derive(Default)]
+struct Stamps {
+    /// (client, xid, start, end) of applied writes.
+    applied: Vec<(u64, u64, u64, u64)>,
+    /// Per client, the highest xid forgotten to stay within [`MAX_STAMPS`]: older writes from
+    /// it are refused, since their overlap can no longer be checked.
+    forgotten: BTreeMap<u64, u64>,
+}
+
+impl Stamps {
+    /// Whether `stamp`'s write over `start..end` may be applied; records it if so.
+    fn admit(&mut self, stamp: WriteStamp, floor: u64, start: u64, end: u64) -> bool {
+        if stamp.client == 0 {
+            return true;
+        }
+        self.applied
+            .retain(|&(c, xid, ..)| c != stamp.client || xid >= floor);
+        if stamp.xid < floor
+            || self
+                .forgotten
+                .get(&stamp.client)
+                .is_some_and(|&f| stamp.xid <= f)
+        {
+            return false;
+        }
+        let newer = self
+            .applied
+            .iter()
+            .any(|&(c, xid, s, e)| c == stamp.client && xid > stamp.xid && s < end && start < e);
+        if newer {
+            return false;
+        }
+        if self.applied.len() >= MAX_STAMPS {
+            let (c, xid, ..) = self.applied.remove(0);
+            let f = self.forgotten.entry(c).or_default();
+            *f = (*f).max(xid);
+        }
+        self.applied.push((stamp.client, stamp.xid, start, end));
+        true
+    }
 }
 
 /// The blocks written since the last sync, as merged ranges.
@@ -157,6 +211,12 @@ pub(crate) struct Object {
     gate: RwLock<()>,
     blocks: BlockLocks,
     state: Mutex<State>,
+    /// No sync yet in this run: no block's contents are known durable.
+    unsynced_since_open: AtomicBool,
+    /// Tests: the process "dies" right after a write's checksums are written.
+    #[cfg(test)]
+    die_after_checksums: AtomicBool,
+    stamps: Mutex<Stamps>,
 }
 
 impl Object {
@@ -196,6 +256,10 @@ impl Object {
                 size: 0,
                 dirty: Dirty::default(),
             }),
+            unsynced_since_open: AtomicBool::new(true),
+            stamps: Mutex::new(Stamps::default()),
+            #[cfg(test)]
+            die_after_checksums: AtomicBool::new(false),
         };
         let size = obj.read_header()?;
         obj.state.lock().size = size;
@@ -271,18 +335,18 @@ impl Object {
         Ok(raw
             .chunks_exact(ENTRY as usize)
             .map(|c| {
-                let cur = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                let prev = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
-                (cur, prev)
+                let w = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+                (w(0), w(4), w(8))
             })
             .collect())
     }
 
     fn write_entries(&self, b0: u64, entries: &[Entry]) -> Result<()> {
         let mut raw = vec![0u8; entries.len() * ENTRY as usize];
-        for (c, (cur, prev)) in raw.chunks_exact_mut(ENTRY as usize).zip(entries) {
+        for (c, (cur, prev, synced)) in raw.chunks_exact_mut(ENTRY as usize).zip(entries) {
             c[..4].copy_from_slice(&cur.to_le_bytes());
-            c[4..].copy_from_slice(&prev.to_le_bytes());
+            c[4..8].copy_from_slice(&prev.to_le_bytes());
+            c[8..].copy_from_slice(&synced.to_le_bytes());
         }
         self.engine
             .write_inline(&self.meta, META_HEADER + b0 * ENTRY, &raw)
@@ -327,12 +391,22 @@ impl Object {
     }
 
     /// Writes `data` at `offset`, extending the object if needed; with `sync`, durably.
+    /// A write older than an overlapping one already applied from its client (by `stamp`;
+    /// `floor` is that client's oldest write still in flight) is refused as stale.
     /// Returns the object's size.
-    pub async fn write(&self, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+        stamp: WriteStamp,
+        floor: u64,
+    ) -> Result<u64> {
         let end = check_range(offset, data.len() as u64)?;
         {
             let _gate = self.gate.read().await;
-            self.write_blocks(offset, end, data).await?;
+            self.write_blocks(offset, end, data, Some((stamp, floor)))
+                .await?;
         }
         if sync {
             self.sync().await?;
@@ -340,19 +414,42 @@ impl Object {
         Ok(self.state.lock().size)
     }
 
-    /// Writes `data` over `offset..end`, holding those blocks alone.
-    async fn write_blocks(&self, offset: u64, end: u64, data: &[u8]) -> Result<()> {
+    /// Writes `data` over `offset..end`, holding those blocks alone; a client's write is
+    /// checked against its order first.
+    async fn write_blocks(
+        &self,
+        offset: u64,
+        end: u64,
+        data: &[u8],
+        order: Option<(WriteStamp, u64)>,
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let (b0, b1) = (offset / BLOCK, end.div_ceil(BLOCK));
         let n = b1 - b0;
         let _blocks = self.blocks.lock(b0, b1, true).await;
+        if let Some((stamp, floor)) = order {
+            // Under the block lock: no overlapping write can land between check and write.
+            if !self.stamps.lock().admit(stamp, floor, offset, end) {
+                return Err(TargetError::Stale(format!(
+                    "write {} of client {:x} to {}+{} is older than one already applied",
+                    stamp.xid,
+                    stamp.client,
+                    offset,
+                    end - offset
+                )));
+            }
+        }
         // Blocks past the size are holes whatever other writers do meanwhile: they write
         // other blocks.
+        let unknown = self.unsynced_since_open.load(Ordering::Acquire);
         let (size, clean): (u64, Vec<bool>) = {
             let st = self.state.lock();
-            (st.size, (b0..b1).map(|b| !st.dirty.contains(b)).collect())
+            (
+                st.size,
+                (b0..b1).map(|b| !unknown && !st.dirty.contains(b)).collect(),
+            )
         };
         // Every block is either wholly covered by `data` or an edge block, zeroed or read here.
         let mut buf = AlignedBuf::reused((n * BLOCK) as usize);
@@ -384,8 +481,9 @@ impl Object {
             .zip(clean)
         {
             if clean {
-                e.1 = e.0;
+                e.2 = e.0;
             }
+            e.1 = e.0;
             e.0 = crc32c::crc32c(block);
         }
         // Reserve the space first, so a full disk refuses the write before anything changes.
@@ -393,6 +491,10 @@ impl Object {
             .allocate(&self.data, b0 * BLOCK, n * BLOCK)
             .map_err(self.io(b0 * BLOCK))?;
         self.write_entries(b0, &entries)?;
+        #[cfg(test)]
+        if self.die_after_checksums.load(Ordering::Relaxed) {
+            return Err(TargetError::Invalid("killed".into()));
+        }
         if let Err(e) = self.pwrite(&self.data, b0 * BLOCK, buf).await {
             // The old data is still what the checksums must describe.
             let _ = self.write_entries(b0, &before);
@@ -417,6 +519,7 @@ impl Object {
         self.engine.sync(&self.data).await.map_err(self.io(0))?;
         self.engine.sync(&self.meta).await.map_err(self.io(0))?;
         self.state.lock().dirty = Dirty::default();
+        self.unsynced_since_open.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -430,7 +533,7 @@ impl Object {
             let keep = size.div_ceil(BLOCK);
             if size % BLOCK != 0 {
                 let zeros = vec![0u8; (BLOCK - size % BLOCK) as usize];
-                self.write_blocks(size, keep * BLOCK, &zeros).await?;
+                self.write_blocks(size, keep * BLOCK, &zeros, None).await?;
             }
             self.engine
                 .set_len(&self.data, keep * BLOCK)
@@ -464,25 +567,27 @@ impl Object {
         let (first, last) = (offset.div_ceil(BLOCK), end / BLOCK);
         if first >= last {
             let zeros = vec![0u8; (end - offset) as usize];
-            return self.write_blocks(offset, end, &zeros).await;
+            return self.write_blocks(offset, end, &zeros, None).await;
         }
         if offset < first * BLOCK {
             let zeros = vec![0u8; (first * BLOCK - offset) as usize];
-            self.write_blocks(offset, first * BLOCK, &zeros).await?;
+            self.write_blocks(offset, first * BLOCK, &zeros, None).await?;
         }
         if end > last * BLOCK {
             let zeros = vec![0u8; (end - last * BLOCK) as usize];
-            self.write_blocks(last * BLOCK, end, &zeros).await?;
+            self.write_blocks(last * BLOCK, end, &zeros, None).await?;
         }
         // Whole blocks: mark them unwritten (keeping the old checksum as `prev`), then free them.
         for chunk_start in (first..last).step_by(65536) {
             let chunk_end = (chunk_start + 65536).min(last);
             let mut entries = self.read_entries(chunk_start, chunk_end - chunk_start)?;
+            let unknown = self.unsynced_since_open.load(Ordering::Acquire);
             let mut st = self.state.lock();
             for (i, e) in entries.iter_mut().enumerate() {
-                if !st.dirty.contains(chunk_start + i as u64) {
-                    e.1 = e.0;
+                if !unknown && !st.dirty.contains(chunk_start + i as u64) {
+                    e.2 = e.0;
                 }
+                e.1 = e.0;
                 e.0 = 0;
             }
             self.write_entries(chunk_start, &entries)?;
@@ -517,6 +622,69 @@ impl Object {
 mod tests {
     use super::*;
 
+    use crate::engine::mem::MemEngine;
+
+    async fn reopen(engine: &Arc<dyn Engine>) -> Object {
+        let (data, meta) = (Path::new("/t/o"), Path::new("/t/o.cs"));
+        Object::open(engine.clone(), Fid::new(1, 1, 0), data, meta)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_kill_between_checksum_and_data_leaves_every_written_block_readable() {
+        let mem = Arc::new(MemEngine::new(1 << 30));
+        let engine: Arc<dyn Engine> = mem.clone();
+        let fid = Fid::new(1, 1, 0);
+        engine.create_dir_all(Path::new("/t")).unwrap();
+        Object::create(&engine, fid, Path::new("/t/o"), Path::new("/t/o.cs")).unwrap();
+        engine.sync_dir(Path::new("/t")).unwrap();
+        let none = WriteStamp::default();
+        let obj = reopen(&engine).await;
+        let synced = vec![1u8; BLOCK as usize];
+        obj.write(0, &synced, true, none, 0).await.unwrap();
+        let w1 = vec![2u8; BLOCK as usize];
+        obj.write(0, &w1, false, none, 0).await.unwrap();
+        // The second overwrite gets as far as its checksums; then the process is killed.
+        obj.die_after_checksums.store(true, Ordering::Relaxed);
+        let w2 = vec![3u8; BLOCK as usize];
+        assert!(obj.write(0, &w2, false, none, 0).await.is_err());
+        drop(obj);
+        // The restarted server still reads the last write that completed ...
+        let obj = reopen(&engine).await;
+        assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &w1[..]);
+        // ... and a resent partial write goes through.
+        obj.write(100, b"resent", false, none, 0).await.unwrap();
+        let mut want = w1.clone();
+        want[100..106].copy_from_slice(b"resent");
+        assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &want[..]);
+        drop(obj);
+        // A power cut now (nothing synced since the first write): the synced block is back.
+        mem.crash();
+        let obj = reopen(&engine).await;
+        assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &synced[..]);
+    }
+
+    #[test]
+    fn a_late_write_never_lands_over_a_newer_overlapping_one() {
+        let mut s = Stamps::default();
+        let st = |xid, oldest| WriteStamp {
+            client: 7,
+            xid,
+            oldest,
+        };
+        assert!(s.admit(st(9, 5), 5, 0, 100));
+        assert!(!s.admit(st(5, 5), 5, 50, 150), "older and overlapping");
+        assert!(s.admit(st(6, 5), 5, 100, 200), "older but apart");
+        assert!(!s.admit(st(4, 10), 10, 500, 600), "below the client's oldest in flight");
+        let other = WriteStamp {
+            client: 8,
+            xid: 1,
+            oldest: 1,
+        };
+        assert!(s.admit(other, 1, 0, 100), "another client's order is its own");
+    }
+
     #[test]
     fn dirty_ranges_merge_and_truncate() {
         let mut d = Dirty::default();
@@ -534,11 +702,13 @@ mod tests {
     fn a_block_matches_either_slot_or_is_unwritten_zeros() {
         let data = [7u8; BLOCK as usize];
         let c = crc32c::crc32c(&data);
-        assert!(block_ok(&data, (c, 0)));
-        assert!(block_ok(&data, (1, c)));
-        assert!(!block_ok(&data, (1, 2)));
-        assert!(!block_ok(&data, (0, 0)));
-        assert!(block_ok(&[0u8; BLOCK as usize], (0, 0)));
-        assert!(block_ok(&[0u8; BLOCK as usize], (c, 0)));
+        assert!(block_ok(&data, (c, 1, 1)));
+        assert!(block_ok(&data, (1, c, 1)));
+        assert!(block_ok(&data, (1, 2, c)));
+        assert!(!block_ok(&data, (1, 2, 3)));
+        assert!(!block_ok(&data, (0, 0, 0)));
+        assert!(block_ok(&[0u8; BLOCK as usize], (0, 0, 0)));
+        assert!(block_ok(&[0u8; BLOCK as usize], (c, 1, 0)));
+        assert!(!block_ok(&[0u8; BLOCK as usize], (c, 1, 2)));
     }
 }

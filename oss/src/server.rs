@@ -183,6 +183,23 @@ impl OssServer {
     }
 
     /// Stops heartbeating and serving, then syncs every target.
+    /// Reads every object of every target and reports the blocks failing their checksum.
+    pub async fn scrub(&self) -> Result<Vec<crate::target::ScrubReport>, TargetError> {
+        let mut out = vec![];
+        for t in &self.targets {
+            out.push(t.scrub().await?);
+        }
+        Ok(out)
+    }
+
+    /// Stops at once, as kill -9 would: no last sync (the kernel, or the simulated disk,
+    /// keeps what was written).
+    pub fn kill(self) {
+        self.heartbeat.abort();
+        self.net.shutdown();
+        self.caller.shutdown();
+    }
+
     pub async fn stop(self) -> Result<(), TargetError> {
         self.heartbeat.abort();
         self.net.shutdown();

@@ -44,8 +44,13 @@ impl OssService {
             ));
         }
         let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
-        let size = target.write(r.fid, r.offset, &data, r.sync).await?;
-        reply::<OstWrite>(&OstWritten { size })
+        let size = target
+            .write(r.fid, r.offset, &data, r.sync, r.stamp)
+            .await?;
+        reply::<OstWrite>(&OstWritten {
+            size,
+            epoch: target.epoch(),
+        })
     }
 
     /// Data put from the target's buffer straight into the client's region.
@@ -87,8 +92,11 @@ impl OssService {
             }
             opcodes::OST_PUNCH => {
                 let r: OstPunch = req.decode()?;
-                self.target(r.target)?.punch(r.fid, r.offset, r.len).await?;
-                reply::<OstPunch>(&OstDone {})
+                let target = self.target(r.target)?;
+                target.punch(r.fid, r.offset, r.len).await?;
+                reply::<OstPunch>(&OstAck {
+                    epoch: target.epoch(),
+                })
             }
             opcodes::OST_DESTROY => {
                 let r: OstDestroy = req.decode()?;
@@ -102,8 +110,11 @@ impl OssService {
             }
             opcodes::OST_SYNC => {
                 let r: OstSync = req.decode()?;
-                self.target(r.target)?.sync(r.fid).await?;
-                reply::<OstSync>(&OstDone {})
+                let target = self.target(r.target)?;
+                target.sync(r.fid).await?;
+                reply::<OstSync>(&OstAck {
+                    epoch: target.epoch(),
+                })
             }
             opcodes::OST_STATFS => {
                 let r: OstStatfs = req.decode()?;

@@ -5,6 +5,7 @@
 //! <root>/TARGET                      magic, version, index, uuid (32 bytes; index
 //!                                    0xffffffff until the MDS assigns one)
 //! <root>/LAST_ID                     the highest object id handed out (u64, little-endian)
+//! <root>/EPOCH                       durability epoch (u64) | boot id length u8 | boot id
 //! <root>/O/<seq>/d<oid % 32>/<oid>     object data (hex names)
 //! <root>/O/<seq>/d<oid % 32>/<oid>.cs  its checksums and size
 //! ```
@@ -12,6 +13,12 @@
 //! Objects of target `i` have FIDs in sequence `OST_SEQ_BASE + i`. LAST_ID is made durable
 //! before any object it covers is created, so an id is never handed out twice, even across a
 //! crash.
+//!
+//! The durability epoch counts the machine boots under which the target was opened: it goes
+//! up when the target opens under a boot id other than the one recorded (the machine
+//! restarted, and writes not synced before may be gone) and stays when only the process
+//! restarted. Clients compare the epoch their writes were answered under with the one their
+//! sync is answered under.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,7 +64,14 @@ pub struct Target {
     last_id: tokio::sync::Mutex<u32>,
     objects: Mutex<HashMap<Fid, Arc<Object>>>,
     opening: tokio::sync::Mutex<()>,
+    epoch: u64,
+    /// Per client, the oldest write it still waits on (see [`proto::ost::WriteStamp`]).
+    floors: Mutex<HashMap<u64, u64>>,
 }
+
+/// Clients whose write order is remembered; past it, the table starts again (ordering then
+/// rests on the objects' own records).
+const MAX_CLIENTS: usize = 65_536;
 
 fn word(b: &[u8], at: usize, n: usize) -> u64 {
     b[at..at + n]
@@ -197,6 +211,7 @@ impl Target {
         let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
             TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
         })?;
+        let epoch = Self::next_epoch(&engine, root).await?;
         let target = Target {
             index,
             root: root.to_path_buf(),
@@ -205,6 +220,8 @@ impl Target {
             last_id: tokio::sync::Mutex::new(last),
             objects: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
+            epoch,
+            floors: Mutex::new(HashMap::new()),
         };
         for d in 0..FANOUT {
             target
@@ -213,6 +230,48 @@ impl Target {
                 .map_err(err("create object directories"))?;
         }
         Ok(target)
+    }
+
+    /// Reads the durability epoch, moving it on (durably) if the machine booted since.
+    async fn next_epoch(engine: &Arc<dyn Engine>, root: &Path) -> Result<u64> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let boot = engine.boot_id();
+        let boot = &boot.as_bytes()[..boot.len().min(64)];
+        let f = engine
+            .open(&root.join("EPOCH"), OpenMode::Create, false)
+            .map_err(err("open EPOCH"))?;
+        let (raw, r) = engine.read_at(&f, 0, AlignedBuf::zeroed(128)).await;
+        let n = r.map_err(err("read EPOCH"))?;
+        let (epoch, same_boot) = if n >= 9 {
+            let len = usize::from(raw[8]).min(64);
+            (word(&raw, 0, 8), raw.get(9..9 + len) == Some(boot))
+        } else {
+            (0, false)
+        };
+        if same_boot {
+            return Ok(epoch);
+        }
+        let epoch = epoch + 1;
+        let mut out = AlignedBuf::zeroed(128);
+        out[..8].copy_from_slice(&epoch.to_le_bytes());
+        out[8] = boot.len() as u8;
+        out[9..9 + boot.len()].copy_from_slice(boot);
+        engine
+            .write_at(&f, 0, out)
+            .await
+            .1
+            .map_err(err("write EPOCH"))?;
+        engine.sync(&f).await.map_err(err("sync EPOCH"))?;
+        engine.sync_dir(root).map_err(err("sync"))?;
+        Ok(epoch)
+    }
+
+    /// The durability epoch (see the module's notes).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     pub fn index(&self) -> u32 {
@@ -303,8 +362,30 @@ impl Target {
         Ok(objects.entry(fid).or_insert(obj).clone())
     }
 
-    pub async fn write(&self, fid: Fid, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
-        self.object(fid).await?.write(offset, data, sync).await
+    /// Writes `data` at `offset`; a write `stamp` shows to be stale is refused.
+    pub async fn write(
+        &self,
+        fid: Fid,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+        stamp: proto::ost::WriteStamp,
+    ) -> Result<u64> {
+        let floor = if stamp.client == 0 {
+            0
+        } else {
+            let mut floors = self.floors.lock();
+            if floors.len() >= MAX_CLIENTS && !floors.contains_key(&stamp.client) {
+                floors.clear();
+            }
+            let f = floors.entry(stamp.client).or_default();
+            *f = (*f).max(stamp.oldest);
+            *f
+        };
+        self.object(fid)
+            .await?
+            .write(offset, data, sync, stamp, floor)
+            .await
     }
 
     pub async fn read(&self, fid: Fid, offset: u64, len: u64) -> Result<Bytes> {
@@ -388,7 +469,12 @@ impl Target {
     pub async fn scrub(&self) -> Result<ScrubReport> {
         let mut report = ScrubReport::default();
         for fid in self.objects()? {
-            let obj = self.object(fid).await?;
+            let obj = match self.object(fid).await {
+                Ok(o) => o,
+                // Destroyed since it was listed.
+                Err(TargetError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
             report.objects += 1;
             report.bytes += obj.size().await;
             report

@@ -63,6 +63,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         offset: 1000,
         desc: src.desc(0, data.len() as u32, true).unwrap(),
         sync: true,
+        stamp: Default::default(),
     };
     assert_eq!(
         call(&c, &nid, &w, T).await.unwrap().size,
@@ -165,6 +166,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: bad,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -185,6 +187,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: unchecked,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -204,6 +207,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: past,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -223,6 +227,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: stranger,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -248,6 +253,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: u64::MAX - 10,
             desc: good.clone(),
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -263,6 +269,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: good.clone(),
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )
@@ -279,6 +286,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
             offset: 0,
             desc: good,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )

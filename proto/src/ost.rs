@@ -31,12 +31,36 @@ pub struct OstWrite {
     pub desc: BulkDesc,
     /// Durable before the reply.
     pub sync: bool,
+    /// Which client sent it, in what order: a write older than one it overlaps that the
+    /// server already applied from the same client is refused (Stale), never applied late.
+    pub stamp: WriteStamp,
+}
+
+/// A write's place in its client's order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteStamp {
+    /// The client's random id; 0 for a write that takes no part in ordering (tools).
+    pub client: u64,
+    /// The client's number for this write, rising; a resend keeps it.
+    pub xid: u64,
+    /// The lowest xid the client still waits on: anything older that arrives is stale.
+    pub oldest: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstWritten {
     /// The object's size after the write.
     pub size: u64,
+    /// The target's durability epoch (see [`OstAck`]).
+    pub epoch: u64,
+}
+
+/// The answer to a sync or a punch: the target's durability epoch. It changes only when the
+/// target may have lost writes that were not yet synced (its machine restarted), so a client
+/// whose unsynced writes were answered under another epoch knows they may be gone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstAck {
+    pub epoch: u64,
 }
 
 /// Reads up to `desc.len` bytes at `offset` into the caller's region; short at the end of
@@ -139,10 +163,10 @@ rpc!(OstPrecreate, opcodes::OST_PRECREATE, OstPrecreated);
 rpc!(OstWrite, opcodes::OST_WRITE, OstWritten);
 rpc!(OstRead, opcodes::OST_READ, OstReadDone);
 rpc!(OstTruncate, opcodes::OST_TRUNCATE, OstDone);
-rpc!(OstPunch, opcodes::OST_PUNCH, OstDone);
+rpc!(OstPunch, opcodes::OST_PUNCH, OstAck);
 rpc!(OstDestroy, opcodes::OST_DESTROY, OstDone);
 rpc!(OstGetattr, opcodes::OST_GETATTR, OstAttr);
-rpc!(OstSync, opcodes::OST_SYNC, OstDone);
+rpc!(OstSync, opcodes::OST_SYNC, OstAck);
 rpc!(OstStatfs, opcodes::OST_STATFS, TargetSpace);
 rpc!(
     OstDestroyAbove,
@@ -173,8 +197,10 @@ mod tests {
             let desc = BulkDesc { key, offset, len, crc32c: crc };
             round_trips(OstPrecreate { target, count: len });
             round_trips(OstPrecreated { first: fid, count: len });
-            round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync });
-            round_trips(OstWritten { size: offset });
+            let stamp = WriteStamp { client: u64::from(target), xid: offset, oldest: u64::from(len) };
+            round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync, stamp });
+            round_trips(OstWritten { size: offset, epoch: offset });
+            round_trips(OstAck { epoch: offset });
             round_trips(OstRead { target, fid, offset, desc });
             round_trips(OstReadDone { bytes: len, size: offset });
             round_trips(OstTruncate { target, fid, size: offset });

@@ -88,6 +88,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
             offset: 0,
             desc: desc.clone(),
             sync: true,
+            stamp: Default::default(),
         },
         T,
     )
@@ -103,6 +104,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
             offset: 4096,
             desc,
             sync: false,
+            stamp: Default::default(),
         },
         T,
     )

@@ -38,6 +38,7 @@ struct State {
     next_id: u64,
     failures: VecDeque<(Op, i32)>,
     capacity: u64,
+    crashes: u64,
 }
 
 impl State {
@@ -94,6 +95,7 @@ impl MemEngine {
             img.live = img.durable.clone();
         }
         st.failures.clear();
+        st.crashes += 1;
     }
 
     /// Makes the next operation of kind `op` fail with `errno`.
@@ -123,6 +125,10 @@ fn not_found() -> io::Error {
 }
 
 impl Engine for MemEngine {
+    fn boot_id(&self) -> String {
+        format!("mem-{}", self.state.lock().crashes)
+    }
+
     fn name(&self) -> &'static str {
         "mem"
     }

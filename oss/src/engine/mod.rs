@@ -74,6 +74,15 @@ pub trait Engine: Send + Sync + 'static {
     /// Makes the file's data and size durable.
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>>;
 
+    /// Names this boot of the machine holding the disk: it changes exactly when writes not
+    /// yet synced may have been lost (a power cut, a reboot), and not when only the process
+    /// died (the kernel still holds them).
+    fn boot_id(&self) -> String {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    }
+
     /// Opens a file; `direct` asks for O_DIRECT (aligned I/O only).
     fn open(&self, path: &Path, mode: OpenMode, direct: bool) -> io::Result<FileHandle> {
         os::open(path, mode, direct)

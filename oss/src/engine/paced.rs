@@ -117,6 +117,10 @@ impl Engine for PacedEngine {
         "paced"
     }
 
+    fn boot_id(&self) -> String {
+        self.inner.boot_id()
+    }
+
     fn read_at(
         &self,
         f: &FileHandle,

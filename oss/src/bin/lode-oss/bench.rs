@@ -466,7 +466,7 @@ async fn target_io(
                     let mut off = w * chunk as u64;
                     while off < bytes {
                         if matches!(io, Io::Write(_)) {
-                            t.write(fid, off, &data, false).await?;
+                            t.write(fid, off, &data, false, Default::default()).await?;
                         } else {
                             t.read(fid, off, chunk as u64).await?;
                         }
@@ -540,6 +540,7 @@ async fn net_io(
                                     offset: off,
                                     desc: desc.clone(),
                                     sync: false,
+                                    stamp: Default::default(),
                                 },
                                 T,
                             )

@@ -1,0 +1,195 @@
+//! What this client wrote that no storage target has yet confirmed durable, per file, shared
+//! by every handle of the client on that file: what `fsync` must sync, and how it knows a
+//! target lost writes.
+//!
+//! Each object written since its last successful sync is remembered with the target's
+//! durability epoch its writes were answered under. A sync answered under another epoch means
+//! the target's machine restarted in between and may have lost those writes: the object is
+//! then marked lost, and every `fsync` of the file reports EIO until the client's last handle
+//! on it closes. Nothing is forgotten because a sync failed: the next `fsync` tries again.
+//!
+//! Writes also carry their place in the client's order ([`WriteStamp`]): a rising xid, and the
+//! oldest xid still in flight, so a storage server can refuse a write that arrives late.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use proto::layout::StripeObject;
+use proto::ost::WriteStamp;
+use proto::Fid;
+
+/// One object's unsynced state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Unstable {
+    /// The epoch its unsynced writes were answered under.
+    pub epoch: u64,
+    /// Bumped at every write, so a sync removes only what it covered.
+    pub generation: u64,
+    /// Its target restarted and may have lost writes of this client.
+    pub lost: bool,
+}
+
+#[derive(Default)]
+struct FileWrites {
+    handles: u32,
+    objects: HashMap<StripeObject, Unstable>,
+}
+
+/// The client's unsynced writes and write order.
+pub(crate) struct Writes {
+    files: Mutex<HashMap<Fid, FileWrites>>,
+    id: u64,
+    next_xid: AtomicU64,
+    in_flight: Mutex<BTreeSet<u64>>,
+    generation: AtomicU64,
+}
+
+impl Writes {
+    pub fn new(id: u64) -> Writes {
+        Writes {
+            files: Mutex::new(HashMap::new()),
+            id: id.max(1),
+            next_xid: AtomicU64::new(1),
+            in_flight: Mutex::new(BTreeSet::new()),
+            generation: AtomicU64::new(1),
+        }
+    }
+
+    /// A stamp for a new write, counted in flight until [`Writes::done`].
+    pub fn begin(&self) -> WriteStamp {
+        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.in_flight.lock();
+        f.insert(xid);
+        let oldest = f.first().copied().unwrap_or(xid);
+        WriteStamp {
+            client: self.id,
+            xid,
+            oldest,
+        }
+    }
+
+    /// The write `stamp` is answered or abandoned: nothing older than the oldest still in
+    /// flight may land any more.
+    pub fn done(&self, stamp: WriteStamp) {
+        self.in_flight.lock().remove(&stamp.xid);
+    }
+
+    pub fn opened(&self, file: Fid) {
+        self.files.lock().entry(file).or_default().handles += 1;
+    }
+
+    /// The client's handle on `file` closed; its last one forgets the file if nothing
+    /// unsynced is left but losses (reported by `fsync`, or never asked for).
+    pub fn closed(&self, file: Fid) {
+        let mut files = self.files.lock();
+        if let Some(f) = files.get_mut(&file) {
+            f.handles = f.handles.saturating_sub(1);
+            if f.handles == 0 {
+                f.objects.retain(|_, u| !u.lost);
+                if f.objects.is_empty() {
+                    files.remove(&file);
+                }
+            }
+        }
+    }
+
+    /// A write (or punch) to `object` of `file` was answered under `epoch`.
+    pub fn written(&self, file: Fid, object: StripeObject, epoch: u64) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let mut files = self.files.lock();
+        let u = files
+            .entry(file)
+            .or_default()
+            .objects
+            .entry(object)
+            .or_insert(Unstable {
+                epoch,
+                generation,
+                lost: false,
+            });
+        if u.epoch != epoch {
+            u.lost = true;
+        }
+        u.generation = generation;
+    }
+
+    /// What `fsync` of `file` must sync.
+    pub fn unsynced(&self, file: Fid) -> Vec<(StripeObject, Unstable)> {
+        self.files
+            .lock()
+            .get(&file)
+            .map(|f| f.objects.iter().map(|(o, u)| (*o, *u)).collect())
+            .unwrap_or_default()
+    }
+
+    /// `object` was synced under `epoch`: forgotten if nothing was written since `seen` and
+    /// the epoch is the one its writes were answered under; marked lost (and kept) if not.
+    /// Returns whether its writes are durable.
+    pub fn synced(&self, file: Fid, object: StripeObject, seen: Unstable, epoch: u64) -> bool {
+        let mut files = self.files.lock();
+        let Some(f) = files.get_mut(&file) else {
+            return !seen.lost && seen.epoch == epoch;
+        };
+        let Some(u) = f.objects.get_mut(&object) else {
+            return true;
+        };
+        if u.lost || u.epoch != epoch {
+            u.lost = true;
+            return false;
+        }
+        if u.generation == seen.generation {
+            f.objects.remove(&object);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(oid: u32) -> StripeObject {
+        StripeObject {
+            target: 0,
+            fid: Fid::new(0x100000000, oid, 0),
+        }
+    }
+
+    #[test]
+    fn a_sync_under_a_new_epoch_marks_the_writes_lost_until_the_last_close() {
+        let w = Writes::new(5);
+        let file = Fid::new(0x200000400, 1, 0);
+        w.opened(file);
+        w.written(file, obj(1), 3);
+        let (o, seen) = w.unsynced(file)[0];
+        assert!(!w.synced(file, o, seen, 4), "the target restarted");
+        assert!(w.unsynced(file)[0].1.lost, "and every later fsync says so");
+        w.closed(file);
+        assert!(w.unsynced(file).is_empty());
+    }
+
+    #[test]
+    fn a_write_during_a_sync_stays_unsynced() {
+        let w = Writes::new(5);
+        let file = Fid::new(0x200000400, 1, 0);
+        w.written(file, obj(1), 3);
+        let (o, seen) = w.unsynced(file)[0];
+        w.written(file, obj(1), 3);
+        assert!(w.synced(file, o, seen, 3));
+        assert_eq!(w.unsynced(file).len(), 1);
+        let (o, seen) = w.unsynced(file)[0];
+        assert!(w.synced(file, o, seen, 3));
+        assert!(w.unsynced(file).is_empty());
+    }
+
+    #[test]
+    fn the_oldest_write_in_flight_is_in_every_stamp() {
+        let w = Writes::new(5);
+        let a = w.begin();
+        let b = w.begin();
+        assert_eq!((a.oldest, b.oldest), (a.xid, a.xid));
+        w.done(a);
+        assert_eq!(w.begin().oldest, b.xid);
+    }
+}

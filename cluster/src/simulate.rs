@@ -1,0 +1,507 @@
+//! The seeded whole-cluster simulator: the real MDS, storage servers and clients, started by
+//! the calls the binaries make, on the simulated fabric, with the MDS's journal on a
+//! crash-simulating disk and every target on a crash-simulating engine.
+//!
+//! One seed chooses everything: the workload (checkpoints written to a temporary name,
+//! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
+//! unlinks; from two clients), the faults between operations (a storage server killed and
+//! restarted; one that loses power, losing everything not synced; the MDS killed; the MDS
+//! losing power with its last journal write torn; a client cut off from a server for a while)
+//! and the network's own faults (loss, duplication, reordering on every link).
+//!
+//! The checkers live here, apart from the code they check, and know only what the client was
+//! told: every checkpoint whose rename was acknowledged holds exactly the acknowledged bytes
+//! (or, where the rename's answer was lost, the old or the new version whole); every range an
+//! fsync acknowledged reads back exactly, never as zeros; after the faults stop, the cluster
+//! makes progress (a new checkpoint commits); the namespace passes `fsck` and every target
+//! passes `scrub`.
+//!
+//! The seed fixes the workload, the fault schedule and the fabric's choices; the interleaving
+//! of the servers' tasks and the MDS's commit thread is left to the runtime, so a replay
+//! repeats the same operations and faults, though not always the same timing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use client::{Client, ClientConfig, OpenOptions};
+use lnet::sim::{Fabric, LinkParams};
+use mds::disk::MemDisk;
+use oss::engine::mem::MemEngine;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{Cluster, ClusterBuilder, Network};
+
+/// Storage servers in a simulated cluster (one target each).
+const SERVERS: usize = 2;
+/// Checkpoint names and plain files the workload picks from.
+const NAMES: u32 = 4;
+/// Largest checkpoint, and the span of plain files' writes.
+const MAX_BYTES: usize = 256 << 10;
+
+/// What one seed did.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub operations: usize,
+    pub faults: usize,
+    /// Operations that ended in an error (each allowed by the model, or the run fails).
+    pub refused: usize,
+}
+
+/// A run that broke a rule: its seed replays it.
+#[derive(Debug, thiserror::Error)]
+#[error("seed {seed}: {what}")]
+pub struct Failure {
+    pub seed: u64,
+    pub what: String,
+}
+
+/// What a checkpoint name may hold: any one of these versions, whole (`None`: absent).
+type Versions = Vec<Option<Vec<u8>>>;
+
+#[derive(Default)]
+struct Model {
+    checkpoints: BTreeMap<String, Versions>,
+    /// Plain files: per byte, what an acknowledged fsync put there (`None`: not promised).
+    files: BTreeMap<String, Vec<Option<u8>>>,
+}
+
+struct Sim {
+    seed: u64,
+    rng: ChaCha8Rng,
+    fabric: Fabric,
+    cluster: Cluster,
+    engines: Vec<Arc<MemEngine>>,
+    disk: Arc<MemDisk>,
+    clients: Vec<Client>,
+    model: Model,
+    report: Report,
+    /// The latest error an operation met, for a liveness failure's message.
+    last_error: String,
+}
+
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        attempt: Duration::from_millis(300),
+        retry_for: Duration::from_secs(8),
+        creds: proto::md::Creds::root(),
+        ..ClientConfig::default()
+    }
+}
+
+/// Runs one seed: `operations` random operations with faults among them, then the checks.
+pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
+    let fail = |what: String| Failure { seed, what };
+    let scratch = std::env::temp_dir().join(format!("lode-sim-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let fabric = Fabric::new(seed);
+    fabric
+        .set_default_link(LinkParams {
+            latency: Duration::from_micros(50),
+            loss: 0.002,
+            duplicate: 0.01,
+            reorder: 0.02,
+            reorder_window: Duration::from_millis(2),
+            ..LinkParams::default()
+        })
+        .map_err(|e| fail(e.to_string()))?;
+    let disk = Arc::new(MemDisk::new());
+    let engines: Vec<Arc<MemEngine>> = (0..SERVERS)
+        .map(|_| Arc::new(MemEngine::new(1 << 30)))
+        .collect();
+    let mut builder = ClusterBuilder::new(Network::Fabric(fabric.clone()), &scratch)
+        .mds_disk(disk.clone())
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .maintain_every(Duration::from_millis(50));
+    for e in &engines {
+        builder = builder.storage_server(vec![e.clone() as Arc<dyn oss::engine::Engine>]);
+    }
+    let cluster = builder.start().await.map_err(|e| fail(e.to_string()))?;
+    let mut clients = vec![];
+    for name in ["c0", "c1"] {
+        clients.push(
+            cluster
+                .client(name, client_config())
+                .await
+                .map_err(|e| fail(e.to_string()))?,
+        );
+    }
+    cluster
+        .wait_ready(&clients[0], SERVERS as u32, Duration::from_secs(20))
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let mut sim = Sim {
+        seed,
+        rng: ChaCha8Rng::seed_from_u64(seed),
+        fabric,
+        cluster,
+        engines,
+        disk,
+        clients,
+        model: Model::default(),
+        report: Report {
+            seed,
+            ..Report::default()
+        },
+        last_error: String::new(),
+    };
+    let result = sim.drive(operations).await;
+    let Sim {
+        cluster, report, ..
+    } = sim;
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    result.map(|()| report)
+}
+
+impl Sim {
+    fn fail(&self, what: impl Into<String>) -> Failure {
+        Failure {
+            seed: self.seed,
+            what: what.into(),
+        }
+    }
+
+    async fn drive(&mut self, operations: usize) -> Result<(), Failure> {
+        for _ in 0..operations {
+            if self.rng.gen_bool(0.15) {
+                self.fault().await?;
+            }
+            self.operation().await?;
+            self.report.operations += 1;
+        }
+        // The faults stop: the network heals and every server runs.
+        self.fabric.heal();
+        self.fabric
+            .set_default_link(LinkParams {
+                latency: Duration::from_micros(50),
+                ..LinkParams::default()
+            })
+            .map_err(|e| self.fail(e.to_string()))?;
+        for i in 0..SERVERS {
+            if self.cluster.oss(i).is_none() {
+                self.cluster
+                    .start_oss(i)
+                    .await
+                    .map_err(|e| self.fail(e.to_string()))?;
+            }
+        }
+        self.check_progress().await?;
+        self.check_contents().await?;
+        self.check_consistency().await
+    }
+
+    async fn fault(&mut self) -> Result<(), Failure> {
+        self.report.faults += 1;
+        let server = self.rng.gen_range(0..SERVERS);
+        match self.rng.gen_range(0..5) {
+            0 => {
+                self.cluster.kill_oss(server);
+                self.restart_oss(server).await
+            }
+            1 => {
+                self.cluster.kill_oss(server);
+                self.engines[server].crash();
+                self.restart_oss(server).await
+            }
+            2 => {
+                self.cluster.kill_mds().await;
+                self.restart_mds().await
+            }
+            3 => {
+                self.cluster.kill_mds().await;
+                self.disk.crash(Some(self.rng.gen()));
+                self.restart_mds().await
+            }
+            _ => {
+                let client = format!("c{}", self.rng.gen_range(0..2));
+                self.fabric.partition(&client, &format!("oss{server}"));
+                let fabric = self.fabric.clone();
+                let heal_after = Duration::from_millis(self.rng.gen_range(50..1500));
+                tokio::spawn(async move {
+                    tokio::time::sleep(heal_after).await;
+                    fabric.heal();
+                });
+                Ok(())
+            }
+        }
+    }
+
+    async fn restart_oss(&mut self, i: usize) -> Result<(), Failure> {
+        let r = self.cluster.start_oss(i).await;
+        r.map_err(|e| self.fail(format!("restarting storage server {i}: {e}")))
+    }
+
+    async fn restart_mds(&mut self) -> Result<(), Failure> {
+        let r = self.cluster.start_mds().await;
+        r.map_err(|e| self.fail(format!("restarting the MDS: {e}")))
+    }
+
+    fn bytes(&mut self, max: usize) -> Vec<u8> {
+        let len = self.rng.gen_range(0..=max);
+        let mut v = vec![0u8; len];
+        self.rng.fill(&mut v[..]);
+        v
+    }
+
+    async fn operation(&mut self) -> Result<(), Failure> {
+        let c = self.clients[self.rng.gen_range(0..2)].clone();
+        let k = self.rng.gen_range(0..NAMES);
+        match self.rng.gen_range(0..10) {
+            0..=3 => {
+                let data = self.bytes(MAX_BYTES);
+                let chunk = self.rng.gen_range(1..=64) << 10;
+                self.checkpoint(&c, k, data, chunk).await
+            }
+            4..=6 => {
+                let data = self.bytes(64 << 10);
+                let offset = self.rng.gen_range(0..MAX_BYTES as u64);
+                self.write_file(&c, k, offset, data).await
+            }
+            7 => {
+                let size = self.rng.gen_range(0..MAX_BYTES as u64);
+                self.truncate_file(&c, k, size).await
+            }
+            8 => {
+                let name = format!("/ck{k}");
+                let done = c.unlink(&name).await;
+                let versions = self.model.checkpoints.entry(name).or_insert(vec![None]);
+                match done {
+                    Ok(()) => *versions = vec![None],
+                    Err(_) => {
+                        self.report.refused += 1;
+                        versions.push(None);
+                    }
+                }
+                Ok(())
+            }
+            _ => {
+                let name = format!("/f{k}");
+                match c.unlink(&name).await {
+                    Ok(()) => {
+                        self.model.files.remove(&name);
+                    }
+                    Err(e) if e.is(proto::FsErrorKind::NotFound) => {}
+                    Err(_) => {
+                        // Removed or not: nothing about it is promised any more.
+                        self.report.refused += 1;
+                        self.model.files.insert(name, vec![]);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes a whole new version under a temporary name, fsyncs it and renames it into place.
+    async fn checkpoint(&mut self, c: &Client, k: u32, data: Vec<u8>, chunk: usize) -> Result<(), Failure> {
+        let (tmp, name) = (format!("/ck{k}.tmp"), format!("/ck{k}"));
+        let written = async {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(c, &tmp)
+                .await?;
+            for (i, piece) in data.chunks(chunk).enumerate() {
+                f.write_at((i * chunk) as u64, piece).await?;
+            }
+            f.fsync().await?;
+            f.close().await
+        }
+        .await;
+        if let Err(e) = written {
+            self.last_error = e.to_string();
+            self.report.refused += 1;
+            return Ok(()); // a checkpointer gives up on a version it could not make durable
+        }
+        let renamed = c.rename(&tmp, &name).await;
+        let versions = self.model.checkpoints.entry(name).or_insert(vec![None]);
+        match renamed {
+            Ok(()) => *versions = vec![Some(data)],
+            Err(e) => {
+                self.last_error = e.to_string();
+                self.report.refused += 1;
+                versions.push(Some(data));
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_file(&mut self, c: &Client, k: u32, offset: u64, data: Vec<u8>) -> Result<(), Failure> {
+        let name = format!("/f{k}");
+        let done = async {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .open(c, &name)
+                .await?;
+            f.write_at(offset, &data).await?;
+            f.fsync().await?;
+            f.close().await
+        }
+        .await;
+        let bytes = self.model.files.entry(name).or_default();
+        let end = offset as usize + data.len();
+        if bytes.len() < end {
+            bytes.resize(end, None);
+        }
+        let range = &mut bytes[offset as usize..end];
+        match done {
+            Ok(()) => {
+                for (b, d) in range.iter_mut().zip(&data) {
+                    *b = Some(*d);
+                }
+            }
+            Err(_) => {
+                self.report.refused += 1;
+                range.fill(None);
+            }
+        }
+        Ok(())
+    }
+
+    async fn truncate_file(&mut self, c: &Client, k: u32, size: u64) -> Result<(), Failure> {
+        let name = format!("/f{k}");
+        if !self.model.files.contains_key(&name) {
+            return Ok(());
+        }
+        let done = async {
+            let f = OpenOptions::new().write(true).open(c, &name).await?;
+            f.set_len(size).await?;
+            f.close().await
+        }
+        .await;
+        let bytes = self.model.files.entry(name).or_default();
+        match done {
+            Ok(()) => bytes.resize(size as usize, Some(0)),
+            Err(_) => {
+                self.report.refused += 1;
+                // Cut or not: the bytes past `size` are no longer promised.
+                let keep = bytes.len().min(size as usize);
+                bytes[keep..].fill(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Liveness: with the faults over, a new checkpoint commits.
+    async fn check_progress(&mut self) -> Result<(), Failure> {
+        let c = self.clients[0].clone();
+        let data = self.bytes(64 << 10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let before = self.report.refused;
+            self.checkpoint(&c, NAMES, data.clone(), 16 << 10).await?;
+            let committed = self
+                .model
+                .checkpoints
+                .get(&format!("/ck{NAMES}"))
+                .is_some_and(|v| v.len() == 1 && v[0].is_some());
+            if self.report.refused == before && committed {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(self.fail(format!(
+                    "no progress within 30 s after the faults stopped: {}",
+                    self.last_error
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every acknowledged byte is there, exactly; checkpoint names hold one whole version.
+    async fn check_contents(&mut self) -> Result<(), Failure> {
+        let c = self.clients[1].clone();
+        for (name, versions) in &self.model.checkpoints {
+            let got = read_whole(&c, name).await.map_err(|e| self.fail(e))?;
+            if !versions.contains(&got) {
+                return Err(self.fail(format!(
+                    "{name} holds {} ({} bytes) where the acknowledged version(s) are {}",
+                    describe(&got),
+                    got.as_ref().map_or(0, Vec::len),
+                    versions.iter().map(describe).collect::<Vec<_>>().join(" or ")
+                )));
+            }
+        }
+        for (name, bytes) in &self.model.files {
+            if bytes.iter().all(Option::is_none) {
+                continue;
+            }
+            let got = read_whole(&c, name)
+                .await
+                .map_err(|e| self.fail(e))?
+                .ok_or_else(|| self.fail(format!("{name} was acknowledged and is gone")))?;
+            for (at, want) in bytes.iter().enumerate() {
+                let Some(want) = want else { continue };
+                if got.get(at) != Some(want) {
+                    return Err(self.fail(format!(
+                        "{name}: byte {at} reads {:?}, acknowledged {want} (file of {} bytes)",
+                        got.get(at),
+                        got.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_consistency(&mut self) -> Result<(), Failure> {
+        let problems = self.cluster.mds().fsck();
+        if !problems.is_empty() {
+            return Err(self.fail(format!("fsck: {}", problems.join("; "))));
+        }
+        for i in 0..SERVERS {
+            let Some(s) = self.cluster.oss(i) else { continue };
+            let reports = s
+                .scrub()
+                .await
+                .map_err(|e| self.fail(format!("scrub of server {i}: {e}")))?;
+            for r in reports {
+                if !r.bad.is_empty() {
+                    return Err(self.fail(format!("scrub of server {i}: bad blocks {:?}", r.bad)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn describe(v: &Option<Vec<u8>>) -> String {
+    match v {
+        None => "nothing".into(),
+        Some(b) => format!("{} bytes crc {:08x}", b.len(), crc(b)),
+    }
+}
+
+fn crc(b: &[u8]) -> u32 {
+    b.iter()
+        .fold(0x811c9dc5u32, |h, x| (h ^ u32::from(*x)).wrapping_mul(0x01000193))
+}
+
+async fn read_whole(c: &Client, name: &str) -> Result<Option<Vec<u8>>, String> {
+    let f = match OpenOptions::new().read(true).open(c, name).await {
+        Ok(f) => f,
+        Err(e) if e.is(proto::FsErrorKind::NotFound) => return Ok(None),
+        Err(e) => return Err(format!("opening {name}: {e}")),
+    };
+    let size = f.size().await.map_err(|e| format!("{name}: {e}"))?;
+    let mut buf = vec![0u8; size as usize];
+    let mut at = 0;
+    while at < buf.len() {
+        let n = f
+            .read_at(at as u64, &mut buf[at..])
+            .await
+            .map_err(|e| format!("reading {name} at {at}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    buf.truncate(at);
+    let _ = f.close().await;
+    Ok(Some(buf))
+}
