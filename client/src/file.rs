@@ -301,7 +301,13 @@ impl File {
     fn layout(&self) -> Result<Layout> {
         let i = self.inode.lock();
         match &i.layout {
-            Some(l) if l.components.iter().all(|c| c.is_instantiated()) => Ok(l.clone()),
+            // A layout from the network is checked before any arithmetic is done with it.
+            Some(l) if l.components.iter().all(|c| c.is_instantiated()) => {
+                l.validate().map_err(|e| {
+                    ClientError::fs(FsErrorKind::Io, format!("{}: bad layout: {e}", i.fid))
+                })?;
+                Ok(l.clone())
+            }
             _ => Err(ClientError::fs(
                 FsErrorKind::Io,
                 format!(

@@ -296,7 +296,13 @@ impl Sim {
     }
 
     /// Writes a whole new version under a temporary name, fsyncs it and renames it into place.
-    async fn checkpoint(&mut self, c: &Client, k: u32, data: Vec<u8>, chunk: usize) -> Result<(), Failure> {
+    async fn checkpoint(
+        &mut self,
+        c: &Client,
+        k: u32,
+        data: Vec<u8>,
+        chunk: usize,
+    ) -> Result<(), Failure> {
         let (tmp, name) = (format!("/ck{k}.tmp"), format!("/ck{k}"));
         let written = async {
             let f = OpenOptions::new()
@@ -330,7 +336,13 @@ impl Sim {
         Ok(())
     }
 
-    async fn write_file(&mut self, c: &Client, k: u32, offset: u64, data: Vec<u8>) -> Result<(), Failure> {
+    async fn write_file(
+        &mut self,
+        c: &Client,
+        k: u32,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), Failure> {
         let name = format!("/f{k}");
         let done = async {
             let f = OpenOptions::new()
@@ -423,7 +435,11 @@ impl Sim {
                     "{name} holds {} ({} bytes) where the acknowledged version(s) are {}",
                     describe(&got),
                     got.as_ref().map_or(0, Vec::len),
-                    versions.iter().map(describe).collect::<Vec<_>>().join(" or ")
+                    versions
+                        .iter()
+                        .map(describe)
+                        .collect::<Vec<_>>()
+                        .join(" or ")
                 )));
             }
         }
@@ -455,7 +471,9 @@ impl Sim {
             return Err(self.fail(format!("fsck: {}", problems.join("; "))));
         }
         for i in 0..SERVERS {
-            let Some(s) = self.cluster.oss(i) else { continue };
+            let Some(s) = self.cluster.oss(i) else {
+                continue;
+            };
             let reports = s
                 .scrub()
                 .await
@@ -478,8 +496,9 @@ fn describe(v: &Option<Vec<u8>>) -> String {
 }
 
 fn crc(b: &[u8]) -> u32 {
-    b.iter()
-        .fold(0x811c9dc5u32, |h, x| (h ^ u32::from(*x)).wrapping_mul(0x01000193))
+    b.iter().fold(0x811c9dc5u32, |h, x| {
+        (h ^ u32::from(*x)).wrapping_mul(0x01000193)
+    })
 }
 
 async fn read_whole(c: &Client, name: &str) -> Result<Option<Vec<u8>>, String> {

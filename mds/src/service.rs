@@ -69,6 +69,13 @@ impl MdsService {
             return Ok((template, vec![]));
         }
         let template = template.unwrap_or_else(default_layout);
+        // Checked before anything is allocated: a bad template costs no storage server work.
+        template.validate().map_err(|e| {
+            ns_error(NsError {
+                kind: FsErrorKind::Invalid,
+                what: e.to_string(),
+            })
+        })?;
         let layout = self.alloc.instantiate(&template).await.map_err(ns_error)?;
         let objects = objects_of(&layout);
         Ok((Some(layout), objects))

@@ -448,7 +448,9 @@ impl Object {
             let st = self.state.lock();
             (
                 st.size,
-                (b0..b1).map(|b| !unknown && !st.dirty.contains(b)).collect(),
+                (b0..b1)
+                    .map(|b| !unknown && !st.dirty.contains(b))
+                    .collect(),
             )
         };
         // Every block is either wholly covered by `data` or an edge block, zeroed or read here.
@@ -571,7 +573,8 @@ impl Object {
         }
         if offset < first * BLOCK {
             let zeros = vec![0u8; (first * BLOCK - offset) as usize];
-            self.write_blocks(offset, first * BLOCK, &zeros, None).await?;
+            self.write_blocks(offset, first * BLOCK, &zeros, None)
+                .await?;
         }
         if end > last * BLOCK {
             let zeros = vec![0u8; (end - last * BLOCK) as usize];
@@ -676,13 +679,19 @@ mod tests {
         assert!(s.admit(st(9, 5), 5, 0, 100));
         assert!(!s.admit(st(5, 5), 5, 50, 150), "older and overlapping");
         assert!(s.admit(st(6, 5), 5, 100, 200), "older but apart");
-        assert!(!s.admit(st(4, 10), 10, 500, 600), "below the client's oldest in flight");
+        assert!(
+            !s.admit(st(4, 10), 10, 500, 600),
+            "below the client's oldest in flight"
+        );
         let other = WriteStamp {
             client: 8,
             xid: 1,
             oldest: 1,
         };
-        assert!(s.admit(other, 1, 0, 100), "another client's order is its own");
+        assert!(
+            s.admit(other, 1, 0, 100),
+            "another client's order is its own"
+        );
     }
 
     #[test]

@@ -53,7 +53,12 @@ async fn writes_read_back_at_any_offset_with_holes_as_zeros() {
     let (_m, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
     let a = bytes(1, 10_000);
-    assert_eq!(t.write(o, 5000, &a, false, Default::default()).await.unwrap(), 15_000);
+    assert_eq!(
+        t.write(o, 5000, &a, false, Default::default())
+            .await
+            .unwrap(),
+        15_000
+    );
     let got = t.read(o, 0, 20_000).await.unwrap();
     assert_eq!(got.len(), 15_000, "a read past the end is short");
     assert!(
@@ -62,7 +67,9 @@ async fn writes_read_back_at_any_offset_with_holes_as_zeros() {
     );
     assert_eq!(&got[5000..], &a[..]);
     // An unaligned overwrite inside one block keeps its neighbours.
-    t.write(o, 6001, b"xyz", false, Default::default()).await.unwrap();
+    t.write(o, 6001, b"xyz", false, Default::default())
+        .await
+        .unwrap();
     let got = t.read(o, 6000, 5).await.unwrap();
     assert_eq!(&got[..], &[a[1000], b'x', b'y', b'z', a[1004]]);
     assert!(t.read(o, 15_000, 10).await.unwrap().is_empty());
@@ -72,9 +79,15 @@ async fn writes_read_back_at_any_offset_with_holes_as_zeros() {
 async fn truncate_shrinks_and_grows_with_zeros() {
     let (_m, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
-    t.write(o, 0, &bytes(3, 3 * BLOCK as usize), true, Default::default())
-        .await
-        .unwrap();
+    t.write(
+        o,
+        0,
+        &bytes(3, 3 * BLOCK as usize),
+        true,
+        Default::default(),
+    )
+    .await
+    .unwrap();
     t.truncate(o, 5000).await.unwrap();
     assert_eq!(t.size(o).await.unwrap(), 5000);
     t.truncate(o, 20_000).await.unwrap();
@@ -91,7 +104,9 @@ async fn punch_zeroes_a_range_and_keeps_the_size() {
     let (_m, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
     let data = bytes(9, 5 * BLOCK as usize);
-    t.write(o, 0, &data, false, Default::default()).await.unwrap();
+    t.write(o, 0, &data, false, Default::default())
+        .await
+        .unwrap();
     t.punch(o, 100, 3 * BLOCK).await.unwrap();
     let got = t.read(o, 0, 5 * BLOCK).await.unwrap();
     assert_eq!(got.len(), data.len());
@@ -107,7 +122,9 @@ async fn punch_zeroes_a_range_and_keeps_the_size() {
 async fn a_destroyed_or_unknown_object_is_not_found() {
     let (_m, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
-    t.write(o, 0, b"hello", true, Default::default()).await.unwrap();
+    t.write(o, 0, b"hello", true, Default::default())
+        .await
+        .unwrap();
     t.destroy(o).await.unwrap();
     assert!(matches!(
         t.read(o, 0, 5).await,
@@ -137,7 +154,10 @@ async fn ranges_past_the_limits_are_refused_and_write_nothing() {
         let err = t.read(o, off, len).await.unwrap_err();
         assert!(matches!(err, TargetError::Invalid(_)), "{err}");
     }
-    let err = t.write(o, MAX_OBJECT_SIZE, b"x", false, Default::default()).await.unwrap_err();
+    let err = t
+        .write(o, MAX_OBJECT_SIZE, b"x", false, Default::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, TargetError::Invalid(_)), "{err}");
     assert!(matches!(
         t.truncate(o, MAX_OBJECT_SIZE + 1).await,
@@ -155,13 +175,21 @@ async fn a_crash_keeps_synced_data_and_loses_unsynced_writes_whole() {
     let (mem, t) = mem_target(1 << 30).await;
     let o = t.precreate(2).await.unwrap();
     let synced = bytes(1, 64 << 10);
-    t.write(o, 0, &synced, true, Default::default()).await.unwrap();
+    t.write(o, 0, &synced, true, Default::default())
+        .await
+        .unwrap();
     // Unsynced: an overwrite of part of it, and an extension.
-    t.write(o, 10_000, &bytes(2, 30_000), false, Default::default()).await.unwrap();
-    t.write(o, 64 << 10, &bytes(3, 8192), false, Default::default()).await.unwrap();
+    t.write(o, 10_000, &bytes(2, 30_000), false, Default::default())
+        .await
+        .unwrap();
+    t.write(o, 64 << 10, &bytes(3, 8192), false, Default::default())
+        .await
+        .unwrap();
     // A second object written and synced after the first's unsynced writes.
     let o2 = Fid::new(o.seq, o.oid + 1, 0);
-    t.write(o2, 0, b"durable", false, Default::default()).await.unwrap();
+    t.write(o2, 0, b"durable", false, Default::default())
+        .await
+        .unwrap();
     t.sync(o2).await.unwrap();
     drop(t);
     mem.crash();
@@ -204,7 +232,9 @@ async fn a_full_disk_refuses_the_write_and_keeps_what_was_there() {
     let (mem, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
     let first = bytes(4, 32 << 10);
-    t.write(o, 0, &first, true, Default::default()).await.unwrap();
+    t.write(o, 0, &first, true, Default::default())
+        .await
+        .unwrap();
     mem.set_capacity(
         mem.space(Path::new(ROOT)).unwrap().total - mem.space(Path::new(ROOT)).unwrap().free + 1000,
     );
@@ -216,14 +246,18 @@ async fn a_full_disk_refuses_the_write_and_keeps_what_was_there() {
     assert_eq!(t.size(o).await.unwrap(), first.len() as u64);
     assert_eq!(&t.read(o, 0, 1 << 20).await.unwrap()[..], &first[..]);
     // An overwrite in place needs no new space and still works.
-    t.write(o, 0, &bytes(6, 4096), true, Default::default()).await.unwrap();
+    t.write(o, 0, &bytes(6, 4096), true, Default::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn disk_errors_reach_the_caller_naming_the_object() {
     let (mem, t) = mem_target(1 << 30).await;
     let o = t.precreate(1).await.unwrap();
-    t.write(o, 0, &bytes(1, 8192), true, Default::default()).await.unwrap();
+    t.write(o, 0, &bytes(1, 8192), true, Default::default())
+        .await
+        .unwrap();
     mem.fail_next(Op::Read, libc::EIO);
     let err = t.read(o, 0, 8192).await.unwrap_err();
     assert!(matches!(err, TargetError::Io { .. }), "{err}");
@@ -242,7 +276,9 @@ async fn a_flipped_bit_on_disk_is_an_error_naming_object_and_offset_and_scrub_fi
     let t = Target::open(engine, &dir).await.unwrap();
     let o = t.precreate(1).await.unwrap();
     let data = bytes(7, 5 * BLOCK as usize);
-    t.write(o, 0, &data, true, Default::default()).await.unwrap();
+    t.write(o, 0, &data, true, Default::default())
+        .await
+        .unwrap();
     assert_eq!(t.scrub().await.unwrap().bad, vec![]);
 
     let path = dir.join(format!("O/{:x}/d{}/{:x}", o.seq, o.oid % 32, o.oid));
@@ -277,8 +313,14 @@ async fn concurrent_writes_to_one_object_all_land() {
         .map(|i| {
             let t = t.clone();
             tokio::spawn(async move {
-                t.write(o, u64::from(i) * chunk as u64, &vec![i + 1; chunk], false, Default::default())
-                    .await
+                t.write(
+                    o,
+                    u64::from(i) * chunk as u64,
+                    &vec![i + 1; chunk],
+                    false,
+                    Default::default(),
+                )
+                .await
             })
         })
         .collect();
@@ -306,8 +348,14 @@ async fn concurrent_first_writes_on_a_real_disk_share_one_object() {
             .map(|i| {
                 let t = t.clone();
                 tokio::spawn(async move {
-                    t.write(o, i * BLOCK, &vec![i as u8 + 1; BLOCK as usize], false, Default::default())
-                        .await?;
+                    t.write(
+                        o,
+                        i * BLOCK,
+                        &vec![i as u8 + 1; BLOCK as usize],
+                        false,
+                        Default::default(),
+                    )
+                    .await?;
                     t.read(o, 0, 16 * BLOCK).await.map(|_| ())
                 })
             })

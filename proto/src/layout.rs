@@ -94,6 +94,8 @@ pub enum LayoutError {
         "component {index} extent [{start}, {end}) is empty or not a multiple of its stripe size"
     )]
     Extent { index: usize, start: u64, end: u64 },
+    #[error("component {index} names target {target} twice")]
+    DuplicateTarget { index: usize, target: u32 },
     #[error("component {index} has {objects} objects for {stripes} stripes")]
     Objects {
         index: usize,
@@ -212,6 +214,10 @@ impl Layout {
             if c.targets.len() > MAX_STRIPE_COUNT as usize {
                 return Err(LayoutError::StripeCount(c.targets.len() as u32));
             }
+            let mut seen = std::collections::HashSet::with_capacity(c.targets.len());
+            if let Some(&target) = c.targets.iter().find(|t| !seen.insert(**t)) {
+                return Err(LayoutError::DuplicateTarget { index, target });
+            }
             if c.start != expected {
                 return Err(LayoutError::Gap {
                     index,
@@ -329,6 +335,23 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_naming_a_target_twice_is_refused_before_anything_is_allocated() {
+        let mut c = Component::raid0(StripeCount::Count(2), 1 << 20);
+        c.targets = vec![3, 3];
+        let l = Layout {
+            generation: 1,
+            components: vec![c],
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LayoutError::DuplicateTarget {
+                index: 0,
+                target: 3
+            })
+        );
+    }
     use proptest::prelude::*;
     use std::collections::HashSet;
 
