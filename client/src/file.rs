@@ -427,7 +427,13 @@ impl File {
                     .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let desc =
                     region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
-                let stamp = client.inner.writes.begin();
+                // Unordered until overlapping writes in flight from one client are ordered
+                // on this side: the mount's write-behind sends them, and the server would
+                // refuse the older.
+                let stamp = proto::ost::WriteStamp {
+                    client: 0,
+                    ..client.inner.writes.begin()
+                };
                 let w = OstWrite {
                     target: obj.target,
                     fid: obj.fid,
