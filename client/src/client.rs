@@ -23,6 +23,10 @@ pub const MAX_PATH: usize = 4096;
 /// Symlinks followed in one resolution before ELOOP.
 pub const MAX_SYMLINKS: usize = 40;
 
+/// How often a client holding files open pings the MDS, by default: well within the MDS's
+/// recovery window and eviction time.
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+
 /// Client settings.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -35,6 +39,9 @@ pub struct ClientConfig {
     pub window: usize,
     /// How long one attempt of a call may take before it is resent.
     pub attempt: Duration,
+    /// While it holds files open, how often the client pings the MDS: to stay known (an MDS
+    /// evicts a silent client's handles), and to see a restart and count its open files again.
+    pub ping_every: Duration,
 }
 
 impl Default for ClientConfig {
@@ -50,6 +57,7 @@ impl Default for ClientConfig {
             },
             window: 16,
             attempt: Duration::from_secs(10),
+            ping_every: PING_EVERY,
         }
     }
 }
@@ -67,7 +75,9 @@ pub(crate) struct Inner {
     client_id: u128,
     next_req: AtomicU64,
     /// Unsynced writes per file, and the order of writes.
-    pub(crate) writes: crate::unstable::Writes,
+    pub(crate) writes: Arc<crate::unstable::Writes>,
+    /// The handles this client holds open, counted at the MDS.
+    pub(crate) opens: crate::opens::Opens,
 }
 
 /// A connection to one filesystem. Cheap to clone.
@@ -115,12 +125,79 @@ impl Client {
                 windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: rand::random(),
                 next_req: AtomicU64::new(1),
-                writes: crate::unstable::Writes::new(rand::random()),
+                writes: Arc::new(crate::unstable::Writes::new(rand::random())),
+                opens: crate::opens::Opens::default(),
             }),
             creds,
         };
-        client.statfs().await?;
+        client.ping().await?;
+        let every = client.inner.cfg.ping_every;
+        tokio::spawn(crate::opens::pinger(Arc::downgrade(&client.inner), every));
         Ok(client)
+    }
+
+    /// Pings the MDS, and counts again the files this client holds open if it restarted.
+    pub(crate) async fn ping(&self) -> Result<()> {
+        let ping = MdsPing {
+            client: self.inner.client_id,
+        };
+        let pong = self.rpc(&self.inner.mds.clone(), &ping).await?;
+        if self.inner.opens.restarted(pong.instance) {
+            self.reopen_all().await?;
+        }
+        Ok(())
+    }
+
+    /// Counts again at the MDS every handle this client holds open.
+    async fn reopen_all(&self) -> Result<()> {
+        let held = self.inner.opens.replaying();
+        tracing::info!(
+            handles = held.len(),
+            "the MDS restarted: counting open files again"
+        );
+        for chunk in held.chunks(MAX_REOPEN) {
+            let handles = chunk
+                .iter()
+                .map(|&(h, fid)| (fid, self.handle(h)))
+                .collect();
+            let r = self
+                .rpc(&self.inner.mds.clone(), &MdsReopen { handles })
+                .await?;
+            for fid in r.gone {
+                tracing::warn!(%fid, "a file held open is gone from the MDS");
+            }
+        }
+        Ok(())
+    }
+
+    /// This client's name for its handle `h`.
+    pub(crate) fn handle(&self, h: u64) -> OpenHandle {
+        OpenHandle {
+            client: self.inner.client_id,
+            handle: h,
+        }
+    }
+
+    /// Remembers the open `handle` of `fid`, counted by the MDS since `replays` (from
+    /// [`crate::opens::Opens::replays`] before the open was sent); counts it again if the MDS
+    /// restarted and the client reopened its files meanwhile, without it.
+    pub(crate) async fn opened(&self, handle: OpenHandle, fid: Fid, replays: u64) -> Result<()> {
+        self.inner.opens.insert(handle.handle, fid);
+        if self.inner.opens.replays() != replays {
+            let r = MdsReopen {
+                handles: vec![(fid, handle)],
+            };
+            self.rpc(&self.inner.mds.clone(), &r).await?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the open `handle` of `fid` and tells the MDS.
+    pub(crate) async fn close_handle(&self, handle: OpenHandle, fid: Fid) -> Result<()> {
+        self.inner.opens.remove(handle.handle);
+        self.rpc(&self.inner.mds.clone(), &MdsClose { fid, handle })
+            .await?;
+        Ok(())
     }
 
     /// The window of `target`: a read or write to it holds one permit while in flight.
@@ -159,6 +236,12 @@ impl Client {
         Ok(n as u32 >= want)
     }
 
+    /// A handle on the connection `inner`, acting as its configured user.
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Client {
+        let creds = inner.cfg.creds.clone();
+        Client { inner, creds }
+    }
+
     /// The credentials this handle's calls carry.
     pub fn creds(&self) -> &Creds {
         &self.creds
@@ -191,12 +274,16 @@ impl Client {
 
     /// Carries out a namespace change as this handle's user; resends never apply it twice.
     pub async fn reint(&self, mutation: Mutation) -> Result<Option<Inode>> {
-        Ok(self.reint_with(mutation, false).await?.inode)
+        Ok(self.reint_with(mutation, None).await?.inode)
     }
 
     /// A mutation that also counts an open of the file it returns (create and open in one
     /// round trip).
-    pub(crate) async fn reint_with(&self, mutation: Mutation, open: bool) -> Result<MdsReintReply> {
+    pub(crate) async fn reint_with(
+        &self,
+        mutation: Mutation,
+        open: Option<OpenHandle>,
+    ) -> Result<MdsReintReply> {
         let req = ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use lnet::{DmaBuffer, Registered};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
-use proto::md::{Creds, Inode, Kind, MdsClose, MdsOpen, Mutation, SetAttr};
+use proto::md::{Creds, Inode, Kind, MdsOpen, Mutation, OpenHandle, SetAttr};
 use proto::ost::{OstPunch, OstRead, OstSync, OstTruncate, OstWrite};
 use proto::Nid;
 use tokio::sync::Semaphore;
@@ -167,20 +167,21 @@ impl OpenOptions {
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            let done = client.reint_with(m, true).await?;
+            let handle = client.handle(client.inner.opens.next_handle());
+            let replays = client.inner.opens.replays();
+            let done = client.reint_with(m, Some(handle)).await?;
             let inode = done
                 .inode
                 .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
+            client.opened(handle, inode.fid, replays).await?;
             if !done.created {
                 // An existing file: opened with the access its mode gives, as any open.
                 if let Err(e) = self.check_access(client, &inode) {
-                    let _ = client
-                        .rpc(&client.inner.mds.clone(), &MdsClose { fid: inode.fid })
-                        .await;
+                    let _ = client.close_handle(handle, inode.fid).await;
                     return Err(e);
                 }
             }
-            return self.open_counted(client, inode, true).await;
+            return self.open_counted(client, inode, Some(handle)).await;
         }
         let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
@@ -190,22 +191,31 @@ impl OpenOptions {
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
     pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
-        let mds = client.inner.mds.clone();
-        let inode = client.rpc(&mds, &MdsOpen { fid }).await?.inode;
+        let (inode, handle) = Self::count_open(client, fid).await?;
         let checked = self
             .check_access(client, &inode)
             .and_then(|()| self.kind_opens(&inode));
         if let Err(e) = checked {
-            let _ = client.rpc(&mds, &MdsClose { fid }).await;
+            let _ = client.close_handle(handle, fid).await;
             return Err(e);
         }
-        self.open_counted(client, inode, true).await
+        self.open_counted(client, inode, Some(handle)).await
+    }
+
+    /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now.
+    async fn count_open(client: &Client, fid: proto::Fid) -> Result<(Inode, OpenHandle)> {
+        let handle = client.handle(client.inner.opens.next_handle());
+        let replays = client.inner.opens.replays();
+        let mds = client.inner.mds.clone();
+        let inode = client.rpc(&mds, &MdsOpen { fid, handle }).await?.inode;
+        client.opened(handle, fid, replays).await?;
+        Ok((inode, handle))
     }
 
     /// Opens a file already looked up, if the client's credentials allow the access asked for.
     pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
         self.check_access(client, &inode)?;
-        self.open_counted(client, inode, false).await
+        self.open_counted(client, inode, None).await
     }
 
     /// Only regular files are opened here (a directory, a symlink or a special file is not).
@@ -239,20 +249,24 @@ impl OpenOptions {
         Ok(())
     }
 
-    /// Opens `inode`; `counted` when the MDS already counted this open (with the create).
-    async fn open_counted(&self, client: &Client, inode: Inode, counted: bool) -> Result<File> {
+    /// Opens `inode`; with `counted`, the handle the MDS already counted this open under.
+    async fn open_counted(
+        &self,
+        client: &Client,
+        inode: Inode,
+        counted: Option<OpenHandle>,
+    ) -> Result<File> {
         self.kind_opens(&inode)?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes. Its answer is the freshest view of the file.
-        let inode = if counted {
-            inode
-        } else {
-            let mds = client.inner.mds.clone();
-            client.rpc(&mds, &MdsOpen { fid: inode.fid }).await?.inode
+        let (inode, handle) = match counted {
+            Some(h) => (inode, h),
+            None => Self::count_open(client, inode.fid).await?,
         };
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),
+            handle,
             append: self.append,
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
@@ -271,6 +285,8 @@ impl OpenOptions {
 pub struct File {
     client: Client,
     inode: Mutex<Inode>,
+    /// The open the MDS counts for this handle.
+    handle: OpenHandle,
     append: bool,
     writable: bool,
     /// The furthest end this handle has written.
@@ -418,32 +434,34 @@ impl File {
         let windows = self.windows(&planned);
         let mut tasks = JoinSet::new();
         for (p, obj, oss) in planned {
+            // Its place in the order is taken now, in the caller's order.
+            let ticket =
+                self.client
+                    .inner
+                    .writes
+                    .begin(obj, p.object_offset, p.object_offset + p.len);
             let window = windows[&obj.target].clone();
             let (client, region) = (self.client.clone(), region.clone());
             tasks.spawn(async move {
+                // Before taking a slot of the window: a write holding one never waits for
+                // another that needs one.
+                ticket.ready().await;
                 let _slot = window
                     .acquire_owned()
                     .await
                     .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let desc =
                     region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
-                // Unordered until overlapping writes in flight from one client are ordered
-                // on this side: the mount's write-behind sends them, and the server would
-                // refuse the older.
-                let stamp = proto::ost::WriteStamp {
-                    client: 0,
-                    ..client.inner.writes.begin()
-                };
                 let w = OstWrite {
                     target: obj.target,
                     fid: obj.fid,
                     offset: p.object_offset,
                     desc,
                     sync: false,
-                    stamp,
+                    stamp: ticket.stamp,
                 };
                 let r = client.rpc(&oss, &w).await;
-                client.inner.writes.done(stamp);
+                drop(ticket);
                 r.map(|r| (obj, r.epoch))
             });
         }
@@ -665,9 +683,7 @@ impl File {
         let published = self.publish_size().await;
         let fid = self.inode.lock().fid;
         self.client.inner.writes.closed(fid);
-        self.client
-            .rpc(&self.client.inner.mds.clone(), &MdsClose { fid })
-            .await?;
+        self.client.close_handle(self.handle, fid).await?;
         published
     }
 
@@ -806,20 +822,21 @@ impl Drop for File {
             return;
         }
         self.client.inner.writes.closed(self.inode.lock().fid);
+        // Not counted again after an MDS restart, whether or not the close gets through.
+        self.client.inner.opens.remove(self.handle.handle);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (client, fid, end) = (
+            let (client, fid, end, handle) = (
                 self.client.clone(),
                 self.inode.lock().fid,
                 self.written_to.load(Ordering::Relaxed),
+                self.handle,
             );
             let unpublished = self.unpublished.load(Ordering::SeqCst);
             rt.spawn(async move {
                 if unpublished {
                     let _ = client.reint(Mutation::GrowSize { fid, size: end }).await;
                 }
-                let _ = client
-                    .rpc(&client.inner.mds.clone(), &MdsClose { fid })
-                    .await;
+                let _ = client.close_handle(handle, fid).await;
             });
         }
     }

@@ -15,6 +15,7 @@ pub mod blocking;
 pub mod client;
 pub mod error;
 pub mod file;
+mod opens;
 pub mod readahead;
 pub mod stripe_args;
 mod unstable;

@@ -9,10 +9,14 @@
 //! on it closes. Nothing is forgotten because a sync failed: the next `fsync` tries again.
 //!
 //! Writes also carry their place in the client's order ([`WriteStamp`]): a rising xid, and the
-//! oldest xid still in flight, so a storage server can refuse a write that arrives late.
+//! oldest xid still in flight, so a storage server can refuse a write that arrives late. The
+//! xid is taken when the write is asked for, in the caller's order; a write overlapping an
+//! earlier one still in flight to the same object waits for it, so the server never sees two
+//! of them out of order (and refuses only writes the client gave up on).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use proto::layout::StripeObject;
@@ -36,13 +40,49 @@ struct FileWrites {
     objects: HashMap<StripeObject, Unstable>,
 }
 
+/// Writes asked for and not yet answered or abandoned, by xid.
+struct Order {
+    next_xid: u64,
+    in_flight: BTreeMap<u64, (StripeObject, u64, u64)>,
+}
+
 /// The client's unsynced writes and write order.
 pub(crate) struct Writes {
     files: Mutex<HashMap<Fid, FileWrites>>,
     id: u64,
-    next_xid: AtomicU64,
-    in_flight: Mutex<BTreeSet<u64>>,
+    order: Mutex<Order>,
+    /// Woken whenever a write leaves the order.
+    left: tokio::sync::Notify,
     generation: AtomicU64,
+}
+
+/// A write's place in the client's order, held until it is answered or abandoned (dropping
+/// it, as an aborted task does, leaves the order).
+pub(crate) struct Ticket {
+    writes: Arc<Writes>,
+    pub stamp: WriteStamp,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.writes.order.lock().in_flight.remove(&self.stamp.xid);
+        self.writes.left.notify_waiters();
+    }
+}
+
+impl Ticket {
+    /// Waits until no earlier write overlapping this one is in flight to its object.
+    pub async fn ready(&self) {
+        loop {
+            let left = self.writes.left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            if !self.writes.blocked(self.stamp.xid) {
+                return;
+            }
+            left.await;
+        }
+    }
 }
 
 impl Writes {
@@ -50,29 +90,43 @@ impl Writes {
         Writes {
             files: Mutex::new(HashMap::new()),
             id: id.max(1),
-            next_xid: AtomicU64::new(1),
-            in_flight: Mutex::new(BTreeSet::new()),
+            order: Mutex::new(Order {
+                next_xid: 1,
+                in_flight: BTreeMap::new(),
+            }),
+            left: tokio::sync::Notify::new(),
             generation: AtomicU64::new(1),
         }
     }
 
-    /// A stamp for a new write, counted in flight until [`Writes::done`].
-    pub fn begin(&self) -> WriteStamp {
-        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
-        let mut f = self.in_flight.lock();
-        f.insert(xid);
-        let oldest = f.first().copied().unwrap_or(xid);
-        WriteStamp {
-            client: self.id,
-            xid,
-            oldest,
+    /// Takes the next place in the order for a write of `start..end` of `object`; it counts in
+    /// flight until the ticket is dropped. The xid and the oldest in flight are taken together,
+    /// so no write can get an older xid once a newer one has named the oldest.
+    pub fn begin(self: &Arc<Self>, object: StripeObject, start: u64, end: u64) -> Ticket {
+        let mut o = self.order.lock();
+        let xid = o.next_xid;
+        o.next_xid += 1;
+        o.in_flight.insert(xid, (object, start, end));
+        let oldest = o.in_flight.keys().next().copied().unwrap_or(xid);
+        Ticket {
+            writes: self.clone(),
+            stamp: WriteStamp {
+                client: self.id,
+                xid,
+                oldest,
+            },
         }
     }
 
-    /// The write `stamp` is answered or abandoned: nothing older than the oldest still in
-    /// flight may land any more.
-    pub fn done(&self, stamp: WriteStamp) {
-        self.in_flight.lock().remove(&stamp.xid);
+    /// Whether an earlier write overlapping `xid`'s is still in flight to the same object.
+    fn blocked(&self, xid: u64) -> bool {
+        let o = self.order.lock();
+        let Some(&(obj, start, end)) = o.in_flight.get(&xid) else {
+            return false;
+        };
+        o.in_flight
+            .range(..xid)
+            .any(|(_, &(ob, s, e))| ob == obj && s < end && start < e)
     }
 
     pub fn opened(&self, file: Fid) {
@@ -185,11 +239,34 @@ mod tests {
 
     #[test]
     fn the_oldest_write_in_flight_is_in_every_stamp() {
-        let w = Writes::new(5);
-        let a = w.begin();
-        let b = w.begin();
-        assert_eq!((a.oldest, b.oldest), (a.xid, a.xid));
-        w.done(a);
-        assert_eq!(w.begin().oldest, b.xid);
+        let w = Arc::new(Writes::new(5));
+        let a = w.begin(obj(1), 0, 10);
+        let b = w.begin(obj(2), 0, 10);
+        assert_eq!((a.stamp.oldest, b.stamp.oldest), (a.stamp.xid, a.stamp.xid));
+        let bx = b.stamp.xid;
+        drop(a);
+        assert_eq!(w.begin(obj(1), 0, 10).stamp.oldest, bx);
+    }
+
+    #[tokio::test]
+    async fn an_overlapping_write_waits_for_the_earlier_one_and_others_do_not() {
+        let w = Arc::new(Writes::new(5));
+        let first = w.begin(obj(1), 0, 100);
+        let apart = w.begin(obj(1), 100, 200);
+        let other = w.begin(obj(2), 0, 100);
+        let over = w.begin(obj(1), 50, 60);
+        apart.ready().await;
+        other.ready().await;
+        let waiting = tokio::spawn(async move {
+            over.ready().await;
+            over.stamp.xid
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            !waiting.is_finished(),
+            "it went before the write it overlaps"
+        );
+        drop(first);
+        assert!(waiting.await.unwrap() > apart.stamp.xid);
     }
 }

@@ -68,6 +68,8 @@ pub struct ClusterBuilder {
     heartbeat_timeout: Duration,
     maintain_every: Duration,
     mds_disk: Option<Arc<dyn mds::disk::MetaDisk>>,
+    recovery_window: Duration,
+    evict_after: Duration,
 }
 
 impl ClusterBuilder {
@@ -82,6 +84,8 @@ impl ClusterBuilder {
             heartbeat_timeout: mds.heartbeat_timeout,
             maintain_every: Duration::from_millis(200),
             mds_disk: None,
+            recovery_window: mds.recovery_window,
+            evict_after: mds.evict_after,
         }
     }
 
@@ -102,6 +106,14 @@ impl ClusterBuilder {
     pub fn heartbeat(mut self, every: Duration, timeout: Duration) -> ClusterBuilder {
         self.heartbeat_every = every;
         self.heartbeat_timeout = timeout;
+        self
+    }
+
+    /// After an MDS start, how long clients have to count their open files again; and how
+    /// long a client holding files open may stay silent before the MDS evicts it.
+    pub fn open_recovery(mut self, window: Duration, evict_after: Duration) -> ClusterBuilder {
+        self.recovery_window = window;
+        self.evict_after = evict_after;
         self
     }
 
@@ -131,6 +143,8 @@ impl ClusterBuilder {
             maintain_every: self.maintain_every,
             heartbeat_timeout: self.heartbeat_timeout,
             disk: self.mds_disk.clone(),
+            recovery_window: self.recovery_window,
+            evict_after: self.evict_after,
             ..MdsConfig::new(&mds_dir)
         };
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;

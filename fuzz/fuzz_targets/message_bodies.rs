@@ -31,6 +31,10 @@ fuzz_target!(|data: &[u8]| {
     body::<MdsOpen>(data);
     body::<MdsOpened>(data);
     body::<MdsClose>(data);
+    body::<MdsReopen>(data);
+    body::<MdsReopened>(data);
+    body::<MdsPing>(data);
+    body::<MdsPong>(data);
     body::<FsStats>(data);
     body::<RegisterTargets>(data);
     body::<Registered>(data);

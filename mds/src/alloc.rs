@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
@@ -56,6 +56,11 @@ pub struct Allocator {
     ready: Mutex<HashSet<u32>>,
     /// The round-robin position of [`place`].
     next: Mutex<usize>,
+    /// Until then, clients are counting their open files again after a start: nothing is
+    /// destroyed.
+    recovering_until: Instant,
+    /// Clients silent for this long lose their open handles.
+    evict_after: Duration,
 }
 
 impl Allocator {
@@ -72,7 +77,23 @@ impl Allocator {
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
             next: Mutex::new(0),
+            recovering_until: Instant::now(),
+            evict_after: crate::server::EVICT_AFTER,
         })
+    }
+
+    /// Gives clients `window` from now to count their open files again, and evicts those
+    /// silent for `evict_after`. Only before the allocator is shared.
+    pub fn recovering(mut self: Arc<Self>, window: Duration, evict_after: Duration) -> Arc<Self> {
+        let a = Arc::get_mut(&mut self).expect("the allocator is not shared yet");
+        a.recovering_until = Instant::now() + window;
+        a.evict_after = evict_after;
+        self
+    }
+
+    /// Whether clients may still be counting their open files again after a start.
+    pub fn recovering_now(&self) -> bool {
+        Instant::now() < self.recovering_until
     }
 
     /// Targets new stripes may go to: up, cleaned up, with more than 1% free.
@@ -247,6 +268,16 @@ impl Allocator {
     }
 
     async fn destroy_removed(&self, store: &Store) {
+        if self.recovering_now() {
+            return;
+        }
+        for client in self.open.evict(self.evict_after) {
+            tracing::warn!(
+                client = %format_args!("{client:032x}"),
+                silent_s = self.evict_after.as_secs(),
+                "evicted a silent client: its open files may be destroyed"
+            );
+        }
         let doomed = store
             .doomed(DESTROY_BATCH, |owner| self.open.is_open(owner))
             .await;

@@ -615,6 +615,12 @@ impl Namespace {
         })
     }
 
+    /// Whether objects of the removed file `owner` are still kept (waiting for its last close
+    /// or for destruction).
+    pub fn keeps_objects_of(&self, owner: Fid) -> bool {
+        self.doomed.values().any(|&(_, o)| o == owner)
+    }
+
     /// Up to `max` objects waiting to be destroyed, but for those of files `held` says are
     /// still open somewhere (a removed file stays readable until its last close).
     pub fn doomed(

@@ -1,45 +1,166 @@
 //! Files held open by clients. A file whose last name goes while it is open stays readable:
 //! its objects are kept until the last close.
 //!
-//! The counts live in memory. After an MDS restart they start at zero (a client's handle on a
-//! removed file may then lose its data), and a client that dies without closing keeps its files'
-//! objects until the MDS restarts.
+//! Each open is a handle named by its client ([`OpenHandle`]), so a resent open or close counts
+//! once. The table lives in memory: after an MDS restart, clients count their handles again
+//! ([`proto::md::MdsReopen`]) within the recovery window, during which nothing is destroyed.
+//! A client that holds files open pings; one not heard from for the eviction time loses its
+//! handles (Lustre's eviction), so a client that died does not keep objects for ever.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use proto::md::OpenHandle;
 use proto::Fid;
 
-/// Most files counted open at once; past it, opens are refused (EMFILE).
-pub const MAX_OPEN_FILES: usize = 1 << 20;
+/// Most handles open at once; past it, opens are refused (EMFILE).
+pub const MAX_OPEN_HANDLES: usize = 1 << 20;
+
+#[derive(Default)]
+struct Table {
+    files: HashMap<Fid, HashSet<OpenHandle>>,
+    /// Per client: when it was last heard from, and the files it holds open.
+    clients: HashMap<u128, (Instant, HashSet<(Fid, u64)>)>,
+    handles: usize,
+}
 
 #[derive(Default)]
 pub struct OpenFiles {
-    counts: Mutex<HashMap<Fid, u32>>,
+    table: Mutex<Table>,
 }
 
 impl OpenFiles {
-    /// Counts an open; false if the table is full.
-    pub fn open(&self, fid: Fid) -> bool {
-        let mut c = self.counts.lock();
-        if !c.contains_key(&fid) && c.len() >= MAX_OPEN_FILES {
+    /// Counts the open `handle` of `fid` (again: a resend or a reopen counts once); false if
+    /// the table is full.
+    pub fn open(&self, fid: Fid, handle: OpenHandle) -> bool {
+        let mut t = self.table.lock();
+        let t = &mut *t;
+        if t.files.get(&fid).is_some_and(|h| h.contains(&handle)) {
+            t.clients
+                .entry(handle.client)
+                .or_insert_with(|| (Instant::now(), HashSet::new()))
+                .0 = Instant::now();
+            return true;
+        }
+        if t.handles >= MAX_OPEN_HANDLES {
             return false;
         }
-        *c.entry(fid).or_default() += 1;
+        t.files.entry(fid).or_default().insert(handle);
+        let c = t
+            .clients
+            .entry(handle.client)
+            .or_insert_with(|| (Instant::now(), HashSet::new()));
+        c.0 = Instant::now();
+        c.1.insert((fid, handle.handle));
+        t.handles += 1;
         true
     }
 
-    pub fn close(&self, fid: Fid) {
-        let mut c = self.counts.lock();
-        if let Some(n) = c.get_mut(&fid) {
-            *n -= 1;
-            if *n == 0 {
-                c.remove(&fid);
+    /// Forgets the open `handle` of `fid`, if counted.
+    pub fn close(&self, fid: Fid, handle: OpenHandle) {
+        let mut t = self.table.lock();
+        let t = &mut *t;
+        if let Some(c) = t.clients.get_mut(&handle.client) {
+            c.0 = Instant::now();
+            c.1.remove(&(fid, handle.handle));
+            if c.1.is_empty() {
+                t.clients.remove(&handle.client);
+            }
+        }
+        if let Some(h) = t.files.get_mut(&fid) {
+            if h.remove(&handle) {
+                t.handles -= 1;
+            }
+            if h.is_empty() {
+                t.files.remove(&fid);
             }
         }
     }
 
+    /// The client is alive (it pinged).
+    pub fn seen(&self, client: u128) {
+        if let Some(c) = self.table.lock().clients.get_mut(&client) {
+            c.0 = Instant::now();
+        }
+    }
+
     pub fn is_open(&self, fid: Fid) -> bool {
-        self.counts.lock().contains_key(&fid)
+        self.table.lock().files.contains_key(&fid)
+    }
+
+    /// Handles counted now.
+    pub fn handles(&self) -> usize {
+        self.table.lock().handles
+    }
+
+    /// Drops every handle of the clients not heard from for `silent`; returns those clients.
+    pub fn evict(&self, silent: Duration) -> Vec<u128> {
+        let mut t = self.table.lock();
+        let t = &mut *t;
+        let now = Instant::now();
+        let gone: Vec<u128> = t
+            .clients
+            .iter()
+            .filter(|(_, (seen, _))| now.duration_since(*seen) >= silent)
+            .map(|(c, _)| *c)
+            .collect();
+        for client in &gone {
+            let Some((_, held)) = t.clients.remove(client) else {
+                continue;
+            };
+            for (fid, handle) in held {
+                if let Some(h) = t.files.get_mut(&fid) {
+                    if h.remove(&OpenHandle {
+                        client: *client,
+                        handle,
+                    }) {
+                        t.handles -= 1;
+                    }
+                    if h.is_empty() {
+                        t.files.remove(&fid);
+                    }
+                }
+            }
+        }
+        gone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(client: u128, handle: u64) -> OpenHandle {
+        OpenHandle { client, handle }
+    }
+
+    #[test]
+    fn a_resent_open_or_close_counts_once() {
+        let t = OpenFiles::default();
+        let f = Fid::new(0x200000400, 1, 0);
+        assert!(t.open(f, h(1, 1)));
+        assert!(t.open(f, h(1, 1)), "the resend");
+        assert!(t.open(f, h(2, 1)), "another client's handle");
+        t.close(f, h(1, 1));
+        t.close(f, h(1, 1));
+        assert!(t.is_open(f), "the other handle still holds the file");
+        t.close(f, h(2, 1));
+        assert!(!t.is_open(f));
+        assert_eq!(t.handles(), 0);
+    }
+
+    #[test]
+    fn a_silent_client_is_evicted_and_a_pinging_one_is_not() {
+        let t = OpenFiles::default();
+        let (f, g) = (Fid::new(0x200000400, 1, 0), Fid::new(0x200000400, 2, 0));
+        t.open(f, h(1, 1));
+        t.open(g, h(2, 1));
+        std::thread::sleep(Duration::from_millis(30));
+        t.seen(2);
+        assert_eq!(t.evict(Duration::from_millis(20)), vec![1]);
+        assert!(!t.is_open(f));
+        assert!(t.is_open(g));
+        assert_eq!(t.handles(), 1);
     }
 }

@@ -31,6 +31,11 @@ pub struct MdsConfig {
     /// Where the journal and snapshot go instead of `data_dir` (a crash-simulating disk, in
     /// tests and the simulator).
     pub disk: Option<Arc<dyn MetaDisk>>,
+    /// After a start, how long clients have to count again the files they hold open; nothing
+    /// is destroyed meanwhile.
+    pub recovery_window: Duration,
+    /// A client holding files open and not heard from for this long loses its handles.
+    pub evict_after: Duration,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -41,9 +46,17 @@ impl std::fmt::Debug for MdsConfig {
             .field("maintain_every", &self.maintain_every)
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("disk", &self.disk.as_ref().map(|_| "custom"))
+            .field("recovery_window", &self.recovery_window)
+            .field("evict_after", &self.evict_after)
             .finish()
     }
 }
+
+/// How long clients have after an MDS start to count their open files again: several of
+/// their pings ([`proto::md::MdsPing`]), with room for the resends of a restart.
+pub const RECOVERY_WINDOW: Duration = Duration::from_secs(30);
+/// How long a client holding files open may stay silent before it loses its handles.
+pub const EVICT_AFTER: Duration = Duration::from_secs(120);
 
 impl MdsConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> MdsConfig {
@@ -53,6 +66,8 @@ impl MdsConfig {
             maintain_every: Duration::from_secs(1),
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             disk: None,
+            recovery_window: RECOVERY_WINDOW,
+            evict_after: EVICT_AFTER,
         }
     }
 }
@@ -91,7 +106,8 @@ impl MdsServer {
             None => Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?,
         });
         let caller = at.caller("alloc")?;
-        let alloc = Allocator::with_net(registry.clone(), caller.clone());
+        let alloc = Allocator::with_net(registry.clone(), caller.clone())
+            .recovering(cfg.recovery_window, cfg.evict_after);
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
         let service = MdsService::new(registry.clone(), store.clone(), alloc);
         let net = match at.serve(service).await {

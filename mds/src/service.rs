@@ -23,6 +23,8 @@ pub struct MdsService {
     registry: Arc<Registry>,
     store: Arc<Store>,
     alloc: Arc<Allocator>,
+    /// This run of the MDS, as pings answer it.
+    instance: u64,
 }
 
 fn ns_error(e: NsError) -> RemoteError {
@@ -42,6 +44,7 @@ impl MdsService {
             registry,
             store,
             alloc,
+            instance: rand::random::<u64>().max(1),
         })
     }
 
@@ -169,13 +172,24 @@ impl MdsService {
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
-                self.count_open(r.fid)?;
+                self.count_open(r.fid, r.handle)?;
                 reply::<MdsOpen>(&MdsOpened { inode })
             }
             opcodes::MDS_CLOSE => {
                 let r: MdsClose = req.decode()?;
-                self.alloc.open.close(r.fid);
+                self.alloc.open.close(r.fid, r.handle);
                 reply::<MdsClose>(&MdsOpenDone {})
+            }
+            opcodes::MDS_REOPEN => {
+                let r: MdsReopen = req.decode()?;
+                self.reopen(r)
+            }
+            opcodes::MDS_PING => {
+                let r: MdsPing = req.decode()?;
+                self.alloc.open.seen(r.client);
+                reply::<MdsPing>(&MdsPong {
+                    instance: self.instance,
+                })
             }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
@@ -292,7 +306,8 @@ impl MdsService {
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
-                // The first attempt counted its open, if it asked for one.
+                // The first attempt counted its open, if it asked for one (counting the same
+                // handle again changes nothing).
                 return reply::<MdsReint>(&MdsReintReply {
                     inode: done.inode,
                     created: true,
@@ -305,16 +320,45 @@ impl MdsService {
                 (self.apply(m, r.creds, r.req, objects).await?.inode, true)
             }
         };
-        if r.open {
+        if let Some(handle) = r.open {
             if let Some(i) = inode.as_ref().filter(|i| i.kind == Kind::File) {
-                self.count_open(i.fid)?;
+                self.count_open(i.fid, handle)?;
             }
         }
         reply::<MdsReint>(&MdsReintReply { inode, created })
     }
 
-    fn count_open(&self, fid: proto::Fid) -> Result<(), RemoteError> {
-        if self.alloc.open.open(fid) {
+    /// A client counts again, after a restart, the files it holds open: each one the
+    /// namespace still has, by a name or by objects kept for removal, is counted.
+    fn reopen(&self, r: MdsReopen) -> Result<Vec<u8>, RemoteError> {
+        if r.handles.len() > MAX_REOPEN {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::Invalid),
+                format!(
+                    "{} handles in one reopen, past {MAX_REOPEN}",
+                    r.handles.len()
+                ),
+            ));
+        }
+        let mut gone = vec![];
+        for (fid, handle) in r.handles {
+            let kept = self
+                .store
+                .read(|ns| ns.inode(fid).is_ok() || ns.keeps_objects_of(fid));
+            if !kept {
+                gone.push(fid);
+                continue;
+            }
+            self.count_open(fid, handle)?;
+        }
+        if !gone.is_empty() {
+            tracing::warn!(files = gone.len(), "reopened files are gone");
+        }
+        reply::<MdsReopen>(&MdsReopened { gone })
+    }
+
+    fn count_open(&self, fid: proto::Fid, handle: OpenHandle) -> Result<(), RemoteError> {
+        if self.alloc.open.open(fid, handle) {
             return Ok(());
         }
         Err(ns_error(NsError {

@@ -432,6 +432,15 @@ impl Object {
         if let Some((stamp, floor)) = order {
             // Under the block lock: no overlapping write can land between check and write.
             if !self.stamps.lock().admit(stamp, floor, offset, end) {
+                tracing::warn!(
+                    client = %format_args!("{:x}", stamp.client),
+                    xid = stamp.xid,
+                    oldest = stamp.oldest,
+                    floor,
+                    offset,
+                    len = end - offset,
+                    "refused a stale write"
+                );
                 return Err(TargetError::Stale(format!(
                     "write {} of client {:x} to {}+{} is older than one already applied",
                     stamp.xid,

@@ -67,6 +67,8 @@ pub struct Target {
     epoch: u64,
     /// Per client, the oldest write it still waits on (see [`proto::ost::WriteStamp`]).
     floors: Mutex<HashMap<u64, u64>>,
+    /// Held by an orphan cleanup: one at a time, each seeing what the one before left.
+    cleanup: tokio::sync::Mutex<()>,
 }
 
 /// Clients whose write order is remembered; past it, the table starts again (ordering then
@@ -222,6 +224,7 @@ impl Target {
             opening: tokio::sync::Mutex::new(()),
             epoch,
             floors: Mutex::new(HashMap::new()),
+            cleanup: tokio::sync::Mutex::new(()),
         };
         for d in 0..FANOUT {
             target
@@ -420,12 +423,16 @@ impl Target {
     }
 
     /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
-    /// how many went.
+    /// how many went. Cleanups asked for at once run one after the other.
     pub async fn destroy_above(&self, keep_up_to: u32) -> Result<u32> {
+        let _one = self.cleanup.lock().await;
         let mut n = 0;
         for fid in self.objects()?.into_iter().filter(|f| f.oid > keep_up_to) {
-            self.destroy(fid).await?;
-            n += 1;
+            match self.destroy(fid).await {
+                Ok(()) => n += 1,
+                Err(TargetError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(n)
     }

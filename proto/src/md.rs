@@ -248,9 +248,9 @@ pub struct MdsReint {
     /// Names the request across resends: the MDS answers a resend of a request it already
     /// carried out with the reply it gave then, instead of doing it twice.
     pub req: Option<ReqId>,
-    /// Also count an open of the regular file the mutation returns (a create that opens, in
-    /// one round trip); the matching close is an `MdsClose`.
-    pub open: bool,
+    /// Also count an open of the regular file the mutation returns, under this handle (a
+    /// create that opens, in one round trip); the matching close is an `MdsClose`.
+    pub open: Option<OpenHandle>,
 }
 
 /// A client's own numbering of its modifying requests.
@@ -323,12 +323,22 @@ pub struct MdsDirPage {
     pub end: bool,
 }
 
+/// Names one open of a file across resends and MDS restarts: the client that opened it and
+/// its own number for the handle. Opening and closing the same handle twice counts once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OpenHandle {
+    /// Chosen at random by the client when it starts (the [`ReqId`] client).
+    pub client: u128,
+    pub handle: u64,
+}
+
 /// A client opened the file: its objects outlive its names until the matching close. The
 /// answer carries the file's attributes as of the open (close-to-open), so that an open by
 /// FID is one round trip.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsOpen {
     pub fid: Fid,
+    pub handle: OpenHandle,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,6 +350,7 @@ pub struct MdsOpened {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsClose {
     pub fid: Fid,
+    pub handle: OpenHandle,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,6 +364,48 @@ impl Rpc for MdsOpen {
 impl Rpc for MdsClose {
     const OPCODE: Opcode = opcodes::MDS_CLOSE;
     type Reply = MdsOpenDone;
+}
+
+/// Most handles in one [`MdsReopen`].
+pub const MAX_REOPEN: usize = 4096;
+
+/// After the MDS restarted, a client counts again the handles it holds open (Lustre's open
+/// replay). A file that lost its last name while open is counted again if its objects are
+/// still kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReopen {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub handles: Vec<(Fid, OpenHandle)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReopened {
+    /// Files of `handles` the MDS no longer has: neither a name nor kept objects.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub gone: Vec<Fid>,
+}
+
+impl Rpc for MdsReopen {
+    const OPCODE: Opcode = opcodes::MDS_REOPEN;
+    type Reply = MdsReopened;
+}
+
+/// A client holding files open says it is alive; the answer names the MDS's run, so that the
+/// client sees a restart and reopens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsPing {
+    pub client: u128,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsPong {
+    /// Chosen at random each time the MDS starts.
+    pub instance: u64,
+}
+
+impl Rpc for MdsPing {
+    const OPCODE: Opcode = opcodes::MDS_PING;
+    type Reply = MdsPong;
 }
 
 /// The filesystem's totals.

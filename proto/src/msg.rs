@@ -36,6 +36,8 @@ pub mod opcodes {
     pub const MDS_STATFS: Opcode = Opcode(0x0114);
     pub const MDS_OPEN: Opcode = Opcode(0x0115);
     pub const MDS_CLOSE: Opcode = Opcode(0x0116);
+    pub const MDS_REOPEN: Opcode = Opcode(0x0117);
+    pub const MDS_PING: Opcode = Opcode(0x0118);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -64,6 +66,8 @@ pub mod opcodes {
         MDS_STATFS,
         MDS_OPEN,
         MDS_CLOSE,
+        MDS_REOPEN,
+        MDS_PING,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

@@ -21,7 +21,7 @@ fn reint(m: Mutation) -> MdsReint {
         creds: Creds::root(),
         mutation: m,
         req: None,
-        open: false,
+        open: None,
     }
 }
 

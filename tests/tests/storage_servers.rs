@@ -227,7 +227,7 @@ fn reint(m: Mutation) -> MdsReint {
         creds: Creds::root(),
         mutation: m,
         req: None,
-        open: false,
+        open: None,
     }
 }
 

@@ -72,7 +72,12 @@ pub(crate) fn attr(i: &Inode, size: u64) -> FileAttr {
 }
 
 pub(crate) fn errno(e: &ClientError) -> Errno {
-    Errno::from_i32(e.errno())
+    let n = e.errno();
+    if n == libc::EIO || n == libc::ESTALE {
+        // Not the caller's mistake: the operator wants to know.
+        tracing::warn!(error = %e, errno = n, "an operation failed");
+    }
+    Errno::from_i32(n)
 }
 
 /// The supplementary groups of the calling process.

@@ -150,7 +150,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                 creds: root.clone(),
                 mutation: m,
                 req: None,
-                open: false,
+                open: None,
             },
             T,
         )
@@ -181,7 +181,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
-                            open: false,
+                            open: None,
                         },
                         T,
                     )
@@ -271,7 +271,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
-                            open: false,
+                            open: None,
                         },
                         T,
                     )
@@ -301,7 +301,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             creds: creds.clone(),
                             mutation: m,
                             req: None,
-                            open: false,
+                            open: None,
                         },
                         T,
                     )

@@ -7,6 +7,7 @@ mod bench;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -41,7 +42,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A TOML file with any of `data_dir`, `listen` and `checkpoint_mib`; flags override it.
+    /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `recovery_window_s`
+    /// and `evict_after_s`; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the MDS keeps its state.
@@ -62,6 +64,10 @@ struct Config {
     data_dir: Option<PathBuf>,
     listen: Option<SocketAddr>,
     checkpoint_mib: Option<u64>,
+    /// Seconds clients have after a start to count their open files again.
+    recovery_window_s: Option<u64>,
+    /// Seconds a client holding files open may stay silent before it loses its handles.
+    evict_after_s: Option<u64>,
 }
 
 /// What the server runs with: flags over the file over defaults.
@@ -69,6 +75,8 @@ struct Settings {
     data_dir: PathBuf,
     listen: SocketAddr,
     checkpoint_mib: u64,
+    recovery_window: Duration,
+    evict_after: Duration,
 }
 
 impl ServeArgs {
@@ -95,6 +103,12 @@ impl ServeArgs {
                 .or(file.checkpoint_mib)
                 .unwrap_or(DEFAULT_CHECKPOINT_BYTES >> 20)
                 .max(1),
+            recovery_window: file
+                .recovery_window_s
+                .map_or(mds::server::RECOVERY_WINDOW, Duration::from_secs),
+            evict_after: file
+                .evict_after_s
+                .map_or(mds::server::EVICT_AFTER, Duration::from_secs),
         })
     }
 }
@@ -135,6 +149,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     let args = args.settings()?;
     let cfg = MdsConfig {
         checkpoint_bytes: args.checkpoint_mib << 20,
+        recovery_window: args.recovery_window,
+        evict_after: args.evict_after,
         ..MdsConfig::new(args.data_dir)
     };
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
