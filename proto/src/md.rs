@@ -47,10 +47,33 @@ impl Kind {
     }
 }
 
+/// A point in time: seconds from 1970 and a nanosecond part below one second (a time whose
+/// nanoseconds are out of range is refused when decoded).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "RawTime")]
 pub struct Time {
     pub sec: i64,
     pub nsec: u32,
+}
+
+/// A [`Time`] as it comes off the wire, before it is checked.
+#[derive(Deserialize)]
+struct RawTime {
+    sec: i64,
+    nsec: u32,
+}
+
+impl TryFrom<RawTime> for Time {
+    type Error = String;
+    fn try_from(t: RawTime) -> Result<Time, String> {
+        if t.nsec >= 1_000_000_000 {
+            return Err(format!("{} nanoseconds is not below one second", t.nsec));
+        }
+        Ok(Time {
+            sec: t.sec,
+            nsec: t.nsec,
+        })
+    }
 }
 
 impl Time {
@@ -59,13 +82,26 @@ impl Time {
         Time::from(SystemTime::now())
     }
 
+    /// The time as the system's clock type; a time it cannot hold becomes the nearest one it
+    /// can, so a hostile or damaged time never panics.
     pub fn to_system_time(self) -> SystemTime {
-        if self.sec >= 0 {
-            UNIX_EPOCH + Duration::new(self.sec as u64, self.nsec)
+        let nsec = Duration::from_nanos(u64::from(self.nsec.min(999_999_999)));
+        let t = if self.sec >= 0 {
+            UNIX_EPOCH.checked_add(Duration::from_secs(self.sec as u64) + nsec)
         } else {
-            UNIX_EPOCH - Duration::from_secs(self.sec.unsigned_abs())
-                + Duration::from_nanos(u64::from(self.nsec))
-        }
+            UNIX_EPOCH
+                .checked_sub(Duration::from_secs(self.sec.unsigned_abs()))
+                .and_then(|t| t.checked_add(nsec))
+        };
+        t.unwrap_or_else(|| {
+            // The largest span every platform's clock holds either side of 1970.
+            let edge = Duration::from_secs(i32::MAX as u64);
+            if self.sec >= 0 {
+                UNIX_EPOCH + edge
+            } else {
+                UNIX_EPOCH - edge
+            }
+        })
     }
 }
 
@@ -447,4 +483,34 @@ impl Rpc for MdsGetattr {
 impl Rpc for MdsReaddir {
     const OPCODE: Opcode = opcodes::MDS_READDIR;
     type Reply = MdsDirPage;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{decode_body, encode_body};
+
+    #[test]
+    fn a_time_with_nanoseconds_past_a_second_is_refused_and_none_panics() {
+        #[derive(Serialize)]
+        struct Raw {
+            sec: i64,
+            nsec: u32,
+        }
+        let bad = encode_body(&Raw {
+            sec: 1,
+            nsec: 1_000_000_000,
+        })
+        .unwrap();
+        assert!(decode_body::<Time>(&bad).is_err());
+        for sec in [i64::MAX, i64::MIN, 0, -1] {
+            let raw = encode_body(&Raw {
+                sec,
+                nsec: 999_999_999,
+            })
+            .unwrap();
+            let t: Time = decode_body(&raw).unwrap();
+            let _ = t.to_system_time();
+        }
+    }
 }
