@@ -14,10 +14,11 @@
 //! earlier one still in flight to the same object waits for it, so the server never sees two
 //! of them out of order (and refuses only writes the client gave up on).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use concur::order::WriteOrder;
 use parking_lot::Mutex;
 use proto::layout::StripeObject;
 use proto::ost::WriteStamp;
@@ -40,17 +41,11 @@ struct FileWrites {
     objects: HashMap<StripeObject, Unstable>,
 }
 
-/// Writes asked for and not yet answered or abandoned, by xid.
-struct Order {
-    next_xid: u64,
-    in_flight: BTreeMap<u64, (StripeObject, u64, u64)>,
-}
-
 /// The client's unsynced writes and write order.
 pub(crate) struct Writes {
     files: Mutex<HashMap<Fid, FileWrites>>,
     id: u64,
-    order: Mutex<Order>,
+    order: WriteOrder<StripeObject>,
     /// Woken whenever a write leaves the order.
     left: tokio::sync::Notify,
     generation: AtomicU64,
@@ -65,7 +60,7 @@ pub(crate) struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.writes.order.lock().in_flight.remove(&self.stamp.xid);
+        self.writes.order.end(self.stamp.xid);
         self.writes.left.notify_waiters();
     }
 }
@@ -77,7 +72,7 @@ impl Ticket {
             let left = self.writes.left.notified();
             tokio::pin!(left);
             left.as_mut().enable();
-            if !self.writes.blocked(self.stamp.xid) {
+            if !self.writes.order.blocked(self.stamp.xid) {
                 return;
             }
             left.await;
@@ -90,10 +85,7 @@ impl Writes {
         Writes {
             files: Mutex::new(HashMap::new()),
             id: id.max(1),
-            order: Mutex::new(Order {
-                next_xid: 1,
-                in_flight: BTreeMap::new(),
-            }),
+            order: WriteOrder::new(),
             left: tokio::sync::Notify::new(),
             generation: AtomicU64::new(1),
         }
@@ -103,30 +95,15 @@ impl Writes {
     /// flight until the ticket is dropped. The xid and the oldest in flight are taken together,
     /// so no write can get an older xid once a newer one has named the oldest.
     pub fn begin(self: &Arc<Self>, object: StripeObject, start: u64, end: u64) -> Ticket {
-        let mut o = self.order.lock();
-        let xid = o.next_xid;
-        o.next_xid += 1;
-        o.in_flight.insert(xid, (object, start, end));
-        let oldest = o.in_flight.keys().next().copied().unwrap_or(xid);
+        let place = self.order.begin(object, start, end);
         Ticket {
             writes: self.clone(),
             stamp: WriteStamp {
                 client: self.id,
-                xid,
-                oldest,
+                xid: place.xid,
+                oldest: place.oldest,
             },
         }
-    }
-
-    /// Whether an earlier write overlapping `xid`'s is still in flight to the same object.
-    fn blocked(&self, xid: u64) -> bool {
-        let o = self.order.lock();
-        let Some(&(obj, start, end)) = o.in_flight.get(&xid) else {
-            return false;
-        };
-        o.in_flight
-            .range(..xid)
-            .any(|(_, &(ob, s, e))| ob == obj && s < end && start < e)
     }
 
     pub fn opened(&self, file: Fid) {

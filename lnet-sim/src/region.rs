@@ -13,10 +13,10 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use concur::range::{RangeLocks, Refused};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -59,20 +59,14 @@ pub const MAX_ACCESSES_PER_REGION: usize = 1024;
 /// Most regions registered at once on one node.
 pub const MAX_REGIONS: usize = 65536;
 
-struct Access {
-    id: u64,
-    range: Range<u64>,
-    write: bool,
-}
-
 struct RegionInner {
     key: u64,
     ptr: *mut u8,
     len: u64,
     /// Owns the memory `ptr` points into; taken back on deregistration.
     owner: Mutex<Option<Box<dyn Any + Send + Sync>>>,
-    accesses: Mutex<Vec<Access>>,
-    next_access: AtomicU64,
+    /// The ranges transfers hold; revoked when the owner lets go of the region.
+    locks: RangeLocks,
     idle: Notify,
 }
 
@@ -104,23 +98,18 @@ impl RegionInner {
         write: bool,
     ) -> Result<RegionAccess, RegionError> {
         let end = self.check_bounds(offset, len)?;
-        let mut accesses = self.accesses.lock();
-        let clash = accesses
-            .iter()
-            .any(|a| (a.write || write) && a.range.start < end && offset < a.range.end);
-        if clash || accesses.len() >= MAX_ACCESSES_PER_REGION {
-            return Err(RegionError::Conflict {
-                key: self.key,
-                offset,
-                len,
-            });
-        }
-        let id = self.next_access.fetch_add(1, Ordering::Relaxed);
-        accesses.push(Access {
-            id,
-            range: offset..end,
-            write,
-        });
+        let id = match self.locks.lock(offset, end, write) {
+            Ok(id) => id,
+            // Deregistered: the memory may be back with its owner already.
+            Err(Refused::Revoked) => return Err(RegionError::UnknownKey { key: self.key }),
+            Err(Refused::Conflict | Refused::Full) => {
+                return Err(RegionError::Conflict {
+                    key: self.key,
+                    offset,
+                    len,
+                })
+            }
+        };
         Ok(RegionAccess {
             region: self.clone(),
             id,
@@ -133,7 +122,7 @@ impl RegionInner {
     async fn wait_idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if self.accesses.lock().is_empty() {
+            if self.locks.is_idle() {
                 return;
             }
             notified.await;
@@ -178,9 +167,7 @@ impl RegionAccess {
 
 impl Drop for RegionAccess {
     fn drop(&mut self) {
-        let mut accesses = self.region.accesses.lock();
-        accesses.retain(|a| a.id != self.id);
-        if accesses.is_empty() {
+        if self.region.locks.unlock(self.id) {
             self.region.idle.notify_waiters();
         }
     }
@@ -217,8 +204,7 @@ impl RegionTable {
             ptr,
             len,
             owner: Mutex::new(Some(boxed)),
-            accesses: Mutex::new(Vec::new()),
-            next_access: AtomicU64::new(0),
+            locks: RangeLocks::new(MAX_ACCESSES_PER_REGION),
             idle: Notify::new(),
         });
         let mut regions = self.regions.lock();
@@ -341,6 +327,9 @@ impl<B: DmaBuffer> Registered<B> {
     /// Removes the key, waits for transfers in flight to let go, and hands the buffer back.
     pub async fn deregister(self) -> B {
         self.table.regions.lock().remove(&self.inner.key);
+        // A peer that looked the key up just before holds the region, not a lock: revoking
+        // refuses its lock, so once idle nothing can reach the memory.
+        self.inner.locks.revoke();
         self.inner.wait_idle().await;
         let owner = self.inner.owner.lock().take();
         match owner.map(|b| b.downcast::<B>()) {
@@ -360,6 +349,7 @@ impl<B> Drop for Registered<B> {
         {
             regions.remove(&self.inner.key);
         }
+        self.inner.locks.revoke();
     }
 }
 
@@ -423,6 +413,20 @@ mod tests {
             Err(RegionError::UnknownKey { .. })
         ));
         assert!(table.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_looked_the_key_up_before_deregistration_cannot_lock_after() {
+        let table = RegionTable::new(3);
+        let reg = table.register(vec![0u8; 8]).unwrap();
+        // The lookup half of `access`, before the owner deregisters.
+        let looked_up = table.regions.lock().get(&reg.key()).cloned().unwrap();
+        let back = reg.deregister().await;
+        assert!(matches!(
+            looked_up.lock(0, 8, true),
+            Err(RegionError::UnknownKey { .. })
+        ));
+        assert_eq!(back, vec![0u8; 8]);
     }
 
     #[tokio::test]

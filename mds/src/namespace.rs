@@ -5,8 +5,9 @@
 //! Every operation is checked in full before anything changes, so a failed operation changes
 //! nothing. Errors are typed ([`FsErrorKind`]); the POSIX edges turn them into errno.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
+use concur::replies::ReplyCache;
 use proto::layout::Layout;
 use proto::{Fid, FsErrorKind};
 use serde::{Deserialize, Serialize};
@@ -87,12 +88,36 @@ pub struct Namespace {
     /// Objects of removed files, waiting to be destroyed: object -> (target, the file's FID).
     doomed: BTreeMap<Fid, (u32, Fid)>,
     /// The replies to clients' latest requests, so a resent request is answered, not redone.
-    replies: BTreeMap<u128, VecDeque<(u64, Option<Inode>)>>,
+    #[serde(with = "saved_replies")]
+    replies: ReplyCache<Option<Inode>>,
+}
+
+/// The reply cache as snapshots keep it: the map of each client's replies.
+mod saved_replies {
+    use std::collections::{BTreeMap, VecDeque};
+
+    use concur::replies::ReplyCache;
+    use proto::md::Inode;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    type Saved = BTreeMap<u128, VecDeque<(u64, Option<Inode>)>>;
+
+    pub fn serialize<S: Serializer>(
+        c: &ReplyCache<Option<Inode>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        c.clients().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<ReplyCache<Option<Inode>>, D::Error> {
+        Saved::deserialize(d).map(ReplyCache::from_clients)
+    }
 }
 
 /// Replies kept per client, and clients kept.
-pub const REPLIES_PER_CLIENT: usize = 64;
-pub const MAX_CLIENTS: usize = 16_384;
+pub use concur::replies::{MAX_CLIENTS, REPLIES_PER_CLIENT};
 
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
@@ -146,7 +171,7 @@ impl Namespace {
             parents: HashMap::from([(ROOT, ROOT)]),
             next_oid: 1,
             doomed: BTreeMap::new(),
-            replies: BTreeMap::new(),
+            replies: ReplyCache::default(),
         }
     }
 
@@ -272,11 +297,7 @@ impl Namespace {
 
     /// The reply already given to request `req`, if it was carried out.
     pub fn replied(&self, req: ReqId) -> Option<Applied> {
-        let (_, inode) = self
-            .replies
-            .get(&req.client)?
-            .iter()
-            .find(|(seq, _)| *seq == req.seq)?;
+        let inode = self.replies.get(req.client, req.seq)?;
         Some(Applied {
             inode: inode.clone(),
             removed: vec![],
@@ -321,14 +342,7 @@ impl Namespace {
         }
         let applied = self.apply(m, who, now)?;
         if let Some(r) = req {
-            if !self.replies.contains_key(&r.client) && self.replies.len() >= MAX_CLIENTS {
-                self.replies.pop_first();
-            }
-            let slots = self.replies.entry(r.client).or_default();
-            if slots.len() >= REPLIES_PER_CLIENT {
-                slots.pop_front();
-            }
-            slots.push_back((r.seq, applied.inode.clone()));
+            self.replies.record(r.client, r.seq, applied.inode.clone());
         }
         Ok((applied, true))
     }

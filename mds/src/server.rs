@@ -106,8 +106,14 @@ impl MdsServer {
             None => Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?,
         });
         let caller = at.caller("alloc")?;
+        // A new filesystem has no clients of an earlier run to wait for.
+        let window = if store.fresh {
+            Duration::ZERO
+        } else {
+            cfg.recovery_window
+        };
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
-            .recovering(cfg.recovery_window, cfg.evict_after);
+            .recovering(window, cfg.evict_after);
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
         let service = MdsService::new(registry.clone(), store.clone(), alloc);
         let net = match at.serve(service).await {

@@ -14,7 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use concur::commit::CommitQueue;
+use parking_lot::Mutex;
 use proto::md::{Creds, Mutation, Time};
 use tokio::sync::watch;
 
@@ -37,20 +38,10 @@ pub enum StoreError {
     Failed,
 }
 
-struct Pending {
-    /// Encoded records waiting for the next group commit, from `first_seq` on.
-    bytes: Vec<u8>,
-    first_seq: u64,
-    count: u32,
-    last_seq: u64,
-    stop: bool,
-}
-
 struct Shared {
     ns: Mutex<(Namespace, u64)>,
-    pending: Mutex<Pending>,
-    wake: Condvar,
-    room: Condvar,
+    /// Records waiting for the next group commit.
+    queue: CommitQueue,
     durable: watch::Sender<Result<u64, ()>>,
 }
 
@@ -59,6 +50,8 @@ pub struct Store {
     committer: Option<std::thread::JoinHandle<()>>,
     pub recovered_records: u64,
     pub torn_bytes: u64,
+    /// The filesystem was made by this open: no earlier run, no client of one.
+    pub fresh: bool,
 }
 
 fn now() -> Time {
@@ -104,15 +97,7 @@ impl Store {
         let (tx, _) = watch::channel(Ok(rec.last_seq));
         let shared = Arc::new(Shared {
             ns: Mutex::new((rec.namespace, rec.last_seq)),
-            pending: Mutex::new(Pending {
-                bytes: vec![],
-                first_seq: rec.last_seq + 1,
-                count: 0,
-                last_seq: rec.last_seq,
-                stop: false,
-            }),
-            wake: Condvar::new(),
-            room: Condvar::new(),
+            queue: CommitQueue::new(rec.last_seq, MAX_PENDING),
             durable: tx,
         });
         let s = shared.clone();
@@ -128,6 +113,7 @@ impl Store {
             committer: Some(committer),
             recovered_records: rec.replayed,
             torn_bytes: rec.torn,
+            fresh,
         })
     }
 
@@ -149,10 +135,8 @@ impl Store {
             return Err(StoreError::Failed);
         }
         let (applied, seq) = {
-            let mut pending = self.shared.pending.lock();
-            while pending.bytes.len() > MAX_PENDING {
-                self.shared.room.wait(&mut pending);
-            }
+            // Held while the sequence number is taken: queue order is sequence order.
+            let mut queue = self.shared.queue.appender();
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
             // The record is made first: one that cannot be journaled is refused before the
@@ -171,18 +155,12 @@ impl Store {
             let (applied, fresh) = ns.apply_request(&rec.mutation, &rec.creds, rec.time, req)?;
             if fresh {
                 *seq += 1;
-                if pending.count == 0 {
-                    pending.first_seq = *seq;
-                }
-                pending.bytes.extend_from_slice(&encoded);
-                pending.count += 1;
-                pending.last_seq = *seq;
+                queue.push(*seq, &encoded);
             }
             // A resend carried out meanwhile is answered as then, once everything so far is
             // durable.
             (applied, *seq)
         };
-        self.shared.wake.notify_one();
         self.wait_durable(seq, applied).await
     }
 
@@ -261,28 +239,16 @@ fn commit_loop(
     checkpoint_bytes: u64,
 ) {
     loop {
-        let (batch, last_seq, stop) = {
-            let mut p = s.pending.lock();
-            while p.bytes.is_empty() && !p.stop {
-                s.wake.wait(&mut p);
-            }
-            let records = std::mem::take(&mut p.bytes);
-            let (first, count) = (p.first_seq, std::mem::take(&mut p.count));
-            (
-                (count > 0).then_some((first, count, records)),
-                p.last_seq,
-                p.stop,
-            )
-        };
-        s.room.notify_all();
-        if let Some((first, count, records)) = batch {
-            let batch = encode_batch(first, count, &records);
+        let taken = s.queue.next();
+        let stop = taken.stop;
+        if let Some(b) = taken.batch {
+            let batch = encode_batch(b.first_seq, b.count, &b.bytes);
             if let Err(e) = writer.append(&batch) {
                 tracing::error!(error = %e, "journal write failed; refusing further changes");
                 let _ = s.durable.send_replace(Err(()));
                 return;
             }
-            let _ = s.durable.send_replace(Ok(last_seq));
+            let _ = s.durable.send_replace(Ok(b.last_seq));
         }
         if writer.len() > checkpoint_bytes {
             let (snapshot, seq) = {
@@ -310,8 +276,7 @@ fn commit_loop(
 
 impl Drop for Store {
     fn drop(&mut self) {
-        self.shared.pending.lock().stop = true;
-        self.shared.wake.notify_one();
+        self.shared.queue.stop();
         if let Some(t) = self.committer.take() {
             let _ = t.join();
         }
