@@ -56,6 +56,37 @@ pub struct Registry {
     heartbeat_timeout: Duration,
 }
 
+/// The targets a registry file lists, (index, uuid, server), or why the file is damaged. An
+/// index or a uuid listed twice is damage too.
+pub fn decode_file(raw: &[u8]) -> Result<Vec<(u32, u128, Nid)>, String> {
+    if raw.len() < 20 || raw[..8] != MAGIC {
+        return Err("not a registry file".into());
+    }
+    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    if word(8) != VERSION {
+        return Err("unknown version".into());
+    }
+    let body = (word(12) as usize)
+        .checked_add(20)
+        .and_then(|end| raw.get(20..end))
+        .ok_or("truncated")?;
+    if crc32c::crc32c(body) != word(16) {
+        return Err("checksum mismatch".into());
+    }
+    let list: Vec<(u32, u128, Nid)> = proto::msg::decode_body(body).map_err(|e| e.to_string())?;
+    let mut indices = std::collections::HashSet::new();
+    let mut uuids = std::collections::HashSet::new();
+    for (index, uuid, _) in &list {
+        if !indices.insert(*index) {
+            return Err(format!("target index {index} is listed twice"));
+        }
+        if !uuids.insert(*uuid) {
+            return Err(format!("target {uuid:032x} is listed twice"));
+        }
+    }
+    Ok(list)
+}
+
 impl Registry {
     /// Opens the registry kept in `dir`, empty if there is none yet.
     pub fn open(dir: &Path) -> Result<Registry, RegistryError> {
@@ -73,24 +104,7 @@ impl Registry {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(e)),
             Ok(raw) => {
-                if raw.len() < 20 || raw[..8] != MAGIC {
-                    return Err(damaged("not a registry file"));
-                }
-                let word = |at: usize| {
-                    u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]])
-                };
-                if word(8) != VERSION {
-                    return Err(damaged("unknown version"));
-                }
-                let body = raw
-                    .get(20..20 + word(12) as usize)
-                    .ok_or_else(|| damaged("truncated"))?;
-                if crc32c::crc32c(body) != word(16) {
-                    return Err(damaged("checksum mismatch"));
-                }
-                let list: Vec<(u32, u128, Nid)> =
-                    proto::msg::decode_body(body).map_err(|e| damaged(&e.to_string()))?;
-                for (index, uuid, oss) in list {
+                for (index, uuid, oss) in decode_file(&raw).map_err(|r| damaged(&r))? {
                     entries.insert(
                         index,
                         Entry {

@@ -202,7 +202,8 @@ impl Drop for BlockGuard<'_> {
     }
 }
 
-pub(crate) struct Object {
+/// One stored object: its data file and its checksum file, read and written block by block.
+pub struct Object {
     pub fid: Fid,
     engine: Arc<dyn Engine>,
     data: FileHandle,
@@ -311,7 +312,14 @@ impl Object {
                 self.fid
             )));
         }
-        Ok(word(16..24))
+        let size = word(16..24);
+        if size > MAX_OBJECT_SIZE {
+            return Err(TargetError::Damaged(format!(
+                "object {}: a size of {size} in the checksum file is past the limit",
+                self.fid
+            )));
+        }
+        Ok(size)
     }
 
     fn write_header(&self, size: u64) -> Result<()> {
