@@ -4,7 +4,9 @@
 use proto::FsErrorKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::AnyNet;
@@ -42,6 +44,9 @@ pub struct ClientConfig {
     /// While it holds files open, how often the client pings the MDS: to stay known (an MDS
     /// evicts a silent client's handles), and to see a restart and count its open files again.
     pub ping_every: Duration,
+    /// The client's identity towards the servers (its requests, open handles and writes carry
+    /// it); random when `None`. A simulation names its clients so that a seed replays exactly.
+    pub id: Option<u128>,
 }
 
 impl Default for ClientConfig {
@@ -58,6 +63,7 @@ impl Default for ClientConfig {
             window: 16,
             attempt: Duration::from_secs(10),
             ping_every: PING_EVERY,
+            id: None,
         }
     }
 }
@@ -116,6 +122,7 @@ impl Client {
     /// Connects through `net`: a TCP endpoint, or a node of the simulated fabric.
     pub async fn connect_on(net: AnyNet, mds: &str, cfg: ClientConfig) -> Result<Client> {
         let creds = cfg.creds.clone();
+        let id: u128 = cfg.id.unwrap_or_else(rand::random);
         let client = Client {
             inner: Arc::new(Inner {
                 mds: parse_nid(mds)?,
@@ -123,9 +130,9 @@ impl Client {
                 cfg,
                 servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
-                client_id: rand::random(),
+                client_id: id,
                 next_req: AtomicU64::new(1),
-                writes: Arc::new(crate::unstable::Writes::new(rand::random())),
+                writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
                 opens: crate::opens::Opens::default(),
             }),
             creds,

@@ -375,10 +375,22 @@ impl File {
     /// The file's size: the MDS's, or further if this handle wrote further.
     pub async fn size(&self) -> Result<u64> {
         let fid = self.inode.lock().fid;
-        let fresh = self.client.getattr(fid).await?;
-        let size = fresh.size.max(self.written_to.load(Ordering::Relaxed));
-        *self.inode.lock() = fresh;
-        Ok(size)
+        let written = self.written_to.load(Ordering::Relaxed);
+        match self.client.getattr(fid).await {
+            Ok(fresh) => {
+                let size = fresh.size.max(written);
+                *self.inode.lock() = fresh;
+                Ok(size)
+            }
+            // The file lost its last name while this handle holds it: it stays as it was,
+            // and only this client's own writes can have grown it.
+            Err(e) if e.is(FsErrorKind::Stale) => {
+                let mut inode = self.inode.lock();
+                inode.nlink = 0;
+                Ok(inode.size.max(written))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Writes all of `data` at `offset` (at the end, for a file opened to append); returns the

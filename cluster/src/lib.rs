@@ -70,6 +70,8 @@ pub struct ClusterBuilder {
     mds_disk: Option<Arc<dyn mds::disk::MetaDisk>>,
     recovery_window: Duration,
     evict_after: Duration,
+    commit: mds::store::CommitMode,
+    instance: Option<u64>,
 }
 
 impl ClusterBuilder {
@@ -86,6 +88,8 @@ impl ClusterBuilder {
             mds_disk: None,
             recovery_window: mds.recovery_window,
             evict_after: mds.evict_after,
+            commit: mds.commit,
+            instance: None,
         }
     }
 
@@ -117,6 +121,20 @@ impl ClusterBuilder {
         self
     }
 
+    /// Has each caller of the MDS write the journal instead of a committer thread, so that the
+    /// whole cluster runs on one thread (under a virtual clock, say).
+    pub fn inline_commit(mut self) -> ClusterBuilder {
+        self.commit = mds::store::CommitMode::Inline;
+        self
+    }
+
+    /// Names the MDS's runs `first`, `first + 1`, ... instead of at random (a simulation that
+    /// must replay exactly).
+    pub fn mds_instances(mut self, first: u64) -> ClusterBuilder {
+        self.instance = Some(first);
+        self
+    }
+
     /// How often the MDS's allocator refills pools and destroys removed objects.
     pub fn maintain_every(mut self, every: Duration) -> ClusterBuilder {
         self.maintain_every = every;
@@ -145,6 +163,8 @@ impl ClusterBuilder {
             disk: self.mds_disk.clone(),
             recovery_window: self.recovery_window,
             evict_after: self.evict_after,
+            commit: self.commit,
+            instance: self.instance,
             ..MdsConfig::new(&mds_dir)
         };
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;
@@ -246,6 +266,9 @@ impl Cluster {
 
     /// Starts the MDS again on its data (recovering the journal).
     pub async fn start_mds(&mut self) -> Result<(), ClusterError> {
+        if let Some(i) = self.mds_cfg.instance.as_mut() {
+            *i += 1;
+        }
         self.mds = Some(MdsServer::start(self.mds_cfg.clone(), &self.mds_attach).await?);
         Ok(())
     }

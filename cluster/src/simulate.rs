@@ -11,14 +11,17 @@
 //!
 //! The checkers live here, apart from the code they check, and know only what the client was
 //! told: every checkpoint whose rename was acknowledged holds exactly the acknowledged bytes
-//! (or, where the rename's answer was lost, the old or the new version whole); every range an
-//! fsync acknowledged reads back exactly, never as zeros; after the faults stop, the cluster
-//! makes progress (a new checkpoint commits); the namespace passes `fsck` and every target
-//! passes `scrub`.
+//! (or, where the rename's answer was lost, the old or the new version whole); a checkpoint a
+//! reader holds open reads the same until it closes it, whatever is renamed over it and
+//! however the MDS restarts; every range an fsync acknowledged reads back exactly, never as
+//! zeros; after the faults stop, the cluster makes progress (a new checkpoint commits); the
+//! namespace passes `fsck` and every target passes `scrub`.
 //!
-//! The seed fixes the workload, the fault schedule and the fabric's choices; the interleaving
-//! of the servers' tasks and the MDS's commit thread is left to the runtime, so a replay
-//! repeats the same operations and faults, though not always the same timing.
+//! Run it on one thread under tokio's paused clock (`start_paused`), as the tests and the
+//! `simulate` example do: the MDS then journals on the caller's thread
+//! ([`mds::store::CommitMode::Inline`]), clients and MDS runs are named from the seed, and a
+//! seed replays exactly: the same messages at the same virtual times with the same fates
+//! ([`Report::fingerprint`]). Waits cost no real time, so a seed takes a fraction of a second.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -48,6 +51,12 @@ pub struct Report {
     pub faults: usize,
     /// Operations that ended in an error (each allowed by the model, or the run fails).
     pub refused: usize,
+    /// Messages the fabric carried, dropped, duplicated or reordered.
+    pub messages: usize,
+    /// A digest of everything the fabric decided (each message's ends, kind, xid, virtual time
+    /// and fate): equal for two runs of one seed when the replay is exact. Payload sizes are
+    /// left out: they vary with the wall-clock times the MDS stamps on inodes.
+    pub fingerprint: u64,
 }
 
 /// A run that broke a rule: its seed replays it.
@@ -80,12 +89,16 @@ struct Sim {
     report: Report,
     /// The latest error an operation met, for a liveness failure's message.
     last_error: String,
+    /// Checkpoints a reader holds open, with the bytes it read when it opened them: they must
+    /// read the same until closed, whatever is renamed over them and however the MDS restarts.
+    held: Vec<(client::File, String, Vec<u8>)>,
 }
 
 fn client_config() -> ClientConfig {
     ClientConfig {
         attempt: Duration::from_millis(300),
         retry_for: Duration::from_secs(8),
+        ping_every: Duration::from_millis(200),
         creds: proto::md::Creds::root(),
         ..ClientConfig::default()
     }
@@ -114,16 +127,23 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
     let mut builder = ClusterBuilder::new(Network::Fabric(fabric.clone()), &scratch)
         .mds_disk(disk.clone())
         .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .maintain_every(Duration::from_millis(50));
+        .maintain_every(Duration::from_millis(50))
+        .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
+        .inline_commit()
+        .mds_instances(seed << 16 | 1);
     for e in &engines {
         builder = builder.storage_server(vec![e.clone() as Arc<dyn oss::engine::Engine>]);
     }
     let cluster = builder.start().await.map_err(|e| fail(e.to_string()))?;
     let mut clients = vec![];
-    for name in ["c0", "c1"] {
+    for (i, name) in ["c0", "c1"].into_iter().enumerate() {
+        let cfg = ClientConfig {
+            id: Some(u128::from(seed) << 64 | (i as u128 + 1)),
+            ..client_config()
+        };
         clients.push(
             cluster
-                .client(name, client_config())
+                .client(name, cfg)
                 .await
                 .map_err(|e| fail(e.to_string()))?,
         );
@@ -146,11 +166,31 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
             ..Report::default()
         },
         last_error: String::new(),
+        held: vec![],
     };
     let result = sim.drive(operations).await;
     let Sim {
-        cluster, report, ..
+        cluster,
+        mut report,
+        fabric,
+        ..
     } = sim;
+    let trace = fabric.trace();
+    report.messages = trace.len();
+    if let Ok(path) = std::env::var("LODE_SIM_TRACE") {
+        let lines: Vec<String> = trace.iter().map(|e| format!("{e:?}")).collect();
+        let _ = std::fs::write(path, lines.join("\n"));
+    }
+    report.fingerprint = {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys: the same digest in every process.
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new();
+        for e in &trace {
+            (e.at, &e.from, &e.to, e.kind, e.xid, format!("{:?}", e.fate)).hash(&mut h);
+        }
+        h.finish()
+    };
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&scratch);
     result.map(|()| report)
@@ -249,6 +289,12 @@ impl Sim {
     async fn operation(&mut self) -> Result<(), Failure> {
         let c = self.clients[self.rng.gen_range(0..2)].clone();
         let k = self.rng.gen_range(0..NAMES);
+        if self.rng.gen_bool(0.1) {
+            self.hold(&c, k).await;
+        }
+        if self.rng.gen_bool(0.1) {
+            self.check_held().await?;
+        }
         match self.rng.gen_range(0..10) {
             0..=3 => {
                 let data = self.bytes(MAX_BYTES);
@@ -331,6 +377,44 @@ impl Sim {
                 self.last_error = e.to_string();
                 self.report.refused += 1;
                 versions.push(Some(data));
+            }
+        }
+        Ok(())
+    }
+
+    /// A reader opens checkpoint `k` and keeps it open (at most two at once).
+    async fn hold(&mut self, c: &Client, k: u32) {
+        if self.held.len() >= 2 {
+            let (f, ..) = self.held.remove(0);
+            let _ = f.close().await;
+        }
+        let name = format!("/ck{k}");
+        let Ok(f) = OpenOptions::new().read(true).open(c, &name).await else {
+            return;
+        };
+        match read_all(&f).await {
+            Ok(bytes) => self.held.push((f, name, bytes)),
+            Err(e) => {
+                self.last_error = e;
+                self.report.refused += 1;
+            }
+        }
+    }
+
+    /// Every checkpoint held open reads as it did when it was opened.
+    async fn check_held(&mut self) -> Result<(), Failure> {
+        for (f, name, bytes) in &self.held {
+            match read_all(f).await {
+                Ok(now) if now == *bytes => {}
+                Ok(now) => {
+                    return Err(self.fail(format!(
+                        "{name}, held open, read {} bytes and now {} ({})",
+                        bytes.len(),
+                        now.len(),
+                        describe(&Some(now.clone()))
+                    )))
+                }
+                Err(e) => return Err(self.fail(format!("{name}, held open: {e}"))),
             }
         }
         Ok(())
@@ -427,6 +511,10 @@ impl Sim {
 
     /// Every acknowledged byte is there, exactly; checkpoint names hold one whole version.
     async fn check_contents(&mut self) -> Result<(), Failure> {
+        self.check_held().await?;
+        for (f, ..) in self.held.drain(..) {
+            let _ = f.close().await;
+        }
         let c = self.clients[1].clone();
         for (name, versions) in &self.model.checkpoints {
             let got = read_whole(&c, name).await.map_err(|e| self.fail(e))?;
@@ -499,6 +587,25 @@ fn crc(b: &[u8]) -> u32 {
     b.iter().fold(0x811c9dc5u32, |h, x| {
         (h ^ u32::from(*x)).wrapping_mul(0x01000193)
     })
+}
+
+/// The whole of an open file.
+async fn read_all(f: &client::File) -> Result<Vec<u8>, String> {
+    let size = f.size().await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; size as usize];
+    let mut at = 0;
+    while at < buf.len() {
+        let n = f
+            .read_at(at as u64, &mut buf[at..])
+            .await
+            .map_err(|e| format!("reading at {at}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    buf.truncate(at);
+    Ok(buf)
 }
 
 async fn read_whole(c: &Client, name: &str) -> Result<Option<Vec<u8>>, String> {

@@ -13,7 +13,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};

@@ -8,7 +8,9 @@
 //! handles (Lustre's eviction), so a client that died does not keep objects for ever.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use parking_lot::Mutex;
 use proto::md::OpenHandle;

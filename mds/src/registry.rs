@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use parking_lot::Mutex;
 use proto::registry::{TargetInfo, TargetReport};

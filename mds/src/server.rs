@@ -15,7 +15,7 @@ use crate::alloc::Allocator;
 use crate::disk::MetaDisk;
 use crate::registry::{Registry, RegistryError, HEARTBEAT_TIMEOUT};
 use crate::service::MdsService;
-use crate::store::{Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
+use crate::store::{CommitMode, Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
 
 /// What an MDS runs with.
 #[derive(Clone)]
@@ -36,6 +36,12 @@ pub struct MdsConfig {
     pub recovery_window: Duration,
     /// A client holding files open and not heard from for this long loses its handles.
     pub evict_after: Duration,
+    /// Who writes the journal: a committer thread, or (a simulated cluster on one thread)
+    /// each caller.
+    pub commit: CommitMode,
+    /// This run's instance, which clients' pings see change at a restart; random when `None`
+    /// (a simulation names it, so that a seed replays exactly).
+    pub instance: Option<u64>,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -48,6 +54,8 @@ impl std::fmt::Debug for MdsConfig {
             .field("disk", &self.disk.as_ref().map(|_| "custom"))
             .field("recovery_window", &self.recovery_window)
             .field("evict_after", &self.evict_after)
+            .field("commit", &self.commit)
+            .field("instance", &self.instance)
             .finish()
     }
 }
@@ -68,6 +76,8 @@ impl MdsConfig {
             disk: None,
             recovery_window: RECOVERY_WINDOW,
             evict_after: EVICT_AFTER,
+            commit: CommitMode::Thread,
+            instance: None,
         }
     }
 }
@@ -102,8 +112,12 @@ impl MdsServer {
         let registry =
             Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
         let store = Arc::new(match &cfg.disk {
-            Some(disk) => Store::open_on(disk.clone(), cfg.checkpoint_bytes)?,
-            None => Store::open(&cfg.data_dir, cfg.checkpoint_bytes)?,
+            Some(disk) => Store::open_with(disk.clone(), cfg.checkpoint_bytes, cfg.commit)?,
+            None => Store::open_with(
+                Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
+                cfg.checkpoint_bytes,
+                cfg.commit,
+            )?,
         });
         let caller = at.caller("alloc")?;
         // A new filesystem has no clients of an earlier run to wait for.
@@ -115,7 +129,8 @@ impl MdsServer {
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
             .recovering(window, cfg.evict_after);
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
-        let service = MdsService::new(registry.clone(), store.clone(), alloc);
+        let instance = cfg.instance.unwrap_or_else(rand::random);
+        let service = MdsService::new(registry.clone(), store.clone(), alloc, instance);
         let net = match at.serve(service).await {
             Ok(net) => net,
             Err(e) => {

@@ -39,12 +39,18 @@ fn store_error(e: StoreError) -> RemoteError {
 }
 
 impl MdsService {
-    pub fn new(registry: Arc<Registry>, store: Arc<Store>, alloc: Arc<Allocator>) -> Arc<Self> {
+    /// The service of one run of the MDS, named `instance` (nonzero; pings answer with it).
+    pub fn new(
+        registry: Arc<Registry>,
+        store: Arc<Store>,
+        alloc: Arc<Allocator>,
+        instance: u64,
+    ) -> Arc<Self> {
         Arc::new(MdsService {
             registry,
             store,
             alloc,
-            instance: rand::random::<u64>().max(1),
+            instance: instance.max(1),
         })
     }
 

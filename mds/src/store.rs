@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use concur::commit::CommitQueue;
+use concur::commit::{Batch, CommitQueue};
 use parking_lot::Mutex;
 use proto::md::{Creds, Mutation, Time};
 use tokio::sync::watch;
@@ -45,9 +45,22 @@ struct Shared {
     durable: watch::Sender<Result<u64, ()>>,
 }
 
+/// Who writes the journal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommitMode {
+    /// A committer thread: concurrent changes share one append and one fsync (group commit).
+    #[default]
+    Thread,
+    /// The caller that queued a change writes the queue at once, on its own thread: for a
+    /// simulated cluster on one thread and a virtual clock, where no other thread may run.
+    Inline,
+}
+
 pub struct Store {
     shared: Arc<Shared>,
     committer: Option<std::thread::JoinHandle<()>>,
+    /// With [`CommitMode::Inline`], the committer callers run.
+    inline: Option<Mutex<Committer>>,
     pub recovered_records: u64,
     pub torn_bytes: u64,
     /// The filesystem was made by this open: no earlier run, no client of one.
@@ -72,6 +85,15 @@ impl Store {
 
     /// Recovers the namespace kept on `disk` (or starts one) and starts the committer.
     pub fn open_on(disk: Arc<dyn MetaDisk>, checkpoint_bytes: u64) -> Result<Store, StoreError> {
+        Self::open_with(disk, checkpoint_bytes, CommitMode::Thread)
+    }
+
+    /// As [`Store::open_on`], committing as `mode` says.
+    pub fn open_with(
+        disk: Arc<dyn MetaDisk>,
+        checkpoint_bytes: u64,
+        mode: CommitMode,
+    ) -> Result<Store, StoreError> {
         let exists = |name| {
             disk.exists(name).map_err(|source| JournalError::Io {
                 name: "data directory",
@@ -100,17 +122,29 @@ impl Store {
             queue: CommitQueue::new(rec.last_seq, MAX_PENDING),
             durable: tx,
         });
-        let s = shared.clone();
-        let committer = std::thread::Builder::new()
-            .name("mds-commit".into())
-            .spawn(move || commit_loop(s, writer, disk, checkpoint_bytes))
-            .map_err(|e| JournalError::Io {
-                name: "committer thread",
-                source: e,
-            })?;
+        let committer = Committer {
+            shared: shared.clone(),
+            writer,
+            disk,
+            checkpoint_bytes,
+        };
+        let (thread, inline) = match mode {
+            CommitMode::Thread => {
+                let t = std::thread::Builder::new()
+                    .name("mds-commit".into())
+                    .spawn(move || committer.run())
+                    .map_err(|e| JournalError::Io {
+                        name: "committer thread",
+                        source: e,
+                    })?;
+                (Some(t), None)
+            }
+            CommitMode::Inline => (None, Some(Mutex::new(committer))),
+        };
         Ok(Store {
             shared,
-            committer: Some(committer),
+            committer: thread,
+            inline,
             recovered_records: rec.replayed,
             torn_bytes: rec.torn,
             fresh,
@@ -161,6 +195,9 @@ impl Store {
             // durable.
             (applied, *seq)
         };
+        if let Some(c) = &self.inline {
+            c.lock().commit_queued();
+        }
         self.wait_durable(seq, applied).await
     }
 
@@ -232,45 +269,68 @@ impl Store {
     }
 }
 
-fn commit_loop(
-    s: Arc<Shared>,
-    mut writer: JournalWriter,
+/// Takes what is queued, journals it, and says how far the journal is durable.
+struct Committer {
+    shared: Arc<Shared>,
+    writer: JournalWriter,
     disk: Arc<dyn MetaDisk>,
     checkpoint_bytes: u64,
-) {
-    loop {
-        let taken = s.queue.next();
-        let stop = taken.stop;
-        if let Some(b) = taken.batch {
-            let batch = encode_batch(b.first_seq, b.count, &b.bytes);
-            if let Err(e) = writer.append(&batch) {
+}
+
+impl Committer {
+    /// The committer thread: waits for records and commits them until the store stops.
+    fn run(mut self) {
+        loop {
+            let taken = self.shared.queue.next();
+            if !self.commit(taken.batch) || taken.stop {
+                return;
+            }
+        }
+    }
+
+    /// Commits whatever is queued now, on the calling thread.
+    fn commit_queued(&mut self) {
+        while let Some(batch) = self.shared.queue.try_next() {
+            if !self.commit(Some(batch)) {
+                return;
+            }
+        }
+    }
+
+    /// Writes `batch` and a snapshot when one is due; false once the journal failed.
+    fn commit(&mut self, batch: Option<Batch>) -> bool {
+        let s = &self.shared;
+        if s.durable.borrow().is_err() {
+            return false;
+        }
+        if let Some(b) = batch {
+            let encoded = encode_batch(b.first_seq, b.count, &b.bytes);
+            if let Err(e) = self.writer.append(&encoded) {
                 tracing::error!(error = %e, "journal write failed; refusing further changes");
                 let _ = s.durable.send_replace(Err(()));
-                return;
+                return false;
             }
             let _ = s.durable.send_replace(Ok(b.last_seq));
         }
-        if writer.len() > checkpoint_bytes {
+        if self.writer.len() > self.checkpoint_bytes {
             let (snapshot, seq) = {
                 let g = s.ns.lock();
                 (g.0.clone(), g.1)
             };
             // Records applied but not yet written may be in the snapshot; replay skips them
             // by sequence number, so the order of snapshot and journal does not matter.
-            let done =
-                journal::write_snapshot(&*disk, &snapshot, seq).and_then(|()| writer.reset());
+            let done = journal::write_snapshot(&*self.disk, &snapshot, seq)
+                .and_then(|()| self.writer.reset());
             match done {
                 Ok(()) => tracing::info!(seq, "namespace snapshot written; journal emptied"),
                 Err(e) => {
                     tracing::error!(error = %e, "snapshot failed; refusing further changes");
                     let _ = s.durable.send_replace(Err(()));
-                    return;
+                    return false;
                 }
             }
         }
-        if stop {
-            return;
-        }
+        true
     }
 }
 

@@ -120,6 +120,21 @@ impl CommitQueue {
         Taken { batch, stop }
     }
 
+    /// Takes all that is queued, if anything is, without waiting.
+    pub fn try_next(&self) -> Option<Batch> {
+        let mut p = lock(&self.pending);
+        let count = std::mem::take(&mut p.count);
+        let batch = (count > 0).then(|| Batch {
+            first_seq: p.first_seq,
+            last_seq: p.last_seq,
+            count,
+            bytes: std::mem::take(&mut p.bytes),
+        });
+        drop(p);
+        self.room.notify_all();
+        batch
+    }
+
     /// Tells the committer to stop once it has taken what is queued.
     pub fn stop(&self) {
         lock(&self.pending).stop = true;

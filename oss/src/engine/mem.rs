@@ -6,6 +6,7 @@
 //! capacity past which writes fail with ENOSPC, leaving nothing half-written.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -27,12 +28,29 @@ struct Image {
     durable: Vec<u8>,
 }
 
+/// File names by directory, then name: each directory's entries can be listed and synced
+/// without looking at the others.
+type Names = BTreeMap<PathBuf, BTreeMap<OsString, u64>>;
+
+/// A path's directory and name.
+fn split(path: &Path) -> (PathBuf, OsString) {
+    (
+        path.parent().unwrap_or(Path::new("/")).to_path_buf(),
+        path.file_name().unwrap_or_default().to_owned(),
+    )
+}
+
+fn lookup(names: &Names, path: &Path) -> Option<u64> {
+    let (dir, name) = split(path);
+    names.get(&dir)?.get(&name).copied()
+}
+
 #[derive(Default)]
 struct State {
-    /// Path to file id, as the program sees the namespace.
-    live_names: BTreeMap<PathBuf, u64>,
-    /// Path to file id, as it would be after a crash.
-    durable_names: BTreeMap<PathBuf, u64>,
+    /// File ids by directory and name, as the program sees the namespace.
+    live_names: Names,
+    /// File ids by directory and name, as they would be after a crash.
+    durable_names: Names,
     files: HashMap<u64, Image>,
     dirs: Vec<PathBuf>,
     next_id: u64,
@@ -45,6 +63,7 @@ impl State {
     fn used(&self) -> u64 {
         self.live_names
             .values()
+            .flat_map(|d| d.values())
             .filter_map(|id| self.files.get(id))
             .map(|f| f.live.len() as u64)
             .sum()
@@ -89,7 +108,11 @@ impl MemEngine {
     pub fn crash(&self) {
         let mut st = self.state.lock();
         st.live_names = st.durable_names.clone();
-        let keep: Vec<u64> = st.durable_names.values().copied().collect();
+        let keep: std::collections::HashSet<u64> = st
+            .durable_names
+            .values()
+            .flat_map(|d| d.values().copied())
+            .collect();
         st.files.retain(|id, _| keep.contains(id));
         for img in st.files.values_mut() {
             img.live = img.durable.clone();
@@ -111,7 +134,7 @@ impl MemEngine {
     /// The live bytes of the file at `path`, for tests that corrupt or inspect the disk.
     pub fn with_file<T>(&self, path: &Path, f: impl FnOnce(&mut Vec<u8>) -> T) -> Option<T> {
         let mut st = self.state.lock();
-        let id = *st.live_names.get(path)?;
+        let id = lookup(&st.live_names, path)?;
         st.files.get_mut(&id).map(|img| f(&mut img.live))
     }
 }
@@ -135,11 +158,11 @@ impl Engine for MemEngine {
 
     fn open(&self, path: &Path, mode: OpenMode, _direct: bool) -> io::Result<FileHandle> {
         let mut st = self.state.lock();
-        if let Some(id) = st.live_names.get(path) {
+        if let Some(id) = lookup(&st.live_names, path) {
             if mode == OpenMode::CreateNew {
                 return Err(io::Error::from_raw_os_error(libc::EEXIST));
             }
-            return Ok(FileHandle::Mem(*id));
+            return Ok(FileHandle::Mem(id));
         }
         if mode == OpenMode::Existing {
             return Err(not_found());
@@ -151,13 +174,19 @@ impl Engine for MemEngine {
         st.next_id += 1;
         let id = st.next_id;
         st.files.insert(id, Image::default());
-        st.live_names.insert(path.to_path_buf(), id);
+        let (dir, name) = split(path);
+        st.live_names.entry(dir).or_default().insert(name, id);
         Ok(FileHandle::Mem(id))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
-        st.live_names.remove(path).map(|_| ()).ok_or_else(not_found)
+        let (dir, name) = split(path);
+        st.live_names
+            .get_mut(&dir)
+            .and_then(|d| d.remove(&name))
+            .map(|_| ())
+            .ok_or_else(not_found)
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -173,15 +202,8 @@ impl Engine for MemEngine {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
-        let in_dir = |p: &Path| p.parent() == Some(path);
-        let live: Vec<(PathBuf, u64)> = st
-            .live_names
-            .iter()
-            .filter(|(p, _)| in_dir(p))
-            .map(|(p, i)| (p.clone(), *i))
-            .collect();
-        st.durable_names.retain(|p, _| !in_dir(p));
-        st.durable_names.extend(live);
+        let live = st.live_names.get(path).cloned().unwrap_or_default();
+        st.durable_names.insert(path.to_path_buf(), live);
         Ok(())
     }
 
@@ -221,9 +243,14 @@ impl Engine for MemEngine {
 
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         let st = self.state.lock();
-        let files = st.live_names.keys().filter(|p| p.parent() == Some(dir));
-        let dirs = st.dirs.iter().filter(|p| p.parent() == Some(dir));
-        Ok(files.chain(dirs).cloned().collect())
+        let files = st
+            .live_names
+            .get(dir)
+            .into_iter()
+            .flat_map(|d| d.keys())
+            .map(|name| dir.join(name));
+        let dirs = st.dirs.iter().filter(|p| p.parent() == Some(dir)).cloned();
+        Ok(files.chain(dirs).collect())
     }
 
     fn space(&self, _path: &Path) -> io::Result<Space> {

@@ -57,7 +57,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let alloc = mds::alloc::Allocator::new(registry.clone());
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
-        MdsService::new(registry, store, alloc),
+        MdsService::new(registry, store, alloc, rand::random()),
         TcpConfig::default(),
     )
     .await?;
