@@ -629,10 +629,25 @@ impl Namespace {
         })
     }
 
-    /// Whether objects of the removed file `owner` are still kept (waiting for its last close
-    /// or for destruction).
-    pub fn keeps_objects_of(&self, owner: Fid) -> bool {
-        self.doomed.values().any(|&(_, o)| o == owner)
+    /// Which of `fids` still exist, by a name or (removed) by objects kept for them, waiting
+    /// for their last close or for destruction. One pass over the destroy queue.
+    pub fn still_kept(&self, fids: &[Fid]) -> std::collections::HashSet<Fid> {
+        let mut kept: std::collections::HashSet<Fid> = fids
+            .iter()
+            .copied()
+            .filter(|f| self.inodes.contains_key(f))
+            .collect();
+        if kept.len() < fids.len() {
+            let removed: std::collections::HashSet<Fid> =
+                fids.iter().copied().filter(|f| !kept.contains(f)).collect();
+            kept.extend(
+                self.doomed
+                    .values()
+                    .map(|&(_, owner)| owner)
+                    .filter(|o| removed.contains(o)),
+            );
+        }
+        kept
     }
 
     /// Up to `max` objects waiting to be destroyed, but for those of files `held` says are

@@ -346,12 +346,11 @@ impl MdsService {
                 ),
             ));
         }
+        let fids: Vec<proto::Fid> = r.handles.iter().map(|(f, _)| *f).collect();
+        let kept = self.store.read(|ns| ns.still_kept(&fids));
         let mut gone = vec![];
         for (fid, handle) in r.handles {
-            let kept = self
-                .store
-                .read(|ns| ns.inode(fid).is_ok() || ns.keeps_objects_of(fid));
-            if !kept {
+            if !kept.contains(&fid) {
                 gone.push(fid);
                 continue;
             }
