@@ -376,3 +376,65 @@ async fn a_body_past_the_limit_is_refused_before_it_is_sent() {
     assert!(matches!(raw, NetError::Frame { .. }), "{raw}");
     call(&client, &nid, &Ping { nonce: 1 }, T).await.unwrap();
 }
+
+/// Idle sockets cannot lock real clients out: at the connection cap, a new connection takes
+/// the place of the one idle longest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_idle_connections_do_not_stop_a_real_client() {
+    let (srv, nid) = selftest_server().await;
+    let Nid::Tcp(addr) = nid.clone() else {
+        unreachable!("a TCP server")
+    };
+    let openers: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut mine = Vec::with_capacity(100);
+                for _ in 0..100 {
+                    mine.push(TcpStream::connect(addr).await.expect("an idle connection"));
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut idle = Vec::with_capacity(5000);
+    for o in openers {
+        idle.extend(o.await.unwrap());
+    }
+    // Let them all be accepted and go idle past the displacement threshold.
+    tokio::time::sleep(TcpConfig::default().displace_idle + Duration::from_millis(500)).await;
+    assert!(srv.accepted_connections() <= TcpConfig::default().max_connections);
+    let client = TcpEndpoint::client(TcpConfig::default());
+    let pong = call(&client, &nid, &Ping { nonce: 5 }, T).await.unwrap();
+    assert_eq!(pong.nonce, 5);
+    for i in 0..20 {
+        call(&client, &nid, &echo(i), T).await.unwrap();
+    }
+    drop(idle);
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_its_peer_reconnects() {
+    let cfg = TcpConfig {
+        idle_timeout: Duration::from_millis(200),
+        ..TcpConfig::default()
+    };
+    let (srv, nid) = server(SelfTest::new(), cfg).await;
+    let client = TcpEndpoint::client(TcpConfig::default());
+    call(&client, &nid, &Ping { nonce: 1 }, T).await.unwrap();
+    assert!(srv.accepted_connections() >= 1);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        srv.accepted_connections(),
+        0,
+        "idle connections stayed open"
+    );
+    // The client finds its connection closed and makes a new one.
+    let mut answered = false;
+    for _ in 0..3 {
+        if call(&client, &nid, &Ping { nonce: 2 }, T).await.is_ok() {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered);
+}

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -25,6 +26,7 @@ use tokio::io::{
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use super::TcpConfig;
 use crate::error::NetError;
@@ -77,6 +79,11 @@ pub(crate) struct Conn {
     tasks: Mutex<Vec<AbortHandle>>,
     regions: Arc<RegionTable>,
     dispatcher: Option<Dispatcher>,
+    /// When the connection started, and the last time a frame went either way (ms after it).
+    born: Instant,
+    active_ms: AtomicU64,
+    /// Requests from the peer being served now: a connection serving one is not idle.
+    serving: AtomicU64,
 }
 
 impl Conn {
@@ -107,6 +114,9 @@ impl Conn {
             tasks: Mutex::new(Vec::new()),
             regions,
             dispatcher,
+            born: Instant::now(),
+            active_ms: AtomicU64::new(0),
+            serving: AtomicU64::new(0),
         });
         let reader = {
             let conn = conn.clone();
@@ -137,6 +147,21 @@ impl Conn {
         conn
     }
 
+    /// A frame went one way or the other now.
+    fn active(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.active_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long no frame has gone either way and no request has been served.
+    pub(crate) fn idle_for(&self) -> Duration {
+        if self.serving.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.active_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last)
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -146,7 +171,10 @@ impl Conn {
         let first = !self.closed.swap(true, Ordering::AcqRel);
         if first {
             // Ordinary ends are quiet; anything else is worth an operator's attention.
-            let ordinary = reason == "peer closed the connection" || reason == "endpoint shut down";
+            let ordinary = matches!(
+                reason,
+                "peer closed the connection" | "endpoint shut down" | "idle timeout"
+            );
             if ordinary {
                 tracing::debug!(peer = %self.peer, reason, "connection closed");
             } else {
@@ -237,6 +265,7 @@ impl Conn {
                 .await
                 .map_err(|_| "peer stopped reading (write timed out)".to_owned())?
                 .map_err(|e| format!("write failed: {e}"))?;
+            self.active();
         }
         Ok(())
     }
@@ -272,6 +301,7 @@ impl Conn {
             header
                 .verify(&body)
                 .map_err(|e| format!("bad frame: {e}"))?;
+            self.active();
             match header.kind {
                 FrameKind::Request => self.on_request(header, body).await,
                 FrameKind::Reply => self.on_reply(header, body),
@@ -294,6 +324,7 @@ impl Conn {
             return;
         };
         let conn = self.clone();
+        conn.serving.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             let req = Incoming {
                 from: conn.peer.clone(),
@@ -311,6 +342,8 @@ impl Conn {
             if let Err(e) = conn.send_reply(xid, opcode, out).await {
                 tracing::debug!(error = %e, "reply not sent");
             }
+            conn.active();
+            conn.serving.fetch_sub(1, Ordering::Relaxed);
         });
     }
 

@@ -2,8 +2,9 @@
 //!
 //! An endpoint listens (if it serves) and keeps up to `conns_per_peer` connections to each peer
 //! it calls, spreading calls over them; a connection that failed is replaced on the next call to
-//! that peer. Accepted connections are capped at `max_connections`; past the cap, new ones are
-//! closed at once and logged.
+//! that peer. Accepted connections are capped at `max_connections`; at the cap, a new one takes
+//! the place of the connection idle longest (if idle for `displace_idle`), or is closed at once
+//! and logged. Accepted connections idle for `idle_timeout` are closed.
 
 mod conn;
 
@@ -39,8 +40,15 @@ pub struct TcpConfig {
     pub send_timeout: Duration,
     /// How long a server waits for the data of a bulk get.
     pub bulk_timeout: Duration,
-    /// Accepted connections a server keeps at once.
+    /// Accepted connections a server keeps at once. At the cap, a new connection takes the
+    /// place of the one idle longest, if that one has been idle for `displace_idle`; otherwise
+    /// it is refused.
     pub max_connections: usize,
+    /// How long an accepted connection must have been idle to give its place to a new one.
+    pub displace_idle: Duration,
+    /// An accepted connection idle this long is closed (its peer reconnects when it calls
+    /// again).
+    pub idle_timeout: Duration,
 }
 
 impl Default for TcpConfig {
@@ -52,6 +60,8 @@ impl Default for TcpConfig {
             send_timeout: Duration::from_secs(10),
             bulk_timeout: Duration::from_secs(30),
             max_connections: 4096,
+            displace_idle: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -170,8 +180,21 @@ impl TcpEndpoint {
 }
 
 async fn accept_loop(listener: TcpListener, ep: Weak<Inner>) {
+    let sweep_every = match ep.upgrade() {
+        Some(ep) => (ep.cfg.idle_timeout / 4).max(Duration::from_millis(10)),
+        None => return,
+    };
+    let mut sweep = tokio::time::interval(sweep_every);
     loop {
-        let (stream, addr) = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = sweep.tick() => {
+                let Some(ep) = ep.upgrade() else { return };
+                ep.close_idle();
+                continue;
+            }
+        };
+        let (stream, addr) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // Running out of descriptors is transient; back off instead of spinning.
@@ -184,8 +207,25 @@ async fn accept_loop(listener: TcpListener, ep: Weak<Inner>) {
         let mut accepted = ep.accepted.lock();
         accepted.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
         if accepted.len() >= ep.cfg.max_connections {
-            tracing::warn!(%addr, limit = ep.cfg.max_connections, "connection refused: too many connections");
-            continue;
+            // The connection idle longest makes room, if it has been idle long enough: idle
+            // sockets held open cannot lock real clients out.
+            let idlest = accepted
+                .iter()
+                .enumerate()
+                .filter_map(|(i, w)| w.upgrade().map(|c| (i, c.idle_for(), c)))
+                .max_by_key(|(_, idle, _)| *idle)
+                .filter(|(_, idle, _)| *idle >= ep.cfg.displace_idle);
+            match idlest {
+                Some((i, idle, c)) => {
+                    tracing::debug!(peer = %c.peer, idle_ms = idle.as_millis() as u64, "closing the idlest connection to make room");
+                    c.close("idle, and its place was needed");
+                    accepted.swap_remove(i);
+                }
+                None => {
+                    tracing::warn!(%addr, limit = ep.cfg.max_connections, "connection refused: too many connections, none idle");
+                    continue;
+                }
+            }
         }
         let conn = Conn::start(
             stream,
@@ -261,6 +301,20 @@ impl Transport for TcpEndpoint {
 }
 
 impl Inner {
+    /// Closes the accepted connections idle past the idle timeout.
+    fn close_idle(&self) {
+        let mut accepted = self.accepted.lock();
+        accepted.retain(|w| match w.upgrade() {
+            Some(c) if c.is_closed() => false,
+            Some(c) if c.idle_for() >= self.cfg.idle_timeout => {
+                c.close("idle timeout");
+                false
+            }
+            Some(_) => true,
+            None => false,
+        });
+    }
+
     fn shutdown(&self) {
         if let Some(t) = self.accept_task.lock().take() {
             t.abort();
