@@ -150,7 +150,10 @@ impl Client {
         };
         let pong = self.rpc(&self.inner.mds.clone(), &ping).await?;
         if self.inner.opens.restarted(pong.instance) {
-            self.reopen_all().await?;
+            if let Err(e) = self.reopen_all().await {
+                self.inner.opens.replay_failed();
+                return Err(e);
+            }
         }
         Ok(())
     }

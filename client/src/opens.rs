@@ -21,6 +21,8 @@ pub(crate) struct Opens {
     instance: AtomicU64,
     /// How many times the client counted its handles again.
     replays: AtomicU64,
+    /// A replay that failed, to be tried again at the next ping.
+    unfinished: std::sync::atomic::AtomicBool,
 }
 
 impl Opens {
@@ -47,10 +49,17 @@ impl Opens {
         self.handles.lock().is_empty()
     }
 
-    /// Whether `instance` is another run of the MDS than the one seen before.
+    /// Whether the handles must be counted again: `instance` is another run of the MDS than
+    /// the one seen before, or the last replay did not finish.
     pub fn restarted(&self, instance: u64) -> bool {
         let before = self.instance.swap(instance, Ordering::SeqCst);
-        before != 0 && before != instance
+        let unfinished = self.unfinished.swap(false, Ordering::SeqCst);
+        unfinished || (before != 0 && before != instance)
+    }
+
+    /// The replay just begun failed: the next ping tries again.
+    pub fn replay_failed(&self) {
+        self.unfinished.store(true, Ordering::SeqCst);
     }
 
     /// Begins a replay: every handle held now. A handle inserted later sees the count move.
@@ -96,5 +105,8 @@ mod tests {
             "the opener must count its handle itself"
         );
         assert!(o.restarted(8));
+        o.replay_failed();
+        assert!(o.restarted(8), "a replay that failed is tried again");
+        assert!(!o.restarted(8));
     }
 }
