@@ -6,7 +6,9 @@
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
 //! unlinks; from two clients), the faults between operations (a storage server killed and
 //! restarted; one that loses power, losing everything not synced; the MDS killed; the MDS
-//! losing power with its last journal write torn; a client cut off from a server for a while)
+//! losing power with its last journal write torn; a storage server's disk full for a while;
+//! the MDS's disk full, then room made and the MDS restarted; a client cut off from a server
+//! for a while)
 //! and the network's own faults (loss, duplication, reordering on every link).
 //!
 //! The checkers live here, apart from the code they check, and know only what the client was
@@ -236,7 +238,7 @@ impl Sim {
     async fn fault(&mut self) -> Result<(), Failure> {
         self.report.faults += 1;
         let server = self.rng.gen_range(0..SERVERS);
-        match self.rng.gen_range(0..5) {
+        match self.rng.gen_range(0..7) {
             0 => {
                 self.cluster.kill_oss(server);
                 self.restart_oss(server).await
@@ -253,6 +255,31 @@ impl Sim {
             3 => {
                 self.cluster.kill_mds().await;
                 self.disk.crash(Some(self.rng.gen()));
+                self.restart_mds().await
+            }
+            4 => {
+                // A storage server's disk fills up, and has room again a while later.
+                let engine = self.engines[server].clone();
+                let space = oss::engine::Engine::space(&*engine, std::path::Path::new("/"))
+                    .map_err(|e| self.fail(format!("the engine's space: {e}")))?;
+                engine.set_capacity(space.total - space.free);
+                let after = Duration::from_millis(self.rng.gen_range(50..1500));
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    engine.set_capacity(1 << 30);
+                });
+                Ok(())
+            }
+            5 => {
+                // The MDS's disk fills up: a journal write that needs room fails and the MDS
+                // refuses changes from then on; the operator makes room and restarts it.
+                self.disk.set_capacity(Some(self.disk.used()));
+                let c = self.clients[self.rng.gen_range(0..2)].clone();
+                let _ = c
+                    .mkdir(&format!("/full{}", self.report.faults), 0o755)
+                    .await;
+                self.disk.set_capacity(None);
+                self.cluster.kill_mds().await;
                 self.restart_mds().await
             }
             _ => {

@@ -102,6 +102,11 @@ impl MemDisk {
     }
 
     /// Bytes past which writes fail with ENOSPC (`None`: no limit).
+    /// Bytes the files hold now.
+    pub fn used(&self) -> u64 {
+        self.state.lock().used_without("")
+    }
+
     pub fn set_capacity(&self, bytes: Option<u64>) {
         self.state.lock().capacity = bytes;
     }
