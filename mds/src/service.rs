@@ -19,6 +19,10 @@ use crate::namespace::{Applied, Decision, NsError};
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
 
+/// How long a create waits for a maintenance pass when no target is in service yet, before it
+/// answers Busy (well within a client's attempt time).
+const MAINTAIN_IN_REQUEST: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct MdsService {
     registry: Arc<Registry>,
     store: Arc<Store>,
@@ -63,7 +67,10 @@ impl MdsService {
     ) -> Result<(Option<Layout>, Vec<StripeObject>), RemoteError> {
         let registered = !self.registry.list().is_empty();
         if !self.alloc.has_targets() && registered {
-            self.alloc.maintain(&self.store).await;
+            // A pass may bring a target into service now; a long one (a big orphan cleanup)
+            // goes on in the background while this request is answered Busy and resent.
+            let pass = self.alloc.maintain(&self.store);
+            let _ = tokio::time::timeout(MAINTAIN_IN_REQUEST, pass).await;
         }
         if !self.alloc.has_targets() {
             if registered {

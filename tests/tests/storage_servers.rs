@@ -61,6 +61,24 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         .iter()
         .all(|t| t.oss == oss_nid && t.up && t.total > 0));
 
+    // The MDS first destroys each new target's objects above those it knows (orphans): the
+    // objects this test makes for itself come after that, once a file can be created.
+    let in_service = eventually(|| {
+        let (c, nid) = (&client, mds.nid.clone());
+        async move {
+            call(
+                c,
+                &nid,
+                &create(proto::fid::ROOT, "probe", Kind::File, None),
+                T,
+            )
+            .await
+            .is_ok()
+        }
+    })
+    .await;
+    assert!(in_service, "the targets never came into service");
+
     // A synced write, then a write followed by a sync: both acknowledged as durable.
     let fid = call(
         &client,
