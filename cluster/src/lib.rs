@@ -72,6 +72,7 @@ pub struct ClusterBuilder {
     evict_after: Duration,
     commit: mds::store::CommitMode,
     instance: Option<u64>,
+    clock: Option<mds::store::Clock>,
 }
 
 impl ClusterBuilder {
@@ -90,6 +91,7 @@ impl ClusterBuilder {
             evict_after: mds.evict_after,
             commit: mds.commit,
             instance: None,
+            clock: None,
         }
     }
 
@@ -135,6 +137,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Has the MDS stamp changes with `clock` instead of the wall clock (a simulation's
+    /// virtual time).
+    pub fn mds_clock(mut self, clock: mds::store::Clock) -> ClusterBuilder {
+        self.clock = Some(clock);
+        self
+    }
+
     /// How often the MDS's allocator refills pools and destroys removed objects.
     pub fn maintain_every(mut self, every: Duration) -> ClusterBuilder {
         self.maintain_every = every;
@@ -165,6 +174,7 @@ impl ClusterBuilder {
             evict_after: self.evict_after,
             commit: self.commit,
             instance: self.instance,
+            clock: self.clock.clone(),
             ..MdsConfig::new(&mds_dir)
         };
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;

@@ -55,9 +55,8 @@ pub struct Report {
     pub refused: usize,
     /// Messages the fabric carried, dropped, duplicated or reordered.
     pub messages: usize,
-    /// A digest of everything the fabric decided (each message's ends, kind, xid, virtual time
-    /// and fate): equal for two runs of one seed when the replay is exact. Payload sizes are
-    /// left out: they vary with the wall-clock times the MDS stamps on inodes.
+    /// A digest of everything the fabric decided (each message's ends, kind, xid, size, virtual
+    /// time and fate): equal for two runs of one seed when the replay is exact.
     pub fingerprint: u64,
 }
 
@@ -106,6 +105,18 @@ fn client_config() -> ClientConfig {
     }
 }
 
+/// The simulation's virtual time as a wall clock: 2026-01-01 plus the time since it started.
+fn virtual_clock() -> mds::store::Clock {
+    let start = tokio::time::Instant::now();
+    Arc::new(move || {
+        let d = start.elapsed();
+        proto::md::Time {
+            sec: 1_767_225_600 + d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
+    })
+}
+
 /// Runs one seed: `operations` random operations with faults among them, then the checks.
 pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
     let fail = |what: String| Failure { seed, what };
@@ -132,7 +143,8 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .maintain_every(Duration::from_millis(50))
         .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
         .inline_commit()
-        .mds_instances(seed << 16 | 1);
+        .mds_instances(seed << 16 | 1)
+        .mds_clock(virtual_clock());
     for e in &engines {
         builder = builder.storage_server(vec![e.clone() as Arc<dyn oss::engine::Engine>]);
     }
@@ -189,7 +201,16 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         #[allow(deprecated)]
         let mut h = std::hash::SipHasher::new();
         for e in &trace {
-            (e.at, &e.from, &e.to, e.kind, e.xid, format!("{:?}", e.fate)).hash(&mut h);
+            (
+                e.at,
+                &e.from,
+                &e.to,
+                e.kind,
+                e.xid,
+                e.bytes,
+                format!("{:?}", e.fate),
+            )
+                .hash(&mut h);
         }
         h.finish()
     };
@@ -199,6 +220,18 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
 }
 
 impl Sim {
+    /// With `LODE_SIM_VERBOSE` set, says what the run does, step by step.
+    fn note(&self, what: impl FnOnce() -> String) {
+        if std::env::var_os("LODE_SIM_VERBOSE").is_some() {
+            eprintln!(
+                "seed {} op {}: {}",
+                self.seed,
+                self.report.operations,
+                what()
+            );
+        }
+    }
+
     fn fail(&self, what: impl Into<String>) -> Failure {
         Failure {
             seed: self.seed,
@@ -238,7 +271,20 @@ impl Sim {
     async fn fault(&mut self) -> Result<(), Failure> {
         self.report.faults += 1;
         let server = self.rng.gen_range(0..SERVERS);
-        match self.rng.gen_range(0..7) {
+        let kind = self.rng.gen_range(0..7);
+        self.note(|| {
+            let what = [
+                "kill",
+                "power loss",
+                "MDS kill",
+                "MDS power loss",
+                "disk full",
+                "MDS disk full",
+                "partition",
+            ];
+            format!("fault: {} (storage server {server})", what[kind])
+        });
+        match kind {
             0 => {
                 self.cluster.kill_oss(server);
                 self.restart_oss(server).await
@@ -392,11 +438,19 @@ impl Sim {
         }
         .await;
         if let Err(e) = written {
+            self.note(|| format!("checkpoint {tmp}: {} bytes not written: {e}", data.len()));
             self.last_error = e.to_string();
             self.report.refused += 1;
             return Ok(()); // a checkpointer gives up on a version it could not make durable
         }
         let renamed = c.rename(&tmp, &name).await;
+        self.note(|| {
+            format!(
+                "checkpoint {name}: {} bytes written, rename {:?}",
+                data.len(),
+                renamed.as_ref().map_err(|e| e.to_string())
+            )
+        });
         let versions = self.model.checkpoints.entry(name).or_insert(vec![None]);
         match renamed {
             Ok(()) => *versions = vec![Some(data)],

@@ -15,7 +15,7 @@ use crate::alloc::Allocator;
 use crate::disk::MetaDisk;
 use crate::registry::{Registry, RegistryError, HEARTBEAT_TIMEOUT};
 use crate::service::MdsService;
-use crate::store::{CommitMode, Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
+use crate::store::{wall_clock, CommitMode, Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
 
 /// What an MDS runs with.
 #[derive(Clone)]
@@ -42,6 +42,9 @@ pub struct MdsConfig {
     /// This run's instance, which clients' pings see change at a restart; random when `None`
     /// (a simulation names it, so that a seed replays exactly).
     pub instance: Option<u64>,
+    /// The clock stamped on changes; the wall clock when `None` (a simulation gives its
+    /// virtual one, so that a seed replays exactly).
+    pub clock: Option<crate::store::Clock>,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -56,6 +59,7 @@ impl std::fmt::Debug for MdsConfig {
             .field("evict_after", &self.evict_after)
             .field("commit", &self.commit)
             .field("instance", &self.instance)
+            .field("clock", &self.clock.as_ref().map(|_| "custom"))
             .finish()
     }
 }
@@ -78,6 +82,7 @@ impl MdsConfig {
             evict_after: EVICT_AFTER,
             commit: CommitMode::Thread,
             instance: None,
+            clock: None,
         }
     }
 }
@@ -112,11 +117,17 @@ impl MdsServer {
         let registry =
             Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
         let store = Arc::new(match &cfg.disk {
-            Some(disk) => Store::open_with(disk.clone(), cfg.checkpoint_bytes, cfg.commit)?,
+            Some(disk) => Store::open_with(
+                disk.clone(),
+                cfg.checkpoint_bytes,
+                cfg.commit,
+                cfg.clock.clone().unwrap_or_else(wall_clock),
+            )?,
             None => Store::open_with(
                 Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
                 cfg.checkpoint_bytes,
                 cfg.commit,
+                cfg.clock.clone().unwrap_or_else(wall_clock),
             )?,
         });
         let caller = at.caller("alloc")?;

@@ -65,16 +65,23 @@ pub struct Store {
     pub torn_bytes: u64,
     /// The filesystem was made by this open: no earlier run, no client of one.
     pub fresh: bool,
+    clock: Clock,
 }
 
-fn now() -> Time {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Time {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
-    }
+/// Where the MDS reads the time it stamps on changes.
+pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
+
+/// The system's wall clock.
+pub fn wall_clock() -> Clock {
+    Arc::new(|| {
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
+    })
 }
 
 impl Store {
@@ -85,7 +92,7 @@ impl Store {
 
     /// Recovers the namespace kept on `disk` (or starts one) and starts the committer.
     pub fn open_on(disk: Arc<dyn MetaDisk>, checkpoint_bytes: u64) -> Result<Store, StoreError> {
-        Self::open_with(disk, checkpoint_bytes, CommitMode::Thread)
+        Self::open_with(disk, checkpoint_bytes, CommitMode::Thread, wall_clock())
     }
 
     /// As [`Store::open_on`], committing as `mode` says.
@@ -93,7 +100,9 @@ impl Store {
         disk: Arc<dyn MetaDisk>,
         checkpoint_bytes: u64,
         mode: CommitMode,
+        clock: Clock,
     ) -> Result<Store, StoreError> {
+        let now = || clock();
         let exists = |name| {
             disk.exists(name).map_err(|source| JournalError::Io {
                 name: "data directory",
@@ -148,6 +157,7 @@ impl Store {
             recovered_records: rec.replayed,
             torn_bytes: rec.torn,
             fresh,
+            clock,
         })
     }
 
@@ -178,7 +188,7 @@ impl Store {
             let rec = Record {
                 seq: *seq + 1,
                 creds: who,
-                time: now(),
+                time: (self.clock)(),
                 mutation: m,
                 req,
             };
