@@ -294,6 +294,17 @@ impl Client {
         mutation: Mutation,
         open: Option<OpenHandle>,
     ) -> Result<MdsReintReply> {
+        self.reint_if(mutation, open, None).await
+    }
+
+    /// A mutation applied only while the file's size generation is `size_gen` (a `GrowSize`
+    /// from a writer, see [`MdsReint::size_gen`]).
+    pub(crate) async fn reint_if(
+        &self,
+        mutation: Mutation,
+        open: Option<OpenHandle>,
+        size_gen: Option<u64>,
+    ) -> Result<MdsReintReply> {
         let req = ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
@@ -303,6 +314,7 @@ impl Client {
             mutation,
             req: Some(req),
             open,
+            size_gen,
         };
         self.rpc(&self.inner.mds.clone(), &r).await
     }

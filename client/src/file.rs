@@ -181,7 +181,9 @@ impl OpenOptions {
                     return Err(e);
                 }
             }
-            return self.open_counted(client, inode, Some(handle)).await;
+            return self
+                .open_counted(client, inode, Some((handle, done.size_gen)))
+                .await;
         }
         let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
@@ -191,7 +193,7 @@ impl OpenOptions {
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
     pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
-        let (inode, handle) = Self::count_open(client, fid).await?;
+        let (inode, handle, gen) = Self::count_open(client, fid).await?;
         let checked = self
             .check_access(client, &inode)
             .and_then(|()| self.kind_opens(&inode));
@@ -199,17 +201,17 @@ impl OpenOptions {
             let _ = client.close_handle(handle, fid).await;
             return Err(e);
         }
-        self.open_counted(client, inode, Some(handle)).await
+        self.open_counted(client, inode, Some((handle, gen))).await
     }
 
     /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now.
-    async fn count_open(client: &Client, fid: proto::Fid) -> Result<(Inode, OpenHandle)> {
+    async fn count_open(client: &Client, fid: proto::Fid) -> Result<(Inode, OpenHandle, u64)> {
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let mds = client.inner.mds.clone();
-        let inode = client.rpc(&mds, &MdsOpen { fid, handle }).await?.inode;
+        let opened = client.rpc(&mds, &MdsOpen { fid, handle }).await?;
         client.opened(handle, fid, replays).await?;
-        Ok((inode, handle))
+        Ok((opened.inode, handle, opened.size_gen))
     }
 
     /// Opens a file already looked up, if the client's credentials allow the access asked for.
@@ -249,24 +251,26 @@ impl OpenOptions {
         Ok(())
     }
 
-    /// Opens `inode`; with `counted`, the handle the MDS already counted this open under.
+    /// Opens `inode`; with `counted`, the handle the MDS already counted this open under and
+    /// the file's size generation then.
     async fn open_counted(
         &self,
         client: &Client,
         inode: Inode,
-        counted: Option<OpenHandle>,
+        counted: Option<(OpenHandle, u64)>,
     ) -> Result<File> {
         self.kind_opens(&inode)?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes. Its answer is the freshest view of the file.
-        let (inode, handle) = match counted {
-            Some(h) => (inode, h),
+        let (inode, handle, gen) = match counted {
+            Some((h, gen)) => (inode, h, gen),
             None => Self::count_open(client, inode.fid).await?,
         };
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),
             handle,
+            size_gen: AtomicU64::new(gen),
             append: self.append,
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
@@ -287,6 +291,9 @@ pub struct File {
     inode: Mutex<Inode>,
     /// The open the MDS counts for this handle.
     handle: OpenHandle,
+    /// The file's size generation as this handle last learnt it: a size it publishes counts
+    /// only if no truncate came since.
+    size_gen: AtomicU64,
     append: bool,
     writable: bool,
     /// The furthest end this handle has written.
@@ -668,16 +675,14 @@ impl File {
             return Ok(());
         }
         let end = self.written_to.load(Ordering::Relaxed);
-        let fid = self.inode.lock().fid;
-        match self
-            .client
-            .reint(Mutation::GrowSize { fid, size: end })
-            .await
-        {
-            Ok(i) => {
+        let inode = self.inode.lock().clone();
+        let gen = self.size_gen.load(Ordering::SeqCst);
+        match publish(&self.client, &inode, end, gen).await {
+            Ok((i, gen)) => {
                 if let Some(i) = i {
                     *self.inode.lock() = i;
                 }
+                self.size_gen.store(gen, Ordering::SeqCst);
                 Ok(())
             }
             Err(e) => {
@@ -737,9 +742,14 @@ impl File {
         // Truncating through a handle open for writing needs no write permission now (the
         // handle's open was the check), as ftruncate on a file created with mode 0 shows.
         let by_handle = self.client.as_user(Creds::root());
-        if let Some(i) = by_handle.reint(Mutation::Setattr { fid, attr }).await? {
+        let done = by_handle
+            .reint_with(Mutation::Setattr { fid, attr }, None)
+            .await?;
+        if let Some(i) = done.inode {
             *self.inode.lock() = i;
         }
+        // This handle's own truncate: what it writes from now on counts.
+        self.size_gen.store(done.size_gen, Ordering::SeqCst);
         self.written_to.store(
             size.min(self.written_to.load(Ordering::Relaxed)),
             Ordering::Relaxed,
@@ -837,21 +847,78 @@ impl Drop for File {
         // Not counted again after an MDS restart, whether or not the close gets through.
         self.client.inner.opens.remove(self.handle.handle);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (client, fid, end, handle) = (
+            let (client, inode, end, handle, gen) = (
                 self.client.clone(),
-                self.inode.lock().fid,
+                self.inode.lock().clone(),
                 self.written_to.load(Ordering::Relaxed),
                 self.handle,
+                self.size_gen.load(Ordering::SeqCst),
             );
             let unpublished = self.unpublished.load(Ordering::SeqCst);
             rt.spawn(async move {
                 if unpublished {
-                    let _ = client.reint(Mutation::GrowSize { fid, size: end }).await;
+                    let _ = publish(&client, &inode, end, gen).await;
                 }
-                let _ = client.close_handle(handle, fid).await;
+                let _ = client.close_handle(handle, inode.fid).await;
             });
         }
     }
+}
+
+/// Publishes that a writer wrote up to `end` of the file `inode`, if no truncate came since
+/// the writer learnt size generation `gen`. If one did, the writes may be older than the
+/// truncate: the file's true extent is read from its objects, and only what they hold is
+/// published. Returns the file's fresh attributes and size generation.
+async fn publish(
+    client: &Client,
+    inode: &Inode,
+    end: u64,
+    gen: u64,
+) -> Result<(Option<Inode>, u64)> {
+    let fid = inode.fid;
+    let grow = |size| Mutation::GrowSize { fid, size };
+    match client.reint_if(grow(end), None, Some(gen)).await {
+        Ok(r) => Ok((r.inode, r.size_gen)),
+        Err(e) if e.is(FsErrorKind::Stale) => {
+            let held = objects_extent(client, inode).await?;
+            let r = client.reint_if(grow(end.min(held)), None, None).await?;
+            Ok((r.inode, r.size_gen))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How far the file's objects hold bytes: the end of the last file byte any object holds.
+async fn objects_extent(client: &Client, inode: &Inode) -> Result<u64> {
+    let Some(layout) = &inode.layout else {
+        return Ok(0);
+    };
+    let targets: HashSet<u32> = layout
+        .components
+        .iter()
+        .flat_map(|c| c.objects.iter().map(|o| o.target))
+        .collect();
+    let servers = client.servers_of(&targets).await?;
+    let mut extent = 0;
+    for c in &layout.components {
+        for (stripe, o) in c.objects.iter().enumerate() {
+            let oss = &servers[&o.target];
+            let size = client
+                .rpc(
+                    oss,
+                    &proto::ost::OstGetattr {
+                        target: o.target,
+                        fid: o.fid,
+                    },
+                )
+                .await?
+                .size;
+            if let Some(at) = size.checked_sub(1).and_then(|s| c.unmap(stripe as u64, s)) {
+                extent = extent.max(at + 1);
+            }
+        }
+    }
+    Ok(extent)
 }
 
 /// Bytes read from a file, landed once in registered memory (the storage servers put them

@@ -153,11 +153,10 @@ async fn a_silent_client_is_evicted_and_then_reads_fail_instead_of_returning_zer
 }
 
 /// A writer whose handle is dropped without `close` (its process died) publishes its size in
-/// the background. If that publication is held up (here, by a partition from the MDS) until
-/// after another writer truncated and rewrote the file, the file grows back to the stale size:
-/// the rewritten checkpoint gets a tail that is not its own.
+/// the background. That publication, held up (here, by a partition from the MDS) until after
+/// another writer truncated and rewrote the file, must not grow the file back: the rewritten
+/// checkpoint would get a tail that is not its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: a dropped handle's late size publication outlives a later truncate"]
 async fn a_late_size_publication_does_not_undo_a_later_truncate() {
     let fabric = Fabric::new(13);
     let dir = std::env::temp_dir().join(format!("lode-open-late-{}", std::process::id()));

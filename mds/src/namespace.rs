@@ -90,7 +90,23 @@ pub struct Namespace {
     /// The replies to clients' latest requests, so a resent request is answered, not redone.
     #[serde(with = "saved_replies")]
     replies: ReplyCache<Option<Inode>>,
+    /// Truncates per file in this run, for size generations (not saved: a restart starts a
+    /// new run of generations, see `Store::size_gen`).
+    #[serde(skip)]
+    truncates: Truncates,
 }
+
+/// Truncates per file. Not part of what a namespace holds, so not compared.
+#[derive(Clone, Debug, Default)]
+struct Truncates(HashMap<Fid, u64>);
+
+impl PartialEq for Truncates {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Truncates {}
 
 /// The reply cache as snapshots keep it: the map of each client's replies.
 mod saved_replies {
@@ -172,6 +188,7 @@ impl Namespace {
             next_oid: 1,
             doomed: BTreeMap::new(),
             replies: ReplyCache::default(),
+            truncates: Truncates::default(),
         }
     }
 
@@ -378,7 +395,13 @@ impl Namespace {
                 new_name,
                 flags,
             } => self.rename(*parent, name, *new_parent, new_name, *flags, who, now),
-            Mutation::Setattr { fid, attr } => self.setattr(*fid, attr, who, now),
+            Mutation::Setattr { fid, attr } => {
+                let done = self.setattr(*fid, attr, who, now)?;
+                if attr.size.is_some() {
+                    *self.truncates.0.entry(*fid).or_default() += 1;
+                }
+                Ok(done)
+            }
             Mutation::SetXattr { fid, name, value } => {
                 self.set_xattr(*fid, name, Some(value), who, now)
             }
@@ -627,6 +650,11 @@ impl Namespace {
             inode: Some(x.clone()),
             removed: vec![],
         })
+    }
+
+    /// How many times `fid`'s size was set in this run.
+    pub fn truncates(&self, fid: Fid) -> u64 {
+        self.truncates.0.get(&fid).copied().unwrap_or(0)
     }
 
     /// Which of `fids` still exist, by a name or (removed) by objects kept for them, waiting

@@ -186,7 +186,8 @@ impl MdsService {
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
                 self.count_open(r.fid, r.handle)?;
-                reply::<MdsOpen>(&MdsOpened { inode })
+                let size_gen = self.store.size_gen(r.fid);
+                reply::<MdsOpen>(&MdsOpened { inode, size_gen })
             }
             opcodes::MDS_CLOSE => {
                 let r: MdsClose = req.decode()?;
@@ -321,16 +322,22 @@ impl MdsService {
             Decision::Replied(done) => {
                 // The first attempt counted its open, if it asked for one (counting the same
                 // handle again changes nothing).
+                let size_gen = done
+                    .inode
+                    .as_ref()
+                    .map_or(0, |i| self.store.size_gen(i.fid));
                 return reply::<MdsReint>(&MdsReintReply {
                     inode: done.inode,
                     created: true,
+                    size_gen,
                 });
             }
             Decision::Opens(inode) => (Some(inode), false),
             Decision::Applies => {
                 let mut m = r.mutation;
                 let objects = self.prepare(&mut m).await?;
-                (self.apply(m, r.creds, r.req, objects).await?.inode, true)
+                let applied = self.apply(m, r.creds, r.req, r.size_gen, objects).await?;
+                (applied.inode, true)
             }
         };
         if let Some(handle) = r.open {
@@ -338,7 +345,12 @@ impl MdsService {
                 self.count_open(i.fid, handle)?;
             }
         }
-        reply::<MdsReint>(&MdsReintReply { inode, created })
+        let size_gen = inode.as_ref().map_or(0, |i| self.store.size_gen(i.fid));
+        reply::<MdsReint>(&MdsReintReply {
+            inode,
+            created,
+            size_gen,
+        })
     }
 
     /// A client counts again, after a restart, the files it holds open: each one the
@@ -386,9 +398,10 @@ impl MdsService {
         m: Mutation,
         creds: Creds,
         req: Option<ReqId>,
+        size_gen: Option<u64>,
         objects: Vec<StripeObject>,
     ) -> Result<Applied, RemoteError> {
-        let result = self.store.apply_request(m, creds, req).await;
+        let result = self.store.apply_if(m, creds, req, size_gen).await;
         let used = match &result {
             Ok(a) => a
                 .inode

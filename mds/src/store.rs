@@ -66,6 +66,8 @@ pub struct Store {
     /// The filesystem was made by this open: no earlier run, no client of one.
     pub fresh: bool,
     clock: Clock,
+    /// Where this run's size generations start: random, so none of an earlier run matches.
+    gen_salt: u64,
 }
 
 /// Where the MDS reads the time it stamps on changes.
@@ -158,6 +160,7 @@ impl Store {
             torn_bytes: rec.torn,
             fresh,
             clock,
+            gen_salt: rand::random(),
         })
     }
 
@@ -174,6 +177,19 @@ impl Store {
         who: Creds,
         req: Option<proto::md::ReqId>,
     ) -> Result<Applied, StoreError> {
+        self.apply_if(m, who, req, None).await
+    }
+
+    /// As [`Store::apply_request`], when `size_gen` is `None` or still the size generation of
+    /// the file the mutation changes; otherwise `Stale`, and nothing changes. The check and
+    /// the change are made under one lock, so no truncate can come between them.
+    pub async fn apply_if(
+        &self,
+        m: Mutation,
+        who: Creds,
+        req: Option<proto::md::ReqId>,
+        size_gen: Option<u64>,
+    ) -> Result<Applied, StoreError> {
         let rx = self.shared.durable.subscribe();
         if rx.borrow().is_err() {
             return Err(StoreError::Failed);
@@ -183,6 +199,14 @@ impl Store {
             let mut queue = self.shared.queue.appender();
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
+            if let (Some(want), Mutation::GrowSize { fid, .. }) = (size_gen, &m) {
+                if self.gen_salt.wrapping_add(ns.truncates(*fid)) != want {
+                    return Err(StoreError::Namespace(NsError {
+                        kind: proto::FsErrorKind::Stale,
+                        what: format!("{fid} was truncated since its writer learnt its size"),
+                    }));
+                }
+            }
             // The record is made first: one that cannot be journaled is refused before the
             // namespace changes.
             let rec = Record {
@@ -271,6 +295,12 @@ impl Store {
         } else {
             Err(StoreError::Failed)
         }
+    }
+
+    /// The size generation of `fid` now: it moves on at every size set (truncate).
+    pub fn size_gen(&self, fid: proto::Fid) -> u64 {
+        self.gen_salt
+            .wrapping_add(self.shared.ns.lock().0.truncates(fid))
     }
 
     /// Runs `f` on the namespace as it is now.

@@ -287,6 +287,10 @@ pub struct MdsReint {
     /// Also count an open of the regular file the mutation returns, under this handle (a
     /// create that opens, in one round trip); the matching close is an `MdsClose`.
     pub open: Option<OpenHandle>,
+    /// With a `GrowSize`: apply it only if the file's size generation is still this one (no
+    /// truncate since the writer learnt it); otherwise the call fails with `Stale` and the
+    /// writer reads the true size from the objects.
+    pub size_gen: Option<u64>,
 }
 
 /// A client's own numbering of its modifying requests.
@@ -305,6 +309,8 @@ pub struct MdsReintReply {
     /// False when a create without `exclusive` found the file there and opened it (the
     /// caller then checks its access as for any open); true otherwise.
     pub created: bool,
+    /// The size generation of `inode` now: it moves on at every truncate (a size set).
+    pub size_gen: u64,
 }
 
 /// Looks up `name` in `parent`.
@@ -380,6 +386,8 @@ pub struct MdsOpen {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsOpened {
     pub inode: Inode,
+    /// The file's size generation now (see [`MdsReint::size_gen`]).
+    pub size_gen: u64,
 }
 
 /// The matching close.

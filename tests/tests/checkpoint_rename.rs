@@ -22,6 +22,7 @@ fn reint(m: Mutation) -> MdsReint {
         mutation: m,
         req: None,
         open: None,
+        size_gen: None,
     }
 }
 

@@ -246,6 +246,7 @@ fn reint(m: Mutation) -> MdsReint {
         mutation: m,
         req: None,
         open: None,
+        size_gen: None,
     }
 }
 

@@ -151,6 +151,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                 mutation: m,
                 req: None,
                 open: None,
+                size_gen: None,
             },
             T,
         )
@@ -182,6 +183,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             mutation: m,
                             req: None,
                             open: None,
+                            size_gen: None,
                         },
                         T,
                     )
@@ -272,6 +274,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             mutation: m,
                             req: None,
                             open: None,
+                            size_gen: None,
                         },
                         T,
                     )
@@ -302,6 +305,7 @@ async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Re
                             mutation: m,
                             req: None,
                             open: None,
+                            size_gen: None,
                         },
                         T,
                     )
