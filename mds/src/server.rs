@@ -116,20 +116,24 @@ impl MdsServer {
         let lock = daemon::DataDirLock::acquire(&cfg.data_dir)?;
         let registry =
             Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
-        let store = Arc::new(match &cfg.disk {
-            Some(disk) => Store::open_with(
-                disk.clone(),
-                cfg.checkpoint_bytes,
-                cfg.commit,
-                cfg.clock.clone().unwrap_or_else(wall_clock),
-            )?,
-            None => Store::open_with(
-                Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
-                cfg.checkpoint_bytes,
-                cfg.commit,
-                cfg.clock.clone().unwrap_or_else(wall_clock),
-            )?,
-        });
+        let instance = cfg.instance.unwrap_or_else(rand::random);
+        let store = Arc::new(
+            match &cfg.disk {
+                Some(disk) => Store::open_with(
+                    disk.clone(),
+                    cfg.checkpoint_bytes,
+                    cfg.commit,
+                    cfg.clock.clone().unwrap_or_else(wall_clock),
+                )?,
+                None => Store::open_with(
+                    Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
+                    cfg.checkpoint_bytes,
+                    cfg.commit,
+                    cfg.clock.clone().unwrap_or_else(wall_clock),
+                )?,
+            }
+            .with_gen_salt(instance),
+        );
         let caller = at.caller("alloc")?;
         // A new filesystem has no clients of an earlier run to wait for.
         let window = if store.fresh {
@@ -140,7 +144,6 @@ impl MdsServer {
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
             .recovering(window, cfg.evict_after);
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
-        let instance = cfg.instance.unwrap_or_else(rand::random);
         let service = MdsService::new(registry.clone(), store.clone(), alloc, instance);
         let net = match at.serve(service).await {
             Ok(net) => net,

@@ -297,6 +297,13 @@ impl Store {
         }
     }
 
+    /// Starts this run's size generations from `salt` (by default, random): a simulation
+    /// names it so that a seed replays exactly.
+    pub fn with_gen_salt(mut self, salt: u64) -> Store {
+        self.gen_salt = salt.rotate_left(32);
+        self
+    }
+
     /// The size generation of `fid` now: it moves on at every size set (truncate).
     pub fn size_gen(&self, fid: proto::Fid) -> u64 {
         self.gen_salt
