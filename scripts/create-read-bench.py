@@ -33,8 +33,13 @@ class Cluster:
         self.mnt = os.path.join(self.dir, "mnt")
         self.mds = f"127.0.0.1:{port}"
 
+    def env(self):
+        # A build with authentication made the cluster's client key in its directory.
+        key = os.path.join(self.dir, "client.key")
+        return dict(os.environ, **({"LODE_KEY": key} if os.path.exists(key) else {}))
+
     def lode(self, *a):
-        return sh(os.path.join(self.bins, "lode"), "--mds", self.mds, *a)
+        return sh(os.path.join(self.bins, "lode"), "--mds", self.mds, *a, env=self.env())
 
     def up(self):
         sh(os.path.join(self.bins, "lode"), "cluster", "up", "--dir", self.dir, "--port", str(self.port))
@@ -43,14 +48,14 @@ class Cluster:
         os.makedirs(self.mnt, exist_ok=True)
         # The mount runs on in the background: its output must not hold our pipes open.
         subprocess.run([os.path.join(self.bins, "lode"), "--mds", self.mds, "mount", "--daemon", self.mnt],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env())
 
     def down(self):
         subprocess.run(["umount", "-l", self.mnt], capture_output=True)
         subprocess.run([os.path.join(self.bins, "lode"), "cluster", "down", "--dir", self.dir], capture_output=True)
 
 def lib_creates(c, n, tag):
-    out = sh(os.path.join(c.bins, "creates"), c.mds, str(n), f"/lib-{tag}")
+    out = sh(os.path.join(c.bins, "creates"), c.mds, str(n), f"/lib-{tag}", env=c.env())
     rates = {}
     for line in out.splitlines():
         what, rate = line.split()[:2]

@@ -47,6 +47,16 @@ pub struct ClientConfig {
     /// The client's identity towards the servers (its requests, open handles and writes carry
     /// it); random when `None`. A simulation names its clients so that a seed replays exactly.
     pub id: Option<u128>,
+    /// How connections authenticate. `None` finds the key as [`lnet::auth::client_security`]
+    /// does (`$LODE_KEY`, then `/etc/lode/client.key`); without one, connecting fails.
+    /// `Some(Security::Off)` turns authentication off, explicitly.
+    pub security: Option<lnet::auth::Security>,
+    /// The GPU device buffers belong to; `None` detects one on first use (CUDA where this
+    /// build has it and the machine has libcuda, else none, which refuses device buffers).
+    pub gpu: Option<crate::gpu::Gpu>,
+    /// The staging ring of device reads and writes: chunk size and chunk count.
+    pub staging_chunk: usize,
+    pub staging_chunks: usize,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +74,10 @@ impl Default for ClientConfig {
             attempt: Duration::from_secs(10),
             ping_every: PING_EVERY,
             id: None,
+            security: None,
+            gpu: None,
+            staging_chunk: 4 << 20,
+            staging_chunks: 4,
         }
     }
 }
@@ -84,6 +98,10 @@ pub(crate) struct Inner {
     pub(crate) writes: Arc<crate::unstable::Writes>,
     /// The handles this client holds open, counted at the MDS.
     pub(crate) opens: crate::opens::Opens,
+    /// The GPU backend, chosen on first use.
+    gpu: std::sync::OnceLock<crate::gpu::Gpu>,
+    /// Pinned host chunks device reads and writes stage through.
+    pub(crate) staging: Arc<crate::gpu::staging::Staging>,
 }
 
 /// A connection to one filesystem. Cheap to clone.
@@ -116,13 +134,22 @@ impl Client {
     }
 
     pub async fn connect_with(mds: &str, cfg: ClientConfig) -> Result<Client> {
-        Self::connect_on(TcpEndpoint::client(TcpConfig::default()).into(), mds, cfg).await
+        let security = match &cfg.security {
+            Some(s) => s.clone(),
+            None => lnet::auth::client_security(None, false, false)?,
+        };
+        let tcp = TcpConfig {
+            security,
+            ..TcpConfig::default()
+        };
+        Self::connect_on(TcpEndpoint::client(tcp).into(), mds, cfg).await
     }
 
     /// Connects through `net`: a TCP endpoint, or a node of the simulated fabric.
     pub async fn connect_on(net: AnyNet, mds: &str, cfg: ClientConfig) -> Result<Client> {
         let creds = cfg.creds.clone();
         let id: u128 = cfg.id.unwrap_or_else(rand::random);
+        let cfg_staging = (cfg.staging_chunk, cfg.staging_chunks);
         let client = Client {
             inner: Arc::new(Inner {
                 mds: parse_nid(mds)?,
@@ -134,6 +161,8 @@ impl Client {
                 next_req: AtomicU64::new(1),
                 writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
                 opens: crate::opens::Opens::default(),
+                gpu: std::sync::OnceLock::new(),
+                staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
             }),
             creds,
         };
@@ -322,6 +351,29 @@ impl Client {
     /// Registers memory so that reads can land in it directly (see [`crate::File::read_into`]).
     pub fn register<B: DmaBuffer>(&self, buf: B) -> Result<Registered<B>> {
         Ok(self.inner.net.register(buf)?)
+    }
+
+    /// The GPU backend device buffers belong to (detected on first use unless configured).
+    pub fn gpu(&self) -> Arc<dyn crate::gpu::GpuBackend> {
+        self.inner
+            .gpu
+            .get_or_init(|| {
+                self.inner
+                    .cfg
+                    .gpu
+                    .clone()
+                    .unwrap_or_else(crate::gpu::Gpu::detect)
+            })
+            .0
+            .clone()
+    }
+
+    /// Bytes device reads and writes passed through pinned host memory, since connecting.
+    pub fn staged_bytes(&self) -> u64 {
+        self.inner
+            .staging
+            .bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The entry `name` of the directory `parent`.

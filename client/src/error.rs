@@ -13,6 +13,20 @@ pub enum ClientError {
     Net(#[from] NetError),
     #[error("{0}")]
     Layout(#[from] proto::layout::LayoutError),
+    #[error("{0}")]
+    Auth(#[from] lnet::auth::AuthError),
+    #[error("{fid} on target {target}: checksum mismatch at object offset {object_offset} (file offset {file_offset}, {len} bytes): the server sent crc32c {expected:#010x}, {actual:#010x} arrived")]
+    Checksum {
+        fid: proto::Fid,
+        target: u32,
+        object_offset: u64,
+        file_offset: u64,
+        len: u64,
+        expected: u32,
+        actual: u32,
+    },
+    #[error("{0}")]
+    Gpu(#[from] crate::gpu::GpuError),
 }
 
 impl ClientError {
@@ -37,8 +51,17 @@ impl ClientError {
                 _ => FsErrorKind::Io,
             },
             ClientError::Net(NetError::Busy { .. }) => FsErrorKind::WouldBlock,
+            ClientError::Net(NetError::Refused { .. }) => FsErrorKind::AccessDenied,
             ClientError::Net(_) => FsErrorKind::Io,
             ClientError::Layout(_) => FsErrorKind::Invalid,
+            ClientError::Auth(_) => FsErrorKind::AccessDenied,
+            ClientError::Checksum { .. } => FsErrorKind::Io,
+            ClientError::Gpu(crate::gpu::GpuError::NoBackend(_))
+            | ClientError::Gpu(crate::gpu::GpuError::DirectUnavailable(_)) => {
+                FsErrorKind::NotSupported
+            }
+            ClientError::Gpu(crate::gpu::GpuError::NotDeviceMemory { .. }) => FsErrorKind::Invalid,
+            ClientError::Gpu(_) => FsErrorKind::Io,
         }
     }
 

@@ -15,10 +15,13 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use lnet::{DmaBuffer, Registered};
+use lnet::{Registered, Transport};
 use parking_lot::Mutex;
+use proto::capa::Grant;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
-use proto::md::{Creds, Inode, Kind, MdsOpen, Mutation, OpenHandle, SetAttr};
+use proto::md::{Inode, Kind, MdsOpen, Mutation, OpenHandle, SetAttr};
+
+use crate::caps::Caps;
 use proto::ost::{OstPunch, OstRead, OstSync, OstTruncate, OstWrite};
 use proto::Nid;
 use tokio::sync::Semaphore;
@@ -26,6 +29,7 @@ use tokio::task::JoinSet;
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
+use crate::gpu::{Completion, DeviceBuf, DeviceIo, GpuBackend, GpuError, IoPath};
 use crate::readahead::Readahead;
 use crate::writebehind::{Step, WriteBehind};
 
@@ -146,7 +150,7 @@ impl OpenOptions {
         let mut tries = 0;
         loop {
             let inode = client.resolve(path, true).await?;
-            match self.open_inode(client, inode).await {
+            match self.open_named(client, inode, Some(path)).await {
                 Err(e) if e.is(FsErrorKind::Stale) && tries < MAX_REOPEN => tries += 1,
                 other => return other,
             }
@@ -181,8 +185,9 @@ impl OpenOptions {
                     return Err(e);
                 }
             }
+            let grant = done.grant.unwrap_or_default();
             return self
-                .open_counted(client, inode, Some((handle, done.size_gen)))
+                .open_counted(client, inode, Some((handle, done.size_gen, grant)), None)
                 .await;
         }
         let inode = client.lookup(parent, name).await?;
@@ -193,7 +198,7 @@ impl OpenOptions {
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
     pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
-        let (inode, handle, gen) = Self::count_open(client, fid).await?;
+        let (inode, handle, gen, grant) = Self::count_open(client, fid, None).await?;
         let checked = self
             .check_access(client, &inode)
             .and_then(|()| self.kind_opens(&inode));
@@ -201,23 +206,53 @@ impl OpenOptions {
             let _ = client.close_handle(handle, fid).await;
             return Err(e);
         }
-        self.open_counted(client, inode, Some((handle, gen))).await
+        self.open_counted(client, inode, Some((handle, gen, grant)), None)
+            .await
     }
 
-    /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now.
-    async fn count_open(client: &Client, fid: proto::Fid) -> Result<(Inode, OpenHandle, u64)> {
+    /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now
+    /// and the capabilities for its objects.
+    async fn count_open(
+        client: &Client,
+        fid: proto::Fid,
+        path: Option<&str>,
+    ) -> Result<(Inode, OpenHandle, u64, Grant)> {
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let mds = client.inner.mds.clone();
-        let opened = client.rpc(&mds, &MdsOpen { fid, handle }).await?;
+        let open = MdsOpen {
+            fid,
+            handle,
+            creds: client.creds().clone(),
+            path: path.map(str::to_owned),
+        };
+        let opened = client.rpc(&mds, &open).await?;
         client.opened(handle, fid, replays).await?;
-        Ok((opened.inode, handle, opened.size_gen))
+        Ok((opened.inode, handle, opened.size_gen, opened.grant))
+    }
+
+    /// The rights on objects this open needs.
+    fn rights(&self) -> u8 {
+        let mut r = 0;
+        if self.read {
+            r |= proto::capa::READ;
+        }
+        if self.write || self.append || self.truncate {
+            r |= proto::capa::WRITE;
+        }
+        r
     }
 
     /// Opens a file already looked up, if the client's credentials allow the access asked for.
     pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
+        self.open_named(client, inode, None).await
+    }
+
+    /// As [`OpenOptions::open_inode`], naming the path the file was found at (the MDS's audit
+    /// log records it).
+    async fn open_named(&self, client: &Client, inode: Inode, path: Option<&str>) -> Result<File> {
         self.check_access(client, &inode)?;
-        self.open_counted(client, inode, None).await
+        self.open_counted(client, inode, None, path).await
     }
 
     /// Only regular files are opened here (a directory, a symlink or a special file is not).
@@ -257,18 +292,30 @@ impl OpenOptions {
         &self,
         client: &Client,
         inode: Inode,
-        counted: Option<(OpenHandle, u64)>,
+        counted: Option<(OpenHandle, u64, Grant)>,
+        path: Option<&str>,
     ) -> Result<File> {
         self.kind_opens(&inode)?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes. Its answer is the freshest view of the file.
-        let (inode, handle, gen) = match counted {
-            Some((h, gen)) => (inode, h, gen),
-            None => Self::count_open(client, inode.fid).await?,
+        let (inode, handle, gen, grant) = match counted {
+            Some((h, gen, grant)) => (inode, h, gen, grant),
+            None => Self::count_open(client, inode.fid, path).await?,
         };
+        let caps = Arc::new(Caps::new(inode.fid, handle, client.creds().clone(), grant));
+        // The MDS decides with the identity it maps this client's to (root squashed on an
+        // untrusted node): an access it did not grant is refused here, at the open.
+        if !caps.allows(self.rights()) {
+            let _ = client.close_handle(handle, inode.fid).await;
+            return Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {}", inode.fid),
+            ));
+        }
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),
+            caps,
             handle,
             size_gen: AtomicU64::new(gen),
             append: self.append,
@@ -289,6 +336,8 @@ impl OpenOptions {
 pub struct File {
     client: Client,
     inode: Mutex<Inode>,
+    /// Capabilities for the file's objects.
+    caps: Arc<Caps>,
     /// The open the MDS counts for this handle.
     handle: OpenHandle,
     /// The file's size generation as this handle last learnt it: a size it publishes counts
@@ -413,7 +462,7 @@ impl File {
     /// Writes `len` bytes of `region` (from `region_offset`) at `offset`: the storage servers
     /// pull the bytes straight from the registered memory, with no copy on this side. Returns
     /// the offset written at (the end of the file, for a file opened to append).
-    pub async fn write_from<B: DmaBuffer>(
+    pub async fn write_from<B: std::any::Any + Send + Sync>(
         &self,
         offset: u64,
         region: Arc<Registered<B>>,
@@ -461,6 +510,7 @@ impl File {
                     .begin(obj, p.object_offset, p.object_offset + p.len);
             let window = windows[&obj.target].clone();
             let (client, region) = (self.client.clone(), region.clone());
+            let caps = self.caps.clone();
             tasks.spawn(async move {
                 // Before taking a slot of the window: a write holding one never waits for
                 // another that needs one.
@@ -471,15 +521,16 @@ impl File {
                     .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
                 let desc =
                     region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
-                let w = OstWrite {
+                let w = |capa| OstWrite {
                     target: obj.target,
                     fid: obj.fid,
                     offset: p.object_offset,
-                    desc,
+                    desc: desc.clone(),
                     sync: false,
                     stamp: ticket.stamp,
+                    capa,
                 };
-                let r = client.rpc(&oss, &w).await;
+                let r = caps.rpc(&client, &oss, obj.target, obj.fid, w).await;
                 drop(ticket);
                 r.map(|r| (obj, r.epoch))
             });
@@ -517,7 +568,13 @@ impl File {
 
     /// Reads up to `len` bytes at `offset` straight into `region` at `region_offset`: the
     /// storage servers put the bytes there, with no copy on this side. Returns how many.
-    pub async fn read_into<B: DmaBuffer>(
+    ///
+    /// Host memory is checked against the crc32c each server took from the data it read
+    /// (end to end); a piece that does not match is read once more, then reported as
+    /// [`ClientError::Checksum`]. Device memory (a region from
+    /// [`lnet::Transport::register_device`]) is not visible to the CPU: its bytes were checked
+    /// by the servers only.
+    pub async fn read_into<B: std::any::Any + Send + Sync>(
         &self,
         offset: u64,
         region: &Registered<B>,
@@ -544,6 +601,7 @@ impl File {
                 "the read does not fit the region",
             ));
         }
+        let host = region.kind() == lnet::MemoryKind::Host;
         let planned = self.plan(offset, len).await?;
         let windows = self.windows(&planned);
         let mut tasks = JoinSet::new();
@@ -551,27 +609,25 @@ impl File {
             let at = region_offset + (p.file_offset - offset);
             let desc = region.desc(at, p.len as u32, false)?;
             let (client, window) = (self.client.clone(), windows[&obj.target].clone());
+            let caps = self.caps.clone();
             tasks.spawn(async move {
-                let _slot = window
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
-                let r = OstRead {
-                    target: obj.target,
-                    fid: obj.fid,
-                    offset: p.object_offset,
+                let done =
+                    read_piece(&client, &caps, &window, &oss, obj, p.object_offset, &desc).await?;
+                Ok::<_, ClientError>(Landed {
+                    at,
+                    piece: p,
+                    obj,
+                    oss,
                     desc,
-                };
-                let done = client.rpc(&oss, &r).await?;
-                Ok::<_, ClientError>((at, p.len, u64::from(done.bytes)))
+                    done,
+                })
             });
         }
-        let mut short = vec![];
+        let mut landed = vec![];
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok(Ok((at, want, got))) if got < want => short.push((at + got, want - got)),
-                Ok(Ok(_)) => {}
+                Ok(Ok(l)) => landed.push(l),
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -583,14 +639,270 @@ impl File {
         if let Some(e) = first_err {
             return Err(e);
         }
-        // Inside the file's size, what an object does not hold is a hole: zeros.
-        for (at, n) in short {
-            let mut w = region.write(at, n)?;
-            if let Some(s) = w.as_mut_slice() {
-                s.fill(0);
+        for l in &mut landed {
+            if host {
+                self.verify_piece(region, l).await?;
+            }
+            // Inside the file's size, what an object does not hold is a hole: zeros.
+            let got = u64::from(l.done.bytes).min(l.piece.len);
+            if got < l.piece.len {
+                let n = l.piece.len - got;
+                region
+                    .dma(l.at + got, n, true)?
+                    .copy_in(&vec![0u8; n as usize])?;
             }
         }
         Ok(len as usize)
+    }
+
+    /// Checks a piece that landed in host memory against the server's crc32c, reading it
+    /// once more on a mismatch (a transfer damaged on the way); a second mismatch is an error
+    /// naming the object and the offset.
+    async fn verify_piece<B: std::any::Any + Send + Sync>(
+        &self,
+        region: &Registered<B>,
+        l: &mut Landed,
+    ) -> Result<()> {
+        for attempt in 0..2 {
+            let Some(expected) = l.done.crc32c else {
+                return Ok(());
+            };
+            let n = u64::from(l.done.bytes).min(l.piece.len);
+            let actual = crc32c::crc32c(region.read(l.at, n)?.as_slice());
+            if actual == expected {
+                return Ok(());
+            }
+            if attempt == 1 {
+                return Err(ClientError::Checksum {
+                    fid: l.obj.fid,
+                    target: l.obj.target,
+                    object_offset: l.piece.object_offset,
+                    file_offset: l.piece.file_offset,
+                    len: n,
+                    expected,
+                    actual,
+                });
+            }
+            tracing::warn!(
+                fid = %l.obj.fid,
+                target = l.obj.target,
+                object_offset = l.piece.object_offset,
+                "checksum mismatch on a read; reading the piece again"
+            );
+            let window = self.client.window(l.obj.target);
+            l.done = read_piece(
+                &self.client,
+                &self.caps,
+                &window,
+                &l.oss,
+                l.obj,
+                l.piece.object_offset,
+                &l.desc,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at `offset` into device memory `buf` at `buf_offset`, on the
+    /// path `io` asks for (see [`crate::gpu`]). Returns what was done: the count (short only
+    /// at the end of the file), the path taken, what was verified and how many bytes passed
+    /// through host staging. The bytes are on the device when it returns.
+    pub async fn read_device(
+        &self,
+        offset: u64,
+        buf: &DeviceBuf,
+        buf_offset: u64,
+        len: u64,
+        io: DeviceIo,
+    ) -> Result<Completion> {
+        let dst = buf.slice(buf_offset, len).ok_or_else(|| {
+            ClientError::fs(
+                FsErrorKind::Invalid,
+                "the read does not fit the device buffer",
+            )
+        })?;
+        let gpu = self.client.gpu();
+        gpu.check(&dst)?;
+        let size = self
+            .inode
+            .lock()
+            .size
+            .max(self.written_to.load(Ordering::Relaxed));
+        let len = len.min(size.saturating_sub(offset));
+        let dst = DeviceBuf { len, ..dst };
+        let fallback = match self.route(&*gpu, &dst, io.path, "read")? {
+            Route::Direct(region) => {
+                let n = self.read_into(offset, &region, 0, len).await?;
+                return Ok(Completion::direct(n as u64));
+            }
+            Route::Staged(fallback) => fallback,
+        };
+        let n = self.read_staged(offset, &dst, io.stream, &gpu).await?;
+        Ok(Completion::staged(n, fallback))
+    }
+
+    /// The path a device transfer of `buf` takes: direct with `buf` registered, or staged
+    /// (with the reason, when `Auto` could not go direct); `Direct` that cannot be honoured is
+    /// an error.
+    fn route(
+        &self,
+        gpu: &dyn GpuBackend,
+        buf: &DeviceBuf,
+        path: IoPath,
+        what: &str,
+    ) -> Result<Route> {
+        if path == IoPath::Staged {
+            return Ok(Route::Staged(None));
+        }
+        match self.direct_region(gpu, buf) {
+            Ok(region) => Ok(Route::Direct(region)),
+            Err(why) if path == IoPath::Auto => {
+                tracing::info!(reason = %why, "device {what} staged through host memory");
+                Ok(Route::Staged(Some(why)))
+            }
+            Err(why) => Err(GpuError::DirectUnavailable(why).into()),
+        }
+    }
+
+    /// `dst` registered with the transport as device memory, or why it cannot be.
+    fn direct_region(
+        &self,
+        gpu: &dyn GpuBackend,
+        dst: &DeviceBuf,
+    ) -> std::result::Result<Registered<lnet::DeviceMemory>, String> {
+        let mem = gpu.device_memory(dst).map_err(|e| e.to_string())?;
+        self.client
+            .inner
+            .net
+            .register_device(mem)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The staged read: chunks of the ring are filled (and verified) in parallel, and each is
+    /// copied to the device as soon as it has landed, while later chunks are on the network.
+    async fn read_staged(
+        &self,
+        offset: u64,
+        dst: &DeviceBuf,
+        stream: u64,
+        gpu: &Arc<dyn GpuBackend>,
+    ) -> Result<u64> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let chunk = self.client.inner.staging.chunk() as u64;
+        let ring = self.client.inner.cfg.staging_chunks.max(1);
+        let mut inflight = FuturesUnordered::new();
+        let mut first_err = None;
+        let mut at = 0;
+        loop {
+            while at < dst.len && inflight.len() < ring && first_err.is_none() {
+                let n = chunk.min(dst.len - at);
+                inflight.push(self.stage_chunk(offset + at, dst.addr + at, n, stream, gpu));
+                at += n;
+            }
+            match inflight.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                None => break,
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(dst.len),
+        }
+    }
+
+    /// One chunk of a staged read: into a pinned chunk, verified, then copied to `device_addr`.
+    async fn stage_chunk(
+        &self,
+        offset: u64,
+        device_addr: u64,
+        n: u64,
+        stream: u64,
+        gpu: &Arc<dyn GpuBackend>,
+    ) -> Result<u64> {
+        let staging = &self.client.inner.staging;
+        let slot = staging.take(&**gpu, &self.client.inner.net).await?;
+        let got = self.read_into(offset, &slot.region, 0, n).await? as u64;
+        staging.count(got);
+        if got < n {
+            // Past the end of the file as it is now (it shrank since the size was learnt).
+            return Err(ClientError::fs(
+                FsErrorKind::Io,
+                format!("the file ended at {} during a device read", offset + got),
+            ));
+        }
+        let access = slot.region.read(0, got)?;
+        let src = access.as_slice().as_ptr() as usize;
+        let gpu = gpu.clone();
+        // The copy runs on the GPU's engine; the chunk stays read-locked (and so unchanged)
+        // until it is done.
+        tokio::task::spawn_blocking(move || {
+            // SAFETY: `access` holds `src..src+got` of the registered chunk, which nobody may
+            // change while it is held, and it is held until the copy has finished.
+            let ticket =
+                unsafe { gpu.copy_to_device(device_addr, src as *const u8, got as usize, stream) }?;
+            let r = ticket.wait();
+            drop(access);
+            drop(slot);
+            r
+        })
+        .await
+        .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
+        Ok(got)
+    }
+
+    /// Writes `len` bytes of device memory `buf` (from `buf_offset`) at `offset`, on the path
+    /// `io` asks for. Staged, each chunk is copied into pinned host memory, checksummed there
+    /// and sent (verified end to end); direct, the storage servers pull the bytes from device
+    /// memory and checksum them on receipt.
+    pub async fn write_device(
+        &self,
+        offset: u64,
+        buf: &DeviceBuf,
+        buf_offset: u64,
+        len: u64,
+        io: DeviceIo,
+    ) -> Result<Completion> {
+        let src = buf.slice(buf_offset, len).ok_or_else(|| {
+            ClientError::fs(
+                FsErrorKind::Invalid,
+                "the write does not fit the device buffer",
+            )
+        })?;
+        let gpu = self.client.gpu();
+        gpu.check(&src)?;
+        let fallback = match self.route(&*gpu, &src, io.path, "write")? {
+            Route::Direct(region) => {
+                self.write_from(offset, Arc::new(region), 0, len).await?;
+                return Ok(Completion::direct(len));
+            }
+            Route::Staged(fallback) => fallback,
+        };
+        let staging = self.client.inner.staging.clone();
+        let chunk = staging.chunk() as u64;
+        let mut at = 0;
+        let offset = if self.append {
+            self.size().await?
+        } else {
+            offset
+        };
+        while at < len {
+            let n = chunk.min(len - at);
+            let slot = staging.take(&*gpu, &self.client.inner.net).await?;
+            {
+                let mut w = slot.region.write(0, n)?;
+                let host = w.as_mut_slice().unwrap_or_default();
+                gpu.copy_from_device(host, src.addr + at, io.stream)?;
+            }
+            staging.count(n);
+            self.write_from(offset + at, slot.region.clone(), 0, n)
+                .await?;
+            at += n;
+        }
+        Ok(Completion::staged(len, fallback))
     }
 
     /// Makes every write this client made to the file durable (through any handle), and its
@@ -607,12 +919,14 @@ impl File {
         let mut tasks = JoinSet::new();
         for (o, seen) in unsynced {
             let (client, oss) = (self.client.clone(), servers[&o.target].clone());
+            let caps = self.caps.clone();
             tasks.spawn(async move {
-                let sync = OstSync {
+                let sync = |capa| OstSync {
                     target: o.target,
                     fid: o.fid,
+                    capa,
                 };
-                let ack = client.rpc(&oss, &sync).await?;
+                let ack = caps.rpc(&client, &oss, o.target, o.fid, sync).await?;
                 if client.inner.writes.synced(fid, o, seen, ack.epoch) {
                     Ok(())
                 } else {
@@ -677,7 +991,7 @@ impl File {
         let end = self.written_to.load(Ordering::Relaxed);
         let inode = self.inode.lock().clone();
         let gen = self.size_gen.load(Ordering::SeqCst);
-        match publish(&self.client, &inode, end, gen).await {
+        match publish(&self.client, &inode, &self.caps, self.handle, end, gen).await {
             Ok((i, gen)) => {
                 if let Some(i) = i {
                     *self.inode.lock() = i;
@@ -722,15 +1036,14 @@ impl File {
             for c in &layout.components {
                 for (k, o) in c.objects.iter().enumerate() {
                     let osize = c.object_size(k as u64, size);
-                    self.client
-                        .rpc(
-                            &servers[&o.target],
-                            &OstTruncate {
-                                target: o.target,
-                                fid: o.fid,
-                                size: osize,
-                            },
-                        )
+                    let truncate = |capa| OstTruncate {
+                        target: o.target,
+                        fid: o.fid,
+                        size: osize,
+                        capa,
+                    };
+                    self.caps
+                        .rpc(&self.client, &servers[&o.target], o.target, o.fid, truncate)
                         .await?;
                 }
             }
@@ -740,10 +1053,11 @@ impl File {
             ..Default::default()
         };
         // Truncating through a handle open for writing needs no write permission now (the
-        // handle's open was the check), as ftruncate on a file created with mode 0 shows.
-        let by_handle = self.client.as_user(Creds::root());
-        let done = by_handle
-            .reint_with(Mutation::Setattr { fid, attr }, None)
+        // handle's open was the check), as ftruncate on a file created with mode 0 shows: the
+        // MDS sees the open handle.
+        let done = self
+            .client
+            .reint_with(Mutation::Setattr { fid, attr }, Some(self.handle))
             .await?;
         if let Some(i) = done.inode {
             *self.inode.lock() = i;
@@ -792,20 +1106,34 @@ impl File {
         let mut calls = JoinSet::new();
         for (o, from, to) in extents {
             let (client, peer) = (self.client.clone(), servers[&o.target].clone());
+            let caps = self.caps.clone();
             calls.spawn(async move {
-                let req = OstPunch {
-                    target: o.target,
-                    fid: o.fid,
-                    offset: from,
-                    len: to - from,
-                };
-                client.rpc(&peer, &req).await.map(|ack| (o, ack.epoch))
+                // A server does a bounded amount of work per request: a large hole takes several.
+                let mut at = from;
+                let mut epochs = vec![];
+                while at < to {
+                    let len = (to - at).min(proto::ost::MAX_PUNCH);
+                    let punch = |capa| OstPunch {
+                        target: o.target,
+                        fid: o.fid,
+                        offset: at,
+                        len,
+                        capa,
+                    };
+                    let ack = caps.rpc(&client, &peer, o.target, o.fid, punch).await?;
+                    epochs.push(ack.epoch);
+                    at += len;
+                }
+                Ok::<_, ClientError>((o, epochs))
             });
         }
         let fid = self.inode.lock().fid;
         while let Some(r) = calls.join_next().await {
-            let (o, epoch) = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
-            self.client.inner.writes.written(fid, o, epoch);
+            let (o, epochs) = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
+            // Each epoch a part went under: a sync under another one reports the loss.
+            for epoch in epochs {
+                self.client.inner.writes.written(fid, o, epoch);
+            }
         }
         self.touch(true).await
     }
@@ -818,8 +1146,12 @@ impl File {
             times_now: true,
             ..Default::default()
         };
-        let by_handle = self.client.as_user(Creds::root());
-        if let Some(i) = by_handle.reint(Mutation::Setattr { fid, attr }).await? {
+        // Through the open handle, as for a truncate.
+        let done = self
+            .client
+            .reint_with(Mutation::Setattr { fid, attr }, Some(self.handle))
+            .await?;
+        if let Some(i) = done.inode {
             *self.inode.lock() = i;
         }
         Ok(())
@@ -847,6 +1179,7 @@ impl Drop for File {
         // Not counted again after an MDS restart, whether or not the close gets through.
         self.client.inner.opens.remove(self.handle.handle);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let caps = self.caps.clone();
             let (client, inode, end, handle, gen) = (
                 self.client.clone(),
                 self.inode.lock().clone(),
@@ -857,7 +1190,7 @@ impl Drop for File {
             let unpublished = self.unpublished.load(Ordering::SeqCst);
             rt.spawn(async move {
                 if unpublished {
-                    let _ = publish(&client, &inode, end, gen).await;
+                    let _ = publish(&client, &inode, &caps, handle, end, gen).await;
                 }
                 let _ = client.close_handle(handle, inode.fid).await;
             });
@@ -872,16 +1205,22 @@ impl Drop for File {
 async fn publish(
     client: &Client,
     inode: &Inode,
+    caps: &Caps,
+    handle: OpenHandle,
     end: u64,
     gen: u64,
 ) -> Result<(Option<Inode>, u64)> {
     let fid = inode.fid;
     let grow = |size| Mutation::GrowSize { fid, size };
-    match client.reint_if(grow(end), None, Some(gen)).await {
+    // Through the open handle: a writer needs no write permission now (its open was the
+    // check).
+    match client.reint_if(grow(end), Some(handle), Some(gen)).await {
         Ok(r) => Ok((r.inode, r.size_gen)),
         Err(e) if e.is(FsErrorKind::Stale) => {
-            let held = objects_extent(client, inode).await?;
-            let r = client.reint_if(grow(end.min(held)), None, None).await?;
+            let held = objects_extent(client, inode, caps).await?;
+            let r = client
+                .reint_if(grow(end.min(held)), Some(handle), None)
+                .await?;
             Ok((r.inode, r.size_gen))
         }
         Err(e) => Err(e),
@@ -889,7 +1228,7 @@ async fn publish(
 }
 
 /// How far the file's objects hold bytes: the end of the last file byte any object holds.
-async fn objects_extent(client: &Client, inode: &Inode) -> Result<u64> {
+async fn objects_extent(client: &Client, inode: &Inode, caps: &Caps) -> Result<u64> {
     let Some(layout) = &inode.layout else {
         return Ok(0);
     };
@@ -903,16 +1242,12 @@ async fn objects_extent(client: &Client, inode: &Inode) -> Result<u64> {
     for c in &layout.components {
         for (stripe, o) in c.objects.iter().enumerate() {
             let oss = &servers[&o.target];
-            let size = client
-                .rpc(
-                    oss,
-                    &proto::ost::OstGetattr {
-                        target: o.target,
-                        fid: o.fid,
-                    },
-                )
-                .await?
-                .size;
+            let getattr = |capa| proto::ost::OstGetattr {
+                target: o.target,
+                fid: o.fid,
+                capa,
+            };
+            let size = caps.rpc(client, oss, o.target, o.fid, getattr).await?.size;
             if let Some(at) = size.checked_sub(1).and_then(|s| c.unmap(stripe as u64, s)) {
                 extent = extent.max(at + 1);
             }
@@ -1119,4 +1454,46 @@ impl Writer {
             None => Ok(self.next),
         }
     }
+}
+
+/// A piece of a read that has landed, with what the server said of it.
+struct Landed {
+    at: u64,
+    piece: proto::layout::Piece,
+    obj: StripeObject,
+    oss: Nid,
+    desc: proto::BulkDesc,
+    done: proto::ost::OstReadDone,
+}
+
+/// Reads one piece of one object into the range `desc` names, within the target's window.
+async fn read_piece(
+    client: &Client,
+    caps: &Caps,
+    window: &Arc<Semaphore>,
+    oss: &Nid,
+    obj: StripeObject,
+    object_offset: u64,
+    desc: &proto::BulkDesc,
+) -> Result<proto::ost::OstReadDone> {
+    let _slot = window
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
+    let r = |capa| OstRead {
+        target: obj.target,
+        fid: obj.fid,
+        offset: object_offset,
+        desc: desc.clone(),
+        capa,
+    };
+    caps.rpc(client, oss, obj.target, obj.fid, r).await
+}
+
+/// Where a device transfer goes: straight to the registered device memory, or through the
+/// staging ring (with why, when it could not go direct).
+enum Route {
+    Direct(Registered<lnet::DeviceMemory>),
+    Staged(Option<String>),
 }

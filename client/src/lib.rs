@@ -12,9 +12,11 @@
 //! those are `lode-mount` and `lode-cli`, built on it.
 
 pub mod blocking;
+mod caps;
 pub mod client;
 pub mod error;
 pub mod file;
+pub mod gpu;
 mod opens;
 pub mod readahead;
 pub mod stripe_args;

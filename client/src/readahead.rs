@@ -3,8 +3,10 @@
 //! and the mount's streams drive it and carry out the reads it asks for.
 //!
 //! A read that starts where the last one ended extends a streak; after `trigger` such reads the
-//! handle is a stream and the next `depth` chunks past the read are kept on their way. Any other
-//! read (random access) breaks the streak and drops what was ahead. A chunk that comes back
+//! handle is a stream and the next `depth` chunks past the read are kept on their way. A read
+//! inside the chunks already on their way stays in the stream (the kernel sends a stream's
+//! readahead as several requests at once, which arrive in any order). Any other read (random
+//! access) breaks the streak and drops what was ahead. A chunk that comes back
 //! short marks the end of the file: nothing is issued past it.
 
 use std::collections::VecDeque;
@@ -63,14 +65,23 @@ impl Readahead {
     /// of the chunks ahead that are no longer wanted.
     pub fn observe(&mut self, offset: u64, len: u64) -> (Access, Vec<u64>) {
         let mut dropped = vec![];
-        if offset == self.next {
+        // A stream's reads may arrive out of order (the kernel sends its readahead as several
+        // requests at once): one inside what is already on its way stays in the stream.
+        let span = self.chunk.saturating_mul(self.depth as u64);
+        let in_window = self.streak >= self.trigger
+            && !self.ahead.is_empty()
+            && offset >= self.next.saturating_sub(span)
+            && offset < self.issued_to.max(self.next);
+        let end = offset.saturating_add(len);
+        if offset == self.next || in_window {
             self.streak = self.streak.saturating_add(1);
+            self.next = if in_window { self.next.max(end) } else { end };
         } else {
             self.streak = 0;
             dropped.extend(self.ahead.drain(..));
             self.eof = None;
+            self.next = end;
         }
-        self.next = offset.saturating_add(len);
         if self.streak < self.trigger {
             return (Access::Direct, dropped);
         }
@@ -161,6 +172,25 @@ mod tests {
         assert_eq!(access, Access::Direct);
         assert_eq!(dropped, vec![MIB, 2 * MIB]);
         assert!(r.issue().is_empty(), "random reads trigger nothing");
+    }
+
+    #[test]
+    fn reads_of_a_stream_arriving_out_of_order_keep_it() {
+        let mut r = Readahead::new(MIB, 4, 2);
+        r.observe(0, MIB);
+        r.observe(MIB, MIB);
+        assert_eq!(r.issue().len(), 4);
+        // The kernel's next three requests, the third first.
+        assert_eq!(
+            r.observe(3 * MIB, MIB),
+            (Access::Stream, vec![MIB, 2 * MIB])
+        );
+        assert_eq!(r.observe(4 * MIB, MIB).0, Access::Stream);
+        // The late one, whose chunk has gone: still the stream (its caller reads it
+        // directly), and nothing ahead is dropped.
+        assert_eq!(r.observe(2 * MIB, MIB), (Access::Stream, vec![]));
+        // A read far from the stream breaks it.
+        assert_eq!(r.observe(100 * MIB, MIB).0, Access::Direct);
     }
 
     #[test]

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use client::{Client, ClientConfig, ClientError};
+use lnet::auth::{KeyFile, Keyring, Role, Security};
 use lnet::sim::Fabric;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{AnyNet, Attach, NetError};
+use mds::identity::Nodemap;
 use mds::{MdsConfig, MdsServer};
 use oss::engine::Engine;
 use oss::{OssConfig, OssServer, Target, TargetError, TargetHome};
@@ -73,6 +75,13 @@ pub struct ClusterBuilder {
     commit: mds::store::CommitMode,
     instance: Option<u64>,
     clock: Option<mds::store::Clock>,
+    /// The cluster key on loopback (`None`: authentication off), and whether connections are
+    /// encrypted.
+    key: Option<KeyFile>,
+    privacy: bool,
+    nodemap: Nodemap,
+    capability_lifetime: Duration,
+    audit: Option<mds::audit::AuditConfig>,
 }
 
 impl ClusterBuilder {
@@ -92,6 +101,55 @@ impl ClusterBuilder {
             commit: mds.commit,
             instance: None,
             clock: None,
+            key: Some(KeyFile::generate().expect("the system's random source")),
+            privacy: false,
+            // The tests' clients run as root on this machine, which trusts itself.
+            nodemap: Nodemap::trusting(vec!["127.0.0.0/8".parse().expect("a valid range")]),
+            capability_lifetime: mds.capability_lifetime,
+            audit: None,
+        }
+    }
+
+    /// Runs without authentication: every connection is let in (a baseline to measure the
+    /// cost of authentication against).
+    pub fn insecure(mut self) -> ClusterBuilder {
+        self.key = None;
+        self
+    }
+
+    /// Encrypts every connection.
+    pub fn privacy(mut self) -> ClusterBuilder {
+        self.privacy = true;
+        self
+    }
+
+    /// Maps client identities with `nodemap` (by default, root on this machine is root).
+    pub fn nodemap(mut self, nodemap: Nodemap) -> ClusterBuilder {
+        self.nodemap = nodemap;
+        self
+    }
+
+    /// How long the MDS's capabilities last (clients renew them).
+    pub fn capability_lifetime(mut self, lifetime: Duration) -> ClusterBuilder {
+        self.capability_lifetime = lifetime;
+        self
+    }
+
+    /// Has the MDS write an audit log.
+    pub fn audit(mut self, audit: mds::audit::AuditConfig) -> ClusterBuilder {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// The servers' security settings.
+    fn server_security(&self) -> Security {
+        match &self.key {
+            Some(k) => Security::Keyed {
+                keys: Arc::new(Keyring::new(k)),
+                role: Role::Server,
+                privacy: self.privacy,
+            },
+            None => Security::Off,
         }
     }
 
@@ -152,7 +210,10 @@ impl ClusterBuilder {
 
     fn attach(&self, name: &str) -> Attach {
         match &self.network {
-            Network::Loopback => Attach::tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            Network::Loopback => Attach::tcp(
+                std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                self.server_security(),
+            ),
             Network::Fabric(f) => Attach::sim(f, name),
         }
     }
@@ -175,6 +236,9 @@ impl ClusterBuilder {
             commit: self.commit,
             instance: self.instance,
             clock: self.clock.clone(),
+            nodemap: self.nodemap.clone(),
+            capability_lifetime: self.capability_lifetime,
+            audit: self.audit.clone(),
             ..MdsConfig::new(&mds_dir)
         };
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;
@@ -208,7 +272,7 @@ impl ClusterBuilder {
         }
         // The MDS comes back where clients and servers know it: its node, or its port.
         let mds_attach = match mds.nid() {
-            Nid::Tcp(addr) => Attach::tcp(addr),
+            Nid::Tcp(addr) => Attach::tcp(addr, self.server_security()),
             _ => self.attach("mds"),
         };
         Ok(Cluster {
@@ -286,10 +350,31 @@ impl Cluster {
     /// A client connected to the MDS; on the fabric, a node named `name`.
     pub async fn client(&self, name: &str, cfg: ClientConfig) -> Result<Client, ClusterError> {
         let net: AnyNet = match &self.builder.network {
-            Network::Loopback => TcpEndpoint::client(TcpConfig::default()).into(),
+            Network::Loopback => TcpEndpoint::client(TcpConfig {
+                security: self.client_security(),
+                ..TcpConfig::default()
+            })
+            .into(),
             Network::Fabric(f) => f.start_node(name, None)?.into(),
         };
         Ok(Client::connect_on(net, &self.mds().nid().to_string(), cfg).await?)
+    }
+
+    /// What a client of this cluster authenticates with: the client key (derived from the
+    /// cluster's), or nothing when the cluster runs without authentication.
+    pub fn client_security(&self) -> Security {
+        match &self.builder.key {
+            Some(k) => Security::client(
+                Arc::new(Keyring::new(&k.client_key())),
+                self.builder.privacy,
+            ),
+            None => Security::Off,
+        }
+    }
+
+    /// The servers' settings (a test acting as a server, or as the MDS).
+    pub fn server_security(&self) -> Security {
+        self.builder.server_security()
     }
 
     /// Waits until a new file can be striped over `targets` targets (registered, heard from,

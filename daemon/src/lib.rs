@@ -97,3 +97,34 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// How a server authenticates its peers: the flags `lode-mds` and `lode-oss` share.
+#[derive(clap::Args, Debug, Default)]
+pub struct AuthArgs {
+    /// The cluster key (`lode key new FILE`); connections authenticate with it.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Run without authentication: anyone who can reach the port gets in, as root.
+    #[arg(long, conflicts_with = "key")]
+    pub no_auth: bool,
+    /// Encrypt every connection, not only authenticate it.
+    #[arg(long)]
+    pub privacy: bool,
+}
+
+impl AuthArgs {
+    /// The server's security settings: the flags, over a configuration file's `key_file`,
+    /// `auth` and `privacy`.
+    pub fn security(
+        &self,
+        file_key: Option<&Path>,
+        file_auth: Option<bool>,
+        file_privacy: Option<bool>,
+    ) -> Result<lnet::auth::Security, lnet::auth::AuthError> {
+        lnet::auth::server_security(
+            self.key.as_deref().or(file_key),
+            self.no_auth || file_auth == Some(false),
+            self.privacy || file_privacy == Some(true),
+        )
+    }
+}

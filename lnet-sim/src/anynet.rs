@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use proto::{Nid, Opcode};
 
+use crate::auth::{CapabilityKey, Security};
 use crate::error::NetError;
 use crate::region::RegionTable;
 use crate::service::BoxFuture;
@@ -53,11 +54,22 @@ impl Transport for AnyNet {
         peer: &'a Nid,
         opcode: Opcode,
         body: Vec<u8>,
+        bulk: Option<proto::bulk::BulkGrant>,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Vec<u8>, NetError>> {
         match self {
-            AnyNet::Tcp(e) => e.call_raw(peer, opcode, body, deadline),
-            AnyNet::Sim(e) => e.call_raw(peer, opcode, body, deadline),
+            AnyNet::Tcp(e) => e.call_raw(peer, opcode, body, bulk, deadline),
+            AnyNet::Sim(e) => e.call_raw(peer, opcode, body, bulk, deadline),
+        }
+    }
+
+    fn register_device(
+        &self,
+        mem: crate::device::DeviceMemory,
+    ) -> Result<crate::Registered<crate::device::DeviceMemory>, NetError> {
+        match self {
+            AnyNet::Tcp(e) => e.register_device(mem),
+            AnyNet::Sim(e) => e.register_device(mem),
         }
     }
 }
@@ -82,10 +94,22 @@ pub enum Attach {
 }
 
 impl Attach {
-    pub fn tcp(listen: SocketAddr) -> Attach {
+    /// Serves on `listen` with `security` (a server's: see [`Security::server`]).
+    pub fn tcp(listen: SocketAddr, security: Security) -> Attach {
         Attach::Tcp {
             listen,
-            cfg: TcpConfig::default(),
+            cfg: TcpConfig {
+                security,
+                ..TcpConfig::default()
+            },
+        }
+    }
+
+    /// The key that signs and checks capabilities, when connections are authenticated.
+    pub fn capability_key(&self) -> Option<CapabilityKey> {
+        match self {
+            Attach::Tcp { cfg, .. } => cfg.security.keys().and_then(|k| CapabilityKey::of(k)),
+            Attach::Sim { .. } => None,
         }
     }
 

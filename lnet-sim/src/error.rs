@@ -15,6 +15,8 @@ pub enum NetError {
     Unreachable { peer: Nid, reason: String },
     #[error("{peer}: connection closed: {reason}")]
     Closed { peer: Nid, reason: String },
+    #[error("{peer}: {reason}")]
+    Refused { peer: Nid, reason: String },
     #[error("{peer}: node is down")]
     NodeDown { peer: Nid },
     #[error("{peer}: {err}")]
@@ -33,6 +35,8 @@ pub enum NetError {
     BadConfig(String),
     #[error("no RDMA device: {0}")]
     NoRdmaDevice(String),
+    #[error("this transport cannot reach device memory: {0}")]
+    NoDeviceMemory(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -64,6 +68,12 @@ pub enum RegionError {
         len: u64,
         size: u64,
     },
+    #[error("range {offset}+{len} of region {key:#x} is outside what the request granted")]
+    NotGranted { key: u64, offset: u64, len: u64 },
     #[error("range {offset}+{len} of region {key:#x} is in use by another transfer")]
     Conflict { key: u64, offset: u64, len: u64 },
+    #[error("region {key:#x} is device memory, which the CPU does not touch")]
+    DeviceMemory { key: u64 },
+    #[error("device memory: {0}")]
+    Device(String),
 }

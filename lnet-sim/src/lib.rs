@@ -11,6 +11,8 @@
 //! crate never interprets what it carries beyond the frame and its own self-test service.
 
 pub mod anynet;
+pub mod auth;
+pub mod device;
 pub mod error;
 pub mod region;
 pub mod selftest;
@@ -22,7 +24,8 @@ pub mod transport;
 pub mod verbs;
 
 pub use anynet::{AnyNet, Attach};
+pub use device::{DeviceDma, DeviceError, DeviceMemory, MemoryKind};
 pub use error::{NetError, RegionError};
-pub use region::{DmaBuffer, RegionTable, Registered};
+pub use region::{DmaAccess, DmaBuffer, RegionTable, Registered};
 pub use service::{BulkPeer, Incoming, Service};
 pub use transport::{call, Transport};

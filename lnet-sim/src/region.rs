@@ -9,6 +9,10 @@
 //! a writer excludes everyone on its range, and a conflicting access is refused (never waited
 //! for: two transfers on one range is a protocol bug a NIC would turn into corrupt data).
 //! Deregistration removes the key at once and waits for accesses in flight to finish.
+//!
+//! A region may also be device memory ([`RegionTable::register_device`]): its bytes are
+//! moved only through the device's DMA engine ([`DmaAccess`]), and every CPU view of it
+//! ([`RegionTable::access`], [`Registered::read`]) is refused.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -20,6 +24,7 @@ use concur::range::{RangeLocks, Refused};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::device::{DeviceDma, DeviceMemory, MemoryKind};
 use crate::error::RegionError;
 
 /// Memory that can be registered for bulk transfers.
@@ -61,8 +66,11 @@ pub const MAX_REGIONS: usize = 65536;
 
 struct RegionInner {
     key: u64,
+    /// Host memory: its address. Device memory: null, never dereferenced.
     ptr: *mut u8,
     len: u64,
+    /// Device memory: its address on the device, its ordinal, and the engine that reaches it.
+    device: Option<(u64, u32, Arc<dyn DeviceDma>)>,
     /// Owns the memory `ptr` points into; taken back on deregistration.
     owner: Mutex<Option<Box<dyn Any + Send + Sync>>>,
     /// The ranges transfers hold; revoked when the owner lets go of the region.
@@ -89,6 +97,21 @@ impl RegionInner {
             .checked_add(len)
             .filter(|&end| end <= self.len)
             .ok_or_else(oob)
+    }
+
+    /// Refuses a CPU view of device memory.
+    fn host_only(&self) -> Result<(), RegionError> {
+        match self.device {
+            Some(_) => Err(RegionError::DeviceMemory { key: self.key }),
+            None => Ok(()),
+        }
+    }
+
+    fn kind(&self) -> MemoryKind {
+        match &self.device {
+            Some((_, ordinal, _)) => MemoryKind::Device { ordinal: *ordinal },
+            None => MemoryKind::Host,
+        }
     }
 
     fn lock(
@@ -173,10 +196,93 @@ impl Drop for RegionAccess {
     }
 }
 
+/// A locked range of a region of either kind, as a NIC reaches it: bytes are copied in and
+/// out (through the device's DMA engine for device memory), never viewed by the CPU.
+pub struct DmaAccess {
+    access: RegionAccess,
+}
+
+impl DmaAccess {
+    pub fn len(&self) -> usize {
+        self.access.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.access.len == 0
+    }
+
+    /// Where the memory is.
+    pub fn kind(&self) -> MemoryKind {
+        self.access.region.kind()
+    }
+
+    fn device_error(e: crate::device::DeviceError) -> RegionError {
+        RegionError::Device(e.to_string())
+    }
+
+    /// Copies `src` (the access's length) into the range; refused unless taken for writing.
+    pub fn copy_in(&mut self, src: &[u8]) -> Result<(), RegionError> {
+        let a = &mut self.access;
+        if src.len() != a.len || !a.write {
+            return Err(RegionError::Conflict {
+                key: a.region.key,
+                offset: a.offset,
+                len: src.len() as u64,
+            });
+        }
+        match &a.region.device {
+            Some((addr, _, dma)) => dma.write(addr + a.offset, src).map_err(Self::device_error),
+            None => {
+                a.as_mut_slice().unwrap_or_default().copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies the first `n` bytes of `src` into the start of the range, as a transfer that
+    /// broke off after `n` bytes leaves it.
+    pub fn copy_in_prefix(&mut self, src: &[u8], n: usize) -> Result<(), RegionError> {
+        let n = n.min(src.len()).min(self.access.len);
+        let a = &mut self.access;
+        if !a.write {
+            return Err(RegionError::Conflict {
+                key: a.region.key,
+                offset: a.offset,
+                len: n as u64,
+            });
+        }
+        match &a.region.device {
+            Some((addr, _, dma)) => dma
+                .write(addr + a.offset, &src[..n])
+                .map_err(Self::device_error),
+            None => {
+                a.as_mut_slice().unwrap_or_default()[..n].copy_from_slice(&src[..n]);
+                Ok(())
+            }
+        }
+    }
+
+    /// The range's bytes.
+    pub fn copy_out(&self) -> Result<Vec<u8>, RegionError> {
+        let a = &self.access;
+        match &a.region.device {
+            Some((addr, _, dma)) => {
+                let mut out = vec![0u8; a.len];
+                dma.read(addr + a.offset, &mut out)
+                    .map_err(Self::device_error)?;
+                Ok(out)
+            }
+            None => Ok(a.as_slice().to_vec()),
+        }
+    }
+}
+
 /// The regions one node has registered, by key.
 pub struct RegionTable {
     regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
-    salt: u64,
+    /// Keys derived from a salt (a simulated node, which must replay exactly), or drawn from
+    /// the operating system's random source (`None`).
+    salt: Option<u64>,
     next: AtomicU64,
 }
 
@@ -186,9 +292,39 @@ impl RegionTable {
     pub fn new(salt: u64) -> Arc<Self> {
         Arc::new(RegionTable {
             regions: Mutex::new(HashMap::new()),
-            salt,
+            salt: Some(salt),
             next: AtomicU64::new(1),
         })
+    }
+
+    /// A table whose keys are drawn at random (a CSPRNG), so that a peer cannot guess the key
+    /// of a buffer it was not given.
+    pub fn random() -> Arc<Self> {
+        Arc::new(RegionTable {
+            regions: Mutex::new(HashMap::new()),
+            salt: None,
+            next: AtomicU64::new(1),
+        })
+    }
+
+    fn new_key(&self, taken: &HashMap<u64, Arc<RegionInner>>) -> u64 {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        match self.salt {
+            // An odd multiplier is a bijection on u64, so keys never repeat within one table.
+            Some(salt) => salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            None => loop {
+                let mut b = [0u8; 8];
+                let key = match aws_lc_rs::rand::fill(&mut b) {
+                    Ok(()) => u64::from_ne_bytes(b),
+                    // The system's random source does not fail in practice; thread-local
+                    // ChaCha seeded from it is the fallback.
+                    Err(_) => rand::random(),
+                };
+                if key != 0 && !taken.contains_key(&key) {
+                    break key;
+                }
+            },
+        }
     }
 
     /// Registers `buf`; peers reach it through the returned handle's key.
@@ -196,18 +332,17 @@ impl RegionTable {
         let mut boxed = Box::new(buf);
         let ptr = boxed.dma_ptr();
         let len = boxed.dma_len() as u64;
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        // An odd multiplier is a bijection on u64, so keys never repeat within one table.
-        let key = self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut regions = self.regions.lock();
+        let key = self.new_key(&regions);
         let inner = Arc::new(RegionInner {
             key,
             ptr,
             len,
+            device: None,
             owner: Mutex::new(Some(boxed)),
             locks: RangeLocks::new(MAX_ACCESSES_PER_REGION),
             idle: Notify::new(),
         });
-        let mut regions = self.regions.lock();
         if regions.len() >= MAX_REGIONS {
             return Err(RegionError::Conflict {
                 key,
@@ -223,7 +358,49 @@ impl RegionTable {
         })
     }
 
-    /// Locks `offset..offset+len` of the region `key` on behalf of a remote peer.
+    /// Registers device memory; peers reach it through the returned handle's key, and only
+    /// through [`RegionTable::access_dma`].
+    pub fn register_device(
+        self: &Arc<Self>,
+        mem: DeviceMemory,
+    ) -> Result<Registered<DeviceMemory>, RegionError> {
+        let mut regions = self.regions.lock();
+        let key = self.new_key(&regions);
+        if regions.len() >= MAX_REGIONS {
+            return Err(RegionError::Conflict {
+                key,
+                offset: 0,
+                len: mem.len,
+            });
+        }
+        let inner = Arc::new(RegionInner {
+            key,
+            ptr: std::ptr::null_mut(),
+            len: mem.len,
+            device: Some((mem.addr, mem.ordinal, mem.dma.clone())),
+            owner: Mutex::new(Some(Box::new(mem))),
+            locks: RangeLocks::new(MAX_ACCESSES_PER_REGION),
+            idle: Notify::new(),
+        });
+        regions.insert(key, inner.clone());
+        Ok(Registered {
+            table: self.clone(),
+            inner,
+            _buf: PhantomData,
+        })
+    }
+
+    fn lookup(&self, key: u64) -> Result<Arc<RegionInner>, RegionError> {
+        self.regions
+            .lock()
+            .get(&key)
+            .cloned()
+            .ok_or(RegionError::UnknownKey { key })
+    }
+
+    /// Locks `offset..offset+len` of the host region `key` on behalf of a remote peer, for a
+    /// CPU view of it (a socket reads into it, a checksum runs over it). Device memory is
+    /// refused: it is reached only through [`RegionTable::access_dma`].
     pub fn access(
         &self,
         key: u64,
@@ -231,13 +408,21 @@ impl RegionTable {
         len: u64,
         write: bool,
     ) -> Result<RegionAccess, RegionError> {
-        let region = self
-            .regions
-            .lock()
-            .get(&key)
-            .cloned()
-            .ok_or(RegionError::UnknownKey { key })?;
+        let region = self.lookup(key)?;
+        region.host_only()?;
         region.lock(offset, len, write)
+    }
+
+    /// Locks `offset..offset+len` of the region `key`, host or device, for copies in or out.
+    pub fn access_dma(
+        &self,
+        key: u64,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<DmaAccess, RegionError> {
+        let access = self.lookup(key)?.lock(offset, len, write)?;
+        Ok(DmaAccess { access })
     }
 
     /// Forgets every region, as a node's memory is lost when it crashes.
@@ -266,7 +451,7 @@ pub struct Registered<B> {
     _buf: PhantomData<B>,
 }
 
-impl<B: DmaBuffer> Registered<B> {
+impl<B: Any + Send + Sync> Registered<B> {
     /// The region's memory and a handle that keeps it alive, for registering it with a NIC.
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn raw_parts(&self) -> (*mut u8, usize, KeepAlive) {
@@ -275,6 +460,11 @@ impl<B: DmaBuffer> Registered<B> {
             self.inner.len as usize,
             KeepAlive(self.inner.clone()),
         )
+    }
+
+    /// Where the region's memory is.
+    pub fn kind(&self) -> MemoryKind {
+        self.inner.kind()
     }
 
     /// The key a peer presents to reach this region.
@@ -291,14 +481,15 @@ impl<B: DmaBuffer> Registered<B> {
     }
 
     /// A descriptor for `offset..offset+len`, carrying the range's crc32c when `with_crc`
-    /// (the owner holds the data: a write).
+    /// (the owner holds the data: a write). Device memory has no CPU view, so its
+    /// descriptors carry none: the server computes the checksum on receipt.
     pub fn desc(
         &self,
         offset: u64,
         len: u32,
         with_crc: bool,
     ) -> Result<proto::BulkDesc, RegionError> {
-        let crc32c = if with_crc {
+        let crc32c = if with_crc && self.inner.device.is_none() {
             Some(crc32c::crc32c(
                 self.read(offset, u64::from(len))?.as_slice(),
             ))
@@ -314,14 +505,24 @@ impl<B: DmaBuffer> Registered<B> {
         })
     }
 
-    /// The owner's own read of a range; refused while a peer writes to it.
+    /// The owner's own read of a range; refused while a peer writes to it, and for device
+    /// memory.
     pub fn read(&self, offset: u64, len: u64) -> Result<RegionAccess, RegionError> {
+        self.inner.host_only()?;
         self.inner.lock(offset, len, false)
     }
 
-    /// The owner's own write to a range; refused while a peer reads or writes it.
+    /// The owner's own write to a range; refused while a peer reads or writes it, and for
+    /// device memory.
     pub fn write(&self, offset: u64, len: u64) -> Result<RegionAccess, RegionError> {
+        self.inner.host_only()?;
         self.inner.lock(offset, len, true)
+    }
+
+    /// The owner's own access of either kind, as the NIC would make it.
+    pub fn dma(&self, offset: u64, len: u64, write: bool) -> Result<DmaAccess, RegionError> {
+        let access = self.inner.lock(offset, len, write)?;
+        Ok(DmaAccess { access })
     }
 
     /// Removes the key, waits for transfers in flight to let go, and hands the buffer back.

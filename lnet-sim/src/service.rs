@@ -14,6 +14,7 @@ use proto::msg::{decode_body, encode_body};
 use proto::{BulkDesc, Nid, Opcode, RemoteError, Rpc, StatusCode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::auth::Role;
 use crate::error::NetError;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -21,6 +22,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A request as a handler sees it.
 #[derive(Debug)]
 pub struct Incoming {
+    /// The role the caller proved when it connected ([`Role::Server`] for every caller when
+    /// authentication is off, and on the simulated fabric).
+    pub role: Role,
     pub from: Nid,
     /// The NID the request was addressed to (this node, as the caller named it).
     pub to: Nid,

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use proto::bulk::BulkGrant;
 use proto::msg::{decode_body, encode_body};
 use proto::{Nid, Opcode, RemoteError, Rpc, StatusCode};
 
+use crate::device::DeviceMemory;
 use crate::error::NetError;
 use crate::region::{DmaBuffer, RegionTable, Registered};
 use crate::service::BoxFuture;
@@ -21,11 +23,14 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Sends one request and waits for its reply, for at most `deadline`. The reply body is
     /// returned as sent; an error reply becomes [`NetError::Remote`] or [`NetError::Busy`].
+    /// While the call is in flight the server may move bytes with the memory `bulk` names,
+    /// and no other.
     fn call_raw<'a>(
         &'a self,
         peer: &'a Nid,
         opcode: Opcode,
         body: Vec<u8>,
+        bulk: Option<BulkGrant>,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Vec<u8>, NetError>>;
 
@@ -35,6 +40,16 @@ pub trait Transport: Send + Sync + 'static {
         Self: Sized,
     {
         Ok(self.regions().register(buf)?)
+    }
+
+    /// Registers device memory so that peers' bulk transfers land in it (and leave from it)
+    /// with no host copy, as an RDMA NIC does with GPU memory registered through dma-buf.
+    /// Transports that cannot reach device memory refuse it; the caller stages instead.
+    fn register_device(&self, mem: DeviceMemory) -> Result<Registered<DeviceMemory>, NetError> {
+        let _ = mem;
+        Err(NetError::NoDeviceMemory(
+            "this transport moves bytes through the CPU".into(),
+        ))
     }
 }
 
@@ -49,7 +64,9 @@ pub async fn call<R: Rpc, T: Transport + ?Sized>(
         peer: peer.clone(),
         err,
     })?;
-    let reply = t.call_raw(peer, R::OPCODE, body, deadline).await?;
+    let reply = t
+        .call_raw(peer, R::OPCODE, body, req.bulk(), deadline)
+        .await?;
     decode_body(&reply).map_err(|err| NetError::Frame {
         peer: peer.clone(),
         err,

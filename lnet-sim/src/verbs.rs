@@ -5,7 +5,8 @@
 //! [`NetError::NoRdmaDevice`] (never a panic) on machines without an RDMA device.
 //!
 //! What is here: device discovery, opening a device with a protection domain, and registering
-//! a [`Registered`] region with the NIC so its key is a real rkey. The queue-pair data path
+//! a [`Registered`] region with the NIC so its key is a real rkey: host memory with
+//! `ibv_reg_mr`, GPU memory with `ibv_reg_dmabuf_mr` on the dma-buf its driver exports. The queue-pair data path
 //! (connection setup through rdma_cm, RDMA READ/WRITE for bulk, SEND/RECV for RPC) is the next
 //! step and needs hardware or soft-RoCE to test; see `docs/network.md`.
 
@@ -17,6 +18,7 @@ use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
 
+use crate::device::DeviceMemory;
 use crate::error::NetError;
 use crate::region::{DmaBuffer, Registered};
 
@@ -76,6 +78,39 @@ impl VerbsNic {
         // holds the region alive for as long as the memory registration exists.
         let mr = unsafe { self.pd.reg_mr(ptr as usize, len, access) }.map_err(|e| {
             NetError::NoRdmaDevice(format!("memory registration on {} failed: {e}", self.name))
+        })?;
+        Ok(VerbsMr { mr, _keep: keep })
+    }
+
+    /// Registers a device memory region through the dma-buf its GPU driver exports, so the
+    /// NIC reads and writes GPU memory with no host copy. Fails where the driver exports no
+    /// dma-buf; the client then stages through pinned host memory.
+    pub fn register_device(
+        &self,
+        region: &Registered<DeviceMemory>,
+        mem: &DeviceMemory,
+    ) -> Result<VerbsMr, NetError> {
+        use std::os::fd::AsRawFd;
+        let (_, len, keep) = region.raw_parts();
+        let (fd, offset) = mem.dma.dmabuf(mem.addr, mem.len).ok_or_else(|| {
+            NetError::NoDeviceMemory(format!(
+                "GPU {} exports no dma-buf for {:#x}+{}",
+                mem.ordinal, mem.addr, mem.len
+            ))
+        })?;
+        let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
+        // SAFETY: `fd` is a dma-buf the GPU driver exported for `addr..addr+len` at `offset`,
+        // kept open for the call; `keep` holds the region (and so the device memory's owner)
+        // alive for as long as the registration exists.
+        let mr = unsafe {
+            self.pd
+                .reg_dmabuf_mr(offset, len, mem.addr, fd.as_raw_fd(), access)
+        }
+        .map_err(|e| {
+            NetError::NoDeviceMemory(format!(
+                "dma-buf registration of GPU {} memory on {} failed: {e}",
+                mem.ordinal, self.name
+            ))
         })?;
         Ok(VerbsMr { mr, _keep: keep })
     }

@@ -412,3 +412,121 @@ async fn the_same_seed_gives_the_same_trace() {
     let other = faulty_run(43).await;
     assert_ne!(a, other, "another seed takes another path");
 }
+
+/// Device memory as a test stands it in: bytes the CPU of the test may inspect, reached by the
+/// fabric only through the DMA calls, which are counted.
+struct TestDevice {
+    mem: parking_lot::Mutex<Vec<u8>>,
+    base: u64,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl lnet::DeviceDma for TestDevice {
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), lnet::DeviceError> {
+        let off = (addr - self.base) as usize;
+        self.mem.lock()[off..off + src.len()].copy_from_slice(src);
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), lnet::DeviceError> {
+        let off = (addr - self.base) as usize;
+        dst.copy_from_slice(&self.mem.lock()[off..off + dst.len()]);
+        Ok(())
+    }
+}
+
+fn test_device(len: usize) -> (Arc<TestDevice>, lnet::DeviceMemory) {
+    let dev = Arc::new(TestDevice {
+        mem: parking_lot::Mutex::new(vec![0u8; len]),
+        base: 0x7000_0000_0000,
+        writes: Default::default(),
+    });
+    let mem = lnet::DeviceMemory {
+        addr: dev.base,
+        len: len as u64,
+        ordinal: 0,
+        dma: dev.clone(),
+    };
+    (dev, mem)
+}
+
+#[tokio::test(start_paused = true)]
+async fn bulk_transfers_reach_registered_device_memory_only_through_its_dma_engine() {
+    let f = fabric_with_server(3);
+    let c = f.start_node("c0", None).unwrap();
+    let (dev, mem) = test_device(1 << 16);
+    let region = c.register_device(mem).unwrap();
+    assert_eq!(region.kind(), lnet::MemoryKind::Device { ordinal: 0 });
+    // No CPU view of device memory, and no checksum taken from it.
+    assert!(matches!(
+        region.read(0, 1),
+        Err(RegionError::DeviceMemory { .. })
+    ));
+    assert_eq!(region.desc(0, 16, true).unwrap().crc32c, None);
+    let read = BulkRead {
+        desc: region.desc(100, 5000, false).unwrap(),
+        seed: 8,
+    };
+    call(&c, &sim("oss0"), &read, T).await.unwrap();
+    assert_eq!(&dev.mem.lock()[100..5100], &pattern(8, 5000)[..]);
+    assert!(dev.mem.lock()[..100].iter().all(|&b| b == 0));
+    // The server's get of device memory goes through the engine as well.
+    dev.mem.lock()[..4096].copy_from_slice(&pattern(9, 4096));
+    let write = BulkWrite {
+        desc: region.desc(0, 4096, false).unwrap(),
+    };
+    let done = call(&c, &sim("oss0"), &write, T).await.unwrap();
+    assert_eq!(done.crc32c, crc32c::crc32c(&pattern(9, 4096)));
+
+    // A node whose NIC refuses device registrations says so.
+    f.refuse_device_registrations("c0", true);
+    let (_, mem) = test_device(4096);
+    assert!(matches!(
+        c.register_device(mem),
+        Err(NetError::NoDeviceMemory(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_written_to_device_memory_after_its_deregistration() {
+    let f = fabric_with_server(4);
+    let c = f.start_node("c0", None).unwrap();
+    f.set_default_link(LinkParams {
+        latency: Duration::from_millis(5),
+        ..Default::default()
+    })
+    .unwrap();
+    let (dev, mem) = test_device(1 << 16);
+    let region = c.register_device(mem).unwrap();
+    let desc = region.desc(0, 1 << 16, false).unwrap();
+    let c2 = c.clone();
+    let call_task =
+        tokio::spawn(async move { call(&c2, &sim("oss0"), &BulkRead { desc, seed: 3 }, T).await });
+    // The request is on its way; the owner lets go of the memory before the put lands.
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    region.deregister().await;
+    let writes = dev.writes.load(std::sync::atomic::Ordering::SeqCst);
+    let outcome = call_task.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        dev.writes.load(std::sync::atomic::Ordering::SeqCst),
+        writes,
+        "device memory was written after deregistration"
+    );
+    assert!(
+        outcome.is_err(),
+        "the transfer into deregistered memory succeeded"
+    );
+    assert!(dev.mem.lock().iter().all(|&b| b == 0));
+}
+
+#[tokio::test]
+async fn tcp_refuses_device_memory_and_the_client_stages_instead() {
+    let ep = lnet::tcp::TcpEndpoint::client(lnet::tcp::TcpConfig::default());
+    let (_, mem) = test_device(4096);
+    assert!(matches!(
+        ep.register_device(mem),
+        Err(NetError::NoDeviceMemory(_))
+    ));
+}

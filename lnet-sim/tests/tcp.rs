@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{echo, Gate};
+use lnet::auth::{KeyFile, Keyring, Security};
 use lnet::selftest::{pattern, SelfTest};
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{call, NetError, RegionError, Service, Transport};
@@ -24,14 +25,52 @@ async fn server(service: Arc<dyn Service>, cfg: TcpConfig) -> (TcpEndpoint, Nid)
     (ep, nid)
 }
 
+/// This test process's cluster key.
+fn keys() -> Arc<Keyring> {
+    Arc::new(Keyring::new(&cluster_key()))
+}
+
+fn cluster_key() -> KeyFile {
+    static KEY_LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let line = KEY_LINE.get_or_init(|| KeyFile::generate().unwrap().to_line());
+    KeyFile::parse(line).unwrap()
+}
+
+/// A server's settings, authenticating with the cluster key.
+fn srv_cfg() -> TcpConfig {
+    TcpConfig {
+        security: Security::server(keys(), false).unwrap(),
+        ..TcpConfig::default()
+    }
+}
+
+/// A client's settings, with the client key.
+fn cli_cfg() -> TcpConfig {
+    let client = Arc::new(Keyring::new(&cluster_key().client_key()));
+    TcpConfig {
+        security: Security::client(client, false),
+        ..TcpConfig::default()
+    }
+}
+
 async fn selftest_server() -> (TcpEndpoint, Nid) {
-    server(SelfTest::new(), TcpConfig::default()).await
+    server(SelfTest::new(), srv_cfg()).await
+}
+
+/// A raw connection to a server running without authentication, past the handshake: what
+/// follows is read as frames.
+async fn raw_conn(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    lnet::auth::initiate(&mut s, &Security::Off, T)
+        .await
+        .unwrap();
+    s
 }
 
 #[tokio::test]
 async fn ping_names_the_server_and_echo_returns_the_payload() {
     let (_srv, nid) = selftest_server().await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     let pong = call(&client, &nid, &Ping { nonce: 77 }, T).await.unwrap();
     assert_eq!((pong.nonce, &pong.nid), (77, &nid));
     let payload: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
@@ -50,10 +89,10 @@ async fn ping_names_the_server_and_echo_returns_the_payload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_calls_in_flight_are_matched_to_their_replies() {
-    let (_srv, nid) = server(Gate::open(), TcpConfig::default()).await;
+    let (_srv, nid) = server(Gate::open(), srv_cfg()).await;
     let client = Arc::new(TcpEndpoint::client(TcpConfig {
         conns_per_peer: 1,
-        ..Default::default()
+        ..cli_cfg()
     }));
     let calls = (0..256u64).map(|i| {
         let (client, nid) = (client.clone(), nid.clone());
@@ -68,7 +107,7 @@ async fn many_calls_in_flight_are_matched_to_their_replies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_read_lands_in_the_callers_region_and_write_pulls_from_it() {
     let (_srv, nid) = selftest_server().await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     let len = 3 << 20;
     let region = client.register(vec![0u8; len]).unwrap();
     // Two reads into disjoint halves, concurrently, then a write of the whole region.
@@ -109,7 +148,7 @@ async fn bulk_read_lands_in_the_callers_region_and_write_pulls_from_it() {
 #[tokio::test]
 async fn bulk_refuses_unknown_keys_out_of_bounds_and_deregistered_regions() {
     let (_srv, nid) = selftest_server().await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     let region = client.register(vec![0u8; 4096]).unwrap();
     let key = region.key();
     let read = |desc: BulkDesc| BulkRead { desc, seed: 3 };
@@ -179,13 +218,13 @@ async fn a_full_queue_answers_busy_and_runs_nothing_it_refused() {
         gate.clone(),
         TcpConfig {
             queue_slots: 2,
-            ..Default::default()
+            ..srv_cfg()
         },
     )
     .await;
     let client = Arc::new(TcpEndpoint::client(TcpConfig {
         conns_per_peer: 1,
-        ..Default::default()
+        ..cli_cfg()
     }));
     let held: Vec<_> = (0..2u64)
         .map(|i| {
@@ -210,8 +249,8 @@ async fn a_full_queue_answers_busy_and_runs_nothing_it_refused() {
 #[tokio::test]
 async fn a_call_gives_up_at_its_deadline() {
     let gate = Gate::closed();
-    let (_srv, nid) = server(gate.clone(), TcpConfig::default()).await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let (_srv, nid) = server(gate.clone(), srv_cfg()).await;
+    let client = TcpEndpoint::client(cli_cfg());
     let err = call(&client, &nid, &echo(1), Duration::from_millis(100))
         .await
         .unwrap_err();
@@ -223,7 +262,7 @@ async fn a_dead_peer_is_an_error_and_a_restarted_one_is_reconnected() {
     let (srv, nid) = selftest_server().await;
     let client = TcpEndpoint::client(TcpConfig {
         conns_per_peer: 1,
-        ..Default::default()
+        ..cli_cfg()
     });
     call(&client, &nid, &Ping { nonce: 1 }, T).await.unwrap();
     srv.shutdown();
@@ -233,7 +272,7 @@ async fn a_dead_peer_is_an_error_and_a_restarted_one_is_reconnected() {
         .unwrap_err();
     assert!(err.is_retryable(), "{err}");
     let addr = nid.socket_addr().unwrap();
-    let _srv = TcpEndpoint::bind(addr, SelfTest::new(), TcpConfig::default())
+    let _srv = TcpEndpoint::bind(addr, SelfTest::new(), srv_cfg())
         .await
         .unwrap();
     let pong = call(&client, &nid, &Ping { nonce: 3 }, T).await.unwrap();
@@ -253,9 +292,15 @@ fn raw_frame(body: &[u8], patch: &[(usize, &[u8])]) -> Vec<u8> {
     f
 }
 
-/// Sends `bytes` on a fresh connection and waits for the server to close it.
+/// Sends `bytes` on a fresh connection (after the handshake, when `bytes` are frames) and
+/// waits for the server to close it.
 async fn server_closes_after(addr: std::net::SocketAddr, bytes: Vec<u8>) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let frames = bytes.starts_with(b"LODE");
+    let mut s = if frames {
+        raw_conn(addr).await
+    } else {
+        TcpStream::connect(addr).await.unwrap()
+    };
     s.write_all(&bytes).await.unwrap();
     s.shutdown().await.unwrap_or(());
     let mut sink = Vec::new();
@@ -267,12 +312,15 @@ async fn server_closes_after(addr: std::net::SocketAddr, bytes: Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_connections_are_closed_and_good_clients_keep_being_served() {
-    let (srv, nid) = selftest_server().await;
+    // Without authentication, so that garbage frames reach the frame decoder.
+    let (srv, nid) = server(SelfTest::new(), TcpConfig::default()).await;
     let addr = nid.socket_addr().unwrap();
     let good = TcpEndpoint::client(TcpConfig::default());
     let body = proto::msg::encode_body(&echo(5)).unwrap();
     let cases: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        b"LODX\x01\x00\x00\x00\x00\x00".to_vec(),
+        b"XODE\x01\x01\x00\x00\x00\x20abc".to_vec(),
         raw_frame(&body, &[(0, b"EDOL")]),
         raw_frame(&body, &[(4, &[2, 0])]),
         raw_frame(&body, &[(6, &[0xee, 0xee])]),
@@ -312,9 +360,7 @@ async fn a_peer_that_stops_reading_is_cut_off() {
         ..Default::default()
     };
     let (_srv, nid) = server(Gate::open(), cfg).await;
-    let mut s = TcpStream::connect(nid.socket_addr().unwrap())
-        .await
-        .unwrap();
+    let mut s = raw_conn(nid.socket_addr().unwrap()).await;
     // Large echoes, never read: replies fill the socket buffers, then the send queue.
     let big = proto::msg::encode_body(&Echo {
         payload: vec![7u8; 900_000],
@@ -349,7 +395,7 @@ async fn a_peer_that_stops_reading_is_cut_off() {
 #[tokio::test]
 async fn a_body_past_the_limit_is_refused_before_it_is_sent() {
     let (_srv, nid) = selftest_server().await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     let huge = Echo {
         payload: vec![0u8; proto::MAX_BODY as usize + 1],
     };
@@ -369,6 +415,7 @@ async fn a_body_past_the_limit_is_refused_before_it_is_sent() {
             &nid,
             proto::msg::opcodes::ECHO,
             vec![0u8; proto::MAX_BODY as usize + 1],
+            None,
             T,
         )
         .await
@@ -403,7 +450,7 @@ async fn five_thousand_idle_connections_do_not_stop_a_real_client() {
     // Let them all be accepted and go idle past the displacement threshold.
     tokio::time::sleep(TcpConfig::default().displace_idle + Duration::from_millis(500)).await;
     assert!(srv.accepted_connections() <= TcpConfig::default().max_connections);
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     let pong = call(&client, &nid, &Ping { nonce: 5 }, T).await.unwrap();
     assert_eq!(pong.nonce, 5);
     for i in 0..20 {
@@ -416,10 +463,10 @@ async fn five_thousand_idle_connections_do_not_stop_a_real_client() {
 async fn an_idle_connection_is_closed_and_its_peer_reconnects() {
     let cfg = TcpConfig {
         idle_timeout: Duration::from_millis(200),
-        ..TcpConfig::default()
+        ..srv_cfg()
     };
     let (srv, nid) = server(SelfTest::new(), cfg).await;
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(cli_cfg());
     call(&client, &nid, &Ping { nonce: 1 }, T).await.unwrap();
     assert!(srv.accepted_connections() >= 1);
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -437,4 +484,217 @@ async fn an_idle_connection_is_closed_and_its_peer_reconnects() {
         }
     }
     assert!(answered);
+}
+
+/// A peer without the cluster's key gets a refusal and nothing else; so does one with no key
+/// at all, and a client key cannot pose as a server.
+#[tokio::test]
+async fn a_peer_without_the_key_is_refused() {
+    let (srv, nid) = selftest_server().await;
+    let stranger = Arc::new(Keyring::new(&KeyFile::generate().unwrap()));
+    let client_only = Arc::new(Keyring::new(&cluster_key().client_key()));
+    let posing = Security::Keyed {
+        keys: client_only,
+        role: lnet::auth::Role::Server,
+        privacy: false,
+    };
+    for security in [Security::client(stranger, false), Security::Off, posing] {
+        let ep = TcpEndpoint::client(TcpConfig {
+            security,
+            ..TcpConfig::default()
+        });
+        let err = call(&ep, &nid, &Ping { nonce: 1 }, T).await.unwrap_err();
+        assert!(
+            matches!(err, NetError::Refused { .. }) || matches!(err, NetError::BadConfig(_)),
+            "{err}"
+        );
+        assert!(!err.is_retryable(), "{err}");
+    }
+    assert_eq!(srv.accepted_connections(), 0);
+    // A keyed client does not talk to a server that cannot prove it holds the key.
+    let (_open, open_nid) = server(SelfTest::new(), TcpConfig::default()).await;
+    let err = call(
+        &TcpEndpoint::client(cli_cfg()),
+        &open_nid,
+        &Ping { nonce: 2 },
+        T,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, NetError::Refused { .. }), "{err}");
+}
+
+/// A server that requires privacy encrypts calls and bulk data both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn privacy_carries_calls_and_bulk_data() {
+    let (_srv, nid) = server(
+        SelfTest::new(),
+        TcpConfig {
+            security: Security::server(keys(), true).unwrap(),
+            ..TcpConfig::default()
+        },
+    )
+    .await;
+    let client = TcpEndpoint::client(cli_cfg());
+    assert_eq!(call(&client, &nid, &echo(4), T).await.unwrap(), echo(4));
+    let len = 1 << 20;
+    let region = client.register(vec![0u8; len]).unwrap();
+    let read = BulkRead {
+        desc: region.desc(0, len as u32, false).unwrap(),
+        seed: 9,
+    };
+    call(&client, &nid, &read, T).await.unwrap();
+    assert_eq!(
+        region.read(0, len as u64).unwrap().as_slice(),
+        &pattern(9, len)[..]
+    );
+    let write = BulkWrite {
+        desc: region.desc(0, len as u32, true).unwrap(),
+    };
+    call(&client, &nid, &write, T).await.unwrap();
+}
+
+/// One changed byte on the wire, anywhere after the handshake, closes the connection: the
+/// changed request is never served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_byte_on_the_wire_is_never_served() {
+    let (_srv, nid) = selftest_server().await;
+    let upstream = nid.socket_addr().unwrap();
+    for flip_at in [120usize, 140, 200, 400] {
+        // A relay that flips one byte of what the client sends, `flip_at` bytes in (the
+        // handshake takes fewer).
+        let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = relay.accept().await {
+                tokio::spawn(async move {
+                    let mut up = TcpStream::connect(upstream).await.unwrap();
+                    let (mut dr, mut dw) = down.split();
+                    let (mut ur, mut uw) = up.split();
+                    let to_server = async {
+                        let mut seen = 0usize;
+                        let mut buf = vec![0u8; 1 << 16];
+                        loop {
+                            let n = match dr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if (seen..seen + n).contains(&flip_at) {
+                                buf[flip_at - seen] ^= 0x20;
+                            }
+                            seen += n;
+                            if uw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = uw.shutdown().await;
+                    };
+                    let to_client = async {
+                        let _ = tokio::io::copy(&mut ur, &mut dw).await;
+                        let _ = dw.shutdown().await;
+                    };
+                    tokio::join!(to_server, to_client);
+                });
+            }
+        });
+        let client = TcpEndpoint::client(TcpConfig {
+            conns_per_peer: 1,
+            ..cli_cfg()
+        });
+        let via = Nid::Tcp(relay_addr);
+        let payload = Echo {
+            payload: vec![b'a'; 600],
+        };
+        let err = call(&client, &via, &payload, Duration::from_secs(3))
+            .await
+            .expect_err("a changed request was answered");
+        assert!(err.is_retryable(), "{err}");
+    }
+}
+
+/// A server that moves bytes with memory its request did not name: another region whose key it
+/// learnt elsewhere, or past the named range.
+struct Rogue {
+    other_key: u64,
+    past_the_end: bool,
+}
+
+impl Service for Rogue {
+    fn handle(
+        self: Arc<Self>,
+        req: lnet::Incoming,
+        bulk: Arc<dyn lnet::BulkPeer>,
+    ) -> lnet::service::BoxFuture<'static, Result<Vec<u8>, proto::RemoteError>> {
+        Box::pin(async move {
+            let code = |e: NetError| proto::RemoteError::new(StatusCode::Bulk, e.to_string());
+            let mut desc = match req.opcode {
+                proto::msg::opcodes::BULK_READ => req.decode::<BulkRead>()?.desc,
+                _ => req.decode::<BulkWrite>()?.desc,
+            };
+            if self.past_the_end {
+                desc.offset += u64::from(desc.len);
+            } else {
+                desc.key = self.other_key;
+            }
+            desc.crc32c = None;
+            if req.opcode == proto::msg::opcodes::BULK_READ {
+                let data = bytes::Bytes::from(vec![0xEEu8; desc.len as usize]);
+                bulk.put(&desc, data).await.map_err(code)?;
+            } else {
+                bulk.get(&desc).await.map_err(code)?;
+            }
+            lnet::service::reply::<BulkRead>(&proto::msg::BulkDone {
+                bytes: u64::from(desc.len),
+                crc32c: 0,
+            })
+        })
+    }
+}
+
+/// A server reaches only the memory of the request it serves, in the direction the request
+/// says: not another buffer of the same client, not past the named range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_transfer_outside_its_requests_buffer_is_refused() {
+    let client = TcpEndpoint::client(cli_cfg());
+    let named = client.register(vec![1u8; 8192]).unwrap();
+    let secret = client.register(vec![2u8; 8192]).unwrap();
+    for past_the_end in [false, true] {
+        let (_srv, nid) = server(
+            Arc::new(Rogue {
+                other_key: secret.key(),
+                past_the_end,
+            }),
+            srv_cfg(),
+        )
+        .await;
+        let read = BulkRead {
+            desc: named.desc(0, 4096, false).unwrap(),
+            seed: 0,
+        };
+        let err = call(&client, &nid, &read, T).await.unwrap_err();
+        assert!(
+            matches!(err, NetError::Region(RegionError::NotGranted { .. })),
+            "{err}"
+        );
+        let write = BulkWrite {
+            desc: named.desc(0, 4096, true).unwrap(),
+        };
+        let err = call(&client, &nid, &write, T).await.unwrap_err();
+        assert!(
+            err.to_string().contains("outside what the request granted"),
+            "{err}"
+        );
+    }
+    assert!(named
+        .read(0, 8192)
+        .unwrap()
+        .as_slice()
+        .iter()
+        .all(|&b| b == 1));
+    assert!(secret
+        .read(0, 8192)
+        .unwrap()
+        .as_slice()
+        .iter()
+        .all(|&b| b == 2));
 }

@@ -5,7 +5,9 @@
 //! in-process clusters start it the same way.
 
 pub mod alloc;
+pub mod audit;
 pub mod disk;
+pub mod identity;
 pub mod journal;
 pub mod namespace;
 pub mod open;

@@ -207,6 +207,24 @@ impl Namespace {
         self.inodes.is_empty()
     }
 
+    /// The path of directory `dir` from the root, for the audit log (`None` for what is not a
+    /// directory). Each step finds the directory's name among its parent's entries.
+    pub fn dir_path(&self, dir: Fid) -> Option<String> {
+        let mut names = vec![];
+        let mut at = dir;
+        while at != ROOT {
+            let parent = *self.parents.get(&at)?;
+            let (name, _) = self.entries.get(&parent)?.iter().find(|(_, f)| **f == at)?;
+            names.push(String::from_utf8_lossy(name).into_owned());
+            at = parent;
+            if names.len() > 4096 {
+                return None;
+            }
+        }
+        names.reverse();
+        Some(format!("/{}", names.join("/")))
+    }
+
     fn dir(&self, fid: Fid) -> Result<&BTreeMap<Vec<u8>, Fid>> {
         self.inode(fid)?;
         match self.entries.get(&fid) {
@@ -902,7 +920,13 @@ impl Namespace {
     fn setattr(&mut self, fid: Fid, a: &SetAttr, who: &Creds, now: Time) -> Result<Applied> {
         let i = self.inode(fid)?.clone();
         let owner = who.uid == 0 || who.uid == i.uid;
-        if a.mode.is_some() && !owner {
+        // A writer who is not the owner may clear the set-user-ID and set-group-ID bits, and
+        // nothing else: a write or truncate by anyone else drops them (the kernel asks on the
+        // writer's behalf), as on every local filesystem.
+        let kills_priv_only = a.mode.is_some_and(|m| {
+            (m & PERM_MASK) == (i.mode & PERM_MASK & !0o6000) && i.mode & 0o6000 != 0
+        });
+        if a.mode.is_some() && !owner && !(kills_priv_only && Self::permits(&i, who, 2)) {
             return err(
                 FsErrorKind::NotPermitted,
                 "only the owner may change the mode",

@@ -87,6 +87,15 @@ impl OpenFiles {
         }
     }
 
+    /// Whether `handle` is counted open on `fid`.
+    pub fn holds(&self, fid: Fid, handle: OpenHandle) -> bool {
+        self.table
+            .lock()
+            .files
+            .get(&fid)
+            .is_some_and(|h| h.contains(&handle))
+    }
+
     pub fn is_open(&self, fid: Fid) -> bool {
         self.table.lock().files.contains_key(&fid)
     }

@@ -45,6 +45,12 @@ pub struct MdsConfig {
     /// The clock stamped on changes; the wall clock when `None` (a simulation gives its
     /// virtual one, so that a seed replays exactly).
     pub clock: Option<crate::store::Clock>,
+    /// Whom the MDS trusts with root, and how client nodes' identities map.
+    pub nodemap: crate::identity::Nodemap,
+    /// How long a capability lasts.
+    pub capability_lifetime: Duration,
+    /// Where the audit log goes, if anywhere.
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -60,6 +66,9 @@ impl std::fmt::Debug for MdsConfig {
             .field("commit", &self.commit)
             .field("instance", &self.instance)
             .field("clock", &self.clock.as_ref().map(|_| "custom"))
+            .field("nodemap", &self.nodemap)
+            .field("capability_lifetime", &self.capability_lifetime)
+            .field("audit", &self.audit)
             .finish()
     }
 }
@@ -83,6 +92,9 @@ impl MdsConfig {
             commit: CommitMode::Thread,
             instance: None,
             clock: None,
+            nodemap: crate::identity::Nodemap::default(),
+            capability_lifetime: crate::identity::CAPABILITY_LIFETIME,
+            audit: None,
         }
     }
 }
@@ -97,6 +109,11 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("attaching to the network: {0}")]
     Net(#[from] NetError),
+    #[error("opening the audit log {path}: {source}")]
+    Audit {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A running MDS. Dropping it without [`MdsServer::stop`] leaves its tasks to the runtime.
@@ -144,7 +161,30 @@ impl MdsServer {
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
             .recovering(window, cfg.evict_after);
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
-        let service = MdsService::new(registry.clone(), store.clone(), alloc, instance);
+        let granter = crate::identity::Granter {
+            key: at.capability_key(),
+            lifetime: cfg.capability_lifetime,
+        };
+        let audit = match &cfg.audit {
+            Some(a) => Some(Arc::new(crate::audit::Audit::open(a.clone()).map_err(
+                |source| ServerError::Audit {
+                    path: a.path.clone(),
+                    source,
+                },
+            )?)),
+            None => None,
+        };
+        let service = MdsService::new(
+            registry.clone(),
+            store.clone(),
+            alloc,
+            instance,
+            crate::service::Policy {
+                nodemap: cfg.nodemap.clone(),
+                granter,
+                audit,
+            },
+        );
         let net = match at.serve(service).await {
             Ok(net) => net,
             Err(e) => {

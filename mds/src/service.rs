@@ -1,7 +1,9 @@
 //! The metadata service as the network sees it: the registry of targets and the namespace.
 //!
-//! Callers state their own uid and groups, as NFS's AUTH_SYS and Lustre without Kerberos do:
-//! the MDS trusts the client node to tell the truth about its users.
+//! Callers state their own uid and groups, as NFS's AUTH_SYS and Lustre without Kerberos do;
+//! the nodemap ([`crate::identity`]) decides what that claim is worth from the node it comes
+//! from (root squashed unless the node is trusted). Only servers may register or heartbeat
+//! targets. Opens come with capabilities for the file's objects.
 
 use std::sync::Arc;
 
@@ -15,6 +17,8 @@ use proto::{FsErrorKind, RemoteError, StatusCode};
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
 
 use crate::alloc::Allocator;
+use crate::audit::Audit;
+use crate::identity::{Granter, Nodemap};
 use crate::namespace::{Applied, Decision, NsError};
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
@@ -29,6 +33,26 @@ pub struct MdsService {
     alloc: Arc<Allocator>,
     /// This run of the MDS, as pings answer it.
     instance: u64,
+    nodemap: Nodemap,
+    granter: Granter,
+    audit: Option<Arc<Audit>>,
+}
+
+/// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
+/// and the audit log.
+pub struct Policy {
+    pub nodemap: Nodemap,
+    pub granter: Granter,
+    pub audit: Option<Arc<Audit>>,
+}
+
+/// What an audit record says of an operation before it runs.
+struct Audited {
+    op: &'static str,
+    fid: Option<proto::Fid>,
+    path: Option<String>,
+    to: Option<String>,
+    detail: Option<String>,
 }
 
 fn ns_error(e: NsError) -> RemoteError {
@@ -49,13 +73,180 @@ impl MdsService {
         store: Arc<Store>,
         alloc: Arc<Allocator>,
         instance: u64,
+        policy: Policy,
     ) -> Arc<Self> {
         Arc::new(MdsService {
             registry,
             store,
             alloc,
             instance: instance.max(1),
+            nodemap: policy.nodemap,
+            granter: policy.granter,
+            audit: policy.audit,
         })
+    }
+
+    /// The path of entry `name` of directory `parent`, for the audit log.
+    fn entry_path(ns: &crate::namespace::Namespace, parent: proto::Fid, name: &[u8]) -> String {
+        let dir = ns.dir_path(parent).unwrap_or_else(|| parent.to_string());
+        let name = String::from_utf8_lossy(name);
+        if dir.ends_with('/') {
+            format!("{dir}{name}")
+        } else {
+            format!("{dir}/{name}")
+        }
+    }
+
+    /// What the audit log records of a mutation, read before it is applied (a removed entry
+    /// has no path after); `None` for what is not audited.
+    fn audited(&self, m: &Mutation) -> Option<Audited> {
+        self.audit.as_ref()?;
+        let a = |op, fid, path, to, detail| {
+            Some(Audited {
+                op,
+                fid,
+                path,
+                to,
+                detail,
+            })
+        };
+        self.store.read(|ns| match m {
+            Mutation::Create {
+                parent, name, kind, ..
+            } => {
+                let op = match kind {
+                    Kind::Dir => "mkdir",
+                    Kind::Symlink => "symlink",
+                    Kind::File => "create",
+                    _ => "mknod",
+                };
+                a(
+                    op,
+                    None,
+                    Some(Self::entry_path(ns, *parent, name)),
+                    None,
+                    None,
+                )
+            }
+            Mutation::Link { fid, parent, name } => a(
+                "link",
+                Some(*fid),
+                Some(Self::entry_path(ns, *parent, name)),
+                None,
+                None,
+            ),
+            Mutation::Unlink { parent, name, dir } => {
+                let fid = ns.lookup(*parent, name, &Creds::root()).ok().map(|i| i.fid);
+                let op = if *dir { "rmdir" } else { "unlink" };
+                a(
+                    op,
+                    fid,
+                    Some(Self::entry_path(ns, *parent, name)),
+                    None,
+                    None,
+                )
+            }
+            Mutation::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => {
+                let fid = ns.lookup(*parent, name, &Creds::root()).ok().map(|i| i.fid);
+                a(
+                    "rename",
+                    fid,
+                    Some(Self::entry_path(ns, *parent, name)),
+                    Some(Self::entry_path(ns, *new_parent, new_name)),
+                    None,
+                )
+            }
+            Mutation::Setattr { fid, attr } => {
+                let mut what = vec![];
+                if let Some(m) = attr.mode {
+                    what.push(format!("mode={m:o}"));
+                }
+                if let Some(u) = attr.uid {
+                    what.push(format!("uid={u}"));
+                }
+                if let Some(g) = attr.gid {
+                    what.push(format!("gid={g}"));
+                }
+                if let Some(sz) = attr.size {
+                    what.push(format!("size={sz}"));
+                }
+                if attr.atime.is_some() || attr.mtime.is_some() || attr.times_now {
+                    what.push("times".into());
+                }
+                a(
+                    "setattr",
+                    Some(*fid),
+                    ns.dir_path(*fid),
+                    None,
+                    Some(what.join(" ")),
+                )
+            }
+            Mutation::SetXattr { fid, name, .. } | Mutation::RemoveXattr { fid, name } => a(
+                "setxattr",
+                Some(*fid),
+                ns.dir_path(*fid),
+                None,
+                Some(name.clone()),
+            ),
+            Mutation::SetLayout { fid, .. } => {
+                a("setstripe", Some(*fid), ns.dir_path(*fid), None, None)
+            }
+            // Writers' size reports and the MDS's own bookkeeping.
+            Mutation::GrowSize { .. } | Mutation::Destroyed { .. } => None,
+        })
+    }
+
+    /// Writes an audit record for `req`'s caller.
+    fn record<T>(
+        &self,
+        req: &Incoming,
+        creds: &Creds,
+        what: Audited,
+        fid: Option<proto::Fid>,
+        out: &Result<T, RemoteError>,
+    ) {
+        let Some(audit) = &self.audit else { return };
+        let result = match out {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => match e.code {
+                StatusCode::Fs(k) => format!("{k:?}"),
+                other => format!("{other:?}"),
+            },
+        };
+        audit.record(&crate::audit::Record {
+            time: crate::audit::now(),
+            op: what.op,
+            node: req.from.to_string(),
+            role: match req.role {
+                lnet::auth::Role::Client => "client",
+                lnet::auth::Role::Server => "server",
+            },
+            uid: creds.uid,
+            gid: creds.gid,
+            fid: what.fid.or(fid).map(|f| f.to_string()),
+            path: what.path,
+            to: what.to,
+            detail: what.detail,
+            result,
+        });
+    }
+
+    /// Registering and heartbeating targets is for servers, which hold the cluster key.
+    fn server_only(&self, req: &Incoming) -> Result<(), RemoteError> {
+        if req.role == lnet::auth::Role::Server {
+            return Ok(());
+        }
+        tracing::warn!(peer = %req.from, opcode = ?req.opcode, "a client asked for a server's operation");
+        Err(RemoteError::new(
+            StatusCode::Fs(FsErrorKind::NotPermitted),
+            format!("{:?} is for servers only", req.opcode),
+        ))
     }
 
     /// A layout with objects for a new file, from `template` (or the default), when there are
@@ -163,8 +354,12 @@ impl MdsService {
 
     async fn dispatch(&self, req: Incoming) -> Result<Vec<u8>, RemoteError> {
         match req.opcode {
-            opcodes::MDS_REGISTER_TARGETS => self.register(req.decode()?),
+            opcodes::MDS_REGISTER_TARGETS => {
+                self.server_only(&req)?;
+                self.register(req.decode()?)
+            }
             opcodes::MDS_HEARTBEAT => {
+                self.server_only(&req)?;
                 let r: Heartbeat = req.decode()?;
                 self.registry.heartbeat(&r.oss, &r.targets);
                 reply::<Heartbeat>(&HeartbeatAck {})
@@ -176,18 +371,55 @@ impl MdsService {
                 })
             }
             opcodes::MDS_REINT => {
-                let r: MdsReint = req.decode()?;
-                self.reint(r).await
+                let mut r: MdsReint = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
+                let creds = r.creds.clone();
+                let audited = self.audited(&r.mutation);
+                let out = self.reint(r).await;
+                if let Some(what) = audited {
+                    let made = out
+                        .as_ref()
+                        .ok()
+                        .and_then(|b| proto::msg::decode_body::<MdsReintReply>(b).ok())
+                        .and_then(|r| r.inode.map(|i| i.fid));
+                    self.record(&req, &creds, what, made, &out);
+                }
+                out
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
+                let creds = self.nodemap.map(&req, r.creds);
                 let inode = self
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
+                // The same open again: a resend, or capabilities renewed.
+                let again = self.alloc.open.holds(r.fid, r.handle);
                 self.count_open(r.fid, r.handle)?;
                 let size_gen = self.store.size_gen(r.fid);
-                reply::<MdsOpen>(&MdsOpened { inode, size_gen })
+                let grant = self.granter.grant(&inode, &creds, false);
+                if self.audit.is_some() {
+                    let mut access = vec![];
+                    if grant.rights & proto::capa::READ != 0 {
+                        access.push("read");
+                    }
+                    if grant.rights & proto::capa::WRITE != 0 {
+                        access.push("write");
+                    }
+                    let what = Audited {
+                        op: if again { "renew" } else { "open" },
+                        fid: Some(r.fid),
+                        path: r.path.clone(),
+                        to: None,
+                        detail: Some(format!("granted {}", access.join("+"))),
+                    };
+                    self.record(&req, &creds, what, None, &Ok::<(), RemoteError>(()));
+                }
+                reply::<MdsOpen>(&MdsOpened {
+                    inode,
+                    size_gen,
+                    grant,
+                })
             }
             opcodes::MDS_CLOSE => {
                 let r: MdsClose = req.decode()?;
@@ -210,7 +442,8 @@ impl MdsService {
                 self.statfs()
             }
             opcodes::MDS_LOOKUP => {
-                let r: MdsLookup = req.decode()?;
+                let mut r: MdsLookup = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
                 let inode = self
                     .store
                     .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
@@ -225,7 +458,11 @@ impl MdsService {
                     .map_err(ns_error)?;
                 reply::<MdsGetattr>(&MdsInode { inode })
             }
-            opcodes::MDS_READDIR => self.readdir(req.decode()?),
+            opcodes::MDS_READDIR => {
+                let mut r: MdsReaddir = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
+                self.readdir(r)
+            }
             other => Err(RemoteError::new(
                 StatusCode::NoService,
                 format!("the MDS does not serve {other:?}"),
@@ -316,7 +553,32 @@ impl MdsService {
     /// One mutation: decided in the namespace first (a resend is answered as then, an
     /// `O_CREAT` of an existing file opens it without a change), objects taken only for a
     /// change that goes ahead, the open counted with it when asked.
-    async fn reint(&self, r: MdsReint) -> Result<Vec<u8>, RemoteError> {
+    async fn reint(&self, mut r: MdsReint) -> Result<Vec<u8>, RemoteError> {
+        // A change of size or times through an open handle needs no permission now: the open
+        // was the check (ftruncate of a file created with mode 0).
+        let by_handle = match (&r.mutation, r.open) {
+            (Mutation::GrowSize { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
+            (Mutation::Setattr { fid, attr }, Some(h)) => {
+                let only_size_and_times = attr.mode.is_none()
+                    && attr.uid.is_none()
+                    && attr.gid.is_none()
+                    && (attr.times_now || (attr.atime.is_none() && attr.mtime.is_none()));
+                only_size_and_times && self.alloc.open.holds(*fid, h)
+            }
+            _ => false,
+        };
+        if by_handle {
+            r.creds = Creds::root();
+        }
+        // Only a create counts an open; a handle on a size or times change names the open
+        // that allows it.
+        let opens = r.open.filter(|_| {
+            !matches!(
+                r.mutation,
+                Mutation::Setattr { .. } | Mutation::GrowSize { .. }
+            )
+        });
+        let creds = r.creds.clone();
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
@@ -326,10 +588,14 @@ impl MdsService {
                     .inode
                     .as_ref()
                     .map_or(0, |i| self.store.size_gen(i.fid));
+                let grant = opens
+                    .and(done.inode.as_ref())
+                    .map(|i| self.granter.grant(i, &creds, true));
                 return reply::<MdsReint>(&MdsReintReply {
                     inode: done.inode,
                     created: true,
                     size_gen,
+                    grant,
                 });
             }
             Decision::Opens(inode) => (Some(inode), false),
@@ -340,16 +606,21 @@ impl MdsService {
                 (applied.inode, true)
             }
         };
-        if let Some(handle) = r.open {
+        if let Some(handle) = opens {
             if let Some(i) = inode.as_ref().filter(|i| i.kind == Kind::File) {
                 self.count_open(i.fid, handle)?;
             }
         }
         let size_gen = inode.as_ref().map_or(0, |i| self.store.size_gen(i.fid));
+        let grant = match (opens, &inode) {
+            (Some(_), Some(i)) => Some(self.granter.grant(i, &creds, created)),
+            _ => None,
+        };
         reply::<MdsReint>(&MdsReintReply {
             inode,
             created,
             size_gen,
+            grant,
         })
     }
 

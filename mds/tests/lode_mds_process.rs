@@ -5,14 +5,31 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use lnet::auth::{KeyFile, Keyring, Security};
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
-use proto::registry::{ListTargets, RegisterTargets, TargetReport};
+use proto::registry::{Heartbeat, ListTargets, RegisterTargets, TargetReport};
 use proto::Nid;
 
+/// The cluster key of the test's cluster, in `dir`'s parent (made once).
+fn key_for(dir: &std::path::Path) -> (std::path::PathBuf, KeyFile) {
+    let path = dir.with_extension("key");
+    if !path.exists() {
+        KeyFile::generate().unwrap().save_new(&path).unwrap();
+    }
+    let key = KeyFile::load(&path).unwrap();
+    (path, key)
+}
+
 fn start(dir: &std::path::Path, listen: &str) -> (Child, Option<Nid>) {
+    let (key, _) = key_for(dir);
     let mut child = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
         .args(["--data-dir", dir.to_str().unwrap(), "--listen", listen])
+        .arg("--key")
+        .arg(&key)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -40,8 +57,49 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by process"));
 
-    let c = TcpEndpoint::client(TcpConfig::default());
+    // A storage server's part: it holds the cluster key.
+    let (_, key) = key_for(&dir);
+    let keys = Arc::new(Keyring::new(&key));
+    let c = TcpEndpoint::client(TcpConfig {
+        security: Security::server(keys.clone(), false).unwrap(),
+        ..TcpConfig::default()
+    });
     let t = Duration::from_secs(10);
+    // A client key cannot register or heartbeat a target; no key gets nothing.
+    let client_key = Arc::new(Keyring::new(&key.client_key()));
+    let as_client = TcpEndpoint::client(TcpConfig {
+        security: Security::client(client_key, false),
+        ..TcpConfig::default()
+    });
+    let forged = TargetReport {
+        index: Some(0),
+        uuid: 7,
+        total: 10,
+        free: 5,
+    };
+    let hijack = RegisterTargets {
+        oss: "127.0.0.1:6666@tcp".parse().unwrap(),
+        targets: vec![forged.clone()],
+    };
+    let err = call(&as_client, &nid, &hijack, t).await.unwrap_err();
+    assert!(err.to_string().contains("servers only"), "{err}");
+    let beat = Heartbeat {
+        oss: "127.0.0.1:6666@tcp".parse().unwrap(),
+        targets: vec![forged],
+    };
+    let err = call(&as_client, &nid, &beat, t).await.unwrap_err();
+    assert!(err.to_string().contains("servers only"), "{err}");
+    let nobody = TcpEndpoint::client(TcpConfig::default());
+    let err = call(&nobody, &nid, &ListTargets {}, t).await.unwrap_err();
+    assert!(matches!(err, lnet::NetError::Refused { .. }), "{err}");
+    let stranger = TcpEndpoint::client(TcpConfig {
+        security: Security::client(Arc::new(Keyring::new(&KeyFile::generate().unwrap())), false),
+        ..TcpConfig::default()
+    });
+    let err = call(&stranger, &nid, &ListTargets {}, t).await.unwrap_err();
+    assert!(matches!(err, lnet::NetError::Refused { .. }), "{err}");
+    let listed = call(&as_client, &nid, &ListTargets {}, t).await.unwrap();
+    assert!(listed.targets.is_empty(), "nothing was registered");
     let oss: Nid = "127.0.0.1:9999@tcp".parse().unwrap();
     let reports = vec![TargetReport {
         index: None,
@@ -72,6 +130,7 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     again.kill().unwrap();
     again.wait().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.with_extension("key"));
 }
 
 #[test]
@@ -80,11 +139,35 @@ fn a_config_file_sets_what_flags_do_not_and_typos_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("mds.toml");
+    let key = dir.join("cluster.key");
+    KeyFile::generate().unwrap().save_new(&key).unwrap();
+    let base = format!(
+        "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\ncheckpoint_mib = 8\n",
+        dir.join("data")
+    );
+    let refused = |text: String, why: &str| {
+        std::fs::write(&conf, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+            .args(["--config", conf.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && err.contains(why), "{err}");
+    };
+    // Without a key and without turning authentication off explicitly, it does not start.
+    refused(base.clone(), "lode key new");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    refused(format!("{base}key_file = {key:?}\n"), "chmod 600");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused(
+        format!("{base}key_file = {key:?}\ntrusted_nodes = [\"10.0.0.0/40\"]\n"),
+        "prefix",
+    );
     std::fs::write(
         &conf,
         format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\ncheckpoint_mib = 8\n",
-            dir.join("data")
+            "{base}key_file = {key:?}\ntrusted_nodes = [\"127.0.0.1\"]\n\
+             [[nodemap]]\nnodes = [\"10.1.0.0/16\"]\nuids = [[1000, 5000]]\n"
         ),
     )
     .unwrap();

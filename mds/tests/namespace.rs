@@ -863,3 +863,30 @@ fn a_create_is_decided_before_anything_is_allocated_for_it() {
         libc::EACCES
     );
 }
+
+#[test]
+fn a_writer_who_is_not_the_owner_may_clear_set_id_bits_and_nothing_else() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let f = fs.create(ROOT, "f", Kind::File, &root).unwrap();
+    let mode = |m| Mutation::Setattr {
+        fid: f.fid,
+        attr: SetAttr {
+            mode: Some(m),
+            ..Default::default()
+        },
+    };
+    // Owned by root, setuid and setgid, writable by everyone.
+    fs.run(mode(0o6777), &root).unwrap();
+    let bob = user(1000);
+    // Anything but dropping the set-ID bits is the owner's business.
+    assert_eq!(fs.errno(mode(0o6755), &bob), libc::EPERM);
+    assert_eq!(fs.errno(mode(0o0700), &bob), libc::EPERM);
+    let after = fs.run(mode(0o0777), &bob).unwrap().inode.unwrap();
+    assert_eq!(after.mode & 0o7777, 0o0777);
+    // Once cleared, there is nothing left for a non-owner to change.
+    assert_eq!(fs.errno(mode(0o0777), &bob), libc::EPERM);
+    // A reader who may not write may not clear them either.
+    fs.run(mode(0o6744), &root).unwrap();
+    assert_eq!(fs.errno(mode(0o0744), &bob), libc::EPERM);
+}

@@ -111,7 +111,10 @@ impl OssServer {
                 return Err(e);
             }
         };
-        slot.set(OssService::new(targets.iter().cloned()));
+        slot.set(OssService::new(
+            targets.iter().cloned(),
+            at.capability_key(),
+        ));
         let indices: Vec<u32> = targets.iter().map(|t| t.index()).collect();
         tracing::info!(nid = %net.nid(), ?indices, "storage server serving");
         Ok(OssServer {

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use lnet::auth::capability::{CapabilityKey, READ, WRITE};
+use lnet::auth::Role;
 use lnet::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
 use lnet::NetError;
 use proto::msg::opcodes;
@@ -16,13 +18,59 @@ use crate::target::Target;
 /// Serves OST requests for a set of targets, by index.
 pub struct OssService {
     targets: BTreeMap<u32, Arc<Target>>,
+    /// Checks clients' capabilities; `None` when authentication is off.
+    capability: Option<CapabilityKey>,
 }
 
 impl OssService {
-    pub fn new(targets: impl IntoIterator<Item = Arc<Target>>) -> Arc<Self> {
+    pub fn new(
+        targets: impl IntoIterator<Item = Arc<Target>>,
+        capability: Option<CapabilityKey>,
+    ) -> Arc<Self> {
         Arc::new(OssService {
             targets: targets.into_iter().map(|t| (t.index(), t)).collect(),
+            capability,
         })
+    }
+
+    /// Object I/O from a client needs a capability of the MDS for that very object, with the
+    /// rights asked for, not expired. Servers hold the key that signs them and need none.
+    fn authorize(
+        &self,
+        req: &Incoming,
+        capa: Option<&proto::capa::Capability>,
+        target: u32,
+        fid: proto::Fid,
+        need: u8,
+    ) -> Result<(), RemoteError> {
+        let Some(key) = &self.capability else {
+            return Ok(());
+        };
+        if req.role == Role::Server {
+            return Ok(());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        key.check(capa, target, fid, need, now).map_err(|e| {
+            tracing::debug!(peer = %req.from, %fid, target, error = %e, "object access refused");
+            RemoteError::new(
+                StatusCode::Fs(proto::FsErrorKind::AccessDenied),
+                format!("object {fid} on target {target}: {e}"),
+            )
+        })
+    }
+
+    /// Creating and destroying objects is the MDS's business: a client may not.
+    fn server_only(&self, req: &Incoming) -> Result<(), RemoteError> {
+        if req.role == Role::Server {
+            return Ok(());
+        }
+        tracing::warn!(peer = %req.from, opcode = ?req.opcode, "a client asked for a server's operation");
+        Err(RemoteError::new(
+            StatusCode::Fs(proto::FsErrorKind::NotPermitted),
+            format!("{:?} is for servers only", req.opcode),
+        ))
     }
 
     fn target(&self, index: u32) -> Result<&Arc<Target>, RemoteError> {
@@ -37,12 +85,8 @@ impl OssService {
     /// Data pulled from the client, its checksum verified before the target sees a byte.
     async fn write(&self, r: OstWrite, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
         let target = self.target(r.target)?;
-        if r.desc.crc32c.is_none() {
-            return Err(RemoteError::new(
-                StatusCode::BadRequest,
-                "a write's descriptor must carry its crc32c",
-            ));
-        }
+        // A descriptor with a crc32c is checked against it on arrival (end to end); one
+        // without (GPU memory the client cannot read) is checksummed here, on receipt.
         let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
         let size = target
             .write(r.fid, r.offset, &data, r.sync, r.stamp)
@@ -59,6 +103,7 @@ impl OssService {
         let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
         let size = target.size(r.fid).await?;
         let bytes = data.len() as u32;
+        let crc32c = Some(crc32c::crc32c(&data));
         if bytes > 0 {
             let desc = BulkDesc {
                 len: bytes,
@@ -66,7 +111,11 @@ impl OssService {
             };
             bulk.put(&desc, data).await.map_err(bulk_error)?;
         }
-        reply::<OstRead>(&OstReadDone { bytes, size })
+        reply::<OstRead>(&OstReadDone {
+            bytes,
+            size,
+            crc32c,
+        })
     }
 
     async fn dispatch(
@@ -76,6 +125,7 @@ impl OssService {
     ) -> Result<Vec<u8>, RemoteError> {
         match req.opcode {
             opcodes::OST_PRECREATE => {
+                self.server_only(&req)?;
                 let r: OstPrecreate = req.decode()?;
                 let first = self.target(r.target)?.precreate(r.count).await?;
                 reply::<OstPrecreate>(&OstPrecreated {
@@ -83,15 +133,31 @@ impl OssService {
                     count: r.count,
                 })
             }
-            opcodes::OST_WRITE => self.write(req.decode()?, bulk).await,
-            opcodes::OST_READ => self.read(req.decode()?, bulk).await,
+            opcodes::OST_WRITE => {
+                let r: OstWrite = req.decode()?;
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, WRITE)?;
+                self.write(r, bulk).await
+            }
+            opcodes::OST_READ => {
+                let r: OstRead = req.decode()?;
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, READ)?;
+                self.read(r, bulk).await
+            }
             opcodes::OST_TRUNCATE => {
                 let r: OstTruncate = req.decode()?;
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, WRITE)?;
                 self.target(r.target)?.truncate(r.fid, r.size).await?;
                 reply::<OstTruncate>(&OstDone {})
             }
             opcodes::OST_PUNCH => {
                 let r: OstPunch = req.decode()?;
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, WRITE)?;
+                if r.len > MAX_PUNCH {
+                    return Err(RemoteError::new(
+                        StatusCode::Invalid,
+                        format!("a punch covers at most {MAX_PUNCH} bytes, not {}", r.len),
+                    ));
+                }
                 let target = self.target(r.target)?;
                 target.punch(r.fid, r.offset, r.len).await?;
                 reply::<OstPunch>(&OstAck {
@@ -99,17 +165,21 @@ impl OssService {
                 })
             }
             opcodes::OST_DESTROY => {
+                self.server_only(&req)?;
                 let r: OstDestroy = req.decode()?;
                 self.target(r.target)?.destroy(r.fid).await?;
                 reply::<OstDestroy>(&OstDone {})
             }
             opcodes::OST_GETATTR => {
                 let r: OstGetattr = req.decode()?;
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, READ)?;
                 let size = self.target(r.target)?.size(r.fid).await?;
                 reply::<OstGetattr>(&OstAttr { size })
             }
             opcodes::OST_SYNC => {
                 let r: OstSync = req.decode()?;
+                // Syncing changes nothing: a handle open for reading may sync (fsync(2)).
+                self.authorize(&req, r.capa.as_ref(), r.target, r.fid, READ)?;
                 let target = self.target(r.target)?;
                 target.sync(r.fid).await?;
                 reply::<OstSync>(&OstAck {
@@ -126,6 +196,7 @@ impl OssService {
                 })
             }
             opcodes::OST_DESTROY_ABOVE => {
+                self.server_only(&req)?;
                 let r: OstDestroyAbove = req.decode()?;
                 let destroyed = self.target(r.target)?.destroy_above(r.keep_up_to).await?;
                 reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })

@@ -4,6 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lnet::auth::capability::{READ, WRITE};
+use lnet::auth::{CapabilityKey, KeyFile, Keyring, Security};
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{call, NetError, Transport};
 use oss::engine::mem::MemEngine;
@@ -15,21 +17,35 @@ use proto::{BulkDesc, Fid, Nid, StatusCode};
 
 const T: Duration = Duration::from_secs(10);
 
-async fn oss() -> (TcpEndpoint, Nid, TcpEndpoint) {
+/// A storage server with one target, authenticating with `key`, and an endpoint of its own
+/// cluster acting as a server (the MDS's role).
+async fn oss_with(key: &KeyFile) -> (TcpEndpoint, Nid, TcpEndpoint) {
     let engine: Arc<dyn Engine> = Arc::new(MemEngine::new(1 << 30));
     Target::format(&engine, Path::new("/ost7"), 107, Some(7))
         .await
         .unwrap();
     let target = Arc::new(Target::open(engine, Path::new("/ost7")).await.unwrap());
+    let keys = Arc::new(Keyring::new(key));
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse().unwrap(),
-        OssService::new([target]),
-        TcpConfig::default(),
+        OssService::new([target], CapabilityKey::of(&keys)),
+        TcpConfig {
+            security: Security::server(keys.clone(), false).unwrap(),
+            ..TcpConfig::default()
+        },
     )
     .await
     .unwrap();
     let nid = server.nid();
-    (server, nid, TcpEndpoint::client(TcpConfig::default()))
+    let as_server = TcpEndpoint::client(TcpConfig {
+        security: Security::server(keys, false).unwrap(),
+        ..TcpConfig::default()
+    });
+    (server, nid, as_server)
+}
+
+async fn oss() -> (TcpEndpoint, Nid, TcpEndpoint) {
+    oss_with(&KeyFile::generate().unwrap()).await
 }
 
 fn code(e: NetError) -> StatusCode {
@@ -58,6 +74,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
     let src = c.register(data.clone()).unwrap();
     let w = OstWrite {
+        capa: None,
         target: 7,
         fid,
         offset: 1000,
@@ -72,6 +89,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
 
     let dst = c.register(vec![0u8; 4 << 20]).unwrap();
     let r = OstRead {
+        capa: None,
         target: 7,
         fid,
         offset: 1000,
@@ -92,6 +110,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         &c,
         &nid,
         &OstTruncate {
+            capa: None,
             target: 7,
             fid,
             size: 10,
@@ -101,16 +120,26 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     .await
     .unwrap();
     assert_eq!(
-        call(&c, &nid, &OstGetattr { target: 7, fid }, T)
-            .await
-            .unwrap()
-            .size,
+        call(
+            &c,
+            &nid,
+            &OstGetattr {
+                target: 7,
+                fid,
+                capa: None
+            },
+            T
+        )
+        .await
+        .unwrap()
+        .size,
         10
     );
     call(
         &c,
         &nid,
         &OstPunch {
+            capa: None,
             target: 7,
             fid,
             offset: 0,
@@ -120,17 +149,35 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     )
     .await
     .unwrap();
-    call(&c, &nid, &OstSync { target: 7, fid }, T)
-        .await
-        .unwrap();
+    call(
+        &c,
+        &nid,
+        &OstSync {
+            target: 7,
+            fid,
+            capa: None,
+        },
+        T,
+    )
+    .await
+    .unwrap();
     let space = call(&c, &nid, &OstStatfs { target: 7 }, T).await.unwrap();
     assert!(space.index == 7 && space.free < space.total);
     call(&c, &nid, &OstDestroy { target: 7, fid }, T)
         .await
         .unwrap();
-    let err = call(&c, &nid, &OstGetattr { target: 7, fid }, T)
-        .await
-        .unwrap_err();
+    let err = call(
+        &c,
+        &nid,
+        &OstGetattr {
+            target: 7,
+            fid,
+            capa: None,
+        },
+        T,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(code(err), StatusCode::NotFound);
 }
 
@@ -161,6 +208,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 7,
             fid,
             offset: 0,
@@ -173,27 +221,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
     .await
     .unwrap_err();
     assert_eq!(code(err), StatusCode::Checksum);
-    // A write without a checksum, a descriptor past the region, an unknown key.
-    let unchecked = BulkDesc {
-        crc32c: None,
-        ..good.clone()
-    };
-    let err = call(
-        &c,
-        &nid,
-        &OstWrite {
-            target: 7,
-            fid,
-            offset: 0,
-            desc: unchecked,
-            sync: false,
-            stamp: Default::default(),
-        },
-        T,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code(err), StatusCode::BadRequest);
+    // A descriptor past the region, an unknown key.
     let past = BulkDesc {
         offset: 4096,
         ..good.clone()
@@ -202,6 +230,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 7,
             fid,
             offset: 0,
@@ -222,6 +251,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 7,
             fid,
             offset: 0,
@@ -235,19 +265,52 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
     .unwrap_err();
     assert_eq!(code(err), StatusCode::Bulk);
     assert_eq!(
-        call(&c, &nid, &OstGetattr { target: 7, fid }, T)
-            .await
-            .unwrap()
-            .size,
+        call(
+            &c,
+            &nid,
+            &OstGetattr {
+                target: 7,
+                fid,
+                capa: None
+            },
+            T
+        )
+        .await
+        .unwrap()
+        .size,
         0,
         "nothing was stored"
     );
+    // A write without a checksum (from GPU memory the client cannot read) is checksummed on
+    // receipt and stored.
+    let unchecked = BulkDesc {
+        crc32c: None,
+        ..good.clone()
+    };
+    let stored = call(
+        &c,
+        &nid,
+        &OstWrite {
+            capa: None,
+            target: 7,
+            fid,
+            offset: 0,
+            desc: unchecked,
+            sync: false,
+            stamp: Default::default(),
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored.size, 8192);
 
     // Offsets past the limits, unknown targets and objects, absurd precreates.
     let err = call(
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 7,
             fid,
             offset: u64::MAX - 10,
@@ -264,6 +327,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 8,
             fid,
             offset: 0,
@@ -281,6 +345,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &c,
         &nid,
         &OstWrite {
+            capa: None,
             target: 7,
             fid: ghost,
             offset: 0,
@@ -304,5 +369,198 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
     )
     .await
     .unwrap_err();
+    assert_eq!(code(err), StatusCode::Invalid);
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A client of the cluster (client key) reaches objects only with the MDS's capability for
+/// that very object, with the rights it grants, before it expires; it cannot create or destroy
+/// objects at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make() {
+    let key = KeyFile::generate().unwrap();
+    let (_s, nid, server) = oss_with(&key).await;
+    let created = call(
+        &server,
+        &nid,
+        &OstPrecreate {
+            target: 7,
+            count: 2,
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    let (fid, other) = (
+        created.first,
+        Fid::new(created.first.seq, created.first.oid + 1, 0),
+    );
+    let client = TcpEndpoint::client(TcpConfig {
+        security: Security::client(Arc::new(Keyring::new(&key.client_key())), false),
+        ..TcpConfig::default()
+    });
+    let denied =
+        |e: NetError| assert_eq!(code(e), StatusCode::Fs(proto::FsErrorKind::AccessDenied));
+    let not_permitted =
+        |e: NetError| assert_eq!(code(e), StatusCode::Fs(proto::FsErrorKind::NotPermitted));
+    // Servers' business.
+    not_permitted(
+        call(
+            &client,
+            &nid,
+            &OstPrecreate {
+                target: 7,
+                count: 1,
+            },
+            T,
+        )
+        .await
+        .unwrap_err(),
+    );
+    not_permitted(
+        call(&client, &nid, &OstDestroy { target: 7, fid }, T)
+            .await
+            .unwrap_err(),
+    );
+    not_permitted(
+        call(
+            &client,
+            &nid,
+            &OstDestroyAbove {
+                target: 7,
+                keep_up_to: 0,
+            },
+            T,
+        )
+        .await
+        .unwrap_err(),
+    );
+
+    let signer = CapabilityKey::of(&Keyring::new(&key)).unwrap();
+    let grant = signer.grant([(7, fid)], READ | WRITE, now() + 600);
+    let good = grant.for_object(7, fid).unwrap();
+    let data = vec![0x5au8; 8192];
+    let src = client.register(data.clone()).unwrap();
+    let write = |capa| OstWrite {
+        target: 7,
+        fid,
+        offset: 0,
+        desc: src.desc(0, 8192, true).unwrap(),
+        sync: false,
+        stamp: WriteStamp::default(),
+        capa,
+    };
+    // Missing, forged, for another object, expired, or without the right: refused.
+    denied(call(&client, &nid, &write(None), T).await.unwrap_err());
+    let mut forged = good;
+    forged.mac[0] ^= 1;
+    denied(
+        call(&client, &nid, &write(Some(forged)), T)
+            .await
+            .unwrap_err(),
+    );
+    let widened = proto::capa::Capability {
+        expiry: good.expiry + 3600,
+        ..good
+    };
+    denied(
+        call(&client, &nid, &write(Some(widened)), T)
+            .await
+            .unwrap_err(),
+    );
+    let for_other = signer
+        .grant([(7, other)], READ | WRITE, now() + 600)
+        .for_object(7, other)
+        .unwrap();
+    denied(
+        call(&client, &nid, &write(Some(for_other)), T)
+            .await
+            .unwrap_err(),
+    );
+    let expired = signer
+        .grant([(7, fid)], READ | WRITE, now() - 1)
+        .for_object(7, fid)
+        .unwrap();
+    denied(
+        call(&client, &nid, &write(Some(expired)), T)
+            .await
+            .unwrap_err(),
+    );
+    let read_only = signer
+        .grant([(7, fid)], READ, now() + 600)
+        .for_object(7, fid)
+        .unwrap();
+    denied(
+        call(&client, &nid, &write(Some(read_only)), T)
+            .await
+            .unwrap_err(),
+    );
+    let punch = OstPunch {
+        target: 7,
+        fid,
+        offset: 0,
+        len: 4096,
+        capa: Some(read_only),
+    };
+    denied(call(&client, &nid, &punch, T).await.unwrap_err());
+    let stranger = CapabilityKey::of(&Keyring::new(&KeyFile::generate().unwrap())).unwrap();
+    let foreign = stranger
+        .grant([(7, fid)], READ | WRITE, now() + 600)
+        .for_object(7, fid)
+        .unwrap();
+    denied(
+        call(&client, &nid, &write(Some(foreign)), T)
+            .await
+            .unwrap_err(),
+    );
+    // Nothing refused reached the object.
+    let size = call(
+        &server,
+        &nid,
+        &OstGetattr {
+            target: 7,
+            fid,
+            capa: None,
+        },
+        T,
+    )
+    .await
+    .unwrap()
+    .size;
+    assert_eq!(size, 0);
+
+    // The MDS's capability works for what it grants.
+    call(&client, &nid, &write(Some(good)), T).await.unwrap();
+    let dst = client.register(vec![0u8; 8192]).unwrap();
+    let read = OstRead {
+        target: 7,
+        fid,
+        offset: 0,
+        desc: dst.desc(0, 8192, false).unwrap(),
+        capa: Some(read_only),
+    };
+    assert_eq!(call(&client, &nid, &read, T).await.unwrap().bytes, 8192);
+    assert_eq!(dst.read(0, 8192).unwrap().as_slice(), &data[..]);
+    let read_other = OstGetattr {
+        target: 7,
+        fid: other,
+        capa: Some(read_only),
+    };
+    denied(call(&client, &nid, &read_other, T).await.unwrap_err());
+    // A request's work is bounded: a punch past the limit is refused, not carried out.
+    let huge = OstPunch {
+        target: 7,
+        fid,
+        offset: 0,
+        len: MAX_PUNCH + 1,
+        capa: Some(good),
+    };
+    let err = call(&client, &nid, &huge, T).await.unwrap_err();
     assert_eq!(code(err), StatusCode::Invalid);
 }

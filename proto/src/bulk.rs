@@ -25,6 +25,49 @@ impl BulkDesc {
     }
 }
 
+/// What one call lets its server do with the caller's memory: one range of one region, in one
+/// direction, for as long as the call is in flight. The caller's side refuses any other
+/// transfer, so a server reaches no buffer but the one its request named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BulkGrant {
+    pub key: u64,
+    pub offset: u64,
+    pub len: u32,
+    /// The server writes into the range (a read's data); otherwise it reads from it.
+    pub server_writes: bool,
+}
+
+impl BulkGrant {
+    /// The grant of a descriptor sent in a request.
+    pub fn of(desc: &BulkDesc, server_writes: bool) -> BulkGrant {
+        BulkGrant {
+            key: desc.key,
+            offset: desc.offset,
+            len: desc.len,
+            server_writes,
+        }
+    }
+
+    /// Whether a transfer of `len` bytes at `offset` of region `key`, writing or reading the
+    /// owner's memory, stays inside the grant.
+    pub fn covers(&self, key: u64, offset: u64, len: u64, write: bool) -> bool {
+        let end = offset.checked_add(len);
+        let grant_end = self.offset + u64::from(self.len);
+        key == self.key
+            && write == self.server_writes
+            && offset >= self.offset
+            && end.is_some_and(|e| e <= grant_end)
+    }
+}
+
+/// Body of a `BulkGet` frame: the range the server pulls, for the request `call` (the xid of
+/// the request being served; the frame's own xid tags the transfer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkGetHead {
+    pub call: u64,
+    pub desc: BulkDesc,
+}
+
 /// Body of a `BulkPut` frame: where in the owner's region the payload that follows goes.
 /// The frame's xid is the xid of the request being served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

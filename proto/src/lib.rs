@@ -5,6 +5,7 @@
 //! so every other crate (and every fuzz target) can use it without a runtime.
 
 pub mod bulk;
+pub mod capa;
 pub mod fid;
 pub mod frame;
 pub mod layout;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capa::Grant;
 use crate::layout::Layout;
 use crate::msg::{opcodes, Opcode, Rpc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -311,6 +312,8 @@ pub struct MdsReintReply {
     pub created: bool,
     /// The size generation of `inode` now: it moves on at every truncate (a size set).
     pub size_gen: u64,
+    /// With `open`: capabilities for the file's objects.
+    pub grant: Option<Grant>,
 }
 
 /// Looks up `name` in `parent`.
@@ -381,6 +384,11 @@ pub struct OpenHandle {
 pub struct MdsOpen {
     pub fid: Fid,
     pub handle: OpenHandle,
+    /// Who opens: the capability granted carries the access these credentials have.
+    pub creds: Creds,
+    /// The path the client opened, as it names it (for the audit log; the FID is what
+    /// counts).
+    pub path: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,6 +396,9 @@ pub struct MdsOpened {
     pub inode: Inode,
     /// The file's size generation now (see [`MdsReint::size_gen`]).
     pub size_gen: u64,
+    /// Capabilities for the file's objects, with the access the credentials have. Sending
+    /// the same open again renews them.
+    pub grant: Grant,
 }
 
 /// The matching close.

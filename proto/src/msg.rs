@@ -92,6 +92,11 @@ impl Opcode {
 pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     const OPCODE: Opcode;
     type Reply: Serialize + DeserializeOwned + Send + 'static;
+
+    /// The caller's memory the server may move bytes with while serving this request.
+    fn bulk(&self) -> Option<crate::bulk::BulkGrant> {
+        None
+    }
 }
 
 /// Encodes a body. Bodies are plain data, so this only fails on a body past [`crate::MAX_BODY`].
@@ -166,11 +171,17 @@ pub struct BulkDone {
 }
 
 impl Rpc for BulkRead {
+    fn bulk(&self) -> Option<crate::bulk::BulkGrant> {
+        Some(crate::bulk::BulkGrant::of(&self.desc, true))
+    }
     const OPCODE: Opcode = opcodes::BULK_READ;
     type Reply = BulkDone;
 }
 
 impl Rpc for BulkWrite {
+    fn bulk(&self) -> Option<crate::bulk::BulkGrant> {
+        Some(crate::bulk::BulkGrant::of(&self.desc, false))
+    }
     const OPCODE: Opcode = opcodes::BULK_WRITE;
     type Reply = BulkDone;
 }

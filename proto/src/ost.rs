@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bulk::BulkDesc;
+use crate::capa::Capability;
 use crate::msg::{opcodes, Opcode, Rpc};
 use crate::Fid;
 
@@ -34,6 +35,8 @@ pub struct OstWrite {
     /// Which client sent it, in what order: a write older than one it overlaps that the
     /// server already applied from the same client is refused (Stale), never applied late.
     pub stamp: WriteStamp,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
 /// A write's place in its client's order.
@@ -71,6 +74,8 @@ pub struct OstRead {
     pub fid: Fid,
     pub offset: u64,
     pub desc: BulkDesc,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +83,10 @@ pub struct OstReadDone {
     /// Bytes placed at the start of the descriptor's range.
     pub bytes: u32,
     pub size: u64,
+    /// The crc32c of the bytes placed, taken from the data the server read and verified
+    /// against its stored checksums: the client checks what landed against it (end to end)
+    /// wherever it can see the memory.
+    pub crc32c: Option<u32>,
 }
 
 /// Sets an object's size (durably).
@@ -86,15 +95,23 @@ pub struct OstTruncate {
     pub target: u32,
     pub fid: Fid,
     pub size: u64,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
-/// Deallocates a range of an object; it reads as zeros.
+/// The most bytes one [`OstPunch`] may deallocate: a request's work on the server is bounded
+/// (a larger hole is punched by several requests).
+pub const MAX_PUNCH: u64 = 4 << 30;
+
+/// Deallocates a range of an object (at most [`MAX_PUNCH`] bytes); it reads as zeros.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstPunch {
     pub target: u32,
     pub fid: Fid,
     pub offset: u64,
     pub len: u64,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +124,8 @@ pub struct OstDestroy {
 pub struct OstGetattr {
     pub target: u32,
     pub fid: Fid,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +138,8 @@ pub struct OstAttr {
 pub struct OstSync {
     pub target: u32,
     pub fid: Fid,
+    /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
+    pub capa: Option<Capability>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,8 +181,21 @@ macro_rules! rpc {
 }
 
 rpc!(OstPrecreate, opcodes::OST_PRECREATE, OstPrecreated);
-rpc!(OstWrite, opcodes::OST_WRITE, OstWritten);
-rpc!(OstRead, opcodes::OST_READ, OstReadDone);
+impl Rpc for OstWrite {
+    const OPCODE: Opcode = opcodes::OST_WRITE;
+    type Reply = OstWritten;
+    fn bulk(&self) -> Option<crate::bulk::BulkGrant> {
+        Some(crate::bulk::BulkGrant::of(&self.desc, false))
+    }
+}
+
+impl Rpc for OstRead {
+    const OPCODE: Opcode = opcodes::OST_READ;
+    type Reply = OstReadDone;
+    fn bulk(&self) -> Option<crate::bulk::BulkGrant> {
+        Some(crate::bulk::BulkGrant::of(&self.desc, true))
+    }
+}
 rpc!(OstTruncate, opcodes::OST_TRUNCATE, OstDone);
 rpc!(OstPunch, opcodes::OST_PUNCH, OstAck);
 rpc!(OstDestroy, opcodes::OST_DESTROY, OstDone);
@@ -198,17 +232,17 @@ mod tests {
             round_trips(OstPrecreate { target, count: len });
             round_trips(OstPrecreated { first: fid, count: len });
             let stamp = WriteStamp { client: u64::from(target), xid: offset, oldest: u64::from(len) };
-            round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync, stamp });
+            round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync, stamp, capa: None });
             round_trips(OstWritten { size: offset, epoch: offset });
             round_trips(OstAck { epoch: offset });
-            round_trips(OstRead { target, fid, offset, desc });
-            round_trips(OstReadDone { bytes: len, size: offset });
-            round_trips(OstTruncate { target, fid, size: offset });
-            round_trips(OstPunch { target, fid, offset, len: u64::from(len) });
+            round_trips(OstRead { target, fid, offset, desc, capa: Some(crate::capa::Capability { rights: 1, expiry: offset, mac: [len as u8; 16] }) });
+            round_trips(OstReadDone { bytes: len, size: offset, crc32c: crc });
+            round_trips(OstTruncate { target, fid, size: offset, capa: None });
+            round_trips(OstPunch { target, fid, offset, len: u64::from(len), capa: None });
             round_trips(OstDestroy { target, fid });
-            round_trips(OstGetattr { target, fid });
+            round_trips(OstGetattr { target, fid, capa: None });
             round_trips(OstAttr { size: offset });
-            round_trips(OstSync { target, fid });
+            round_trips(OstSync { target, fid, capa: None });
             round_trips(OstDone {});
             round_trips(OstStatfs { target });
             round_trips(TargetSpace { index: target, total, free });

@@ -5,6 +5,9 @@
     with fs.open("/data/shard-0000", "rb") as f:
         n = f.readinto(numpy_array)          # straight from the storage servers
     fs.read_ranges([("/data/a", 0, 4096), ("/data/b", 8192, 4096)], into=[buf1, buf2])
+    with fs.open("/data/shard-0001", "rb") as f:
+        f.readinto(cuda_tensor)              # into GPU memory, on the current stream
+        print(f.last_io)                     # {'path': 'staged', 'verified': 'end-to-end', ...}
 
 Errors are the exceptions Python code already catches: FileNotFoundError, FileExistsError,
 PermissionError, IsADirectoryError, NotADirectoryError, and OSError with its errno.
@@ -14,8 +17,9 @@ import io
 
 from ._lode import Filesystem as _Filesystem
 from ._lode import RawFile
+from ._lode import SimGpu
 
-__all__ = ["connect", "Filesystem", "File", "RawFile"]
+__all__ = ["connect", "Filesystem", "File", "RawFile", "SimGpu"]
 
 
 class File(io.RawIOBase):
@@ -41,8 +45,17 @@ class File(io.RawIOBase):
     def seekable(self):
         return True
 
-    def readinto(self, buffer):
-        return self._raw.readinto(buffer)
+    def readinto(self, buffer, path="auto"):
+        """Reads into host memory, or into GPU memory (a CUDA tensor, anything with
+        __cuda_array_interface__ or DLPack) on `path`: "auto" (direct where the transport
+        reaches GPU memory, else staged), "direct" (or an error) or "staged"."""
+        return self._raw.readinto(buffer, path)
+
+    @property
+    def last_io(self):
+        """What the last read or write of GPU memory did: bytes, path, verified,
+        staged_bytes, fallback."""
+        return self._raw.last_io
 
     def read(self, size=-1):
         return self._raw.read(-1 if size is None else size)
@@ -50,8 +63,8 @@ class File(io.RawIOBase):
     def readall(self):
         return self._raw.read(-1)
 
-    def write(self, data):
-        return self._raw.write(data)
+    def write(self, data, path="auto"):
+        return self._raw.write(data, path)
 
     def seek(self, offset, whence=io.SEEK_SET):
         return self._raw.seek(offset, whence)
@@ -85,8 +98,8 @@ class Filesystem:
     """A connection to one lode filesystem (its MDS address). Safe to share between threads;
     after fork (DataLoader workers) the child reconnects by itself on its first call."""
 
-    def __init__(self, address, timeout=60.0):
-        self._fs = _Filesystem(address, timeout)
+    def __init__(self, address, timeout=60.0, key=None, auth=True, privacy=False, gpu=None):
+        self._fs = _Filesystem(address, timeout, key, auth, privacy, gpu)
         self.address = address
 
     def open(self, path, mode="rb", buffering=0, stripe_count=None, stripe_size=None):
@@ -140,11 +153,11 @@ class Filesystem:
     def df(self):
         return self._fs.df()
 
-    def read_ranges(self, ranges, into=None, max_in_flight=256):
+    def read_ranges(self, ranges, into=None, max_in_flight=256, path="auto"):
         """Reads every (path, offset, length) at once; returns when all have landed. With
-        `into` (one writable buffer per range), fills them and returns the byte counts; else
-        returns a list of bytes."""
-        return self._fs.read_ranges(list(ranges), into, max_in_flight)
+        `into` (one writable buffer per range, host or GPU memory), fills them and returns
+        the byte counts; else returns a list of bytes. GPU buffers are read on `path`."""
+        return self._fs.read_ranges(list(ranges), into, max_in_flight, path)
 
     def read_bytes(self, path):
         with self.open(path, "rb") as f:
@@ -155,7 +168,15 @@ class Filesystem:
             f.write(data)
 
 
-def connect(address="127.0.0.1:9400", timeout=60.0):
+def connect(address="127.0.0.1:9400", timeout=60.0, key=None, auth=True, privacy=False,
+            gpu=None):
     """Connects to the lode filesystem whose MDS listens at `address` ("host:port"). Calls
-    keep being resent for `timeout` seconds while a server is unreachable or restarting."""
-    return Filesystem(address, timeout)
+    keep being resent for `timeout` seconds while a server is unreachable or restarting.
+
+    Connections authenticate with the key file `key` (default: $LODE_KEY, else
+    /etc/lode/client.key); `auth=False` connects without authentication, to a cluster that
+    runs without it. `privacy=True` also encrypts them.
+
+    GPU buffers belong to `gpu`: None or "auto" (CUDA if the driver is found, else none),
+    "cuda", "none", or a `lode.SimGpu` (a simulated GPU, for tests without one)."""
+    return Filesystem(address, timeout, key, auth, privacy, gpu)

@@ -2,6 +2,8 @@
 //! the GIL; reads land straight in the caller's buffer (a bytearray, a memoryview, a numpy
 //! array: anything with a contiguous writable buffer), with no copy on this side.
 
+mod device;
+
 use proto::FsErrorKind;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -166,6 +168,13 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
+/// Where one range of a batch read lands.
+#[derive(Clone)]
+enum Dest {
+    Host(Arc<View>),
+    Device(client::gpu::DeviceBuf, u64),
+}
+
 /// A connection to a lode filesystem.
 #[pyclass(module = "lode._lode", frozen)]
 struct Filesystem {
@@ -174,6 +183,12 @@ struct Filesystem {
     timeout: f64,
     /// The client of the process that made it (pid), made again after fork.
     client: Mutex<Option<(u32, Client)>>,
+    /// The key file (`None`: $LODE_KEY, else /etc/lode/client.key), or no authentication.
+    key: Option<std::path::PathBuf>,
+    auth: bool,
+    privacy: bool,
+    /// The GPU device buffers belong to (`None`: CUDA if found, else none).
+    gpu: Option<client::gpu::Gpu>,
 }
 
 impl Filesystem {
@@ -186,8 +201,12 @@ impl Filesystem {
             }
         }
         let addr = self.addr.clone();
+        let security = lnet::auth::client_security(self.key.as_deref(), !self.auth, self.privacy)
+            .map_err(|e| os_error(ClientError::from(e)))?;
         let cfg = client::ClientConfig {
             retry_for: std::time::Duration::from_secs_f64(self.timeout.max(0.0)),
+            security: Some(security),
+            gpu: self.gpu.clone(),
             ..Default::default()
         };
         let c = py
@@ -210,12 +229,24 @@ impl Filesystem {
 #[pymethods]
 impl Filesystem {
     #[new]
-    #[pyo3(signature = (addr, timeout=60.0))]
-    fn new(py: Python<'_>, addr: &str, timeout: f64) -> PyResult<Filesystem> {
+    #[pyo3(signature = (addr, timeout=60.0, key=None, auth=true, privacy=false, gpu=None))]
+    fn new(
+        py: Python<'_>,
+        addr: &str,
+        timeout: f64,
+        key: Option<std::path::PathBuf>,
+        auth: bool,
+        privacy: bool,
+        gpu: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Filesystem> {
         let fs = Filesystem {
             addr: addr.to_string(),
             timeout,
             client: Mutex::new(None),
+            key,
+            auth,
+            privacy,
+            gpu: device::choose(gpu)?,
         };
         fs.client(py)?;
         Ok(fs)
@@ -293,6 +324,7 @@ impl Filesystem {
             writable,
             rt,
             name: path.to_string(),
+            last_io: Mutex::new(None),
         })
     }
 
@@ -441,18 +473,24 @@ impl Filesystem {
     }
 
     /// Reads every `(path, offset, length)` at once and returns when all have landed: into
-    /// the buffers of `into` (one per range, each at least `length` long), returning the byte
-    /// counts, or else as a list of bytes. Short counts only at the end of a file.
+    /// the buffers of `into` (one per range, each at least `length` long: host memory, or GPU
+    /// memory read on `path`), returning the byte counts, or else as a list of bytes. Short
+    /// counts only at the end of a file.
     // Long by design: argument checks on Python objects, then one batch of reads.
-    #[pyo3(signature = (ranges, into=None, max_in_flight=256))]
+    #[pyo3(signature = (ranges, into=None, max_in_flight=256, path="auto"))]
     fn read_ranges<'py>(
         &self,
         py: Python<'py>,
         ranges: Vec<(String, u64, u64)>,
         into: Option<Vec<Bound<'py, PyAny>>>,
         max_in_flight: usize,
+        path: &str,
     ) -> PyResult<Bound<'py, PyList>> {
-        let views: Vec<Arc<View>> = match &into {
+        let io_path = device::parse_path(path)?;
+        let (_, client) = self.client(py)?;
+        // Kept here, with the GIL, until the reads are done: they hold the Python objects.
+        let mut devices: Vec<device::DeviceTarget> = vec![];
+        let dests: Vec<Dest> = match &into {
             Some(bufs) => {
                 if bufs.len() != ranges.len() {
                     return Err(PyValueError::new_err(format!(
@@ -463,35 +501,42 @@ impl Filesystem {
                 }
                 let mut v = Vec::with_capacity(bufs.len());
                 for (b, r) in bufs.iter().zip(&ranges) {
-                    let view = View::get(b, true)?;
-                    if (view.len() as u64) < r.2 {
+                    let (dest, len) = match device::device_target(b, || client.gpu())? {
+                        Some(d) => {
+                            let dest = Dest::Device(d.buf, d.stream);
+                            let len = d.buf.len as usize;
+                            devices.push(d);
+                            (dest, len)
+                        }
+                        None => {
+                            let view = View::get(b, true)?;
+                            let len = view.len();
+                            (Dest::Host(Arc::new(view)), len)
+                        }
+                    };
+                    if (len as u64) < r.2 {
                         return Err(PyValueError::new_err(format!(
-                            "a buffer of {} bytes for a range of {}",
-                            view.len(),
+                            "a buffer of {len} bytes for a range of {}",
                             r.2
                         )));
                     }
-                    v.push(Arc::new(view));
+                    v.push(dest);
                 }
                 v
             }
-            None => vec![],
-        };
-        let owned: Vec<Arc<View>> = if into.is_none() {
-            let mut v = Vec::with_capacity(ranges.len());
-            for r in &ranges {
-                let b = pyo3::types::PyByteArray::new_with(py, r.2 as usize, |_| Ok(()))?;
-                v.push(Arc::new(View::get(b.as_any(), true)?));
+            None => {
+                let mut v = Vec::with_capacity(ranges.len());
+                for r in &ranges {
+                    let b = pyo3::types::PyByteArray::new_with(py, r.2 as usize, |_| Ok(()))?;
+                    v.push(Dest::Host(Arc::new(View::get(b.as_any(), true)?)));
+                }
+                v
             }
-            v
-        } else {
-            vec![]
         };
-        let targets = if into.is_some() { &views } else { &owned };
-        let jobs: Vec<(String, u64, u64, Arc<View>)> = ranges
+        let jobs: Vec<(String, u64, u64, Dest)> = ranges
             .iter()
-            .zip(targets)
-            .map(|((p, o, l), v)| (p.clone(), *o, *l, v.clone()))
+            .zip(&dests)
+            .map(|((p, o, l), d)| (p.clone(), *o, *l, d.clone()))
             .collect();
         let counts = self.run(py, move |c| async move {
             // Each file opened once for the batch, then every range in flight at once.
@@ -504,13 +549,23 @@ impl Filesystem {
             }
             let gate = Arc::new(Semaphore::new(max_in_flight.max(1)));
             let mut tasks = tokio::task::JoinSet::new();
-            for (i, (p, off, len, view)) in jobs.into_iter().enumerate() {
+            for (i, (p, off, len, dest)) in jobs.into_iter().enumerate() {
                 let (f, c, gate) = (files[&p].clone(), c.clone(), gate.clone());
                 tasks.spawn(async move {
                     let _slot = gate.acquire_owned().await;
-                    let region = c.register(mem(&view, 0, len as usize))?;
-                    let n = f.read_into(off, &region, 0, len).await?;
-                    drop(region);
+                    let n = match dest {
+                        Dest::Host(view) => {
+                            let region = c.register(mem(&view, 0, len as usize))?;
+                            f.read_into(off, &region, 0, len).await?
+                        }
+                        Dest::Device(buf, stream) => {
+                            let io = client::gpu::DeviceIo {
+                                path: io_path,
+                                stream,
+                            };
+                            f.read_device(off, &buf, 0, len, io).await?.bytes as usize
+                        }
+                    };
                     Ok::<_, ClientError>((i, n))
                 });
             }
@@ -526,16 +581,19 @@ impl Filesystem {
             }
             Ok(counts)
         })?;
+        drop(devices);
         let out = PyList::empty(py);
         if into.is_some() {
             for n in counts {
                 out.append(n)?;
             }
         } else {
-            for (view, n) in owned.iter().zip(counts) {
-                // SAFETY: the bytearray's buffer is held by the view and n is within it.
-                let bytes = unsafe { std::slice::from_raw_parts(view.ptr(), n) };
-                out.append(PyBytes::new(py, bytes))?;
+            for (dest, n) in dests.iter().zip(counts) {
+                if let Dest::Host(view) = dest {
+                    // SAFETY: the bytearray's buffer is held by the view and n is within it.
+                    let bytes = unsafe { std::slice::from_raw_parts(view.ptr(), n) };
+                    out.append(PyBytes::new(py, bytes))?;
+                }
             }
         }
         Ok(out)
@@ -595,6 +653,8 @@ struct RawFile {
     writable: bool,
     rt: Arc<Runtime>,
     name: String,
+    /// What the last read or write of GPU memory did.
+    last_io: Mutex<Option<client::gpu::Completion>>,
 }
 
 impl RawFile {
@@ -637,15 +697,32 @@ impl RawFile {
         self.writable
     }
 
-    /// Reads into `buffer` (any object with a contiguous writable buffer) at the position,
-    /// straight from the storage servers; returns the count (0 at the end of the file).
-    fn readinto(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// Reads into `buffer` at the position, straight from the storage servers; returns the
+    /// count (0 at the end of the file). The buffer is host memory (anything with a
+    /// contiguous writable buffer) or GPU memory (a CUDA tensor, anything with
+    /// `__cuda_array_interface__` or DLPack), read on `path` ("auto", "direct", "staged") and
+    /// on the current CUDA stream; `last_io` then says what was done.
+    #[pyo3(signature = (buffer, path="auto"))]
+    fn readinto(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, path: &str) -> PyResult<usize> {
         self.check(self.readable, "reading")?;
         let f = self.file()?;
-        let view = Arc::new(View::get(buffer, true)?);
-        let len = view.len();
         let at = *self.pos.lock();
         let rt = self.rt.clone();
+        if let Some(dev) = device::device_target(buffer, || f.client().gpu())? {
+            let io = client::gpu::DeviceIo {
+                path: device::parse_path(path)?,
+                stream: dev.stream,
+            };
+            let done = py
+                .detach(|| rt.block_on(f.read_device(at, &dev.buf, 0, dev.buf.len, io)))
+                .map_err(os_error)?;
+            *self.pos.lock() = at + done.bytes;
+            let n = done.bytes as usize;
+            *self.last_io.lock() = Some(done);
+            return Ok(n);
+        }
+        let view = Arc::new(View::get(buffer, true)?);
+        let len = view.len();
         let n = py
             .detach(|| {
                 rt.block_on(async {
@@ -656,6 +733,17 @@ impl RawFile {
             .map_err(os_error)?;
         *self.pos.lock() = at + n as u64;
         Ok(n)
+    }
+
+    /// What the last read or write of GPU memory did: bytes, path ("direct" or "staged"),
+    /// verified ("end-to-end" or "server"), staged_bytes, and fallback (why auto staged).
+    #[getter]
+    fn last_io<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.last_io
+            .lock()
+            .as_ref()
+            .map(|c| device::completion(py, c))
+            .transpose()
     }
 
     /// Reads up to `size` bytes (all to the end of the file if negative).
@@ -684,15 +772,30 @@ impl RawFile {
         Ok(PyBytes::new(py, &data))
     }
 
-    /// Writes all of `data` (any object with a buffer) at the position (at the end, for a file
-    /// opened to append); the storage servers take the bytes from the caller's memory.
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// Writes all of `data` at the position (at the end, for a file opened to append); the
+    /// storage servers take the bytes from the caller's memory. `data` is host memory (any
+    /// object with a buffer) or GPU memory, written on `path` as `readinto` reads.
+    #[pyo3(signature = (data, path="auto"))]
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, path: &str) -> PyResult<usize> {
         self.check(self.writable, "writing")?;
         let f = self.file()?;
-        let view = Arc::new(View::get(data, false)?);
-        let len = view.len();
         let at = *self.pos.lock();
         let rt = self.rt.clone();
+        if let Some(dev) = device::device_target(data, || f.client().gpu())? {
+            let io = client::gpu::DeviceIo {
+                path: device::parse_path(path)?,
+                stream: dev.stream,
+            };
+            let done = py
+                .detach(|| rt.block_on(f.write_device(at, &dev.buf, 0, dev.buf.len, io)))
+                .map_err(os_error)?;
+            let n = done.bytes;
+            *self.pos.lock() = at + n;
+            *self.last_io.lock() = Some(done);
+            return Ok(n as usize);
+        }
+        let view = Arc::new(View::get(data, false)?);
+        let len = view.len();
         let written_at = py
             .detach(|| {
                 rt.block_on(async {
@@ -787,5 +890,7 @@ impl RawFile {
 fn _lode(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Filesystem>()?;
     m.add_class::<RawFile>()?;
+    m.add_class::<device::SimGpu>()?;
+    m.add_class::<device::SimArray>()?;
     Ok(())
 }

@@ -31,6 +31,8 @@ def cluster():
     port = random.randrange(20000, 40000, 200)
     subprocess.run([exe, "cluster", "up", "--dir", root, "--port", str(port)], check=True,
                    stdout=subprocess.DEVNULL)
+    # Clients (and the processes the tests start) authenticate with the cluster's client key.
+    os.environ["LODE_KEY"] = os.path.join(root, "client.key")
     try:
         yield f"127.0.0.1:{port}"
     finally:

@@ -87,18 +87,26 @@ while True:
 
 def test_a_checkpoint_is_whole_when_the_writer_is_killed_mid_save(cluster, lodefs, tmpdir_lode):
     path = f"{tmpdir_lode}/ckpt.pt"
-    for round_ in range(4):
+
+    def inside_a_save():
+        return any(p.rsplit("/", 1)[1].startswith(".ckpt.pt.tmp-") for p in lodefs.ls(tmpdir_lode))
+
+    # Kills at moments spread over a save (serialising, then writing), until at least four
+    # rounds are done and one kill has landed while a temporary file was being written.
+    for round_ in range(24):
         w = subprocess.Popen([sys.executable, "-c", WRITER, cluster, path],
                              stdout=subprocess.PIPE, text=True)
         first = w.stdout.readline()  # at least one version committed
         assert first.strip()
-        time.sleep(0.05 + 0.13 * round_)  # somewhere inside a later save
+        time.sleep(0.05 + 0.11 * (round_ % 8))  # somewhere inside a later save
         w.send_signal(signal.SIGKILL)
         w.wait()
         ck = lt.load(path, fs=lodefs)
         v = ck["v"]
         assert v >= 1 and bool((ck["t"] == v).all()), "a checkpoint mixes versions"
         assert ck["t"].numel() == 6 << 20
+        if round_ >= 3 and inside_a_save():
+            break
     # The kills did land inside saves: their temporary files are there, never the final name.
     left = [p.rsplit("/", 1)[1] for p in lodefs.ls(tmpdir_lode)]
     assert "ckpt.pt" in left and any(n.startswith(".ckpt.pt.tmp-") for n in left), left

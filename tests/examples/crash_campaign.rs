@@ -119,6 +119,7 @@ async fn main() {
     let mut servers = vec![start_mds(&root), start_oss(&root, 0), start_oss(&root, 1)];
     let cfg = ClientConfig {
         creds: proto::md::Creds::root(),
+        security: Some(lode_tests::client_security()),
         ..ClientConfig::default()
     };
     let c = Client::connect_with(MDS, cfg).await.expect("connecting");

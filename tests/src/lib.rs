@@ -5,7 +5,55 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use std::sync::{Arc, OnceLock};
+
+use lnet::auth::{KeyFile, Keyring, Security};
 use proto::Nid;
+
+/// This test process's cluster key and its client key, in files (mode 0600) as an operator
+/// keeps them.
+struct Keys {
+    dir: PathBuf,
+    cluster: KeyFile,
+}
+
+fn keys() -> &'static Keys {
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lode-test-keys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a key directory");
+        let cluster = KeyFile::generate().expect("the random source");
+        cluster
+            .save_new(&dir.join("cluster.key"))
+            .expect("writing the cluster key");
+        cluster
+            .client_key()
+            .save_new(&dir.join("client.key"))
+            .expect("writing the client key");
+        Keys { dir, cluster }
+    })
+}
+
+/// The cluster key file the servers this process starts use.
+pub fn cluster_key_file() -> PathBuf {
+    keys().dir.join("cluster.key")
+}
+
+/// The client key file of that cluster (what `LODE_KEY` names for the tools it runs).
+pub fn client_key_file() -> PathBuf {
+    keys().dir.join("client.key")
+}
+
+/// What a server (or a test acting as one) authenticates with.
+pub fn server_security() -> Security {
+    Security::server(Arc::new(Keyring::new(&keys().cluster)), false).expect("a cluster key")
+}
+
+/// What a client authenticates with.
+pub fn client_security() -> Security {
+    Security::client(Arc::new(Keyring::new(&keys().cluster.client_key())), false)
+}
 
 /// The directory holding this build's binaries (`target/<profile>`).
 fn bin_dir() -> PathBuf {
@@ -26,8 +74,20 @@ pub struct Server {
 
 impl Server {
     /// Starts `bin` with `args` and waits for the line it prints once serving; the NID is its
-    /// last word.
+    /// last word. The servers get this process's cluster key (unless `args` name a key or turn
+    /// authentication off), and the MDS trusts root on this machine (unless `args` say whom
+    /// to trust), as `lode cluster up` sets them up.
     pub fn start(bin: &str, args: &[&str]) -> Result<Server, String> {
+        let key = cluster_key_file();
+        let mut args: Vec<&str> = args.to_vec();
+        let server = bin == "lode-mds" || bin == "lode-oss";
+        let subcommand = args.first().is_some_and(|a| !a.starts_with('-'));
+        if server && !subcommand && !args.iter().any(|a| *a == "--key" || *a == "--no-auth") {
+            args.extend(["--key", key.to_str().expect("a UTF-8 temp path")]);
+        }
+        if bin == "lode-mds" && !subcommand && !args.contains(&"--trust") {
+            args.extend(["--trust", "127.0.0.0/8"]);
+        }
         let path = bin_dir().join(bin);
         if !path.exists() {
             return Err(format!(
@@ -36,7 +96,8 @@ impl Server {
             ));
         }
         let mut child = Command::new(&path)
-            .args(args)
+            .args(&args)
+            .env("LODE_KEY", client_key_file())
             .stdout(Stdio::piped())
             // LODE_TEST_LOGS=1 shows the servers' logs, for debugging a test.
             .stderr(if std::env::var_os("LODE_TEST_LOGS").is_some() {
@@ -92,6 +153,7 @@ impl Drop for Server {
 pub fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin_dir().join(bin))
         .args(args)
+        .env("LODE_KEY", client_key_file())
         .output()
         .expect("running a binary");
     (

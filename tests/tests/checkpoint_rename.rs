@@ -84,7 +84,10 @@ async fn rename_over_a_checkpoint_survives_kill_9_at_any_moment() {
     )
     .unwrap();
     let addr = mds.nid.to_string().replace("@tcp", "");
-    let client = Arc::new(TcpEndpoint::client(TcpConfig::default()));
+    let client = Arc::new(TcpEndpoint::client(TcpConfig {
+        security: lode_tests::client_security(),
+        ..TcpConfig::default()
+    }));
     let acked = Arc::new(AtomicU64::new(0));
     let mut next = 1u64;
     let mut seed = 0x5eed_u64;
@@ -105,6 +108,13 @@ async fn rename_over_a_checkpoint_survives_kill_9_at_any_moment() {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
+        // Until one version is acknowledged, the kill waits for it: on a loaded machine a
+        // whole round can pass before the first save (a connection, its handshake, four
+        // durable changes), and a test that never acknowledged anything checks nothing.
+        let first = tokio::time::Instant::now() + Duration::from_secs(20);
+        while acked.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < first {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         tokio::time::sleep(Duration::from_millis(5 + (seed >> 33) % 60)).await;
         mds.kill();
         next = writer.await.unwrap() + 1;

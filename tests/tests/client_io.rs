@@ -60,13 +60,23 @@ impl Cluster {
     }
 
     async fn client(&self) -> Client {
-        Client::connect(&self.mds_addr()).await.unwrap()
+        Client::connect_with(&self.mds_addr(), config())
+            .await
+            .unwrap()
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A client with this test process's client key.
+fn config() -> ClientConfig {
+    ClientConfig {
+        security: Some(lode_tests::client_security()),
+        ..ClientConfig::default()
     }
 }
 
@@ -296,7 +306,7 @@ async fn a_storage_server_killed_during_io_is_waited_for_and_nothing_is_lost() {
         &cluster.mds_addr(),
         ClientConfig {
             retry_for: Duration::from_millis(500),
-            ..Default::default()
+            ..config()
         },
     )
     .await
@@ -342,7 +352,7 @@ async fn readers_of_a_checkpoint_see_one_whole_version_while_it_is_replaced() {
         .map(|_| {
             let (addr, done) = (cluster.mds_addr(), done.clone());
             tokio::spawn(async move {
-                let c = Client::connect(&addr).await.unwrap();
+                let c = Client::connect_with(&addr, config()).await.unwrap();
                 let mut reads = 0;
                 while !done.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
                     let f = OpenOptions::new().open(&c, "/ckpt").await.unwrap();

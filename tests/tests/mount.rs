@@ -228,6 +228,7 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
                 .join("lode"),
         )
         .args(args)
+        .env("LODE_KEY", lode_tests::client_key_file())
         .output()
         .unwrap()
     };
@@ -358,4 +359,135 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     assert!(mount.terminate().success());
     assert!(!mounted(&mnt));
     let _ = fs::remove_dir_all(&root);
+}
+
+/// A cluster of one storage server and a mount of it, for the buffered-write test.
+fn one_server_mount(name: &str) -> Option<(PathBuf, Server, Server, Server)> {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return None;
+    }
+    let root = scratch(name);
+    let mds = Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let oss = Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            root.join("oss").to_str().unwrap(),
+            "--mds",
+            &mds.nid.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let mnt = root.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt.to_str().unwrap(),
+            "-o",
+            "allow_other,default_permissions",
+        ],
+    )
+    .unwrap();
+    assert!(mounted(&mnt));
+    Some((mnt, mds, oss, mount))
+}
+
+// One mount, one scenario, in order: what other processes see of buffered writes, set-ID bits
+// dropped by another user's write, then the storage server lost under pending writes.
+#[test]
+fn buffered_writes_show_to_other_processes_and_their_failures_surface_at_fsync_and_close() {
+    use std::os::fd::IntoRawFd;
+    let Some((mnt, _mds, oss, mount)) = one_server_mount("mount-buffered") else {
+        return;
+    };
+    let m = |p: &str| mnt.join(p);
+    let stat = |p: &str| {
+        let (ok, out) = sh(&mnt, &format!("stat -c '%s %Y' {p}"));
+        assert!(ok, "{out}");
+        let mut it = out.split_whitespace().map(|v| v.parse::<i64>().unwrap());
+        (it.next().unwrap(), it.next().unwrap())
+    };
+
+    // Size and mtime, seen by another process before and after fsync.
+    let mut f = fs::File::create(m("w")).unwrap();
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let chunk = vec![7u8; 1 << 20];
+    for _ in 0..3 {
+        f.write_all(&chunk).unwrap();
+    }
+    let (size, mtime) = stat("w");
+    assert_eq!(size, 3 << 20, "size before fsync");
+    assert!(mtime >= t0 - 1, "mtime before fsync: {mtime} < {t0}");
+    f.sync_all().unwrap();
+    assert_eq!(stat("w").0, 3 << 20, "size after fsync");
+    f.set_len(1000).unwrap();
+    assert_eq!(stat("w").0, 1000, "size after ftruncate");
+    let mut a = fs::OpenOptions::new().append(true).open(m("w")).unwrap();
+    a.write_all(b"tail").unwrap();
+    assert_eq!(stat("w").0, 1004, "size after an append");
+    drop(a);
+    let back = fs::read(m("w")).unwrap();
+    assert!(back[..1000].iter().all(|&b| b == 7) && &back[1000..] == b"tail");
+
+    // A write by another user clears the set-user-ID and set-group-ID bits.
+    fs::write(m("suid"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(m("suid"), fs::Permissions::from_mode(0o6777)).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo x >> {}", m("suid").display()))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        fs::metadata(m("suid")).unwrap().mode() & 0o7777,
+        0o0777,
+        "set-ID bits survived another user's write"
+    );
+
+    // The storage server goes away under acknowledged-but-unsynced writes: fsync reports it,
+    // and so does close.
+    let mut g = fs::File::create(m("g")).unwrap();
+    g.write_all(&chunk).unwrap();
+    g.sync_all().unwrap();
+    oss.kill();
+    f.write_all(&chunk).unwrap();
+    g.write_all(&chunk).unwrap();
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "fsync: {err}");
+    let fd = g.into_raw_fd();
+    // SAFETY: `fd` is ours (taken from the File) and closed once.
+    let r = unsafe { libc::close(fd) };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::EIO)),
+        "close"
+    );
+    drop(f);
+    assert!(mount.terminate().success());
 }

@@ -52,7 +52,10 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     let server = oss(&oss_dir, &mds, "127.0.0.1:0", "2").unwrap();
     let oss_nid = server.nid.clone();
 
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(TcpConfig {
+        security: lode_tests::server_security(),
+        ..TcpConfig::default()
+    });
     let listed = call(&client, &mds.nid, &ListTargets {}, T).await.unwrap();
     let indices: Vec<u32> = listed.targets.iter().map(|t| t.index).collect();
     assert_eq!(indices, vec![0, 1]);
@@ -101,6 +104,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &client,
         &oss_nid,
         &OstWrite {
+            capa: None,
             target: 1,
             fid,
             offset: 0,
@@ -117,6 +121,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &client,
         &oss_nid,
         &OstWrite {
+            capa: None,
             target: 1,
             fid: fid2,
             offset: 4096,
@@ -132,6 +137,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &client,
         &oss_nid,
         &OstSync {
+            capa: None,
             target: 1,
             fid: fid2,
         },
@@ -156,7 +162,11 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     let err = call(
         &client,
         &oss_nid,
-        &OstGetattr { target: 1, fid },
+        &OstGetattr {
+            target: 1,
+            fid,
+            capa: None,
+        },
         Duration::from_secs(2),
     )
     .await
@@ -175,6 +185,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     let dst = client.register(vec![0u8; 4 << 20]).unwrap();
     for (f, off) in [(fid, 0u64), (fid2, 4096)] {
         let read = OstRead {
+            capa: None,
             target: 1,
             fid: f,
             offset: off,
@@ -223,7 +234,10 @@ async fn the_mds_keeps_index_assignments_across_kill_9() {
         ],
     )
     .unwrap();
-    let client = TcpEndpoint::client(TcpConfig::default());
+    let client = TcpEndpoint::client(TcpConfig {
+        security: lode_tests::server_security(),
+        ..TcpConfig::default()
+    });
     let listed = call(&client, &again.nid, &ListTargets {}, T).await.unwrap();
     assert_eq!(
         listed.targets.iter().map(|t| t.index).collect::<Vec<_>>(),
@@ -280,7 +294,10 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
     let root = scratch("alloc");
     let mds = mds(&root.join("mds"));
     let oss_server = oss(&root.join("oss"), &mds, "127.0.0.1:0", "2").unwrap();
-    let c = TcpEndpoint::client(TcpConfig::default());
+    let c = TcpEndpoint::client(TcpConfig {
+        security: lode_tests::server_security(),
+        ..TcpConfig::default()
+    });
 
     // A file without a layout gets the default: one object.
     let f = call(&c, &mds.nid, &create(ROOT, "plain", Kind::File, None), T)
@@ -294,6 +311,7 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
         &c,
         &oss_server.nid,
         &OstGetattr {
+            capa: None,
             target: objects[0].target,
             fid: objects[0].fid,
         },
@@ -359,6 +377,7 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
                     c,
                     &nid,
                     &OstGetattr {
+                        capa: None,
                         target: o.target,
                         fid: o.fid,
                     },
@@ -385,6 +404,7 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
         &c,
         &oss_server.nid,
         &OstGetattr {
+            capa: None,
             target: kept.target,
             fid: orphan,
         },
@@ -411,6 +431,7 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
                 c,
                 &nid,
                 &OstGetattr {
+                    capa: None,
                     target: kept.target,
                     fid: orphan,
                 },
@@ -426,6 +447,7 @@ async fn files_get_objects_on_targets_and_removed_files_lose_them() {
         &c,
         &oss_server.nid,
         &OstGetattr {
+            capa: None,
             target: kept.target,
             fid: kept.fid,
         },

@@ -130,7 +130,7 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
             }
         }
     }
-    println!(
+    out!(
         "lode bench: {} file(s) of {} (stripe count {}, stripe size {}), {} rounds, medians",
         a.files,
         crate::human(size),
@@ -139,23 +139,23 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
         a.rounds
     );
     let gbs = |secs: &[f64]| median(secs.iter().map(|s| total as f64 / s / 1e9).collect());
-    println!("  {:<28} {:>10} {:>10}", "", "write GB/s", "read GB/s");
+    out!("  {:<28} {:>10} {:>10}", "", "write GB/s", "read GB/s");
     if !lw.is_empty() {
-        println!(
+        out!(
             "  {:<28} {:>10.2} {:>10.2}",
             "local disk (O_DIRECT)",
             gbs(&lw),
             gbs(&lr)
         );
     }
-    println!(
+    out!(
         "  {:<28} {:>10.2} {:>10.2}",
         "lode (library)",
         gbs(&ow),
         gbs(&or)
     );
     if !lw.is_empty() {
-        println!(
+        out!(
             "  {:<28} {:>10.2} {:>10.2}",
             "ratio lode / local",
             gbs(&ow) / gbs(&lw),
@@ -163,13 +163,13 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
         );
     }
     if !oc.is_empty() {
-        println!(
+        out!(
             "  checkpoint of {}: lode {:.2} s",
             a.checkpoint.as_deref().unwrap_or(""),
             median(oc.clone())
         );
         if !lc.is_empty() {
-            println!(
+            out!(
                 "  checkpoint of {}: local {:.2} s (lode / local = {:.2})",
                 a.checkpoint.as_deref().unwrap_or(""),
                 median(lc.clone()),

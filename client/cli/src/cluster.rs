@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! DIR/cluster.conf      mds address, OSS count, targets per OSS (written by the first `up`)
+//! DIR/cluster.key       the cluster key the servers authenticate with (mode 0600)
+//! DIR/client.key        its client key, for clients (`export LODE_KEY=DIR/client.key`)
 //! DIR/cluster.pids      one line per running process: role, pid
 //! DIR/mds/  DIR/oss<i>/ their data
 //! DIR/logs/             their logs
@@ -47,12 +49,17 @@ pub struct UpArgs {
     /// The MDS's port; storage servers use the ports after it (the first `up` only).
     #[arg(long, default_value_t = 9400)]
     port: u16,
+    /// Run without authentication: anyone who can reach the ports gets in (the first `up`
+    /// only).
+    #[arg(long)]
+    no_auth: bool,
 }
 
 struct Conf {
     port: u16,
     oss: u32,
     targets: u32,
+    auth: bool,
 }
 
 fn read_conf(dir: &Path) -> Option<Conf> {
@@ -66,6 +73,7 @@ fn read_conf(dir: &Path) -> Option<Conf> {
         port: u16::try_from(get("port")?).ok()?,
         oss: get("oss")?,
         targets: get("targets_per_oss")?,
+        auth: get("auth").unwrap_or(1) != 0,
     })
 }
 
@@ -84,9 +92,21 @@ fn sibling(bin: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Whether `pid` runs: it exists and is not a zombie (a server that exited stays one until
+/// its parent reaps it, and `kill -0` still succeeds on it).
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    // The state is the field after the command's closing parenthesis.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 fn pids(dir: &Path) -> Vec<(String, i32)> {
@@ -143,21 +163,57 @@ async fn up(a: UpArgs) -> Result<()> {
     };
     let mds_addr = format!("127.0.0.1:{}", conf.port);
     ports_free(&conf)?;
+    if conf.auth {
+        make_keys(&dir)?;
+    }
     let started = start_servers(&dir, &conf, &mds_addr)?;
     let want = conf.oss * conf.targets;
-    wait_ready(&dir, &started, &mds_addr, want).await?;
-    println!(
+    wait_ready(&dir, &started, &mds_addr, want, &conf).await?;
+    out!(
         "lode cluster up: MDS at {mds_addr}, {want} targets on {} storage servers, data in {}",
         conf.oss,
         dir.display()
     );
-    println!("  export LODE_MDS={mds_addr}");
-    println!("  lode mkdir /data && lode setstripe -c -1 -S 4M /data && lode cp local:/etc/hosts /data/hosts");
-    println!(
+    if conf.auth {
+        out!(
+            "  export LODE_MDS={mds_addr} LODE_KEY={}",
+            dir.join("client.key").display()
+        );
+    } else {
+        out!("  export LODE_MDS={mds_addr}   # authentication is OFF: --no-auth on clients");
+    }
+    out!("  lode mkdir /data && lode setstripe -c -1 -S 4M /data && lode cp local:/etc/hosts /data/hosts");
+    out!(
         "  lode getstripe /data/hosts && lode df -h && lode cluster down --dir {}",
         dir.display()
     );
     Ok(())
+}
+
+/// The cluster key and its client key, made once.
+fn make_keys(dir: &Path) -> Result<()> {
+    use lnet::auth::KeyFile;
+    let cluster = dir.join("cluster.key");
+    if !cluster.exists() {
+        KeyFile::generate()?.save_new(&cluster)?;
+    }
+    let client = dir.join("client.key");
+    if !client.exists() {
+        KeyFile::load(&cluster)?.client_key().save_new(&client)?;
+    }
+    Ok(())
+}
+
+/// What the tools of this cluster authenticate with.
+fn security(dir: &Path, conf: &Conf) -> Result<lnet::auth::Security> {
+    if !conf.auth {
+        return Ok(lnet::auth::Security::Off);
+    }
+    Ok(lnet::auth::client_security(
+        Some(&dir.join("cluster.key")),
+        false,
+        false,
+    )?)
 }
 
 /// A new cluster's settings, written to `cluster.conf` so that a later `up` reuses them.
@@ -169,12 +225,16 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
         port: a.port,
         oss: a.oss,
         targets: a.targets_per_oss,
+        auth: !a.no_auth,
     };
     std::fs::write(
         dir.join("cluster.conf"),
         format!(
-            "port = {}\noss = {}\ntargets_per_oss = {}\n",
-            c.port, c.oss, c.targets
+            "port = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
+            c.port,
+            c.oss,
+            c.targets,
+            u8::from(c.auth)
         ),
     )?;
     Ok(c)
@@ -199,19 +259,30 @@ fn ports_free(conf: &Conf) -> Result<()> {
 fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String, i32)>> {
     let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
     let mut started = vec![];
-    let mds_args = [
+    let auth: Vec<String> = if conf.auth {
+        vec!["--key".into(), d("cluster.key")]
+    } else {
+        vec!["--no-auth".into()]
+    };
+    // A cluster on one machine trusts root on that machine.
+    let mds_args: Vec<String> = [
         "--data-dir".into(),
         d("mds"),
         "--listen".into(),
         mds_addr.into(),
-    ];
+        "--trust".into(),
+        "127.0.0.0/8".into(),
+    ]
+    .into_iter()
+    .chain(auth.iter().cloned())
+    .collect();
     started.push((
         "mds".to_owned(),
         spawn(dir, "mds", &sibling("lode-mds")?, &mds_args)?,
     ));
     write_pids(dir, &started)?;
     for i in 0..conf.oss {
-        let args = [
+        let args: Vec<String> = [
             "--data-dir".into(),
             d(&format!("oss{i}")),
             "--mds".into(),
@@ -220,7 +291,10 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
             format!("127.0.0.1:{}", u32::from(conf.port) + 100 + i),
             "--targets".into(),
             conf.targets.to_string(),
-        ];
+        ]
+        .into_iter()
+        .chain(auth.iter().cloned())
+        .collect();
         let role = format!("oss{i}");
         started.push((
             role.clone(),
@@ -242,7 +316,12 @@ async fn wait_ready(
     started: &[(String, i32)],
     mds_addr: &str,
     want: u32,
+    conf: &Conf,
 ) -> Result<()> {
+    let cfg = client::ClientConfig {
+        security: Some(security(dir, conf)?),
+        ..quick()
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some((role, _)) = started.iter().find(|(_, p)| !alive(*p)) {
@@ -251,14 +330,32 @@ async fn wait_ready(
                 dir.join("logs").join(format!("{role}.log")).display()
             );
         }
-        if let Ok(c) = Client::connect_with(mds_addr, quick()).await {
-            if c.can_stripe_over(want).await.unwrap_or(false) {
-                return Ok(());
+        let mut why = "the MDS does not answer".to_owned();
+        if let Ok(c) = Client::connect_with(mds_addr, cfg.clone()).await {
+            match c.can_stripe_over(want).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    why = match c.statfs().await {
+                        Ok(s) if s.targets_up < want => {
+                            format!("{} of {want} targets are up", s.targets_up)
+                        }
+                        // Targets with 1% free or less take no new stripes.
+                        Ok(s) if s.free.saturating_mul(100) <= s.total => format!(
+                            "the disk holding {} is full ({} of {} bytes free): targets \
+                             with 1% free or less take no new files",
+                            dir.display(),
+                            s.free,
+                            s.total
+                        ),
+                        _ => "not every target takes new stripes yet".to_owned(),
+                    }
+                }
+                Err(e) => why = format!("a test file could not be made: {e}"),
             }
         }
         if Instant::now() > deadline {
             bail!(
-                "the cluster was not ready within 60 s; see {}",
+                "the cluster was not ready within 60 s: {why}; see {}",
                 dir.join("logs").display()
             );
         }
@@ -276,21 +373,25 @@ fn quick() -> client::ClientConfig {
 async fn status(dir: &Path) -> Result<()> {
     let procs = pids(dir);
     if procs.is_empty() {
-        println!("no cluster has run in {}", dir.display());
+        out!("no cluster has run in {}", dir.display());
         return Ok(());
     }
     for (role, pid) in &procs {
-        println!(
+        out!(
             "{role:<6} pid {pid:<8} {}",
             if alive(*pid) { "running" } else { "stopped" }
         );
     }
     if let Some(conf) = read_conf(dir) {
         let addr = format!("127.0.0.1:{}", conf.port);
-        match Client::connect_with(&addr, quick()).await {
+        let cfg = client::ClientConfig {
+            security: Some(security(dir, &conf)?),
+            ..quick()
+        };
+        match Client::connect_with(&addr, cfg).await {
             Ok(c) => {
                 for t in c.targets().await? {
-                    println!(
+                    out!(
                         "target {:<4} on {:<22} {:>10} free of {:>10} {}",
                         t.index,
                         t.oss.to_string(),
@@ -300,7 +401,7 @@ async fn status(dir: &Path) -> Result<()> {
                     );
                 }
             }
-            Err(e) => println!("MDS at {addr}: {e}"),
+            Err(e) => out!("MDS at {addr}: {e}"),
         }
     }
     Ok(())
@@ -324,7 +425,7 @@ fn down(dir: &Path) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(dir.join("cluster.pids"));
-    println!(
+    out!(
         "lode cluster down: {} processes stopped; data kept in {}",
         procs.len(),
         dir.display()

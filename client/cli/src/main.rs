@@ -1,10 +1,22 @@
 //! `lode`: the filesystem's command, after Lustre's `lfs`, and a whole local cluster in one
 //! command.
 
+/// `println!` for the command's output: a reader that went away (`lode ls | head`) ends the
+/// command quietly, as it ends `ls`, rather than with a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::output_failed(e);
+        }
+    }};
+}
+
 mod bench;
 mod cluster;
 mod mount;
 mod sim;
+mod verify;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -24,8 +36,51 @@ struct Cli {
     /// The MDS (IP:PORT or a NID); default $LODE_MDS, else 127.0.0.1:9400.
     #[arg(long, global = true)]
     mds: Option<String>,
+    /// The key to authenticate with; default $LODE_KEY, else /etc/lode/client.key.
+    #[arg(long, global = true, value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
+    /// Connect without authentication (only to a cluster that runs without it).
+    #[arg(long, global = true, conflicts_with = "key")]
+    no_auth: bool,
+    /// Encrypt the connections, not only authenticate them.
+    #[arg(long, global = true)]
+    privacy: bool,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// How this command authenticates, passed on to a mount it starts in the background.
+#[derive(Clone, Default)]
+pub struct AuthArgs {
+    pub key: Option<std::path::PathBuf>,
+    pub no_auth: bool,
+    pub privacy: bool,
+}
+
+impl AuthArgs {
+    pub fn security(&self) -> Result<lnet::auth::Security> {
+        Ok(lnet::auth::client_security(
+            self.key.as_deref(),
+            self.no_auth,
+            self.privacy,
+        )?)
+    }
+
+    /// The same choice as flags for another `lode` process.
+    pub fn flags(&self) -> Vec<std::ffi::OsString> {
+        let mut out = vec![];
+        if let Some(k) = &self.key {
+            out.push("--key".into());
+            out.push(k.clone().into_os_string());
+        }
+        if self.no_auth {
+            out.push("--no-auth".into());
+        }
+        if self.privacy {
+            out.push("--privacy".into());
+        }
+        out
+    }
 }
 
 #[derive(Subcommand)]
@@ -33,6 +88,9 @@ enum Cmd {
     /// Start, inspect or stop a cluster on this machine.
     #[command(subcommand)]
     Cluster(cluster::ClusterCmd),
+    /// Make keys: `key new FILE` (a cluster key), `key client --from CLUSTER_KEY FILE`.
+    #[command(subcommand)]
+    Key(KeyCmd),
     /// The striping testbed: run experiments through the flow model.
     #[command(subcommand)]
     Sim(sim::SimCmd),
@@ -64,6 +122,10 @@ enum Cmd {
     },
     /// Print a file.
     Cat {
+        path: String,
+    },
+    /// Check a checkpoint saved by `lode.torch.save` against its manifest of SHA-256 digests.
+    Verify {
         path: String,
     },
     /// Copy a file; prefix local paths with `local:`.
@@ -108,6 +170,33 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Write a new cluster key (mode 0600) for the servers; it never overwrites a file.
+    New { file: std::path::PathBuf },
+    /// Write the client key of a cluster key, for client machines.
+    Client {
+        #[arg(long, value_name = "CLUSTER_KEY")]
+        from: std::path::PathBuf,
+        file: std::path::PathBuf,
+    },
+}
+
+fn key(cmd: KeyCmd) -> Result<()> {
+    use lnet::auth::KeyFile;
+    match cmd {
+        KeyCmd::New { file } => {
+            KeyFile::generate()?.save_new(&file)?;
+            out!("cluster key written to {}", file.display());
+        }
+        KeyCmd::Client { from, file } => {
+            KeyFile::load(&from)?.client_key().save_new(&file)?;
+            out!("client key written to {}", file.display());
+        }
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum Place {
     Local,
@@ -127,7 +216,32 @@ pub fn mds_addr(flag: Option<String>) -> String {
 }
 
 /// Argument parsing and one arm per command (long by design: the command table).
-fn main() -> Result<()> {
+/// Ends the command after its output could not be written: quietly (status 141, as a process
+/// killed by SIGPIPE) when the reader went away, else with the error.
+fn output_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    eprintln!("lode: writing the output: {e}");
+    std::process::exit(1);
+}
+
+/// Fails as `ls` and `lfs` do: one line on stderr, naming the command and what went wrong,
+/// and status 1.
+fn main() {
+    let Err(e) = run() else { return };
+    let broken_pipe = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    });
+    if broken_pipe {
+        std::process::exit(141);
+    }
+    eprintln!("lode: {e:#}");
+    std::process::exit(1);
+}
+
+fn run() -> Result<()> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt()
@@ -139,6 +253,14 @@ fn main() -> Result<()> {
         // The testbed makes its own runtimes.
         return sim::run(c);
     }
+    if let Cmd::Key(k) = cli.cmd {
+        return key(k);
+    }
+    let auth = AuthArgs {
+        key: cli.key.clone(),
+        no_auth: cli.no_auth,
+        privacy: cli.privacy,
+    };
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     // A path inside a lode mount names its filesystem and its lode path, as `lfs` allows.
     let mut from_mount = None;
@@ -153,7 +275,8 @@ fn main() -> Result<()> {
         Cmd::Getstripe { path, .. }
         | Cmd::Ls { path, .. }
         | Cmd::Stat { path }
-        | Cmd::Cat { path } => {
+        | Cmd::Cat { path }
+        | Cmd::Verify { path } => {
             if let Some((m, p)) = mount::in_mount(path) {
                 (*path, from_mount) = (p, Some(m));
             }
@@ -169,19 +292,22 @@ fn main() -> Result<()> {
                 mountpoint,
                 options,
                 daemon: true,
-            } => return mount::daemonize(&mds, &mountpoint, options.as_deref()).await,
+            } => return mount::daemonize(&mds, &auth, &mountpoint, options.as_deref()).await,
             other => other,
         };
         // A command line should not wait a minute for a dead server.
         let cfg = client::ClientConfig {
             retry_for: std::time::Duration::from_secs(15),
+            security: Some(auth.security()?),
             ..Default::default()
         };
         let client = Client::connect_with(&mds, cfg)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
         match cmd {
-            Cmd::Cluster(_) | Cmd::Sim(_) | Cmd::Umount { .. } => unreachable!("handled above"),
+            Cmd::Cluster(_) | Cmd::Sim(_) | Cmd::Key(_) | Cmd::Umount { .. } => {
+                unreachable!("handled above")
+            }
             Cmd::Mount {
                 mountpoint,
                 options,
@@ -192,6 +318,7 @@ fn main() -> Result<()> {
             Cmd::Df { human, .. } => df(&client, human).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => cp(&client, &path, "local:-").await,
+            Cmd::Verify { path } => verify::run(&client, &path).await,
             Cmd::Cp { from, to } => cp(&client, &from, &to).await,
             Cmd::Mkdir { parents, path } => {
                 if parents {
@@ -235,14 +362,14 @@ async fn setstripe(client: &Client, args: &[String]) -> Result<()> {
 
 async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
     let Some(layout) = client.getstripe(path).await? else {
-        println!("{path} has no stripe info");
+        out!("{path} has no stripe info");
         return Ok(());
     };
-    println!("{path}");
+    out!("{path}");
     if yaml {
-        println!("  lcm_layout_gen:    {}", layout.generation);
-        println!("  lcm_entry_count:   {}", layout.components.len());
-        println!("  components:");
+        out!("  lcm_layout_gen:    {}", layout.generation);
+        out!("  lcm_entry_count:   {}", layout.components.len());
+        out!("  components:");
     }
     for (i, c) in layout.components.iter().enumerate() {
         let count = match c.stripe_count {
@@ -261,37 +388,40 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
             .or(c.stripe_offset.map(i64::from))
             .unwrap_or(-1);
         if yaml {
-            println!("    - lcme_id:             {}", i + 1);
-            println!("      lcme_extent.e_start: {}", c.start);
-            println!("      lcme_extent.e_end:   {end}");
-            println!("      sub_layout:");
-            println!("        lmm_stripe_count:  {count}");
-            println!("        lmm_stripe_size:   {}", c.stripe_size);
-            println!("        lmm_pattern:       raid0");
-            println!("        lmm_layout_gen:    {}", layout.generation);
-            println!("        lmm_stripe_offset: {offset}");
+            out!("    - lcme_id:             {}", i + 1);
+            out!("      lcme_extent.e_start: {}", c.start);
+            out!("      lcme_extent.e_end:   {end}");
+            out!("      sub_layout:");
+            out!("        lmm_stripe_count:  {count}");
+            out!("        lmm_stripe_size:   {}", c.stripe_size);
+            out!("        lmm_pattern:       raid0");
+            out!("        lmm_layout_gen:    {}", layout.generation);
+            out!("        lmm_stripe_offset: {offset}");
             if !c.objects.is_empty() {
-                println!("        lmm_objects:");
+                out!("        lmm_objects:");
                 for o in &c.objects {
-                    println!("        - l_ost_idx: {}", o.target);
-                    println!("          l_fid:     {}", o.fid);
+                    out!("        - l_ost_idx: {}", o.target);
+                    out!("          l_fid:     {}", o.fid);
                 }
             }
         } else {
             if layout.components.len() > 1 {
-                println!("  component {}: [{}, {end})", i + 1, c.start);
+                out!("  component {}: [{}, {end})", i + 1, c.start);
             }
-            println!("lmm_stripe_count:  {count}");
-            println!("lmm_stripe_size:   {}", c.stripe_size);
-            println!("lmm_pattern:       raid0");
-            println!("lmm_layout_gen:    {}", layout.generation);
-            println!("lmm_stripe_offset: {offset}");
+            out!("lmm_stripe_count:  {count}");
+            out!("lmm_stripe_size:   {}", c.stripe_size);
+            out!("lmm_pattern:       raid0");
+            out!("lmm_layout_gen:    {}", layout.generation);
+            out!("lmm_stripe_offset: {offset}");
             if !c.objects.is_empty() {
-                println!("\tobdidx\t\t objid\t\t objid\t\t group");
+                out!("\tobdidx\t\t objid\t\t objid\t\t group");
                 for o in &c.objects {
-                    println!(
+                    out!(
                         "\t{:6}\t{:14}\t{:#14x}\t{:#14x}",
-                        o.target, o.fid.oid, o.fid.oid, o.fid.seq
+                        o.target,
+                        o.fid.oid,
+                        o.fid.oid,
+                        o.fid.seq
                     );
                 }
             }
@@ -317,7 +447,7 @@ pub fn human(n: u64) -> String {
 
 async fn df(client: &Client, h: bool) -> Result<()> {
     let fmt = |n: u64| if h { human(n) } else { (n / 1024).to_string() };
-    println!(
+    out!(
         "{:<24} {:>12} {:>12} {:>12} {:>5} Mounted on",
         "UUID",
         if h { "bytes" } else { "1K-blocks" },
@@ -330,7 +460,7 @@ async fn df(client: &Client, h: bool) -> Result<()> {
         let used = tg.total.saturating_sub(tg.free);
         let pct = (used * 100).checked_div(tg.total).unwrap_or(0);
         let state = if tg.up { "" } else { " (down)" };
-        println!(
+        out!(
             "{:<24} {:>12} {:>12} {:>12} {:>4}% lode[OST:{}]{state}",
             format!("lode-OST{:04x}_UUID", tg.index),
             fmt(tg.total),
@@ -344,7 +474,7 @@ async fn df(client: &Client, h: bool) -> Result<()> {
         }
     }
     let pct = (u * 100).checked_div(t).unwrap_or(0);
-    println!(
+    out!(
         "\n{:<24} {:>12} {:>12} {:>12} {:>4}% lode",
         "filesystem_summary:",
         fmt(t),
@@ -358,7 +488,7 @@ async fn df(client: &Client, h: bool) -> Result<()> {
 async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
     let i = client.stat(path).await?;
     if i.kind != Kind::Dir {
-        println!("{path}");
+        out!("{path}");
         return Ok(());
     }
     for e in client.readdir(path).await? {
@@ -375,12 +505,16 @@ async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
                 Kind::CharDev(_) => 'c',
                 Kind::BlockDev(_) => 'b',
             };
-            println!(
+            out!(
                 "{kind}{:o} {:>3} {:>5} {:>5} {:>12} {name}",
-                st.mode, st.nlink, st.uid, st.gid, st.size
+                st.mode,
+                st.nlink,
+                st.uid,
+                st.gid,
+                st.size
             );
         } else {
-            println!("{name}");
+            out!("{name}");
         }
     }
     Ok(())
@@ -388,18 +522,21 @@ async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
 
 async fn stat(client: &Client, path: &str) -> Result<()> {
     let i = client.lstat(path).await?;
-    println!("  File: {path}");
-    println!(
+    out!("  File: {path}");
+    out!(
         "   FID: {}  Kind: {:?}  Size: {}  Links: {}",
-        i.fid, i.kind, i.size, i.nlink
+        i.fid,
+        i.kind,
+        i.size,
+        i.nlink
     );
-    println!("Access: {:o}  Uid: {}  Gid: {}", i.mode, i.uid, i.gid);
+    out!("Access: {:o}  Uid: {}  Gid: {}", i.mode, i.uid, i.gid);
     for (n, t) in [
         ("Access", i.atime),
         ("Modify", i.mtime),
         ("Change", i.ctime),
     ] {
-        println!("{n}: {}.{:09}", t.sec, t.nsec);
+        out!("{n}: {}.{:09}", t.sec, t.nsec);
     }
     Ok(())
 }

@@ -42,7 +42,7 @@ pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str
             Err(e) => tracing::warn!(error = %e, "cannot wait for signals; stopping"),
         }
     };
-    let mounted_now = || println!("lode mounted on {} from {mds}", mountpoint.display());
+    let mounted_now = || out!("lode mounted on {} from {mds}", mountpoint.display());
     mount::serve(client, mds, mountpoint, opts, mounted_now, stop).await?;
     Ok(())
 }
@@ -58,7 +58,12 @@ async fn daemon_signal() -> Result<&'static str> {
 }
 
 /// Starts the mount as a background process and returns once it is mounted.
-pub async fn daemonize(mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
+pub async fn daemonize(
+    mds: &str,
+    auth: &crate::AuthArgs,
+    mountpoint: &Path,
+    opts: Option<&str>,
+) -> Result<()> {
     use std::os::unix::process::CommandExt;
     mount::config(opts, mds)?; // refuse bad options here, not in a background process
     if !mountpoint.is_dir() {
@@ -66,7 +71,12 @@ pub async fn daemonize(mds: &str, mountpoint: &Path, opts: Option<&str>) -> Resu
     }
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.args(["--mds", mds, "mount"]).arg(mountpoint);
+    // Refuse a missing key here too, not in the background.
+    auth.security()?;
+    cmd.args(["--mds", mds])
+        .args(auth.flags())
+        .arg("mount")
+        .arg(mountpoint);
     if let Some(o) = opts {
         cmd.args(["-o", o]);
     }
@@ -87,7 +97,7 @@ pub async fn daemonize(mds: &str, mountpoint: &Path, opts: Option<&str>) -> Resu
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!(
+    out!(
         "lode mounted on {} from {mds} (process {})",
         mountpoint.display(),
         child.id()

@@ -77,7 +77,7 @@ pub fn run(cmd: SimCmd) -> Result<()> {
             }
         };
         bar.finish_with_message(format!("in {:.2} s", t.elapsed().as_secs_f64()));
-        println!(
+        out!(
             "  {}: {} in {:.3} s, {} flows, {} rate computations, wall time {:.2} s",
             label,
             rate(r.aggregate_rate(), r.unit),
@@ -95,7 +95,7 @@ pub fn run(cmd: SimCmd) -> Result<()> {
     if reports.len() > 1 {
         testbed::plot::plot_sweep(&out, &reports)?;
     }
-    println!("results in {}", out.display());
+    out!("results in {}", out.display());
     Ok(())
 }
 

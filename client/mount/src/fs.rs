@@ -138,7 +138,11 @@ impl Filesystem for LodeFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         // 1 MiB requests (the kernel's limit with max_pages), and readahead to match.
         let _ = config.set_max_write(MAX_IO);
-        let _ = config.set_max_readahead(MAX_IO);
+        // As much readahead as the kernel offers; the mount raises it further once it is up
+        // (the backing device's read_ahead_kb, which FUSE starts at 128 KiB).
+        if let Err(most) = config.set_max_readahead(16 << 20) {
+            let _ = config.set_max_readahead(most);
+        }
         let _ = config.set_max_background(64);
         // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, page
         // cache dropped when a file's mtime or size changes under the kernel, and O_DIRECT
@@ -647,6 +651,19 @@ impl Filesystem for LodeFs {
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// A directory's changes are durable once the MDS has answered them (its journal is
+    /// fsynced before every reply), so there is nothing left to wait for.
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
     }
 
     fn release(

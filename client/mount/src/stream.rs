@@ -185,7 +185,15 @@ impl Streams {
         b.plan.issued(offset, end);
         let f = file.clone();
         b.tasks.spawn(async move {
-            let r = f.write_at(offset, &data).await.map(|_| ());
+            // The kernel's bytes, registered as they are: no second copy.
+            let len = data.len() as u64;
+            let r = match f.client().register(data) {
+                Ok(region) => f
+                    .write_from(offset, Arc::new(region), 0, len)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            };
             (offset, end, r)
         });
         Ok(())
@@ -238,8 +246,10 @@ impl Streams {
         }
         let (access, dropped) = a.plan.observe(offset, size as u64);
         a.drop_chunks(&dropped);
-        if access == Access::Direct {
-            // Not (yet) a stream: read directly, letting other reads of the handle run too.
+        // Not (yet) a stream, or a read of the stream that arrived after its chunk left the
+        // window: read directly, letting other reads of the handle run too.
+        let behind = a.chunks.front().is_some_and(|(s, _)| *s > offset);
+        if access == Access::Direct || behind {
             drop(a);
             return Ok(ReadOut::Chunk(file.read_chunk(offset, size).await?));
         }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use lnet::auth::{KeyFile, Keyring, Security};
 use lnet::selftest::SelfTest;
 use lnet::sim::Fabric;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
@@ -38,6 +39,17 @@ pub struct BenchArgs {
     /// Calls in flight for the RPC-rate measurements.
     #[arg(long, default_value_t = 64)]
     inflight: usize,
+    /// With --peer: the key to authenticate with (else the peer must run with --no-auth).
+    #[arg(long, requires = "peer")]
+    key: Option<std::path::PathBuf>,
+}
+
+/// How a row's connections are protected.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Off,
+    Integrity,
+    Privacy,
 }
 
 const CHUNK: usize = 1 << 20;
@@ -145,72 +157,132 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if args.rounds == 0 || args.mib == 0 || args.calls == 0 || args.inflight == 0 {
         bail!("--rounds, --mib, --calls and --inflight must be positive");
     }
-    let (_local, peer) = match args.peer.clone() {
-        Some(p) => (None, p),
-        None => {
-            let ep = TcpEndpoint::bind(
-                "127.0.0.1:0".parse()?,
-                SelfTest::new(),
-                TcpConfig::default(),
-            )
-            .await
-            .context("starting the local self-test server")?;
-            let nid = ep.nid();
-            (Some(ep), nid)
+    // Two local servers: one open, one authenticating (clients choose integrity or privacy);
+    // or the peer given, in the one mode it allows.
+    let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
+    let mut local = vec![];
+    let mut peers = std::collections::HashMap::new();
+    let modes: Vec<Mode> = match (&args.peer, &args.key) {
+        (Some(p), None) => {
+            peers.insert(true, p.clone());
+            vec![Mode::Off]
+        }
+        (Some(p), Some(_)) => {
+            peers.insert(false, p.clone());
+            vec![Mode::Integrity, Mode::Privacy]
+        }
+        (None, _) => {
+            for open in [true, false] {
+                let security = if open {
+                    Security::Off
+                } else {
+                    Security::server(keys.clone(), false)?
+                };
+                let ep = TcpEndpoint::bind(
+                    "127.0.0.1:0".parse()?,
+                    SelfTest::new(),
+                    TcpConfig {
+                        security,
+                        ..TcpConfig::default()
+                    },
+                )
+                .await
+                .context("starting the local self-test server")?;
+                peers.insert(open, ep.nid());
+                local.push(ep);
+            }
+            vec![Mode::Off, Mode::Integrity, Mode::Privacy]
         }
     };
+    let client_keys = match &args.key {
+        Some(path) => Arc::new(Keyring::load(path)?),
+        None => keys.clone(),
+    };
+    let endpoint = |conns: usize, mode: Mode| {
+        let security = match mode {
+            Mode::Off => Security::Off,
+            Mode::Integrity => Security::client(client_keys.clone(), false),
+            Mode::Privacy => Security::client(client_keys.clone(), true),
+        };
+        (
+            Arc::new(TcpEndpoint::client(TcpConfig {
+                conns_per_peer: conns,
+                security,
+                ..TcpConfig::default()
+            })),
+            peers[&(mode == Mode::Off)].clone(),
+        )
+    };
+    let peer = peers.values().next().cloned().context("a peer")?;
     let bytes = args.mib << 20;
-    let one_conn = Arc::new(TcpEndpoint::client(TcpConfig {
-        conns_per_peer: 1,
-        ..Default::default()
-    }));
-    let two_conns = Arc::new(TcpEndpoint::client(TcpConfig {
-        conns_per_peer: 2,
-        ..Default::default()
-    }));
-    let four_conns = Arc::new(TcpEndpoint::client(TcpConfig {
-        conns_per_peer: 4,
-        ..Default::default()
-    }));
-    let bulk = |name, ep: &Arc<TcpEndpoint>, write| -> Case<'_> {
-        let (ep, peer) = (ep.clone(), peer.clone());
-        Case {
+    let bulk = |name, conns: usize, mode: Mode, write| -> Option<Case<'_>> {
+        if !modes.contains(&mode) {
+            return None;
+        }
+        let (ep, peer) = endpoint(conns, mode);
+        Some(Case {
             name,
             units: bytes as f64,
             job: Box::new(move || {
                 Box::pin(measure(lnet_bulk(ep.clone(), peer.clone(), bytes, write)))
             }),
             samples: vec![],
-        }
+        })
     };
     let raw_peer = raw_sink_server().await?;
-    let mut tcp_cases = vec![
-        Case {
+    let mut tcp_cases: Vec<Case<'_>> = [
+        Some(Case {
             name: "raw tokio socket, 1 stream",
             units: bytes as f64,
             job: Box::new(move || Box::pin(measure(raw_socket_copy(raw_peer, bytes)))),
             samples: vec![],
-        },
-        bulk("lnet bulk read, 1 conn", &one_conn, false),
-        bulk("lnet bulk read, 2 conns", &two_conns, false),
-        bulk("lnet bulk write, 1 conn", &one_conn, true),
-        bulk("lnet bulk write, 2 conns", &two_conns, true),
-    ];
-    let rpc = |name, ep: &Arc<TcpEndpoint>| -> Case<'_> {
-        let (ep, peer, calls, inflight) = (ep.clone(), peer.clone(), args.calls, args.inflight);
-        Case {
+        }),
+        bulk("lnet bulk read, 1 conn, no auth", 1, Mode::Off, false),
+        bulk("lnet bulk read, 2 conns, no auth", 2, Mode::Off, false),
+        bulk(
+            "lnet bulk read, 2 conns, integrity",
+            2,
+            Mode::Integrity,
+            false,
+        ),
+        bulk("lnet bulk read, 2 conns, privacy", 2, Mode::Privacy, false),
+        bulk("lnet bulk write, 2 conns, no auth", 2, Mode::Off, true),
+        bulk(
+            "lnet bulk write, 2 conns, integrity",
+            2,
+            Mode::Integrity,
+            true,
+        ),
+        bulk("lnet bulk write, 2 conns, privacy", 2, Mode::Privacy, true),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let rpc = |name, conns: usize, mode: Mode| -> Option<Case<'_>> {
+        if !modes.contains(&mode) {
+            return None;
+        }
+        let (ep, peer) = endpoint(conns, mode);
+        let (calls, inflight) = (args.calls, args.inflight);
+        Some(Case {
             name,
             units: calls as f64,
             job: Box::new(move || {
                 Box::pin(measure(rpc_rate(ep.clone(), peer.clone(), calls, inflight)))
             }),
             samples: vec![],
-        }
+        })
     };
-    let mut rpc_cases = vec![
-        rpc("small RPC, 1 connection", &one_conn),
-        rpc("small RPC, 4 connections", &four_conns),
-    ];
+    let mut rpc_cases: Vec<Case<'_>> = [
+        rpc("small RPC, 1 conn, no auth", 1, Mode::Off),
+        rpc("small RPC, 1 conn, integrity", 1, Mode::Integrity),
+        rpc("small RPC, 1 conn, privacy", 1, Mode::Privacy),
+        rpc("small RPC, 4 conns, no auth", 4, Mode::Off),
+        rpc("small RPC, 4 conns, integrity", 4, Mode::Integrity),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
 
     let fabric = Fabric::new(1);
     fabric.start_node("server", Some(SelfTest::new()))?;
@@ -266,7 +338,33 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         &rpc_cases,
     );
     report_bulk("Sim fabric bulk (ratio against memcpy)", &sim_cases);
+    report_auth_cost(&tcp_cases, &rpc_cases);
+    drop(local);
     Ok(())
+}
+
+/// Each authenticated row against the same row without authentication, as a ratio of
+/// throughput (bytes or calls per second).
+fn report_auth_cost<'a>(bulk: &[Case<'a>], rpc: &[Case<'a>]) {
+    let rate = |c: &Case<'_>| median(c.samples.iter().map(|s| c.units / s.wall).collect());
+    let mut lines = vec![];
+    for c in bulk.iter().chain(rpc) {
+        for mode in [", integrity", ", privacy"] {
+            let Some(stem) = c.name.strip_suffix(mode) else {
+                continue;
+            };
+            let base_name = format!("{stem}, no auth");
+            if let Some(base) = bulk.iter().chain(rpc).find(|b| b.name == base_name) {
+                lines.push(format!("  {:<34} {:>8.2}", c.name, rate(c) / rate(base)));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        println!("\nThe cost of authentication (throughput against the same row with no auth)");
+        for l in lines {
+            println!("{l}");
+        }
+    }
 }
 
 /// Moves `bytes` with 1 MiB bulk reads (server puts into our regions) or writes (server gets

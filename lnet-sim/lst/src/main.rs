@@ -27,6 +27,12 @@ enum Cmd {
     Serve {
         #[arg(long, default_value = "127.0.0.1:9400")]
         listen: SocketAddr,
+        /// The cluster key to authenticate peers with.
+        #[arg(long)]
+        key: Option<std::path::PathBuf>,
+        /// Serve without authentication.
+        #[arg(long, conflicts_with = "key")]
+        no_auth: bool,
     },
     /// Ping a self-test server and print round-trip times.
     Ping {
@@ -34,6 +40,12 @@ enum Cmd {
         nid: Nid,
         #[arg(long, short, default_value_t = 4)]
         count: u32,
+        /// The key to authenticate with (default $LODE_KEY).
+        #[arg(long)]
+        key: Option<std::path::PathBuf>,
+        /// Ping a server that runs without authentication.
+        #[arg(long, conflicts_with = "key")]
+        no_auth: bool,
     },
     /// Benchmark RPC and bulk transfer against raw sockets and memcpy. Without --peer it starts
     /// its own server on loopback.
@@ -55,15 +67,34 @@ fn main() -> Result<()> {
         .context("starting the runtime")?;
     rt.block_on(async move {
         match cli.cmd {
-            Cmd::Serve { listen } => serve(listen).await,
-            Cmd::Ping { nid, count } => ping(nid, count).await,
+            Cmd::Serve {
+                listen,
+                key,
+                no_auth,
+            } => {
+                let security = lnet::auth::server_security(key.as_deref(), no_auth, false)?;
+                serve(listen, security).await
+            }
+            Cmd::Ping {
+                nid,
+                count,
+                key,
+                no_auth,
+            } => {
+                let security = lnet::auth::client_security(key.as_deref(), no_auth, false)?;
+                ping(nid, count, security).await
+            }
             Cmd::Bench(args) => bench::run(args).await,
         }
     })
 }
 
-async fn serve(listen: SocketAddr) -> Result<()> {
-    let ep = TcpEndpoint::bind(listen, SelfTest::new(), TcpConfig::default())
+async fn serve(listen: SocketAddr, security: lnet::auth::Security) -> Result<()> {
+    let cfg = TcpConfig {
+        security,
+        ..TcpConfig::default()
+    };
+    let ep = TcpEndpoint::bind(listen, SelfTest::new(), cfg)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     println!("serving the self-test service at {}", ep.nid());
@@ -72,8 +103,11 @@ async fn serve(listen: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-async fn ping(nid: Nid, count: u32) -> Result<()> {
-    let ep = TcpEndpoint::client(TcpConfig::default());
+async fn ping(nid: Nid, count: u32, security: lnet::auth::Security) -> Result<()> {
+    let ep = TcpEndpoint::client(TcpConfig {
+        security,
+        ..TcpConfig::default()
+    });
     for i in 0..count {
         let t0 = Instant::now();
         let pong = call(

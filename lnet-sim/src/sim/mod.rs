@@ -93,6 +93,26 @@ impl LinkParams {
 
 type Link = (String, String);
 
+/// Faults of bulk transfers, each drawn per transfer from the fabric's seeded generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BulkFaults {
+    /// Probability that a transfer breaks off partway: a prefix of its bytes lands, and the
+    /// server sees an error.
+    pub break_off: f64,
+    /// Probability that one byte of a put is changed on the way (a fault no transport
+    /// checksum saw: only an end-to-end check can catch it).
+    pub corrupt: f64,
+}
+
+/// What happens to one bulk transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BulkFault {
+    /// Only the first `landed` bytes arrive.
+    BreakOff { landed: usize },
+    /// The byte at `at` arrives flipped.
+    Corrupt { at: usize },
+}
+
 struct Slot {
     generation: u64,
     live: Option<Arc<node::NodeInner>>,
@@ -110,6 +130,9 @@ struct State {
     egress_free: HashMap<String, Instant>,
     ingress_free: HashMap<String, Instant>,
     cut: HashSet<Link>,
+    /// Nodes whose device memory registrations fail (as `ibv_reg_dmabuf_mr` can).
+    device_refused: HashSet<String>,
+    bulk_faults: BulkFaults,
     trace: Vec<TraceEvent>,
     dropped_trace: u64,
 }
@@ -145,11 +168,33 @@ impl Fabric {
                     egress_free: HashMap::new(),
                     ingress_free: HashMap::new(),
                     cut: HashSet::new(),
+                    device_refused: HashSet::new(),
+                    bulk_faults: BulkFaults::default(),
                     trace: Vec::new(),
                     dropped_trace: 0,
                 }),
             }),
         }
+    }
+
+    /// Makes device memory registrations on node `name` fail (or succeed again).
+    pub fn refuse_device_registrations(&self, name: &str, refuse: bool) {
+        let mut st = self.inner.state.lock();
+        if refuse {
+            st.device_refused.insert(name.to_owned());
+        } else {
+            st.device_refused.remove(name);
+        }
+    }
+
+    /// Sets the faults of every later bulk transfer.
+    pub fn set_bulk_faults(&self, faults: BulkFaults) -> Result<(), NetError> {
+        let prob = |p: f64| (0.0..=1.0).contains(&p);
+        if !(prob(faults.break_off) && prob(faults.corrupt)) {
+            return Err(bad_param("probabilities must lie in [0, 1]".into()));
+        }
+        self.inner.state.lock().bulk_faults = faults;
+        Ok(())
     }
 
     /// Sets the parameters of every link without its own.
@@ -399,6 +444,30 @@ impl FabricInner {
         };
         record(&mut st, ev);
         Ok(Route { arrivals })
+    }
+
+    pub(crate) fn device_refused(&self, name: &str) -> bool {
+        self.state.lock().device_refused.contains(name)
+    }
+
+    /// Draws the fault, if any, of a bulk transfer of `bytes`.
+    pub(crate) fn bulk_fault(&self, bytes: usize) -> Option<BulkFault> {
+        let mut st = self.state.lock();
+        let f = st.bulk_faults;
+        if bytes == 0 || (f.break_off == 0.0 && f.corrupt == 0.0) {
+            return None;
+        }
+        if st.rng.gen_bool(f.break_off) {
+            return Some(BulkFault::BreakOff {
+                landed: st.rng.gen_range(0..bytes),
+            });
+        }
+        if st.rng.gen_bool(f.corrupt) {
+            return Some(BulkFault::Corrupt {
+                at: st.rng.gen_range(0..bytes),
+            });
+        }
+        None
     }
 
     /// Like `route` for a bulk transfer: reliable, so never lost or duplicated, but refused on

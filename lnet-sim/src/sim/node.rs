@@ -11,7 +11,7 @@ use proto::frame::{decode_frame, encode_frame, FrameKind, Header};
 use proto::{BulkDesc, Nid, Opcode, RemoteError};
 use tokio::sync::oneshot;
 
-use super::FabricInner;
+use super::{BulkFault, FabricInner};
 use crate::error::NetError;
 use crate::region::RegionTable;
 use crate::service::{
@@ -24,6 +24,8 @@ type Reply = oneshot::Sender<Result<Vec<u8>, NetError>>;
 struct PendingCall {
     target: String,
     reply: Reply,
+    /// The memory the server may move bytes with while serving this call.
+    bulk: Option<proto::bulk::BulkGrant>,
 }
 
 pub(crate) struct NodeInner {
@@ -204,6 +206,8 @@ fn on_request(
     let (fabric, node) = (fabric.clone(), node.clone());
     tokio::spawn(async move {
         let req = Incoming {
+            // The fabric is a simulation inside one process: every node is trusted.
+            role: crate::auth::Role::Server,
             from: Nid::Sim(from.clone()),
             to: node.nid.clone(),
             opcode,
@@ -260,6 +264,21 @@ impl Transport for SimEndpoint {
         self.node.nid.clone()
     }
 
+    /// The simulated NIC reaches device memory through the device's DMA engine, unless the
+    /// fabric was told to make this node's registrations fail.
+    fn register_device(
+        &self,
+        mem: crate::device::DeviceMemory,
+    ) -> Result<crate::Registered<crate::device::DeviceMemory>, NetError> {
+        if self.fabric.device_refused(&self.node.name) {
+            return Err(NetError::NoDeviceMemory(format!(
+                "{}: the NIC refused to register {} bytes of GPU {} memory",
+                self.node.nid, mem.len, mem.ordinal
+            )));
+        }
+        Ok(self.node.regions.register_device(mem)?)
+    }
+
     fn regions(&self) -> &Arc<RegionTable> {
         &self.node.regions
     }
@@ -269,6 +288,7 @@ impl Transport for SimEndpoint {
         peer: &'a Nid,
         opcode: Opcode,
         body: Vec<u8>,
+        bulk: Option<proto::bulk::BulkGrant>,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Vec<u8>, NetError>> {
         Box::pin(async move {
@@ -291,6 +311,7 @@ impl Transport for SimEndpoint {
                 PendingCall {
                     target: to.clone(),
                     reply: tx,
+                    bulk,
                 },
             );
             let frame = encode_frame(Header::new(FrameKind::Request, opcode, xid), &body);
@@ -342,6 +363,23 @@ impl SimBulk {
         self.fabric.live(&self.owner).ok_or_else(|| self.down())
     }
 
+    /// Refuses a transfer the owner's call did not grant this server.
+    fn granted(&self, owner: &NodeInner, desc: &BulkDesc, write: bool) -> Result<(), NetError> {
+        let ok = owner.pending.lock().get(&self.xid).is_some_and(|p| {
+            p.target == *self.server.name()
+                && p.bulk
+                    .is_some_and(|g| g.covers(desc.key, desc.offset, u64::from(desc.len), write))
+        });
+        if ok {
+            return Ok(());
+        }
+        Err(NetError::Region(crate::RegionError::NotGranted {
+            key: desc.key,
+            offset: desc.offset,
+            len: u64::from(desc.len),
+        }))
+    }
+
     fn down(&self) -> NetError {
         NetError::NodeDown {
             peer: Nid::Sim(self.owner.clone()),
@@ -361,12 +399,26 @@ impl BulkPeer for SimBulk {
                 });
             }
             let owner = this.transfer(false, data.len() as u64).await?;
-            let mut dst = owner
-                .regions
-                .access(desc.key, desc.offset, u64::from(desc.len), true)?;
-            dst.as_mut_slice()
-                .unwrap_or_default()
-                .copy_from_slice(&data);
+            this.granted(&owner, &desc, true)?;
+            let mut dst =
+                owner
+                    .regions
+                    .access_dma(desc.key, desc.offset, u64::from(desc.len), true)?;
+            match this.fabric.bulk_fault(data.len()) {
+                None => dst.copy_in(&data)?,
+                Some(BulkFault::Corrupt { at }) => {
+                    let mut bad = data.to_vec();
+                    bad[at] ^= 0x20;
+                    dst.copy_in(&bad)?;
+                }
+                Some(BulkFault::BreakOff { landed }) => {
+                    dst.copy_in_prefix(&data, landed)?;
+                    return Err(NetError::Unreachable {
+                        peer: Nid::Sim(this.owner.clone()),
+                        reason: format!("bulk put broke off after {landed} bytes"),
+                    });
+                }
+            }
             Ok(())
         })
     }
@@ -376,11 +428,21 @@ impl BulkPeer for SimBulk {
         let desc = desc.clone();
         Box::pin(async move {
             let owner = this.transfer(true, u64::from(desc.len)).await?;
-            let data = owner
+            this.granted(&owner, &desc, false)?;
+            let mut data = owner
                 .regions
-                .access(desc.key, desc.offset, u64::from(desc.len), false)?
-                .as_slice()
-                .to_vec();
+                .access_dma(desc.key, desc.offset, u64::from(desc.len), false)?
+                .copy_out()?;
+            match this.fabric.bulk_fault(data.len()) {
+                None => {}
+                Some(BulkFault::Corrupt { at }) => data[at] ^= 0x20,
+                Some(BulkFault::BreakOff { landed }) => {
+                    return Err(NetError::Unreachable {
+                        peer: Nid::Sim(this.owner.clone()),
+                        reason: format!("bulk get broke off after {landed} bytes"),
+                    });
+                }
+            }
             verify_desc_crc(&desc, &data)?;
             Ok(data)
         })

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use proto::bulk::{BulkDataHead, BulkPutHead};
+use proto::bulk::{BulkDataHead, BulkGetHead, BulkGrant, BulkPutHead};
 use proto::frame::{encode_frame, FrameKind, Header, HEADER_LEN};
 use proto::msg::{decode_body, encode_body};
 use proto::{BulkDesc, FrameError, Nid, Opcode, RemoteError, StatusCode};
@@ -29,7 +29,9 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::TcpConfig;
-use crate::error::NetError;
+use crate::auth::session::{Opener, Sealer, TAG_LEN};
+use crate::auth::{Role, Session};
+use crate::error::{NetError, RegionError};
 use crate::region::{RegionAccess, RegionTable};
 use crate::service::{busy, BoxFuture, BulkPeer, Dispatcher, Incoming};
 use crate::transport::{error_body, reply_result};
@@ -59,6 +61,8 @@ pub(crate) struct Outgoing {
 
 struct Pending {
     reply: oneshot::Sender<Result<Vec<u8>, NetError>>,
+    /// The memory the server may move bytes with while serving this call.
+    bulk: Option<BulkGrant>,
     /// A bulk put for this call that failed on our side; it overrides the reply.
     bulk_error: Option<NetError>,
 }
@@ -84,6 +88,11 @@ pub(crate) struct Conn {
     active_ms: AtomicU64,
     /// Requests from the peer being served now: a connection serving one is not idle.
     serving: AtomicU64,
+    /// The role the peer proved in the handshake (every peer is a server when authentication
+    /// is off).
+    role: Role,
+    /// Every record carries an authentication tag: transport checksums add nothing.
+    sealed: bool,
 }
 
 impl Conn {
@@ -94,8 +103,12 @@ impl Conn {
         cfg: Arc<TcpConfig>,
         regions: Arc<RegionTable>,
         dispatcher: Option<Dispatcher>,
+        session: Session,
+        role: Role,
     ) -> Arc<Conn> {
         let _ = stream.set_nodelay(true);
+        let Session { sealer, opener, .. } = session;
+        let sealed = sealer.is_some();
         let local = stream
             .local_addr()
             .map(Nid::Tcp)
@@ -117,11 +130,13 @@ impl Conn {
             born: Instant::now(),
             active_ms: AtomicU64::new(0),
             serving: AtomicU64::new(0),
+            role,
+            sealed,
         });
         let reader = {
             let conn = conn.clone();
             tokio::spawn(async move {
-                let reason = match conn.clone().read_loop(rd).await {
+                let reason = match conn.clone().read_loop(rd, opener).await {
                     Ok(()) => "peer closed the connection".to_owned(),
                     Err(e) => e,
                 };
@@ -131,7 +146,7 @@ impl Conn {
         let writer = {
             let conn = conn.clone();
             tokio::spawn(async move {
-                if let Err(reason) = conn.write_loop(wr, rx).await {
+                if let Err(reason) = conn.write_loop(wr, rx, sealer).await {
                     conn.close(&reason);
                 }
             })
@@ -226,13 +241,28 @@ impl Conn {
         }
     }
 
+    /// Whether the call `xid` lets its server move `len` bytes at `offset` of region `key`
+    /// (`write`: into our memory).
+    fn granted(&self, xid: u64, key: u64, offset: u64, len: u64, write: bool) -> bool {
+        self.pending
+            .lock()
+            .get(&xid)
+            .and_then(|p| p.bulk)
+            .is_some_and(|g| g.covers(key, offset, len, write))
+    }
+
     /// Registers a call awaiting the reply with `xid`.
-    pub(crate) fn expect_reply(&self, xid: u64) -> oneshot::Receiver<Result<Vec<u8>, NetError>> {
+    pub(crate) fn expect_reply(
+        &self,
+        xid: u64,
+        bulk: Option<BulkGrant>,
+    ) -> oneshot::Receiver<Result<Vec<u8>, NetError>> {
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(
             xid,
             Pending {
                 reply: tx,
+                bulk,
                 bulk_error: None,
             },
         );
@@ -250,14 +280,32 @@ impl Conn {
         &self,
         wr: tokio::net::tcp::OwnedWriteHalf,
         mut rx: mpsc::Receiver<Outgoing>,
+        mut sealer: Option<Sealer>,
     ) -> Result<(), String> {
         let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
+        let sealing = |e: crate::auth::AuthError| format!("sealing a record: {e}");
         while let Some(first) = rx.recv().await {
             let mut next = Some(first);
-            while let Some(msg) = next {
-                self.write_timed(&mut w, &msg.frame).await?;
-                if let Some(p) = &msg.payload {
-                    self.write_timed(&mut w, p.as_slice()).await?;
+            while let Some(mut msg) = next {
+                match &mut sealer {
+                    Some(s) => {
+                        let tag = s.seal_frame(&mut msg.frame).map_err(sealing)?;
+                        self.write_timed(&mut w, &msg.frame).await?;
+                        self.write_timed(&mut w, &tag).await?;
+                    }
+                    None => self.write_timed(&mut w, &msg.frame).await?,
+                }
+                // A payload record (and its tag) exists only when the header announces bytes.
+                if let Some(p) = msg.payload.as_ref().filter(|p| !p.as_slice().is_empty()) {
+                    match &mut sealer {
+                        Some(s) => {
+                            let (sealed, tag) = s.seal_payload(p.as_slice()).map_err(sealing)?;
+                            let bytes = sealed.as_deref().unwrap_or(p.as_slice());
+                            self.write_timed(&mut w, bytes).await?;
+                            self.write_timed(&mut w, &tag).await?;
+                        }
+                        None => self.write_timed(&mut w, p.as_slice()).await?,
+                    }
                 }
                 next = rx.try_recv().ok();
             }
@@ -281,8 +329,13 @@ impl Conn {
             .map_err(|e| format!("write failed: {e}"))
     }
 
-    async fn read_loop(self: Arc<Self>, rd: tokio::net::tcp::OwnedReadHalf) -> Result<(), String> {
+    async fn read_loop(
+        self: Arc<Self>,
+        rd: tokio::net::tcp::OwnedReadHalf,
+        opener: Option<Opener>,
+    ) -> Result<(), String> {
         let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
+        let mut guard = Guard(opener);
         let mut head = [0u8; HEADER_LEN];
         loop {
             // A clean end of stream is only allowed between frames.
@@ -296,8 +349,9 @@ impl Conn {
             }
             read_exact(&mut rd, &mut head).await?;
             let header = Header::decode(&head).map_err(|e| format!("bad frame: {e}"))?;
-            let mut body = vec![0u8; header.body_len as usize];
-            read_exact(&mut rd, &mut body).await?;
+            let body = guard
+                .frame(&mut rd, &head, header.body_len as usize)
+                .await?;
             header
                 .verify(&body)
                 .map_err(|e| format!("bad frame: {e}"))?;
@@ -305,9 +359,12 @@ impl Conn {
             match header.kind {
                 FrameKind::Request => self.on_request(header, body).await,
                 FrameKind::Reply => self.on_reply(header, body),
-                FrameKind::BulkPut => self.on_bulk_put(&mut rd, header, &body).await?,
+                FrameKind::BulkPut => self.on_bulk_put(&mut rd, &mut guard, header, &body).await?,
                 FrameKind::BulkGet => self.on_bulk_get(header, &body).await?,
-                FrameKind::BulkData => self.on_bulk_data(&mut rd, header, &body).await?,
+                FrameKind::BulkData => {
+                    self.on_bulk_data(&mut rd, &mut guard, header, &body)
+                        .await?
+                }
             }
         }
     }
@@ -327,6 +384,7 @@ impl Conn {
         conn.serving.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             let req = Incoming {
+                role: conn.role,
                 from: conn.peer.clone(),
                 to: conn.local.clone(),
                 opcode,
@@ -380,16 +438,32 @@ impl Conn {
     async fn on_bulk_put<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
+        guard: &mut Guard,
         header: Header,
         body: &[u8],
     ) -> Result<(), String> {
         let head: BulkPutHead = decode_body(body).map_err(|e| format!("bad bulk put: {e}"))?;
         let len = u64::from(header.bulk_len);
-        let outcome = match self.regions.access(head.key, head.offset, len, true) {
+        let access = if self.granted(header.xid, head.key, head.offset, len, true) {
+            self.regions.access(head.key, head.offset, len, true)
+        } else {
+            Err(RegionError::NotGranted {
+                key: head.key,
+                offset: head.offset,
+                len,
+            })
+        };
+        let outcome = match access {
             Ok(mut access) => {
                 let dst = access.as_mut_slice().unwrap_or_default();
-                read_exact(rd, dst).await?;
-                let actual = crc32c::crc32c(dst);
+                guard.payload(rd, dst).await?;
+                // A sealed payload passed its tag, which no corruption survives: the crc32c
+                // would only check the same thing again.
+                let actual = if self.sealed {
+                    head.crc32c
+                } else {
+                    crc32c::crc32c(dst)
+                };
                 if actual == head.crc32c {
                     Ok(())
                 } else {
@@ -400,7 +474,7 @@ impl Conn {
                 }
             }
             Err(e) => {
-                discard(rd, len).await?;
+                guard.discard(rd, len).await?;
                 Err(NetError::Region(e))
             }
         };
@@ -415,30 +489,37 @@ impl Conn {
 
     /// A server pulls from our memory: the payload is written straight from the region.
     async fn on_bulk_get(&self, header: Header, body: &[u8]) -> Result<(), String> {
-        let desc: BulkDesc = decode_body(body).map_err(|e| format!("bad bulk get: {e}"))?;
+        let BulkGetHead { call, desc } =
+            decode_body(body).map_err(|e| format!("bad bulk get: {e}"))?;
         let mut reply = Header::new(FrameKind::BulkData, header.opcode, header.xid);
-        let (head, payload) =
-            match self
-                .regions
-                .access(desc.key, desc.offset, u64::from(desc.len), false)
-            {
-                Ok(access) => {
-                    let crc = desc
-                        .crc32c
-                        .unwrap_or_else(|| crc32c::crc32c(access.as_slice()));
-                    reply.bulk_len = desc.len;
-                    (
-                        BulkDataHead { result: Ok(crc) },
-                        Some(Payload::Region(access)),
-                    )
-                }
-                Err(e) => (
-                    BulkDataHead {
-                        result: Err(RemoteError::new(StatusCode::Bulk, e.to_string())),
-                    },
-                    None,
-                ),
-            };
+        let len = u64::from(desc.len);
+        let access = if self.granted(call, desc.key, desc.offset, len, false) {
+            self.regions.access(desc.key, desc.offset, len, false)
+        } else {
+            Err(RegionError::NotGranted {
+                key: desc.key,
+                offset: desc.offset,
+                len,
+            })
+        };
+        let (head, payload) = match access {
+            Ok(access) => {
+                let crc = desc
+                    .crc32c
+                    .unwrap_or_else(|| crc32c::crc32c(access.as_slice()));
+                reply.bulk_len = desc.len;
+                (
+                    BulkDataHead { result: Ok(crc) },
+                    Some(Payload::Region(access)),
+                )
+            }
+            Err(e) => (
+                BulkDataHead {
+                    result: Err(RemoteError::new(StatusCode::Bulk, e.to_string())),
+                },
+                None,
+            ),
+        };
         let body = encode_body(&head).map_err(|e| e.to_string())?;
         // A send that fails has closed the connection; the reader stops on its next read.
         let _ = self.send(encode_frame(reply, &body), payload).await;
@@ -449,6 +530,7 @@ impl Conn {
     async fn on_bulk_data<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
+        guard: &mut Guard,
         header: Header,
         body: &[u8],
     ) -> Result<(), String> {
@@ -456,11 +538,12 @@ impl Conn {
         let waiter = self.gets.lock().remove(&header.xid);
         let Some(waiter) = waiter else {
             tracing::debug!(peer = %self.peer, tag = header.xid, "bulk data for a transfer no longer waiting");
-            return discard(rd, u64::from(header.bulk_len)).await;
+            return guard.discard(rd, u64::from(header.bulk_len)).await;
         };
         let result = match head.result {
             Ok(crc) => {
-                let data = read_new(rd, header.bulk_len as usize).await?;
+                let mut data = read_new(rd, header.bulk_len as usize).await?;
+                guard.check(rd, &mut data).await?;
                 let actual = crc32c::crc32c(&data);
                 if actual == crc {
                     Ok((data, crc))
@@ -472,7 +555,7 @@ impl Conn {
                 }
             }
             Err(err) => {
-                discard(rd, u64::from(header.bulk_len)).await?;
+                guard.discard(rd, u64::from(header.bulk_len)).await?;
                 Err(NetError::Remote {
                     peer: self.peer.clone(),
                     err,
@@ -481,6 +564,72 @@ impl Conn {
         };
         let _ = waiter.send(result);
         Ok(())
+    }
+}
+
+/// The receiving side's record checks: every frame and payload is read with its tag and
+/// checked before it is used (a payload lands in registered memory first, and a failed check
+/// fails its transfer and closes the connection).
+struct Guard(Option<Opener>);
+
+impl Guard {
+    /// Reads a frame's body (and its tag) after `head`, checks it and returns the body.
+    async fn frame<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        head: &[u8; HEADER_LEN],
+        body_len: usize,
+    ) -> Result<Vec<u8>, String> {
+        let Some(opener) = &mut self.0 else {
+            let mut body = vec![0u8; body_len];
+            read_exact(rd, &mut body).await?;
+            return Ok(body);
+        };
+        let mut frame = vec![0u8; HEADER_LEN + body_len];
+        frame[..HEADER_LEN].copy_from_slice(head);
+        read_exact(rd, &mut frame[HEADER_LEN..]).await?;
+        let mut tag = [0u8; TAG_LEN];
+        read_exact(rd, &mut tag).await?;
+        opener
+            .open_frame(&mut frame, &tag)
+            .map_err(|e| format!("frame rejected: {e}"))?;
+        frame.drain(..HEADER_LEN);
+        Ok(frame)
+    }
+
+    /// Reads a payload straight into `dst`, then its tag, and checks it.
+    async fn payload<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        dst: &mut [u8],
+    ) -> Result<(), String> {
+        read_exact(rd, dst).await?;
+        self.check(rd, dst).await
+    }
+
+    /// Reads the tag of a payload already read into `data`, and checks it.
+    async fn check<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        data: &mut [u8],
+    ) -> Result<(), String> {
+        let Some(opener) = self.0.as_mut().filter(|_| !data.is_empty()) else {
+            return Ok(());
+        };
+        let mut tag = [0u8; TAG_LEN];
+        read_exact(rd, &mut tag).await?;
+        opener
+            .open_payload(data, &tag)
+            .map_err(|e| format!("payload rejected: {e}"))
+    }
+
+    /// Reads and drops a payload nobody waits for (still checked: the stream must stay whole).
+    async fn discard<R: AsyncRead + Unpin>(&mut self, rd: &mut R, len: u64) -> Result<(), String> {
+        if self.0.is_none() || len == 0 {
+            return discard(rd, len).await;
+        }
+        let mut data = read_new(rd, len as usize).await?;
+        self.check(rd, &mut data).await
     }
 }
 
@@ -543,7 +692,11 @@ impl BulkPeer for TcpBulk {
             let head = BulkPutHead {
                 key: desc.key,
                 offset: desc.offset,
-                crc32c: crc32c::crc32c(&data),
+                crc32c: if conn.sealed {
+                    0
+                } else {
+                    crc32c::crc32c(&data)
+                },
             };
             let body = encode_body(&head).map_err(|err| NetError::Frame {
                 peer: conn.peer.clone(),
@@ -558,7 +711,7 @@ impl BulkPeer for TcpBulk {
 
     fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>> {
         let conn = self.conn.clone();
-        let (opcode, desc) = (self.opcode, desc.clone());
+        let (xid, opcode, desc) = (self.xid, self.opcode, desc.clone());
         Box::pin(async move {
             if desc.len > proto::MAX_BULK {
                 return Err(NetError::Frame {
@@ -569,7 +722,11 @@ impl BulkPeer for TcpBulk {
             let tag = conn.next_tag.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
             conn.gets.lock().insert(tag, tx);
-            let body = encode_body(&desc).map_err(|err| NetError::Frame {
+            let body = encode_body(&BulkGetHead {
+                call: xid,
+                desc: desc.clone(),
+            })
+            .map_err(|err| NetError::Frame {
                 peer: conn.peer.clone(),
                 err,
             })?;

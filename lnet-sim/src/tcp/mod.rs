@@ -5,6 +5,11 @@
 //! that peer. Accepted connections are capped at `max_connections`; at the cap, a new one takes
 //! the place of the connection idle longest (if idle for `displace_idle`), or is closed at once
 //! and logged. Accepted connections idle for `idle_timeout` are closed.
+//!
+//! Every connection opens with the handshake of [`crate::auth`] (bounded by
+//! `handshake_timeout`); a peer that fails it gets a refusal and nothing else, logged once per
+//! address. One address may hold at most `max_per_peer` accepted connections, and at most
+//! `max_connections` handshakes may be under way (the oldest gives way to a new one).
 
 mod conn;
 
@@ -20,6 +25,7 @@ use proto::{Nid, Opcode};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
+use crate::auth::{Role, Security};
 use crate::error::NetError;
 use crate::region::RegionTable;
 use crate::service::{BoxFuture, Dispatcher, Service, DEFAULT_QUEUE_SLOTS};
@@ -49,6 +55,13 @@ pub struct TcpConfig {
     /// An accepted connection idle this long is closed (its peer reconnects when it calls
     /// again).
     pub idle_timeout: Duration,
+    /// Accepted connections one address may hold; past it, that address's idlest connection
+    /// gives way (as for `max_connections`) or the new one is refused.
+    pub max_per_peer: usize,
+    /// How long a peer has to finish the handshake.
+    pub handshake_timeout: Duration,
+    /// Authentication and frame protection.
+    pub security: Security,
 }
 
 impl Default for TcpConfig {
@@ -62,6 +75,9 @@ impl Default for TcpConfig {
             max_connections: 4096,
             displace_idle: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(300),
+            max_per_peer: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            security: Security::Off,
         }
     }
 }
@@ -74,6 +90,10 @@ struct Inner {
     peers: Mutex<HashMap<SocketAddr, Arc<PeerConns>>>,
     accepted: Mutex<Vec<Weak<Conn>>>,
     accept_task: Mutex<Option<AbortHandle>>,
+    /// Handshakes under way, oldest first.
+    handshakes: Mutex<std::collections::VecDeque<AbortHandle>>,
+    /// Addresses already logged as refused (bounded): a refusal is logged once.
+    refused: Mutex<std::collections::HashSet<std::net::IpAddr>>,
     next_xid: AtomicU64,
 }
 
@@ -117,11 +137,13 @@ impl TcpEndpoint {
             inner: Arc::new(Inner {
                 nid,
                 cfg: Arc::new(cfg),
-                regions: RegionTable::new(rand::random()),
+                regions: RegionTable::random(),
                 dispatcher,
                 peers: Mutex::new(HashMap::new()),
                 accepted: Mutex::new(Vec::new()),
                 accept_task: Mutex::new(None),
+                handshakes: Mutex::new(std::collections::VecDeque::new()),
+                refused: Mutex::new(std::collections::HashSet::new()),
                 next_xid: AtomicU64::new(1),
             }),
         }
@@ -160,19 +182,37 @@ impl TcpEndpoint {
             return Ok(c.clone());
         }
         let nid = Nid::Tcp(addr);
-        let stream = TcpStream::connect(addr)
+        let unreachable = |reason: String| NetError::Unreachable {
+            peer: nid.clone(),
+            reason,
+        };
+        let mut stream = TcpStream::connect(addr)
             .await
-            .map_err(|e| NetError::Unreachable {
-                peer: nid.clone(),
-                reason: e.to_string(),
+            .map_err(|e| unreachable(e.to_string()))?;
+        let cfg = &self.inner.cfg;
+        let session = crate::auth::initiate(&mut stream, &cfg.security, cfg.handshake_timeout)
+            .await
+            .map_err(|e| match e {
+                // A refusal, or a server that cannot prove it holds the key, will not change
+                // on a retry.
+                crate::auth::AuthError::Refused(_) | crate::auth::AuthError::Handshake(_) => {
+                    NetError::Refused {
+                        peer: nid.clone(),
+                        reason: e.to_string(),
+                    }
+                }
+                crate::auth::AuthError::BadKey(_) => NetError::BadConfig(e.to_string()),
+                other => unreachable(other.to_string()),
             })?;
-        tracing::debug!(peer = %nid, slot = i, "connected");
+        tracing::debug!(peer = %nid, slot = i, protection = ?session.protection, "connected");
         let conn = Conn::start(
             stream,
             nid,
             self.inner.cfg.clone(),
             self.inner.regions.clone(),
             None,
+            session,
+            Role::Server,
         );
         *slot = Some(conn.clone());
         Ok(conn)
@@ -204,38 +244,94 @@ async fn accept_loop(listener: TcpListener, ep: Weak<Inner>) {
             }
         };
         let Some(ep) = ep.upgrade() else { return };
-        let mut accepted = ep.accepted.lock();
-        accepted.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
-        if accepted.len() >= ep.cfg.max_connections {
-            // The connection idle longest makes room, if it has been idle long enough: idle
-            // sockets held open cannot lock real clients out.
-            let idlest = accepted
-                .iter()
-                .enumerate()
-                .filter_map(|(i, w)| w.upgrade().map(|c| (i, c.idle_for(), c)))
-                .max_by_key(|(_, idle, _)| *idle)
-                .filter(|(_, idle, _)| *idle >= ep.cfg.displace_idle);
-            match idlest {
-                Some((i, idle, c)) => {
-                    tracing::debug!(peer = %c.peer, idle_ms = idle.as_millis() as u64, "closing the idlest connection to make room");
-                    c.close("idle, and its place was needed");
-                    accepted.swap_remove(i);
-                }
-                None => {
-                    tracing::warn!(%addr, limit = ep.cfg.max_connections, "connection refused: too many connections, none idle");
-                    continue;
-                }
+        let weak = Arc::downgrade(&ep);
+        let task = tokio::spawn(handshake(stream, addr, weak));
+        let mut pending = ep.handshakes.lock();
+        pending.retain(|t| !t.is_finished());
+        if pending.len() >= ep.cfg.max_connections {
+            // Slow or silent handshakes cannot hold the door: the oldest gives way.
+            if let Some(oldest) = pending.pop_front() {
+                oldest.abort();
             }
         }
-        let conn = Conn::start(
-            stream,
-            Nid::Tcp(addr),
-            ep.cfg.clone(),
-            ep.regions.clone(),
-            ep.dispatcher.clone(),
-        );
-        accepted.push(Arc::downgrade(&conn));
+        pending.push_back(task.abort_handle());
     }
+}
+
+/// Authenticates an accepted connection, then admits it under the connection limits.
+async fn handshake(mut stream: TcpStream, addr: SocketAddr, ep: Weak<Inner>) {
+    let (cfg, security) = match ep.upgrade() {
+        Some(ep) => (ep.cfg.clone(), ep.cfg.security.clone()),
+        None => return,
+    };
+    let outcome = crate::auth::accept(&mut stream, &security, cfg.handshake_timeout).await;
+    let Some(ep) = ep.upgrade() else { return };
+    let (session, role) = match outcome {
+        Ok(ok) => ok,
+        Err(e) => {
+            let mut refused = ep.refused.lock();
+            if refused.len() >= 4096 {
+                refused.clear();
+            }
+            if refused.insert(addr.ip()) {
+                tracing::warn!(peer = %addr, error = %e, "connection refused (logged once per address)");
+            } else {
+                tracing::debug!(peer = %addr, error = %e, "connection refused");
+            }
+            return;
+        }
+    };
+    let mut accepted = ep.accepted.lock();
+    accepted.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
+    let same_peer = |c: &Arc<Conn>| matches!(&c.peer, Nid::Tcp(a) if a.ip() == addr.ip());
+    let from_peer = accepted
+        .iter()
+        .filter(|w| w.upgrade().is_some_and(|c| same_peer(&c)))
+        .count();
+    let full = if from_peer >= cfg.max_per_peer {
+        Some(true)
+    } else if accepted.len() >= cfg.max_connections {
+        Some(false)
+    } else {
+        None
+    };
+    if let Some(per_peer) = full {
+        // The connection idle longest (of this peer, when the peer is at its own limit) makes
+        // room, if it has been idle long enough: idle sockets cannot lock real clients out.
+        let idlest = accepted
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.upgrade().map(|c| (i, c.idle_for(), c)))
+            .filter(|(_, _, c)| !per_peer || same_peer(c))
+            .max_by_key(|(_, idle, _)| *idle)
+            .filter(|(_, idle, _)| *idle >= cfg.displace_idle);
+        match idlest {
+            Some((i, idle, c)) => {
+                tracing::debug!(peer = %c.peer, idle_ms = idle.as_millis() as u64, "closing the idlest connection to make room");
+                c.close("idle, and its place was needed");
+                accepted.swap_remove(i);
+            }
+            None => {
+                let limit = if per_peer {
+                    cfg.max_per_peer
+                } else {
+                    cfg.max_connections
+                };
+                tracing::warn!(%addr, limit, per_peer, "connection refused: too many connections, none idle");
+                return;
+            }
+        }
+    }
+    let conn = Conn::start(
+        stream,
+        Nid::Tcp(addr),
+        cfg,
+        ep.regions.clone(),
+        ep.dispatcher.clone(),
+        session,
+        role,
+    );
+    accepted.push(Arc::downgrade(&conn));
 }
 
 /// Removes a call's reply slot however the call ends (reply, error or deadline).
@@ -264,6 +360,7 @@ impl Transport for TcpEndpoint {
         peer: &'a Nid,
         opcode: Opcode,
         body: Vec<u8>,
+        bulk: Option<proto::bulk::BulkGrant>,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Vec<u8>, NetError>> {
         Box::pin(async move {
@@ -277,7 +374,7 @@ impl Transport for TcpEndpoint {
             let attempt = async {
                 let conn = self.conn_to(*addr).await?;
                 let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
-                let reply = conn.expect_reply(xid);
+                let reply = conn.expect_reply(xid, bulk);
                 let _guard = PendingGuard {
                     conn: conn.clone(),
                     xid,
@@ -317,6 +414,9 @@ impl Inner {
 
     fn shutdown(&self) {
         if let Some(t) = self.accept_task.lock().take() {
+            t.abort();
+        }
+        for t in self.handshakes.lock().drain(..) {
             t.abort();
         }
         for c in self.accepted.lock().drain(..).filter_map(|w| w.upgrade()) {

@@ -1,6 +1,7 @@
 //! `lode-mds bench`: create, stat, readdir, rename and unlink of empty files through the real
 //! RPC path over TCP loopback, by 1 and 8 concurrent clients, against the same operations on a
-//! local directory (by 1 and 8 threads) measured in the same run. Each client works in its own
+//! local directory (by 1 and 8 threads) measured in the same run, with authentication off,
+//! with integrity protection and with privacy (the cost of each reported as a ratio). Each client works in its own
 //! directory. The MDS acknowledges a mutation only once it is durable; the local directory
 //! does not fsync.
 
@@ -10,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use lnet::auth::{CapabilityKey, KeyFile, Keyring, Security};
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{call, Transport};
+use mds::identity::{Granter, Nodemap};
 use mds::registry::Registry;
-use mds::service::MdsService;
+use mds::service::{MdsService, Policy};
 use mds::store::{Store, DEFAULT_CHECKPOINT_BYTES};
 use proto::md::*;
 use proto::Nid;
@@ -35,8 +38,30 @@ use proto::fid::ROOT;
 const T: Duration = Duration::from_secs(30);
 const OPS: [&str; 5] = ["create", "stat", "readdir", "rename", "unlink"];
 
-/// (clients, through lode?) and, per operation, the rate of each round.
-type Series = ((usize, bool), Vec<Vec<f64>>);
+/// What a row measures: the local directory, or lode with each protection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Local,
+    Off,
+    Integrity,
+    Privacy,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [Mode::Local, Mode::Off, Mode::Integrity, Mode::Privacy];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Local => "local directory",
+            Mode::Off => "lode, no auth",
+            Mode::Integrity => "lode, integrity",
+            Mode::Privacy => "lode, privacy",
+        }
+    }
+}
+
+/// (clients, mode) and, per operation, the rate of each round.
+type Series = ((usize, Mode), Vec<Vec<f64>>);
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -55,28 +80,80 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let store = std::sync::Arc::new(Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?);
     let registry = std::sync::Arc::new(Registry::open(&mds_dir)?);
     let alloc = mds::alloc::Allocator::new(registry.clone());
-    let server = TcpEndpoint::bind(
+    let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
+    let service = MdsService::new(
+        registry,
+        store,
+        alloc,
+        rand::random(),
+        Policy {
+            // The bench's clients are root on this machine.
+            nodemap: Nodemap::trusting(vec!["127.0.0.0/8".parse().map_err(anyhow::Error::msg)?]),
+            granter: Granter {
+                key: CapabilityKey::of(&keys),
+                lifetime: mds::identity::CAPABILITY_LIFETIME,
+            },
+            audit: None,
+        },
+    );
+    // The same service behind two listeners: one open, one authenticating; clients choose
+    // integrity or privacy on the second.
+    let open = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
-        MdsService::new(registry, store, alloc, rand::random()),
+        service.clone(),
         TcpConfig::default(),
     )
     .await?;
-    let nid = server.nid();
-    // results[(clients, lode?)][op] = rates per round
+    let keyed = TcpEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        service,
+        TcpConfig {
+            security: Security::server(keys.clone(), false)?,
+            ..TcpConfig::default()
+        },
+    )
+    .await?;
+    // results[(clients, mode)][op] = rates per round
     let mut results: Vec<Series> = vec![];
     for clients in [1usize, 8] {
-        for lode in [false, true] {
-            results.push(((clients, lode), vec![vec![]; OPS.len()]));
+        for mode in Mode::ALL {
+            results.push(((clients, mode), vec![vec![]; OPS.len()]));
         }
     }
     for round in 0..args.rounds {
         for k in 0..results.len() {
             let i = (k + round) % results.len();
-            let ((clients, lode), _) = results[i];
-            let rates = if lode {
-                lode_round(&nid, clients, args.files, round).await?
-            } else {
-                local_round(&root.join("local"), clients, args.files, round).await?
+            let ((clients, mode), _) = results[i];
+            let client_cfg = |security| TcpConfig {
+                security,
+                ..TcpConfig::default()
+            };
+            let rates = match mode {
+                Mode::Local => local_round(&root.join("local"), clients, args.files, round).await?,
+                Mode::Off => {
+                    lode_round(
+                        &open.nid(),
+                        TcpConfig::default(),
+                        "off",
+                        clients,
+                        args.files,
+                        round,
+                    )
+                    .await?
+                }
+                Mode::Integrity | Mode::Privacy => {
+                    let security = Security::client(keys.clone(), mode == Mode::Privacy);
+                    let tag = if mode == Mode::Privacy { "p" } else { "i" };
+                    lode_round(
+                        &keyed.nid(),
+                        client_cfg(security),
+                        tag,
+                        clients,
+                        args.files,
+                        round,
+                    )
+                    .await?
+                }
             };
             for (op, r) in rates.into_iter().enumerate() {
                 results[i].1[op].push(r);
@@ -88,25 +165,40 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         args.files, args.rounds
     );
     println!(
-        "  {:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
     );
-    for ((clients, lode), per_op) in &results {
-        let name = format!(
-            "{} x{clients}",
-            if *lode {
-                "lode over TCP"
-            } else {
-                "local directory"
-            }
-        );
+    for ((clients, mode), per_op) in &results {
+        let name = format!("{} x{clients}", mode.name());
         let row: Vec<String> = per_op
             .iter()
             .map(|v| format!("{:>10.0}", median(v.clone())))
             .collect();
-        println!("  {name:<22} {}", row.join(" "));
+        println!("  {name:<30} {}", row.join(" "));
     }
-    drop(server);
+    // The cost of authentication: each mode against no authentication, same clients.
+    for ((clients, mode), per_op) in &results {
+        if !matches!(mode, Mode::Integrity | Mode::Privacy) {
+            continue;
+        }
+        let Some((_, base)) = results
+            .iter()
+            .find(|((c, m), _)| c == clients && *m == Mode::Off)
+        else {
+            continue;
+        };
+        let ratios: Vec<String> = per_op
+            .iter()
+            .zip(base)
+            .map(|(v, b)| format!("{:>10.2}", median(v.clone()) / median(b.clone())))
+            .collect();
+        println!(
+            "  {:<30} {}",
+            format!("{} / no auth x{clients}", mode.name()),
+            ratios.join(" ")
+        );
+    }
+    drop((open, keyed));
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
 }
@@ -127,16 +219,23 @@ where
 
 /// One round of every measured operation, in the order the report lists them (long by design:
 /// a script of steps, each timed).
-async fn lode_round(nid: &Nid, clients: usize, files: usize, round: usize) -> Result<Vec<f64>> {
+async fn lode_round(
+    nid: &Nid,
+    cfg: TcpConfig,
+    tag: &str,
+    clients: usize,
+    files: usize,
+    round: usize,
+) -> Result<Vec<f64>> {
     let root = Creds::root();
     let eps: Vec<Arc<TcpEndpoint>> = (0..clients)
-        .map(|_| Arc::new(TcpEndpoint::client(TcpConfig::default())))
+        .map(|_| Arc::new(TcpEndpoint::client(cfg.clone())))
         .collect();
     let mut dirs = vec![];
     for (c, ep) in eps.iter().enumerate() {
         let m = Mutation::Create {
             parent: ROOT,
-            name: format!("r{round}c{c}-{clients}").into_bytes(),
+            name: format!("r{round}c{c}-{clients}-{tag}").into_bytes(),
             kind: Kind::Dir,
             mode: 0o755,
             exclusive: true,

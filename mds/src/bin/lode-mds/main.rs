@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use lnet::Attach;
+use mds::identity::{NodeGroup, NodeRange, Nodemap};
 use mds::store::DEFAULT_CHECKPOINT_BYTES;
 use mds::{MdsConfig, MdsServer};
 
@@ -42,8 +43,10 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `recovery_window_s`
-    /// and `evict_after_s`; flags override it.
+    /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `recovery_window_s`,
+    /// `evict_after_s`, `key_file`, `auth`, `privacy`, `trusted_nodes`, `squash_uid`,
+    /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib` and
+    /// `audit_keep`; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the MDS keeps its state.
@@ -55,6 +58,15 @@ struct ServeArgs {
     /// Journal size, in MiB, past which a snapshot is written [default: 64].
     #[arg(long)]
     checkpoint_mib: Option<u64>,
+    #[command(flatten)]
+    auth: daemon::AuthArgs,
+    /// Client nodes whose root is root here (an address or a range such as 10.0.0.0/24;
+    /// repeatable). Root on any other client node is squashed to nobody.
+    #[arg(long = "trust", value_name = "NODES")]
+    trust: Vec<String>,
+    /// Write an audit log (JSON lines) to this file.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
 }
 
 /// The configuration file.
@@ -68,6 +80,47 @@ struct Config {
     recovery_window_s: Option<u64>,
     /// Seconds a client holding files open may stay silent before it loses its handles.
     evict_after_s: Option<u64>,
+    /// The cluster key file.
+    key_file: Option<PathBuf>,
+    /// `false` runs without authentication (anyone who can reach the port gets in).
+    auth: Option<bool>,
+    /// Encrypt every connection.
+    privacy: Option<bool>,
+    /// Client nodes whose root is root here.
+    trusted_nodes: Option<Vec<String>>,
+    /// What root becomes on other nodes [default: 65534].
+    squash_uid: Option<u32>,
+    squash_gid: Option<u32>,
+    /// Per-node identity maps: `[[nodemap]] nodes = ["10.0.1.0/24"]`, `trusted = false`,
+    /// `uids = [[1000, 5000]]`, `gids = [[100, 500]]`.
+    nodemap: Option<Vec<NodemapEntry>>,
+    /// Seconds a capability for object I/O lasts [default: 3600].
+    capability_lifetime_s: Option<u64>,
+    /// Write the audit log here (one JSON line per open, create, unlink, rename, setattr).
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log past this many MiB [default: 64].
+    audit_max_mib: Option<u64>,
+    /// Rotated audit logs kept [default: 8].
+    audit_keep: Option<u32>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodemapEntry {
+    nodes: Vec<String>,
+    #[serde(default)]
+    trusted: bool,
+    #[serde(default)]
+    uids: Vec<(u32, u32)>,
+    #[serde(default)]
+    gids: Vec<(u32, u32)>,
+}
+
+fn ranges(nodes: &[String]) -> Result<Vec<NodeRange>> {
+    nodes
+        .iter()
+        .map(|n| n.parse().map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// What the server runs with: flags over the file over defaults.
@@ -77,6 +130,10 @@ struct Settings {
     checkpoint_mib: u64,
     recovery_window: Duration,
     evict_after: Duration,
+    security: lnet::auth::Security,
+    nodemap: Nodemap,
+    capability_lifetime: Duration,
+    audit: Option<mds::audit::AuditConfig>,
 }
 
 impl ServeArgs {
@@ -109,6 +166,50 @@ impl ServeArgs {
             evict_after: file
                 .evict_after_s
                 .map_or(mds::server::EVICT_AFTER, Duration::from_secs),
+            security: self
+                .auth
+                .security(file.key_file.as_deref(), file.auth, file.privacy)?,
+            nodemap: {
+                let mut groups = vec![];
+                let trusted: Vec<String> = self
+                    .trust
+                    .into_iter()
+                    .chain(file.trusted_nodes.unwrap_or_default())
+                    .collect();
+                if !trusted.is_empty() {
+                    groups.push(NodeGroup {
+                        nodes: ranges(&trusted)?,
+                        trusted: true,
+                        ..NodeGroup::default()
+                    });
+                }
+                for e in file.nodemap.unwrap_or_default() {
+                    groups.push(NodeGroup {
+                        nodes: ranges(&e.nodes)?,
+                        trusted: e.trusted,
+                        uids: e.uids,
+                        gids: e.gids,
+                    });
+                }
+                Nodemap {
+                    groups,
+                    squash_uid: file.squash_uid.unwrap_or(mds::identity::NOBODY),
+                    squash_gid: file.squash_gid.unwrap_or(mds::identity::NOBODY),
+                }
+            },
+            audit: self
+                .audit_log
+                .or(file.audit_log)
+                .map(|path| mds::audit::AuditConfig {
+                    path,
+                    max_bytes: file.audit_max_mib.unwrap_or(64).max(1) << 20,
+                    keep: file.audit_keep.unwrap_or(8),
+                }),
+            capability_lifetime: file
+                .capability_lifetime_s
+                .map_or(mds::identity::CAPABILITY_LIFETIME, |s| {
+                    Duration::from_secs(s.max(60))
+                }),
         })
     }
 }
@@ -151,11 +252,14 @@ fn serve(args: ServeArgs) -> Result<()> {
         checkpoint_bytes: args.checkpoint_mib << 20,
         recovery_window: args.recovery_window,
         evict_after: args.evict_after,
+        nodemap: args.nodemap,
+        capability_lifetime: args.capability_lifetime,
+        audit: args.audit,
         ..MdsConfig::new(args.data_dir)
     };
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let server = MdsServer::start(cfg, &Attach::tcp(args.listen))
+        let server = MdsServer::start(cfg, &Attach::tcp(args.listen, args.security))
             .await
             .with_context(|| format!("starting the MDS on {}", args.listen))?;
         println!("lode-mds serving at {}", server.nid());

@@ -12,6 +12,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use lnet::auth::capability::{READ, WRITE};
+use lnet::auth::{CapabilityKey, KeyFile, Keyring, Security};
 use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::{call, Transport};
 use oss::engine::psync::Psync;
@@ -19,6 +21,7 @@ use oss::engine::uring::Uring;
 use oss::engine::{AlignedBuf, Engine, EngineConfig, FileHandle, OpenMode};
 use oss::service::OssService;
 use oss::Target;
+use proto::capa::Capability;
 use proto::ost::{OstRead, OstSync, OstWrite};
 use proto::{Fid, Nid};
 use rand::{Rng, SeedableRng};
@@ -87,6 +90,8 @@ struct Net {
     client: Arc<TcpEndpoint>,
     nid: Nid,
     fid: Fid,
+    /// The capability a client holds for `fid` (authentication is on, as in production).
+    capa: Capability,
 }
 
 struct Case {
@@ -138,17 +143,27 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     Target::format(&uring, &net_root, 2, Some(1)).await?;
     let net_target = Arc::new(Target::open(uring, &net_root).await?);
     let fid = net_target.precreate(1).await?;
+    let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
+    let capability = CapabilityKey::of(&keys).context("a cluster key signs capabilities")?;
+    let grant = capability.grant([(1, fid)], READ | WRITE, u64::MAX);
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
-        OssService::new([net_target]),
-        TcpConfig::default(),
+        OssService::new([net_target], Some(capability)),
+        TcpConfig {
+            security: Security::server(keys.clone(), false)?,
+            ..TcpConfig::default()
+        },
     )
     .await?;
     let net = Net {
         nid: server.nid(),
         _server: server,
-        client: Arc::new(TcpEndpoint::client(TcpConfig::default())),
+        client: Arc::new(TcpEndpoint::client(TcpConfig {
+            security: Security::client(keys, false),
+            ..TcpConfig::default()
+        })),
         fid,
+        capa: grant.for_object(1, fid).context("the grant")?,
     };
     let bench = Bench {
         net,
@@ -307,17 +322,7 @@ impl Bench {
                 target_io(t.clone(), *fid, io, bytes, qd, n).await?;
             }
             Via::Network => {
-                let net = &self.net;
-                net_io(
-                    net.client.clone(),
-                    net.nid.clone(),
-                    net.fid,
-                    io,
-                    bytes,
-                    qd,
-                    n,
-                )
-                .await?;
+                net_io(&self.net, io, bytes, qd, n).await?;
             }
         }
         Ok(())
@@ -505,15 +510,8 @@ async fn target_io(
 
 /// The same through the network: OST_WRITE and OST_READ with bulk transfers, four in flight
 /// for sequential I/O and `qd` for random reads. (Long by design: setup, three timed phases.)
-async fn net_io(
-    c: Arc<TcpEndpoint>,
-    nid: Nid,
-    fid: Fid,
-    io: Io,
-    bytes: u64,
-    qd: usize,
-    reads: u64,
-) -> Result<()> {
+async fn net_io(net: &Net, io: Io, bytes: u64, qd: usize, reads: u64) -> Result<()> {
+    let (c, nid, fid, capa) = (net.client.clone(), net.nid.clone(), net.fid, net.capa);
     const T: std::time::Duration = std::time::Duration::from_secs(60);
     let (workers, chunk) = match io {
         Io::Write(c) | Io::Read(c) => (4usize, c),
@@ -541,6 +539,7 @@ async fn net_io(
                                     desc: desc.clone(),
                                     sync: false,
                                     stamp: Default::default(),
+                                    capa: Some(capa),
                                 },
                                 T,
                             )
@@ -554,6 +553,7 @@ async fn net_io(
                                     fid,
                                     offset: off,
                                     desc: desc.clone(),
+                                    capa: Some(capa),
                                 },
                                 T,
                             )
@@ -573,6 +573,7 @@ async fn net_io(
                                 fid,
                                 offset: off,
                                 desc: desc.clone(),
+                                capa: Some(capa),
                             },
                             T,
                         )
@@ -587,7 +588,17 @@ async fn net_io(
         r??;
     }
     if matches!(io, Io::Write(_)) {
-        call(&*c, &nid, &OstSync { target: 1, fid }, T).await?;
+        call(
+            &*c,
+            &nid,
+            &OstSync {
+                target: 1,
+                fid,
+                capa: Some(capa),
+            },
+            T,
+        )
+        .await?;
     }
     Ok(())
 }

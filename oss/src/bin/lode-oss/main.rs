@@ -71,6 +71,8 @@ struct ServeArgs {
     /// Seconds to keep trying to reach the MDS at start before giving up.
     #[arg(long, default_value_t = 60)]
     mds_timeout: u64,
+    #[command(flatten)]
+    auth: daemon::AuthArgs,
 }
 
 fn main() -> Result<()> {
@@ -96,6 +98,7 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
 async fn serve(args: ServeArgs) -> Result<()> {
     let data_dir = args.data_dir.context("--data-dir is required")?;
     let mds = parse_nid(args.mds.as_deref().context("--mds is required")?)?;
+    let security = args.auth.security(None, None, None)?;
     let _lock = daemon::DataDirLock::acquire(&data_dir)?;
     let engine = engine::start(
         args.engine,
@@ -110,7 +113,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         mds_timeout: Duration::from_secs(args.mds_timeout),
         ..OssConfig::new(mds)
     };
-    let server = OssServer::start(cfg, homes, &Attach::tcp(args.listen))
+    let server = OssServer::start(cfg, homes, &Attach::tcp(args.listen, security))
         .await
         .with_context(|| format!("starting the storage server on {}", args.listen))?;
     println!(
