@@ -17,7 +17,19 @@ work="$mnt/posix.$$"
 other=$(mktemp -d)
 mkdir -p "$work"
 cd "$work"
-RUST_BACKTRACE=0 pjdfstest -c "$here/pjdfstest.toml" -p "$work" -s "$other" | tail -3
+log=$(mktemp)
+status=0
+RUST_BACKTRACE=0 pjdfstest -c "$here/pjdfstest.toml" -p "$work" -s "$other" >"$log" 2>&1 || status=$?
+# The summary, and every case that did not pass with the lines it printed, so that a failure
+# can be read from the end of a long log.
+tail -3 "$log"
+if [ "$status" -ne 0 ]; then
+  echo "run.sh: pjdfstest failed; the cases that did not pass:" >&2
+  awk '/^[^\t]/ { show = $NF != "ok" && $NF != "skipped" && $1 != "Summary:" } show' "$log" >&2
+  rm -f "$log"
+  exit "$status"
+fi
+rm -f "$log"
 for seed in 1 2 3; do
   fsx -N "$ops" -S "$seed" -f "$here/fsx.toml" -P "$other" "$work/fsx.$seed"
 done
