@@ -5,6 +5,9 @@ write with its final fsync), the same with O_DIRECT on the mount (what the page 
 and a checkpoint (write, fsync, rename, fsync of the directory).
 
     scripts/mount-buffered-bench.py --mount /mnt/lode --local /var/tmp/bench [--rounds 3] [--size 2g]
+    scripts/mount-buffered-bench.py --mount wb=/mnt/a --mount nowb=/mnt/b --local /var/tmp/bench
+
+Several mounts (LABEL=PATH, e.g. one with `-o no_writeback`) are measured in the same run.
 
 Caches are dropped before every read job (root), so reads are cold on both sides. Each round
 runs every job on both directories in rotated order; the report gives medians, lode's ratio to
@@ -98,21 +101,25 @@ def jobs(size):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mount", required=True)
+    p.add_argument("--mount", required=True, action="append",
+                   help="a lode mount, PATH or LABEL=PATH; repeat to compare mounts")
     p.add_argument("--local", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--size", default="2g")
     a = p.parse_args()
-    dirs = {"lode": os.path.join(a.mount, "buffered-bench"), "local": a.local}
+    mounts = [m.split("=", 1) if "=" in m else ["lode", m] for m in a.mount]
+    dirs = {label: os.path.join(path, "buffered-bench") for label, path in mounts}
+    lodes = list(dirs)
+    dirs["local"] = a.local
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)
     size_bytes = int(a.size.rstrip("g")) << 30
     results = {}
     order = list(dirs)
     for rnd in range(a.rounds):
-        sides = order[rnd % 2:] + order[:rnd % 2]
+        sides = order[rnd % len(order):] + order[:rnd % len(order)]
         for label, side, args, both in jobs(a.size):
-            for name in sides if both else ["lode"]:
+            for name in sides if both else [n for n in sides if n != "local"]:
                 r = fio(dirs[name], label.split(",")[0].replace(" ", "_"), args, side)
                 results.setdefault((label, name), []).append(r)
                 print(f"round {rnd + 1} {name:5} {label:32} {r['MiB/s']:8.0f} MiB/s "
@@ -121,14 +128,21 @@ def main():
             r = checkpoint(dirs[name], size_bytes)
             results.setdefault(("checkpoint write+fsync+rename", name), []).append(r)
             print(f"round {rnd + 1} {name:5} checkpoint {r['s']:.2f} s", file=sys.stderr)
-    print(f"\nmedians of {a.rounds} rounds, {a.size} (lode = {a.mount}, local = {a.local})")
-    print(f"{'job':34} {'lode':>12} {'local':>12} {'ratio':>6}  CPU s/GB lode / local")
+    print(f"\nmedians of {a.rounds} rounds, {a.size} ({', '.join(a.mount)}, local = {a.local})")
+    for lode in lodes:
+        report(results, lode)
+    for lode in lodes:
+        subprocess.run(["rm", "-rf", dirs[lode]])
+
+
+def report(results, lode):
+    print(f"\n{'job':34} {lode:>12} {'local':>12} {'ratio':>6}  CPU s/GB {lode} / local")
     seen = []
     for job, _ in results:
         if job not in seen:
             seen.append(job)
     for job in seen:
-        lo, lc = results[(job, "lode")], results.get((job, "local"))
+        lo, lc = results[(job, lode)], results.get((job, "local"))
         if "s" in lo[0]:
             x = statistics.median(r["s"] for r in lo)
             y = statistics.median(r["s"] for r in lc)
@@ -142,7 +156,6 @@ def main():
         y = statistics.median(r["MiB/s"] for r in lc)
         cy = statistics.median(r["cpu_s_per_GB"] for r in lc)
         print(f"{job:34} {x:6.0f} MiB/s {y:6.0f} MiB/s {x / y:6.2f}  {cx:.2f} / {cy:.2f}")
-    subprocess.run(["rm", "-rf", dirs["lode"]])
 
 
 if __name__ == "__main__":

@@ -966,6 +966,11 @@ impl File {
         self.unpublished.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the handle is open for writing.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
     /// Whether writes go to the end of the file whatever their offset (O_APPEND).
     pub fn appends(&self) -> bool {
         self.append
@@ -1140,13 +1145,34 @@ impl File {
 
     /// Marks the file changed (ctime, and mtime with `modified`) on behalf of this handle.
     pub async fn touch(&self, modified: bool) -> Result<()> {
-        let fid = self.inode.lock().fid;
         let attr = SetAttr {
             mtime: modified.then(proto::md::Time::now),
             times_now: true,
             ..Default::default()
         };
-        // Through the open handle, as for a truncate.
+        self.set_by_handle(attr).await.map(|_| ())
+    }
+
+    /// Sets the mtime of this handle's writes as the writer's clock took it (what a page cache
+    /// that keeps the mtime of cached writes hands over when it writes them back, as a Lustre
+    /// client's close carries it). The handle must be open for writing.
+    pub async fn set_mtime(&self, mtime: proto::md::Time) -> Result<Inode> {
+        if !self.writable {
+            return Err(ClientError::fs(
+                FsErrorKind::BadHandle,
+                "the file is not open for writing",
+            ));
+        }
+        let attr = SetAttr {
+            mtime: Some(mtime),
+            ..Default::default()
+        };
+        self.set_by_handle(attr).await
+    }
+
+    /// A change of times through the open handle, as for a truncate: the open was the check.
+    async fn set_by_handle(&self, attr: SetAttr) -> Result<Inode> {
+        let fid = self.inode.lock().fid;
         let done = self
             .client
             .reint_with(Mutation::Setattr { fid, attr }, Some(self.handle))
@@ -1154,7 +1180,7 @@ impl File {
         if let Some(i) = done.inode {
             *self.inode.lock() = i;
         }
-        Ok(())
+        Ok(self.inode())
     }
 
     /// A reader of `chunk`-byte pieces from `offset` on, keeping `ahead` chunks in flight.

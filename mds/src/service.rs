@@ -555,14 +555,15 @@ impl MdsService {
     /// change that goes ahead, the open counted with it when asked.
     async fn reint(&self, mut r: MdsReint) -> Result<Vec<u8>, RemoteError> {
         // A change of size or times through an open handle needs no permission now: the open
-        // was the check (ftruncate of a file created with mode 0).
+        // was the check (ftruncate of a file created with mode 0). Times are now, or the
+        // mtime the writer's page cache kept for its writes (never an atime of its choosing).
         let by_handle = match (&r.mutation, r.open) {
             (Mutation::GrowSize { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
             (Mutation::Setattr { fid, attr }, Some(h)) => {
                 let only_size_and_times = attr.mode.is_none()
                     && attr.uid.is_none()
                     && attr.gid.is_none()
-                    && (attr.times_now || (attr.atime.is_none() && attr.mtime.is_none()));
+                    && (attr.times_now || attr.atime.is_none());
                 only_size_and_times && self.alloc.open.holds(*fid, h)
             }
             _ => false,

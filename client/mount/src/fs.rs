@@ -45,11 +45,14 @@ pub struct LodeFs {
     streams: Arc<Streams>,
     /// Each open file's readahead window.
     windows: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Ahead>>>>>,
+    /// The kernel's write-back cache is on: it keeps buffered writes, the size and the mtime,
+    /// and sends the pages in large writes of its own.
+    writeback: bool,
     next_fh: AtomicU64,
 }
 
 impl LodeFs {
-    pub fn new(client: Client, rt: tokio::runtime::Handle) -> LodeFs {
+    pub fn new(client: Client, rt: tokio::runtime::Handle, writeback: bool) -> LodeFs {
         LodeFs {
             client,
             rt,
@@ -58,6 +61,7 @@ impl LodeFs {
             notifier: Arc::default(),
             streams: Arc::default(),
             windows: Arc::default(),
+            writeback,
             next_fh: AtomicU64::new(1),
         }
     }
@@ -156,6 +160,14 @@ impl Filesystem for LodeFs {
                 | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
                 | fuser::InitFlags::FUSE_ASYNC_DIO,
         );
+        // The write-back cache: buffered writes stay in the page cache and reach the daemon
+        // as the kernel writes them back, in requests of up to 1 MiB many at a time; the
+        // kernel keeps the size and mtime they made, and flushes both at fsync and close.
+        if self.writeback && config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE).is_err()
+        {
+            tracing::warn!("the kernel offers no write-back cache; buffered writes go one by one");
+            self.writeback = false;
+        }
         Ok(())
     }
 
@@ -207,6 +219,31 @@ impl Filesystem for LodeFs {
         let c = self.as_caller(req);
         let open = fh.and_then(|h| self.file(h).ok());
         let files = self.files.clone();
+        // The write-back cache hands over the mtime of the writes it kept through a handle
+        // open for writing; the writer may set it whoever owns the file.
+        let kept_mtime = match (mtime, &open) {
+            (Some(TimeOrNow::SpecificTime(t)), Some(f))
+                if self.writeback
+                    && f.writable()
+                    && mode.is_none()
+                    && uid.is_none()
+                    && gid.is_none()
+                    && size.is_none()
+                    && atime.is_none() =>
+            {
+                Some(from_time(t))
+            }
+            _ => None,
+        };
+        if let (Some(t), Some(f)) = (kept_mtime, open.clone()) {
+            self.rt.spawn(async move {
+                match f.set_mtime(t).await {
+                    Ok(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+            return;
+        }
         let t = |x: TimeOrNow| match x {
             TimeOrNow::Now => from_time(SystemTime::now()),
             TimeOrNow::SpecificTime(s) => from_time(s),
@@ -423,6 +460,7 @@ impl Filesystem for LodeFs {
         let files = self.files.clone();
         let notifier = self.notifier.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let writeback = self.writeback;
         self.rt.spawn(async move {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
@@ -431,13 +469,28 @@ impl Filesystem for LodeFs {
             } else {
                 FopenFlags::empty()
             };
-            let opts = OpenOptions::new()
-                .read(acc != libc::O_WRONLY)
-                .write(acc != libc::O_RDONLY)
-                .append(raw & libc::O_APPEND != 0)
-                .truncate(raw & libc::O_TRUNC != 0);
-            let opened = opts.open_fid(&c, fid_of(ino));
-            match opened.await {
+            let opts = |read: bool| {
+                OpenOptions::new()
+                    .read(read)
+                    .write(acc != libc::O_RDONLY)
+                    .append(raw & libc::O_APPEND != 0 && !writeback)
+                    .truncate(raw & libc::O_TRUNC != 0)
+            };
+            // The write-back cache reads the rest of a page a write covers in part, through
+            // whichever handle wrote: a write-only open reads too where the caller may.
+            let fid = fid_of(ino);
+            let mut opened = opts(acc != libc::O_WRONLY || writeback)
+                .open_fid(&c, fid)
+                .await;
+            if acc == libc::O_WRONLY
+                && writeback
+                && opened
+                    .as_ref()
+                    .is_err_and(|e| e.is(FsErrorKind::AccessDenied))
+            {
+                opened = opts(false).open_fid(&c, fid).await;
+            }
+            match opened {
                 Ok(f) => {
                     // Close-to-open: another client may have changed the file since the kernel
                     // cached its attributes; the next stat asks again (its pages are dropped
@@ -466,15 +519,31 @@ impl Filesystem for LodeFs {
         let (c, n) = (self.as_caller(req), name(n));
         let files = self.files.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        // Under the write-back cache the kernel places appends itself, and may read back
+        // through this handle: it reads too where the caller may (its creator may whatever
+        // the mode; a file that was already there, as its mode says).
+        let writeback = self.writeback;
         self.rt.spawn(async move {
-            let opts = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .create_new(flags & libc::O_EXCL != 0)
-                .append(flags & libc::O_APPEND != 0)
-                .truncate(flags & libc::O_TRUNC != 0)
-                .mode(mode & !umask & 0o7777);
-            match opts.open_in(&c, fid_of(parent), &n).await {
+            let opts = |read: bool| {
+                OpenOptions::new()
+                    .read(read)
+                    .write(true)
+                    .create(true)
+                    .create_new(flags & libc::O_EXCL != 0)
+                    .append(flags & libc::O_APPEND != 0 && !writeback)
+                    .truncate(flags & libc::O_TRUNC != 0)
+                    .mode(mode & !umask & 0o7777)
+            };
+            let parent = fid_of(parent);
+            let mut opened = opts(writeback).open_in(&c, parent, &n).await;
+            if writeback
+                && opened
+                    .as_ref()
+                    .is_err_and(|e| e.is(FsErrorKind::AccessDenied))
+            {
+                opened = opts(false).open_in(&c, parent, &n).await;
+            }
+            match opened {
                 Ok(f) => {
                     let i = f.inode();
                     let a = attr(&i, i.size);

@@ -12,7 +12,8 @@ use fuser::MountOption;
 use crate::fs::LodeFs;
 
 /// The mount options `lode mount -o` takes.
-pub const OPTIONS: &str = "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N";
+pub const OPTIONS: &str =
+    "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N, writeback, no_writeback";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
 /// keep every stripe of a file busy from the page cache's sequential reads.
@@ -68,6 +69,18 @@ fn set_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
+/// Whether `opts` leave the kernel's write-back cache on (the default; `no_writeback` turns it
+/// off, and each write then reaches the daemon as the application made it).
+pub fn writeback(opts: Option<&str>) -> bool {
+    opts.unwrap_or("")
+        .split(',')
+        .fold(true, |on, o| match o {
+            "writeback" => true,
+            "no_writeback" => false,
+            _ => on,
+        })
+}
+
 /// The FUSE configuration for a mount of `mds` with `opts` (comma-separated).
 pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError> {
     let mut cfg = fuser::Config::default();
@@ -89,6 +102,7 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
             "default_permissions" => MountOption::DefaultPermissions,
             "ro" => MountOption::RO,
             "rw" => MountOption::RW,
+            "writeback" | "no_writeback" => continue,
             o if o.starts_with("readahead_kb=") => continue,
             other => return Err(MountError::UnknownOption(other.to_owned())),
         });
@@ -121,7 +135,7 @@ pub async fn serve(
 ) -> Result<(), MountError> {
     let cfg = config(opts, mds)?;
     let readahead = readahead_kb(opts)?;
-    let fs = LodeFs::new(client, tokio::runtime::Handle::current());
+    let fs = LodeFs::new(client, tokio::runtime::Handle::current(), writeback(opts));
     let notifier = fs.notifier_slot();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg).map_err(|source| MountError::Mount {
         path: mountpoint.to_owned(),
