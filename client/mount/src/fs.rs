@@ -163,7 +163,10 @@ impl Filesystem for LodeFs {
         // The write-back cache: buffered writes stay in the page cache and reach the daemon
         // as the kernel writes them back, in requests of up to 1 MiB many at a time; the
         // kernel keeps the size and mtime they made, and flushes both at fsync and close.
-        if self.writeback && config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE).is_err()
+        if self.writeback
+            && config
+                .add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
         {
             tracing::warn!("the kernel offers no write-back cache; buffered writes go one by one");
             self.writeback = false;

@@ -72,13 +72,11 @@ fn set_readahead(mountpoint: &Path, kb: u32) {
 /// Whether `opts` leave the kernel's write-back cache on (the default; `no_writeback` turns it
 /// off, and each write then reaches the daemon as the application made it).
 pub fn writeback(opts: Option<&str>) -> bool {
-    opts.unwrap_or("")
-        .split(',')
-        .fold(true, |on, o| match o {
-            "writeback" => true,
-            "no_writeback" => false,
-            _ => on,
-        })
+    opts.unwrap_or("").split(',').fold(true, |on, o| match o {
+        "writeback" => true,
+        "no_writeback" => false,
+        _ => on,
+    })
 }
 
 /// The FUSE configuration for a mount of `mds` with `opts` (comma-separated).
