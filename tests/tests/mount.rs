@@ -362,7 +362,7 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
 }
 
 /// A cluster of one storage server and a mount of it, for the buffered-write test.
-fn one_server_mount(name: &str) -> Option<(PathBuf, Server, Server, Server)> {
+fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, Server)> {
     // SAFETY: geteuid has no preconditions.
     if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs /dev/fuse and root");
@@ -401,7 +401,7 @@ fn one_server_mount(name: &str) -> Option<(PathBuf, Server, Server, Server)> {
             "mount",
             mnt.to_str().unwrap(),
             "-o",
-            "allow_other,default_permissions",
+            opts,
         ],
     )
     .unwrap();
@@ -413,8 +413,22 @@ fn one_server_mount(name: &str) -> Option<(PathBuf, Server, Server, Server)> {
 // dropped by another user's write, then the storage server lost under pending writes.
 #[test]
 fn buffered_writes_show_to_other_processes_and_their_failures_surface_at_fsync_and_close() {
+    buffered_writes_scenario("mount-buffered", "allow_other,default_permissions");
+}
+
+// The same through the kernel's write-back cache: the kernel keeps the size and mtime, places
+// appends, and writes back before fsync and close, which still report the lost writes.
+#[test]
+fn under_the_write_back_cache_buffered_writes_show_and_fail_the_same() {
+    buffered_writes_scenario(
+        "mount-writeback",
+        "allow_other,default_permissions,writeback",
+    );
+}
+
+fn buffered_writes_scenario(name: &str, opts: &str) {
     use std::os::fd::IntoRawFd;
-    let Some((mnt, _mds, oss, mount)) = one_server_mount("mount-buffered") else {
+    let Some((mnt, _mds, oss, mount)) = one_server_mount(name, opts) else {
         return;
     };
     let m = |p: &str| mnt.join(p);

@@ -247,6 +247,15 @@ impl Filesystem for LodeFs {
             });
             return;
         }
+        // Under the write-back cache the kernel sends UTIME_NOW's mtime as its own clock's
+        // time (only the atime keeps the "now" flag): a change of both to now is judged as one
+        // (any writer may make it), not as times only the owner may set.
+        let mtime = match (atime, mtime) {
+            (Some(TimeOrNow::Now), Some(TimeOrNow::SpecificTime(_))) if self.writeback => {
+                Some(TimeOrNow::Now)
+            }
+            _ => mtime,
+        };
         let t = |x: TimeOrNow| match x {
             TimeOrNow::Now => from_time(SystemTime::now()),
             TimeOrNow::SpecificTime(s) => from_time(s),

@@ -69,10 +69,11 @@ fn set_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
-/// Whether `opts` leave the kernel's write-back cache on (the default; `no_writeback` turns it
-/// off, and each write then reaches the daemon as the application made it).
+/// Whether `opts` turn the kernel's write-back cache on (`writeback`; off by default, since the
+/// kernel then trusts its own size and mtime of a cached file over the MDS's, and would not see
+/// another node's appends until the file leaves its cache).
 pub fn writeback(opts: Option<&str>) -> bool {
-    opts.unwrap_or("").split(',').fold(true, |on, o| match o {
+    opts.unwrap_or("").split(',').fold(false, |on, o| match o {
         "writeback" => true,
         "no_writeback" => false,
         _ => on,
