@@ -101,11 +101,20 @@ impl Readahead {
 
     /// Chunks to issue now, as (offset, length), to keep `depth` on their way.
     pub fn issue(&mut self) -> Vec<(u64, u64)> {
+        self.issue_at_most(usize::MAX)
+    }
+
+    /// As [`Readahead::issue`], but at most `most` chunks (what a shared memory budget has
+    /// left); the rest are asked for by a later call.
+    pub fn issue_at_most(&mut self, most: usize) -> Vec<(u64, u64)> {
         let mut out = vec![];
         if self.streak < self.trigger {
             return out; // not a stream (yet)
         }
-        while self.ahead.len() < self.depth && self.eof.is_none_or(|e| self.issued_to < e) {
+        while out.len() < most
+            && self.ahead.len() < self.depth
+            && self.eof.is_none_or(|e| self.issued_to < e)
+        {
             out.push((self.issued_to, self.chunk));
             self.ahead.push_back(self.issued_to);
             self.issued_to += self.chunk;
@@ -207,6 +216,17 @@ mod tests {
             "the file ends inside the second chunk"
         );
         assert_eq!(r.reset().len(), 7);
+    }
+
+    #[test]
+    fn a_budget_holds_issues_back_until_chunks_are_consumed() {
+        let mut r = Readahead::new(MIB, 8, 0);
+        r.observe(0, MIB);
+        assert_eq!(r.issue_at_most(2), vec![(0, MIB), (MIB, MIB)]);
+        assert!(r.issue_at_most(0).is_empty());
+        r.consumed(0);
+        assert_eq!(r.issue_at_most(1), vec![(2 * MIB, MIB)]);
+        assert_eq!(r.issue().len(), 6, "the rest of the depth once the budget allows");
     }
 
     #[test]

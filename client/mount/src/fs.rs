@@ -52,14 +52,21 @@ pub struct LodeFs {
 }
 
 impl LodeFs {
-    pub fn new(client: Client, rt: tokio::runtime::Handle, writeback: bool) -> LodeFs {
+    /// `readahead_bytes`: what the readahead windows of all the mount's open files may hold
+    /// together.
+    pub fn new(
+        client: Client,
+        rt: tokio::runtime::Handle,
+        writeback: bool,
+        readahead_bytes: u64,
+    ) -> LodeFs {
         LodeFs {
             client,
             rt,
             files: Arc::default(),
             dirs: Arc::default(),
             notifier: Arc::default(),
-            streams: Arc::default(),
+            streams: Arc::new(Streams::new(readahead_bytes)),
             windows: Arc::default(),
             writeback,
             next_fh: AtomicU64::new(1),

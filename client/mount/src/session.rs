@@ -13,7 +13,8 @@ use crate::fs::LodeFs;
 
 /// The mount options `lode mount -o` takes.
 pub const OPTIONS: &str =
-    "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N, writeback, no_writeback";
+    "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N, readahead_memory_mb=N, \
+     writeback, no_writeback";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
 /// keep every stripe of a file busy from the page cache's sequential reads.
@@ -45,6 +46,22 @@ pub fn readahead_kb(opts: Option<&str>) -> Result<u32, MountError> {
         }
     }
     Ok(kb)
+}
+
+/// What the daemon's readahead windows may hold together (`readahead_memory_mb=N`), in bytes.
+pub fn readahead_memory(opts: Option<&str>) -> Result<u64, MountError> {
+    let mut bytes = crate::stream::READAHEAD_MEMORY;
+    for o in opts.unwrap_or("").split(',') {
+        if let Some(v) = o.strip_prefix("readahead_memory_mb=") {
+            bytes = v
+                .parse::<u64>()
+                .ok()
+                .filter(|m| (1..=1 << 20).contains(m))
+                .ok_or_else(|| MountError::UnknownOption(o.to_owned()))?
+                << 20;
+        }
+    }
+    Ok(bytes)
 }
 
 /// Sets the kernel's readahead for the mount at `mountpoint` (its backing device's
@@ -102,7 +119,9 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
             "ro" => MountOption::RO,
             "rw" => MountOption::RW,
             "writeback" | "no_writeback" => continue,
-            o if o.starts_with("readahead_kb=") => continue,
+            o if o.starts_with("readahead_kb=") || o.starts_with("readahead_memory_mb=") => {
+                continue
+            }
             other => return Err(MountError::UnknownOption(other.to_owned())),
         });
     }
@@ -134,7 +153,12 @@ pub async fn serve(
 ) -> Result<(), MountError> {
     let cfg = config(opts, mds)?;
     let readahead = readahead_kb(opts)?;
-    let fs = LodeFs::new(client, tokio::runtime::Handle::current(), writeback(opts));
+    let fs = LodeFs::new(
+        client,
+        tokio::runtime::Handle::current(),
+        writeback(opts),
+        readahead_memory(opts)?,
+    );
     let notifier = fs.notifier_slot();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg).map_err(|source| MountError::Mount {
         path: mountpoint.to_owned(),

@@ -11,6 +11,7 @@
 
 use proto::FsErrorKind;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -66,11 +67,55 @@ struct PerFile {
     epoch: std::sync::atomic::AtomicU64,
 }
 
-/// A handle's readahead window: the plan, and the chunks it asked for, in file order.
+/// A handle's readahead window: the plan, and the chunks it asked for, in file order, each
+/// holding its share of the mount's budget until it leaves the window.
 pub struct Ahead {
     plan: Readahead,
     epoch: u64,
-    chunks: VecDeque<(u64, Pending)>,
+    chunks: VecDeque<(u64, Pending, Permit)>,
+}
+
+/// The readahead memory of a whole mount, in chunks: what every handle's window holds
+/// together stays within it, except that a stream whose window is empty may always take the
+/// one chunk under its read, so that no reader waits on another's window.
+pub struct Budget {
+    held: AtomicUsize,
+    most: usize,
+}
+
+/// One chunk's share of the budget, given back when the chunk is dropped.
+struct Permit(Arc<Budget>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Budget {
+    pub fn new(bytes: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            held: AtomicUsize::new(0),
+            most: (bytes / CHUNK as u64).max(1) as usize,
+        })
+    }
+
+    /// How many chunks may be taken now, `at_least` even when the budget is spent.
+    fn free(&self, at_least: usize) -> usize {
+        self.most
+            .saturating_sub(self.held.load(Ordering::Acquire))
+            .max(at_least)
+    }
+
+    fn take(self: &Arc<Self>) -> Permit {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        Permit(self.clone())
+    }
+
+    /// Chunks held now by every window of the mount.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
 }
 
 /// A chunk of the window: on its way, or landed (and partly read by the kernel already).
@@ -106,7 +151,7 @@ impl Ahead {
     /// Cancels the reads in flight and waits until they let go of the file.
     pub async fn stop(&mut self) {
         self.plan.reset();
-        for (_, p) in self.chunks.drain(..) {
+        for (_, p, _) in self.chunks.drain(..) {
             if let Pending::Reading(h) = p {
                 h.abort();
                 let _ = h.await;
@@ -117,7 +162,7 @@ impl Ahead {
     /// Forgets the chunks the plan no longer wants (dropping a handle leaves its read to
     /// finish unseen).
     fn drop_chunks(&mut self, starts: &[u64]) {
-        self.chunks.retain(|(s, _)| !starts.contains(s));
+        self.chunks.retain(|(s, _, _)| !starts.contains(s));
     }
 }
 
@@ -143,13 +188,36 @@ impl ReadOut {
 const CHUNK: usize = 1 << 20;
 const AHEAD: usize = 16;
 
+/// The readahead memory of a mount unless `-o readahead_memory_mb=N` says otherwise: sixteen
+/// streams at full depth.
+pub const READAHEAD_MEMORY: u64 = 256 << 20;
+
 /// Write-behind and readahead for the files of one mount.
-#[derive(Default)]
 pub struct Streams {
     files: Mutex<HashMap<Fid, Arc<PerFile>>>,
+    budget: Arc<Budget>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams::new(READAHEAD_MEMORY)
+    }
 }
 
 impl Streams {
+    /// Streams whose readahead windows hold at most `readahead_bytes` together.
+    pub fn new(readahead_bytes: u64) -> Streams {
+        Streams {
+            files: Mutex::default(),
+            budget: Budget::new(readahead_bytes),
+        }
+    }
+
+    /// The mount's readahead budget.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
     fn of(&self, fid: Fid) -> Arc<PerFile> {
         self.files.lock().entry(fid).or_default().clone()
     }
@@ -248,7 +316,7 @@ impl Streams {
         a.drop_chunks(&dropped);
         // Not (yet) a stream, or a read of the stream that arrived after its chunk left the
         // window: read directly, letting other reads of the handle run too.
-        let behind = a.chunks.front().is_some_and(|(s, _)| *s > offset);
+        let behind = a.chunks.front().is_some_and(|(s, _, _)| *s > offset);
         if access == Access::Direct || behind {
             drop(a);
             return Ok(ReadOut::Chunk(file.read_chunk(offset, size).await?));
@@ -257,8 +325,8 @@ impl Streams {
         let mut parts: Vec<ReadOut> = vec![];
         let mut at = offset;
         while at < end {
-            top_up(file, &mut a);
-            let Some((start, pending)) = a.chunks.pop_front() else {
+            top_up(file, &mut a, &self.budget);
+            let Some((start, pending, permit)) = a.chunks.pop_front() else {
                 break; // past the end of the file
             };
             let chunk = pending.landed().await?;
@@ -277,7 +345,7 @@ impl Streams {
             parts.push(ReadOut::Slice(chunk.clone(), from..to));
             if to < chunk.len() {
                 // The rest of this chunk is the next read's start: keep it at the front.
-                a.chunks.push_front((start, Pending::Landed(chunk)));
+                a.chunks.push_front((start, Pending::Landed(chunk), permit));
                 break;
             }
             a.plan.consumed(start);
@@ -285,7 +353,7 @@ impl Streams {
                 break;
             }
         }
-        top_up(file, &mut a);
+        top_up(file, &mut a, &self.budget);
         Ok(match parts.len() {
             0 => ReadOut::Joined(vec![]),
             1 => parts.pop().expect("one part"),
@@ -294,11 +362,29 @@ impl Streams {
     }
 }
 
-/// Issues the chunks the plan wants on their way.
-fn top_up(file: &Arc<File>, a: &mut Ahead) {
-    for (at, len) in a.plan.issue() {
+/// Issues the chunks the plan wants on their way, as far as the mount's budget allows.
+fn top_up(file: &Arc<File>, a: &mut Ahead, budget: &Arc<Budget>) {
+    let free = budget.free(usize::from(a.chunks.is_empty()));
+    for (at, len) in a.plan.issue_at_most(free) {
         let f = file.clone();
+        let permit = budget.take();
         let read = tokio::spawn(async move { f.read_chunk(at, len as usize).await });
-        a.chunks.push_back((at, Pending::Reading(read)));
+        a.chunks.push_back((at, Pending::Reading(read), permit));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_shared_and_given_back_when_chunks_go() {
+        let b = Budget::new(3 * CHUNK as u64);
+        assert_eq!(b.free(0), 3);
+        let held: Vec<Permit> = (0..3).map(|_| b.take()).collect();
+        assert_eq!((b.free(0), b.free(1)), (0, 1), "spent, but a stream may take its one");
+        drop(held);
+        assert_eq!((b.held(), b.free(0)), (0, 3));
+        assert_eq!(Budget::new(1).free(0), 1, "at least one chunk");
     }
 }
