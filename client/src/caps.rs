@@ -101,12 +101,26 @@ impl Caps {
         object: Fid,
         make: impl Fn(Option<Capability>) -> R,
     ) -> Result<R::Reply> {
+        self.rpc_within(client, peer, target, object, make, None)
+            .await
+    }
+
+    /// As [`Caps::rpc`], giving up on the server after `limit` when one is given.
+    pub(crate) async fn rpc_within<R: Rpc + Clone>(
+        &self,
+        client: &Client,
+        peer: &Nid,
+        target: u32,
+        object: Fid,
+        make: impl Fn(Option<Capability>) -> R,
+        limit: Option<std::time::Duration>,
+    ) -> Result<R::Reply> {
         let capa = self.get(client, target, object).await?;
-        match client.rpc(peer, &make(capa)).await {
+        match client.rpc_within(peer, &make(capa), limit).await {
             Err(e) if capa.is_some() && e.is(FsErrorKind::AccessDenied) => {
                 self.grant.lock().0.expiry = 0;
                 let capa = self.get(client, target, object).await?;
-                client.rpc(peer, &make(capa)).await
+                client.rpc_within(peer, &make(capa), limit).await
             }
             other => other,
         }

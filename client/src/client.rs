@@ -57,6 +57,10 @@ pub struct ClientConfig {
     /// The staging ring of device reads and writes: chunk size and chunk count.
     pub staging_chunk: usize,
     pub staging_chunks: usize,
+    /// How long a call to one copy of a mirrored file may go unanswered (its server down,
+    /// restarting or hung) before the client turns to the other copies: a write marks that
+    /// mirror stale, a read reads another mirror.
+    pub mirror_failover: Duration,
 }
 
 impl Default for ClientConfig {
@@ -78,6 +82,7 @@ impl Default for ClientConfig {
             gpu: None,
             staging_chunk: 4 << 20,
             staging_chunks: 4,
+            mirror_failover: Duration::from_secs(3),
         }
     }
 }
@@ -102,7 +107,13 @@ pub(crate) struct Inner {
     gpu: std::sync::OnceLock<crate::gpu::Gpu>,
     /// Pinned host chunks device reads and writes stage through.
     pub(crate) staging: Arc<crate::gpu::staging::Staging>,
+    /// Targets that did not answer a mirrored file's call, and when: reads prefer the other
+    /// copies for [`SHUNNED_FOR`] instead of waiting on them again.
+    shunned: parking_lot::Mutex<std::collections::HashMap<u32, Instant>>,
 }
+
+/// How long a target that did not answer is read from last.
+pub const SHUNNED_FOR: Duration = Duration::from_secs(10);
 
 /// A connection to one filesystem. Cheap to clone.
 #[derive(Clone)]
@@ -163,6 +174,7 @@ impl Client {
                 opens: crate::opens::Opens::default(),
                 gpu: std::sync::OnceLock::new(),
                 staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
+                shunned: Default::default(),
             }),
             creds,
         };
@@ -293,15 +305,46 @@ impl Client {
         }
     }
 
+    /// Notes that `target` did not answer a call in time.
+    pub(crate) fn shun(&self, target: u32) {
+        self.inner.shunned.lock().insert(target, Instant::now());
+    }
+
+    /// Whether `target` failed to answer within [`SHUNNED_FOR`]; forgets older failures.
+    pub(crate) fn shunned(&self, target: u32) -> bool {
+        let mut s = self.inner.shunned.lock();
+        match s.get(&target) {
+            Some(t) if t.elapsed() < SHUNNED_FOR => true,
+            Some(_) => {
+                s.remove(&target);
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Sends `req` to `peer`, resending while the peer is unreachable, restarting or busy, for
     /// at most `retry_for`.
     pub(crate) async fn rpc<R: Rpc + Clone>(&self, peer: &Nid, req: &R) -> Result<R::Reply> {
+        self.rpc_within(peer, req, None).await
+    }
+
+    /// As [`Client::rpc`], but giving up after `limit` when one is given (each attempt and the
+    /// resends together): a mirrored file's call turns to another copy instead of waiting.
+    pub(crate) async fn rpc_within<R: Rpc + Clone>(
+        &self,
+        peer: &Nid,
+        req: &R,
+        limit: Option<Duration>,
+    ) -> Result<R::Reply> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(20);
+        let retry_for = limit.unwrap_or(self.inner.cfg.retry_for);
+        let attempt = limit.map_or(self.inner.cfg.attempt, |l| l.min(self.inner.cfg.attempt));
         loop {
-            match call(&self.inner.net, peer, req, self.inner.cfg.attempt).await {
+            match call(&self.inner.net, peer, req, attempt).await {
                 Ok(r) => return Ok(r),
-                Err(e) if e.is_retryable() && start.elapsed() < self.inner.cfg.retry_for => {
+                Err(e) if e.is_retryable() && start.elapsed() < retry_for => {
                     tracing::debug!(%peer, error = %e, "resending");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));

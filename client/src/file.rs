@@ -18,7 +18,7 @@ use std::sync::Arc;
 use lnet::{Registered, Transport};
 use parking_lot::Mutex;
 use proto::capa::Grant;
-use proto::layout::{Component, Layout, StripeCount, StripeObject};
+use proto::layout::{Component, Layout, LayoutError, StripeCount, StripeObject};
 use proto::md::{Inode, Kind, MdsOpen, Mutation, OpenHandle, SetAttr};
 
 use crate::caps::Caps;
@@ -390,20 +390,57 @@ impl File {
         }
     }
 
-    /// The pieces of `offset..offset+len`, each with its object and that object's server.
-    async fn plan(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<(proto::layout::Piece, StripeObject, Nid)>> {
-        let layout = self.layout()?;
+    /// How long one copy of the file may fail to answer before another is used: `None` for a
+    /// file with one copy (its calls wait for its server, up to the client's `retry_for`).
+    fn failover(&self, layout: &Layout) -> Option<std::time::Duration> {
+        (layout.mirror_count() > 1).then_some(self.client.inner.cfg.mirror_failover)
+    }
+
+    /// Marks `mirror` stale at the MDS (durably, before the write that missed it is
+    /// acknowledged) and takes the layout the MDS answers with.
+    async fn mark_stale(&self, layout: &Layout, mirror: u16, why: &ClientError) -> Result<()> {
+        let fid = self.inode.lock().fid;
+        tracing::warn!(%fid, mirror, error = %why, "a mirror missed a write; marking it stale");
+        let m = Mutation::MirrorState {
+            fid,
+            mirror,
+            stale: true,
+            generation: layout.generation,
+        };
+        let r = self
+            .client
+            .reint_if(m, Some(self.handle), None)
+            .await
+            .map_err(|e| {
+                ClientError::fs(
+                    FsErrorKind::Io,
+                    format!("{fid}: mirror {mirror} missed a write ({why}) and could not be marked stale: {e}"),
+                )
+            })?;
+        if let Some(i) = r.inode {
+            let mut mine = self.inode.lock();
+            mine.layout = i.layout;
+        }
+        Ok(())
+    }
+}
+
+/// The pieces of `offset..offset+len` in `layout` (one mirror), each with its object and that
+/// object's server.
+async fn plan_in(
+    client: &Client,
+    layout: &Layout,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<(proto::layout::Piece, StripeObject, Nid)>> {
+    {
         let pieces = layout.pieces(offset, len)?;
         let objects: Vec<StripeObject> = pieces
             .iter()
             .map(|p| layout.components[p.component].objects[p.stripe as usize])
             .collect();
-        let servers = self
-            .oss_of(&objects.iter().map(|o| o.target).collect())
+        let servers = client
+            .servers_of(&objects.iter().map(|o| o.target).collect())
             .await?;
         Ok(pieces
             .into_iter()
@@ -411,18 +448,9 @@ impl File {
             .map(|(p, o)| (p, o, servers[&o.target].clone()))
             .collect())
     }
+}
 
-    /// The client's window of every target the pieces touch.
-    fn windows(
-        &self,
-        planned: &[(proto::layout::Piece, StripeObject, Nid)],
-    ) -> std::collections::HashMap<u32, Arc<Semaphore>> {
-        planned
-            .iter()
-            .map(|(_, o, _)| (o.target, self.client.window(o.target)))
-            .collect()
-    }
-
+impl File {
     /// Where the storage server of `target` is.
     async fn oss_of(&self, targets: &HashSet<u32>) -> Result<std::collections::HashMap<u32, Nid>> {
         self.client.servers_of(targets).await
@@ -498,10 +526,45 @@ impl File {
             .ok_or_else(|| {
                 ClientError::fs(FsErrorKind::FileTooLarge, "past the file size limit")
             })?;
-        let planned = self.plan(offset, len).await?;
-        let windows = self.windows(&planned);
+        self.write_copies(offset, &region, region_offset, len, None)
+            .await?;
+        self.written_to.fetch_max(end, Ordering::Relaxed);
+        self.unpublished.store(true, Ordering::SeqCst);
+        Ok(offset)
+    }
+
+    /// Writes `len` bytes of `region` at `offset` to every copy in sync (or to copy `only`,
+    /// for a resync: its failure is returned, not marked).
+    async fn write_copies<B: std::any::Any + Send + Sync>(
+        &self,
+        offset: u64,
+        region: &Arc<Registered<B>>,
+        region_offset: u64,
+        len: u64,
+        only: Option<u16>,
+    ) -> Result<()> {
+        // Every copy in sync gets the write; one whose server does not answer within the
+        // failover time is marked stale before the write is acknowledged.
+        let layout = self.layout()?;
+        let stale = layout.stale_mirrors();
+        let failover = self.failover(&layout);
+        let mirrors: Vec<u16> = match only {
+            Some(m) => vec![m],
+            None => (0..layout.mirror_count())
+                .filter(|m| !stale.contains(m))
+                .collect(),
+        };
+        let mut planned = vec![];
+        for &m in &mirrors {
+            let of_mirror = plan_in(&self.client, &layout.mirror(m), offset, len).await?;
+            planned.extend(of_mirror.into_iter().map(|x| (m, x)));
+        }
+        let windows: std::collections::HashMap<u32, Arc<Semaphore>> = planned
+            .iter()
+            .map(|(_, (_, o, _))| (o.target, self.client.window(o.target)))
+            .collect();
         let mut tasks = JoinSet::new();
-        for (p, obj, oss) in planned {
+        for (mirror, (p, obj, oss)) in planned {
             // Its place in the order is taken now, in the caller's order.
             let ticket =
                 self.client
@@ -512,50 +575,206 @@ impl File {
             let (client, region) = (self.client.clone(), region.clone());
             let caps = self.caps.clone();
             tasks.spawn(async move {
-                // Before taking a slot of the window: a write holding one never waits for
-                // another that needs one.
-                ticket.ready().await;
-                let _slot = window
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
-                let desc =
-                    region.desc(region_offset + (p.file_offset - offset), p.len as u32, true)?;
-                let w = |capa| OstWrite {
-                    target: obj.target,
-                    fid: obj.fid,
-                    offset: p.object_offset,
-                    desc: desc.clone(),
-                    sync: false,
-                    stamp: ticket.stamp,
-                    capa,
-                };
-                let r = caps.rpc(&client, &oss, obj.target, obj.fid, w).await;
-                drop(ticket);
-                r.map(|r| (obj, r.epoch))
+                let r = async {
+                    // Before taking a slot of the window: a write holding one never waits for
+                    // another that needs one.
+                    ticket.ready().await;
+                    let _slot = window
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
+                    let desc = region.desc(
+                        region_offset + (p.file_offset - offset),
+                        p.len as u32,
+                        true,
+                    )?;
+                    let w = |capa| OstWrite {
+                        target: obj.target,
+                        fid: obj.fid,
+                        offset: p.object_offset,
+                        desc: desc.clone(),
+                        sync: false,
+                        stamp: ticket.stamp,
+                        capa,
+                    };
+                    let r = caps
+                        .rpc_within(&client, &oss, obj.target, obj.fid, w, failover)
+                        .await;
+                    drop(ticket);
+                    r.map(|r| (obj, r.epoch))
+                }
+                .await;
+                (mirror, r)
             });
         }
         let fid = self.inode.lock().fid;
-        let mut first_err = None;
+        let mut failed: std::collections::BTreeMap<u16, ClientError> = Default::default();
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok(Ok((obj, epoch))) => {
+                Ok((_, Ok((obj, epoch)))) => {
                     self.client.inner.writes.written(fid, obj, epoch);
                 }
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
+                Ok((m, Err(e))) => {
+                    failed.entry(m).or_insert(e);
                 }
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
-                }
+                Err(e) => return Err(ClientError::fs(FsErrorKind::Io, e.to_string())),
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
+        if mirrors.iter().all(|m| failed.contains_key(m)) || (only.is_some() && !failed.is_empty())
+        {
+            return Err(failed.into_values().next().unwrap_or_else(|| {
+                ClientError::fs(FsErrorKind::Io, LayoutError::AllStale.to_string())
+            }));
         }
-        self.written_to.fetch_max(end, Ordering::Relaxed);
-        self.unpublished.store(true, Ordering::SeqCst);
-        Ok(offset)
+        for (m, e) in &failed {
+            self.mark_stale(&layout, *m, e).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` from copy `mirror` alone, in sync or not (holes and the
+    /// end of its objects read as zeros): to compare copies.
+    pub async fn read_copy(&self, mirror: u16, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let layout = self.layout()?;
+        if mirror >= layout.mirror_count() {
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
+                format!("the file has no mirror {mirror}"),
+            ));
+        }
+        let region = self.client.register(vec![0u8; len as usize])?;
+        for (p, obj, oss) in plan_in(&self.client, &layout.mirror(mirror), offset, len).await? {
+            let at = p.file_offset - offset;
+            let desc = region.desc(at, p.len as u32, false)?;
+            let window = self.client.window(obj.target);
+            let done = read_piece(
+                &self.client,
+                &self.caps,
+                &window,
+                &oss,
+                obj,
+                p.object_offset,
+                &desc,
+            )
+            .await?;
+            let got = u64::from(done.bytes).min(p.len);
+            if got < p.len {
+                region
+                    .dma(at + got, p.len - got, true)?
+                    .copy_in(&vec![0u8; (p.len - got) as usize])?;
+            }
+        }
+        Ok(region.read(0, len)?.as_slice().to_vec())
+    }
+
+    /// Brings every stale copy of the file back in sync from one in sync: the stale copy's
+    /// objects emptied, the file's bytes copied over (all-zero chunks left as holes), its
+    /// objects synced, compared with the source, and the copy marked in sync at the MDS if
+    /// the layout did not change meanwhile. Returns the bytes copied. The handle must be open
+    /// for writing. A write made through another handle during the resync is caught by the
+    /// comparison only if it lands before it; resync files that are not being written.
+    pub async fn resync(&self, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
+        const CHUNK: u64 = 4 << 20;
+        let mut copied = 0;
+        for _attempt in 0..3 {
+            let size = self.size().await?;
+            let layout = self.layout()?;
+            let stale = layout.stale_mirrors();
+            if stale.is_empty() {
+                return Ok(copied);
+            }
+            let Some(src) = (0..layout.mirror_count()).find(|m| !stale.contains(m)) else {
+                return Err(ClientError::fs(
+                    FsErrorKind::Io,
+                    format!("{}: {}", self.inode.lock().fid, LayoutError::AllStale),
+                ));
+            };
+            let total = size * stale.len() as u64;
+            for (k, &m) in stale.iter().enumerate() {
+                let copy = layout.mirror(m);
+                self.truncate_objects(copy.clone(), 0, None).await?;
+                let mut at = 0;
+                while at < size {
+                    let n = CHUNK.min(size - at);
+                    let bytes = self.read_copy(src, at, n).await?;
+                    if bytes.iter().any(|&b| b != 0) {
+                        let region = Arc::new(self.client.register(bytes)?);
+                        self.write_copies(at, &region, 0, n, Some(m)).await?;
+                        copied += n;
+                    }
+                    at += n;
+                    progress(k as u64 * size + at, total);
+                }
+                self.truncate_objects(copy.clone(), size, None).await?;
+                self.sync_objects(&copy).await?;
+                // The copy must now read as the source does.
+                let mut at = 0;
+                while at < size {
+                    let n = CHUNK.min(size - at);
+                    if self.read_copy(src, at, n).await? != self.read_copy(m, at, n).await? {
+                        return Err(ClientError::fs(
+                            FsErrorKind::Io,
+                            format!(
+                                "{}: mirror {m} differs from mirror {src} at {at} after its resync (written meanwhile?)",
+                                self.inode.lock().fid
+                            ),
+                        ));
+                    }
+                    at += n;
+                }
+            }
+            let fid = self.inode.lock().fid;
+            let mut changed = false;
+            for &m in &stale {
+                let clear = Mutation::MirrorState {
+                    fid,
+                    mirror: m,
+                    stale: false,
+                    generation: self.layout()?.generation,
+                };
+                match self.client.reint_if(clear, Some(self.handle), None).await {
+                    Ok(r) => {
+                        if let Some(i) = r.inode {
+                            self.inode.lock().layout = i.layout;
+                        }
+                    }
+                    Err(e) if e.is(FsErrorKind::Stale) => changed = true,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !changed {
+                return Ok(copied);
+            }
+            // The layout changed under the resync: start again from what it is now.
+            if let Ok(i) = self.client.getattr(fid).await {
+                *self.inode.lock() = i;
+            }
+        }
+        Err(ClientError::fs(
+            FsErrorKind::Io,
+            "the file's layout kept changing during its resync",
+        ))
+    }
+
+    /// Makes every object of `layout` (one copy) durable.
+    async fn sync_objects(&self, layout: &Layout) -> Result<()> {
+        let targets = layout
+            .components
+            .iter()
+            .flat_map(|c| c.objects.iter().map(|o| o.target))
+            .collect();
+        let servers = self.oss_of(&targets).await?;
+        for o in layout.components.iter().flat_map(|c| &c.objects) {
+            let sync = |capa| OstSync {
+                target: o.target,
+                fid: o.fid,
+                capa,
+            };
+            self.caps
+                .rpc(&self.client, &servers[&o.target], o.target, o.fid, sync)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns how many (short only at
@@ -602,32 +821,96 @@ impl File {
             ));
         }
         let host = region.kind() == lnet::MemoryKind::Host;
-        let planned = self.plan(offset, len).await?;
-        let windows = self.windows(&planned);
+        // Each stripe unit is read from one copy in sync, the units spread over the copies;
+        // a copy that fails (its server does not answer within the failover time, or a piece
+        // fails its checksum) is replaced by the next.
+        let layout = self.layout()?;
+        let stale = layout.stale_mirrors();
+        let in_sync: Vec<u16> = (0..layout.mirror_count())
+            .filter(|m| !stale.contains(m))
+            .collect();
+        let Some(&first) = in_sync.first() else {
+            return Err(ClientError::fs(
+                FsErrorKind::Io,
+                format!("{}: {}", self.inode.lock().fid, LayoutError::AllStale),
+            ));
+        };
+        let failover = self.failover(&layout);
+        let base = layout.mirror(first);
         let mut tasks = JoinSet::new();
-        for (p, obj, oss) in planned {
-            let at = region_offset + (p.file_offset - offset);
-            let desc = region.desc(at, p.len as u32, false)?;
-            let (client, window) = (self.client.clone(), windows[&obj.target].clone());
+        for unit in base.pieces(offset, len)? {
+            let spread = (unit.file_offset / base.components[unit.component].stripe_size) as usize;
+            let mut tries = vec![];
+            for k in 0..in_sync.len() {
+                let m = in_sync[(spread + k) % in_sync.len()];
+                let mut pieces = vec![];
+                for (p, obj, oss) in
+                    plan_in(&self.client, &layout.mirror(m), unit.file_offset, unit.len).await?
+                {
+                    let at = region_offset + (p.file_offset - offset);
+                    let desc = region.desc(at, p.len as u32, false)?;
+                    pieces.push(Landed {
+                        at,
+                        piece: p,
+                        obj,
+                        oss,
+                        desc,
+                        done: Default::default(),
+                        mirror: m,
+                    });
+                }
+                tries.push(pieces);
+            }
+            // Copies on servers that just failed to answer are tried last.
+            tries.sort_by_key(|t| t.iter().any(|l| self.client.shunned(l.obj.target)));
+            let client = self.client.clone();
             let caps = self.caps.clone();
             tasks.spawn(async move {
-                let done =
-                    read_piece(&client, &caps, &window, &oss, obj, p.object_offset, &desc).await?;
-                Ok::<_, ClientError>(Landed {
-                    at,
-                    piece: p,
-                    obj,
-                    oss,
-                    desc,
-                    done,
-                })
+                let last = tries.len() - 1;
+                for (k, mut pieces) in tries.into_iter().enumerate() {
+                    let mut failed = None;
+                    for l in &mut pieces {
+                        let window = client.window(l.obj.target);
+                        let r = read_piece_within(
+                            &client,
+                            &caps,
+                            &window,
+                            &l.oss,
+                            l.obj,
+                            l.piece.object_offset,
+                            &l.desc,
+                            failover,
+                        )
+                        .await;
+                        match r {
+                            Ok(done) => l.done = done,
+                            Err(e) => {
+                                if !e.is(FsErrorKind::AccessDenied) {
+                                    client.shun(l.obj.target);
+                                }
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    match failed {
+                        None => return Ok(pieces),
+                        Some(e) if k == last => return Err(e),
+                        Some(e) => tracing::warn!(
+                            mirror = pieces[0].mirror,
+                            error = %e,
+                            "a mirror did not answer a read; reading another"
+                        ),
+                    }
+                }
+                unreachable!("the last try returns")
             });
         }
         let mut landed = vec![];
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok(Ok(l)) => landed.push(l),
+                Ok(Ok(l)) => landed.extend(l),
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -912,11 +1195,21 @@ impl File {
     /// call until the client's last handle on the file closes.
     pub async fn fsync(&self) -> Result<()> {
         let fid = self.inode.lock().fid;
-        let unsynced = self.client.inner.writes.unsynced(fid);
+        let layout = self.layout().ok();
+        // A stale copy's objects are left to its resync.
+        let stale: Vec<StripeObject> = layout
+            .iter()
+            .flat_map(|l| &l.components)
+            .filter(|c| c.stale)
+            .flat_map(|c| c.objects.iter().copied())
+            .collect();
+        let mut unsynced = self.client.inner.writes.unsynced(fid);
+        unsynced.retain(|(o, _)| !stale.contains(o));
         let servers = self
             .oss_of(&unsynced.iter().map(|(o, _)| o.target).collect())
             .await?;
         let mut tasks = JoinSet::new();
+        let failover = layout.as_ref().and_then(|l| self.failover(l));
         for (o, seen) in unsynced {
             let (client, oss) = (self.client.clone(), servers[&o.target].clone());
             let caps = self.caps.clone();
@@ -926,30 +1219,65 @@ impl File {
                     fid: o.fid,
                     capa,
                 };
-                let ack = caps.rpc(&client, &oss, o.target, o.fid, sync).await?;
+                let ack = caps
+                    .rpc_within(&client, &oss, o.target, o.fid, sync, failover)
+                    .await
+                    .map_err(|e| (o, e))?;
                 if client.inner.writes.synced(fid, o, seen, ack.epoch) {
                     Ok(())
                 } else {
-                    Err(ClientError::fs(
-                        FsErrorKind::Io,
-                        format!(
-                            "target {} restarted and lost writes to object {} that were not yet \
-                             synced",
-                            o.target, o.fid
+                    Err((
+                        o,
+                        ClientError::fs(
+                            FsErrorKind::Io,
+                            format!(
+                                "target {} restarted and lost writes to object {} that were not \
+                                 yet synced",
+                                o.target, o.fid
+                            ),
                         ),
                     ))
                 }
             });
         }
-        let mut first_err = None;
+        // Failures by copy: a copy that lost or could not sync its writes is marked stale
+        // when another copy in sync holds them durably; otherwise the failure is reported.
+        let mirror_of = |o: &StripeObject| {
+            layout.as_ref().and_then(|l| {
+                l.components
+                    .iter()
+                    .find(|c| c.objects.contains(o))
+                    .map(|c| c.mirror)
+            })
+        };
+        let mut failed: std::collections::BTreeMap<Option<u16>, ClientError> = Default::default();
         while let Some(r) = tasks.join_next().await {
-            let r = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()));
-            if let Err(e) = r.and_then(|r| r) {
-                first_err.get_or_insert(e);
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err((o, e))) => {
+                    failed.entry(mirror_of(&o)).or_insert(e);
+                }
+                Err(e) => {
+                    failed
+                        .entry(None)
+                        .or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
+                }
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
+        if !failed.is_empty() {
+            let Some(layout) = layout.filter(|l| l.mirror_count() > 1) else {
+                return Err(failed.into_values().next().expect("not empty"));
+            };
+            let stale = layout.stale_mirrors();
+            let kept = (0..layout.mirror_count())
+                .any(|m| !stale.contains(&m) && !failed.contains_key(&Some(m)));
+            if failed.contains_key(&None) || !kept {
+                return Err(failed.into_values().next().expect("not empty"));
+            }
+            for (m, e) in &failed {
+                self.mark_stale(&layout, m.expect("checked above"), e)
+                    .await?;
+            }
         }
         self.publish_size().await
     }
@@ -1033,25 +1361,10 @@ impl File {
         }
         let fid = self.inode.lock().fid;
         if let Ok(layout) = self.layout() {
-            let mut targets = HashSet::new();
-            for c in &layout.components {
-                targets.extend(c.objects.iter().map(|o| o.target));
-            }
-            let servers = self.oss_of(&targets).await?;
-            for c in &layout.components {
-                for (k, o) in c.objects.iter().enumerate() {
-                    let osize = c.object_size(k as u64, size);
-                    let truncate = |capa| OstTruncate {
-                        target: o.target,
-                        fid: o.fid,
-                        size: osize,
-                        capa,
-                    };
-                    self.caps
-                        .rpc(&self.client, &servers[&o.target], o.target, o.fid, truncate)
-                        .await?;
-                }
-            }
+            self.on_every_copy(&layout, |ml, failover| {
+                self.truncate_objects(ml, size, failover)
+            })
+            .await?;
         }
         let attr = SetAttr {
             size: Some(size),
@@ -1089,6 +1402,101 @@ impl File {
             return Ok(()); // no objects: nothing to deallocate
         };
         let end = offset.saturating_add(len).min(proto::md::MAX_FILE_SIZE);
+        let fid = self.inode.lock().fid;
+        let punched = self
+            .on_every_copy(&layout, |ml, failover| {
+                self.punch_objects(ml, offset, end, failover)
+            })
+            .await?;
+        for (o, epochs) in punched {
+            // Each epoch a part went under: a sync under another one reports the loss.
+            for epoch in epochs {
+                self.client.inner.writes.written(fid, o, epoch);
+            }
+        }
+        self.touch(true).await
+    }
+
+    /// Runs `op` on each copy of the file in sync (the whole layout for a file of one copy).
+    /// A copy that fails is marked stale when another succeeded; if none did, the first
+    /// failure is returned. Returns what the copies that succeeded returned.
+    async fn on_every_copy<'a, T, F, Fut>(&'a self, layout: &'a Layout, op: F) -> Result<Vec<T>>
+    where
+        F: Fn(Layout, Option<std::time::Duration>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<T>>> + 'a,
+    {
+        let stale = layout.stale_mirrors();
+        let failover = self.failover(layout);
+        let mut failed = std::collections::BTreeMap::new();
+        let mut out = vec![];
+        let mut any = false;
+        for m in (0..layout.mirror_count()).filter(|m| !stale.contains(m)) {
+            match op(layout.mirror(m), failover).await {
+                Ok(v) => {
+                    out.extend(v);
+                    any = true;
+                }
+                Err(e) => {
+                    failed.insert(m, e);
+                }
+            }
+        }
+        if !any {
+            return Err(failed.into_values().next().unwrap_or_else(|| {
+                ClientError::fs(FsErrorKind::Io, LayoutError::AllStale.to_string())
+            }));
+        }
+        for (m, e) in &failed {
+            self.mark_stale(layout, *m, e).await?;
+        }
+        Ok(out)
+    }
+
+    /// Cuts every object of `layout` (one copy) to what a file of `size` bytes holds.
+    async fn truncate_objects(
+        &self,
+        layout: Layout,
+        size: u64,
+        failover: Option<std::time::Duration>,
+    ) -> Result<Vec<()>> {
+        let mut targets = HashSet::new();
+        for c in &layout.components {
+            targets.extend(c.objects.iter().map(|o| o.target));
+        }
+        let servers = self.oss_of(&targets).await?;
+        for c in &layout.components {
+            for (k, o) in c.objects.iter().enumerate() {
+                let osize = c.object_size(k as u64, size);
+                let truncate = |capa| OstTruncate {
+                    target: o.target,
+                    fid: o.fid,
+                    size: osize,
+                    capa,
+                };
+                self.caps
+                    .rpc_within(
+                        &self.client,
+                        &servers[&o.target],
+                        o.target,
+                        o.fid,
+                        truncate,
+                        failover,
+                    )
+                    .await?;
+            }
+        }
+        Ok(vec![])
+    }
+
+    /// Deallocates `offset..end` in the objects of `layout` (one copy); returns the epochs
+    /// each object's parts went under.
+    async fn punch_objects(
+        &self,
+        layout: Layout,
+        offset: u64,
+        end: u64,
+        failover: Option<std::time::Duration>,
+    ) -> Result<Vec<(StripeObject, Vec<u64>)>> {
         let pieces = layout
             .pieces(offset, end.saturating_sub(offset))
             .map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))?;
@@ -1105,8 +1513,7 @@ impl File {
                 None => extents.push((o, p.object_offset, p.object_offset + p.len)),
             }
         }
-        let punched: Vec<StripeObject> = extents.iter().map(|(o, ..)| *o).collect();
-        let targets = punched.iter().map(|o| o.target).collect();
+        let targets = extents.iter().map(|(o, ..)| o.target).collect();
         let servers = self.oss_of(&targets).await?;
         let mut calls = JoinSet::new();
         for (o, from, to) in extents {
@@ -1125,22 +1532,20 @@ impl File {
                         len,
                         capa,
                     };
-                    let ack = caps.rpc(&client, &peer, o.target, o.fid, punch).await?;
+                    let ack = caps
+                        .rpc_within(&client, &peer, o.target, o.fid, punch, failover)
+                        .await?;
                     epochs.push(ack.epoch);
                     at += len;
                 }
                 Ok::<_, ClientError>((o, epochs))
             });
         }
-        let fid = self.inode.lock().fid;
+        let mut out = vec![];
         while let Some(r) = calls.join_next().await {
-            let (o, epochs) = r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??;
-            // Each epoch a part went under: a sync under another one reports the loss.
-            for epoch in epochs {
-                self.client.inner.writes.written(fid, o, epoch);
-            }
+            out.push(r.map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))??);
         }
-        self.touch(true).await
+        Ok(out)
     }
 
     /// Marks the file changed (ctime, and mtime with `modified`) on behalf of this handle.
@@ -1258,6 +1663,15 @@ async fn objects_extent(client: &Client, inode: &Inode, caps: &Caps) -> Result<u
     let Some(layout) = &inode.layout else {
         return Ok(0);
     };
+    // Every copy in sync holds the same bytes: the first one answers.
+    let stale = layout.stale_mirrors();
+    let Some(m) = (0..layout.mirror_count()).find(|m| !stale.contains(m)) else {
+        return Err(ClientError::fs(
+            FsErrorKind::Io,
+            format!("{}: {}", inode.fid, LayoutError::AllStale),
+        ));
+    };
+    let layout = &layout.mirror(m);
     let targets: HashSet<u32> = layout
         .components
         .iter()
@@ -1490,6 +1904,8 @@ struct Landed {
     oss: Nid,
     desc: proto::BulkDesc,
     done: proto::ost::OstReadDone,
+    /// The copy of the file it was read from.
+    mirror: u16,
 }
 
 /// Reads one piece of one object into the range `desc` names, within the target's window.
@@ -1501,6 +1917,21 @@ async fn read_piece(
     obj: StripeObject,
     object_offset: u64,
     desc: &proto::BulkDesc,
+) -> Result<proto::ost::OstReadDone> {
+    read_piece_within(client, caps, window, oss, obj, object_offset, desc, None).await
+}
+
+/// As [`read_piece`], giving up on the server after `limit` when one is given.
+#[allow(clippy::too_many_arguments)]
+async fn read_piece_within(
+    client: &Client,
+    caps: &Caps,
+    window: &Arc<Semaphore>,
+    oss: &Nid,
+    obj: StripeObject,
+    object_offset: u64,
+    desc: &proto::BulkDesc,
+    limit: Option<std::time::Duration>,
 ) -> Result<proto::ost::OstReadDone> {
     let _slot = window
         .clone()
@@ -1514,7 +1945,8 @@ async fn read_piece(
         desc: desc.clone(),
         capa,
     };
-    caps.rpc(client, oss, obj.target, obj.fid, r).await
+    caps.rpc_within(client, oss, obj.target, obj.fid, r, limit)
+        .await
 }
 
 /// Where a device transfer goes: straight to the registered device memory, or through the

@@ -226,7 +226,11 @@ mod tests {
         assert!(r.issue_at_most(0).is_empty());
         r.consumed(0);
         assert_eq!(r.issue_at_most(1), vec![(2 * MIB, MIB)]);
-        assert_eq!(r.issue().len(), 6, "the rest of the depth once the budget allows");
+        assert_eq!(
+            r.issue().len(),
+            6,
+            "the rest of the depth once the budget allows"
+        );
     }
 
     #[test]

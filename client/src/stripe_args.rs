@@ -1,5 +1,5 @@
 //! Layouts as `lfs setstripe` arguments: `-c N -S SIZE [-i IDX]`, or components
-//! `-E END -c N -S SIZE ... -E -1 ...`. The `lode` command parses them; the mount shows and
+//! `-E END -c N -S SIZE ... -E -1 ...`, with `-N COPIES` for a mirrored file. The `lode` command parses them; the mount shows and
 //! takes them as the `lode.layout` extended attribute.
 
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE, EOF};
@@ -22,6 +22,7 @@ pub fn parse(opts: &[String]) -> Result<Layout> {
     let mut cur = Component::raid0(StripeCount::Count(1), DEFAULT_STRIPE_SIZE);
     let mut cur_end: Option<u64> = None;
     let mut started = false;
+    let mut mirrors = 1u16;
     let mut it = opts.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -62,18 +63,37 @@ pub fn parse(opts: &[String]) -> Result<Layout> {
                         .map_err(|_| bad(format!("bad stripe index {v:?}")))?,
                 );
             }
+            "-N" | "--mirror-count" => {
+                let v = value()?;
+                mirrors = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=proto::layout::MAX_MIRRORS).contains(n))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "bad mirror count {v:?} (1 to {})",
+                            proto::layout::MAX_MIRRORS
+                        ))
+                    })?;
+            }
             other => return Err(bad(format!("unknown setstripe option {other:?}"))),
         }
     }
     cur.end = cur_end.unwrap_or(EOF);
     comps.push(cur);
-    Ok(Layout::new(comps)?)
+    Ok(Layout::new(comps)?.with_mirrors(mirrors)?)
 }
 
 /// A layout as the options that make it (objects left out).
 pub fn format(l: &Layout) -> String {
+    let copies = l.mirror_count();
+    let l = l.mirror(0);
     let multi = l.components.len() > 1;
     let mut out = vec![];
+    if copies > 1 {
+        out.push("-N".to_string());
+        out.push(copies.to_string());
+    }
     for c in &l.components {
         if multi {
             out.push("-E".into());
@@ -123,6 +143,11 @@ mod tests {
             "a stripe size not a multiple of 64 KiB"
         );
         assert!(parse(&args("-x 3")).is_err());
+        let m = parse(&args("-N 2 -c 2 -S 1M")).unwrap();
+        assert_eq!(m.mirror_count(), 2);
+        assert_eq!(format(&m), "-N 2 -c 2 -S 1048576");
+        assert_eq!(parse(&args(&format(&m))).unwrap(), m);
+        assert!(parse(&args("-N 9")).is_err(), "more mirrors than allowed");
         assert!(parse(&args("-c")).is_err());
     }
 }

@@ -25,6 +25,7 @@ use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
 use proto::ost::{OstDestroy, OstDestroyAbove, OstPrecreate, OstStatfs};
 use proto::registry::{TargetInfo, TargetReport};
+use proto::Nid;
 use proto::{Fid, FsErrorKind, StatusCode};
 
 use crate::namespace::NsError;
@@ -113,16 +114,72 @@ impl Allocator {
         !self.eligible().is_empty()
     }
 
-    fn choose(&self, c: &Component) -> Result<Vec<u32>, NsError> {
-        let candidates: Vec<Candidate> = self
+    /// The targets of `c`'s stripes, on none of the servers in `avoid` (those holding another
+    /// mirror of the file). A mirror over every target (`-c -1`) takes its share of the servers
+    /// left: `copies_left` mirrors, this one included, still need theirs.
+    fn choose(
+        &self,
+        c: &Component,
+        avoid: &HashSet<Nid>,
+        copies_left: u16,
+    ) -> Result<Vec<u32>, NsError> {
+        let eligible: Vec<TargetInfo> = self
             .eligible()
+            .into_iter()
+            .filter(|t| !avoid.contains(&t.oss))
+            .collect();
+        if eligible.is_empty() && !avoid.is_empty() {
+            return Err(no_space(
+                "a mirror needs storage servers that hold no other copy of the file".to_string(),
+            ));
+        }
+        let mut c = c.clone();
+        if copies_left > 1 && c.stripe_count == StripeCount::All && c.targets.is_empty() {
+            let servers: HashSet<&Nid> = eligible.iter().map(|t| &t.oss).collect();
+            let share = (servers.len() / usize::from(copies_left)).max(1);
+            // Whole servers: every target of the servers this mirror's share covers.
+            let per_server = eligible.len().div_ceil(servers.len().max(1));
+            c.stripe_count = StripeCount::Count((share * per_server) as u32);
+        }
+        let candidates: Vec<Candidate> = eligible
             .iter()
             .map(|t| Candidate {
                 index: t.index,
                 free: t.free,
             })
             .collect();
-        place(&candidates, c, &mut self.next.lock()).map_err(|e| no_space(e.to_string()))
+        let mut chosen =
+            place(&candidates, &c, &mut self.next.lock()).map_err(|e| no_space(e.to_string()))?;
+        if copies_left > 1 {
+            // Leave whole servers to the mirrors still to come: a server is taken with the
+            // first of its targets this mirror uses.
+            let server_of = |t: u32| {
+                eligible
+                    .iter()
+                    .find(|e| e.index == t)
+                    .map(|e| e.oss.clone())
+            };
+            let mut servers: Vec<Nid> = vec![];
+            for t in &chosen {
+                if let Some(s) = server_of(*t) {
+                    if !servers.contains(&s) {
+                        servers.push(s);
+                    }
+                }
+            }
+            let share = (servers.len().max(1)).min(
+                eligible
+                    .iter()
+                    .map(|t| &t.oss)
+                    .collect::<HashSet<_>>()
+                    .len()
+                    .saturating_sub(usize::from(copies_left - 1))
+                    .max(1),
+            );
+            servers.truncate(share);
+            chosen.retain(|t| server_of(*t).is_some_and(|s| servers.contains(&s)));
+        }
+        Ok(chosen)
     }
 
     async fn refill(&self, target: u32) -> Result<(), NsError> {
@@ -169,10 +226,30 @@ impl Allocator {
     pub async fn instantiate(&self, template: &Layout) -> Result<Layout, NsError> {
         let mut out = template.clone();
         let mut taken: Vec<StripeObject> = vec![];
+        let copies = out.mirror_count();
+        // The servers each mirror's stripes are on: no server holds two copies of a byte.
+        let mut servers_of: Vec<HashSet<Nid>> = vec![HashSet::new(); usize::from(copies)];
         for c in &mut out.components {
+            let avoid: HashSet<Nid> = servers_of
+                .iter()
+                .enumerate()
+                .filter(|(m, _)| *m != usize::from(c.mirror))
+                .flat_map(|(_, s)| s.iter().cloned())
+                .collect();
+            if c.is_instantiated() {
+                // A mirror the file already has (extending it keeps the old copies).
+                let known = self.registry.list();
+                servers_of[usize::from(c.mirror)].extend(c.objects.iter().filter_map(|o| {
+                    known
+                        .iter()
+                        .find(|t| t.index == o.target)
+                        .map(|t| t.oss.clone())
+                }));
+                continue;
+            }
             let result = async {
                 let mut objects = vec![];
-                for target in self.choose(c)? {
+                for target in self.choose(c, &avoid, copies - c.mirror)? {
                     objects.push(StripeObject {
                         target,
                         fid: self.take(target).await?,
@@ -183,6 +260,13 @@ impl Allocator {
             .await;
             match result {
                 Ok(objects) => {
+                    let known = self.registry.list();
+                    servers_of[usize::from(c.mirror)].extend(objects.iter().filter_map(|o| {
+                        known
+                            .iter()
+                            .find(|t| t.index == o.target)
+                            .map(|t| t.oss.clone())
+                    }));
                     taken.extend(&objects);
                     c.stripe_count = StripeCount::Count(objects.len() as u32);
                     c.objects = objects;

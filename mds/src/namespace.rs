@@ -426,6 +426,12 @@ impl Namespace {
             Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, who, now),
             Mutation::GrowSize { fid, size } => self.grow_size(*fid, *size, who, now),
             Mutation::SetLayout { fid, layout } => self.set_layout(*fid, layout, who, now),
+            Mutation::MirrorState {
+                fid,
+                mirror,
+                stale,
+                generation,
+            } => self.mirror_state(*fid, *mirror, *stale, *generation, who, now),
             Mutation::Destroyed { objects } => {
                 for o in objects {
                     self.doomed.remove(&o.fid);
@@ -620,6 +626,58 @@ impl Namespace {
         }
         x.mtime = now;
         x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    fn mirror_state(
+        &mut self,
+        fid: Fid,
+        mirror: u16,
+        stale: bool,
+        generation: u32,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        let i = self.require(fid, who, 2)?;
+        let Some(layout) = i.layout.as_ref().filter(|_| i.kind == Kind::File) else {
+            return err(FsErrorKind::Invalid, format!("{fid} has no mirrors"));
+        };
+        if mirror >= layout.mirror_count() {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} has no mirror {mirror}"),
+            );
+        }
+        let others_in_sync = (0..layout.mirror_count())
+            .filter(|m| *m != mirror)
+            .any(|m| !layout.stale_mirrors().contains(&m));
+        if stale && !others_in_sync {
+            // The last copy in sync is never marked stale: the write that missed it fails.
+            return err(
+                FsErrorKind::Io,
+                format!("{fid}: mirror {mirror} is the last one in sync"),
+            );
+        }
+        if !stale && layout.generation != generation {
+            return err(
+                FsErrorKind::Stale,
+                format!("{fid}'s layout changed during the resync of mirror {mirror}"),
+            );
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        let layout = x.layout.as_mut().expect("checked above");
+        let mut changed = false;
+        for c in layout.components.iter_mut().filter(|c| c.mirror == mirror) {
+            changed |= c.stale != stale;
+            c.stale = stale;
+        }
+        if changed {
+            layout.generation += 1;
+            x.ctime = now;
+        }
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],

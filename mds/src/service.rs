@@ -197,6 +197,18 @@ impl MdsService {
             Mutation::SetLayout { fid, .. } => {
                 a("setstripe", Some(*fid), ns.dir_path(*fid), None, None)
             }
+            Mutation::MirrorState {
+                fid, mirror, stale, ..
+            } => a(
+                "mirror",
+                Some(*fid),
+                ns.dir_path(*fid),
+                None,
+                Some(format!(
+                    "{mirror} {}",
+                    if *stale { "stale" } else { "in sync" }
+                )),
+            ),
             // Writers' size reports and the MDS's own bookkeeping.
             Mutation::GrowSize { .. } | Mutation::Destroyed { .. } => None,
         })
@@ -558,7 +570,8 @@ impl MdsService {
         // was the check (ftruncate of a file created with mode 0). Times are now, or the
         // mtime the writer's page cache kept for its writes (never an atime of its choosing).
         let by_handle = match (&r.mutation, r.open) {
-            (Mutation::GrowSize { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
+            (Mutation::GrowSize { fid, .. }, Some(h))
+            | (Mutation::MirrorState { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
             (Mutation::Setattr { fid, attr }, Some(h)) => {
                 let only_size_and_times = attr.mode.is_none()
                     && attr.uid.is_none()
@@ -576,7 +589,7 @@ impl MdsService {
         let opens = r.open.filter(|_| {
             !matches!(
                 r.mutation,
-                Mutation::Setattr { .. } | Mutation::GrowSize { .. }
+                Mutation::Setattr { .. } | Mutation::GrowSize { .. } | Mutation::MirrorState { .. }
             )
         });
         let creds = r.creds.clone();

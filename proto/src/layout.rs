@@ -15,6 +15,12 @@
 //! so a component that starts past 0 leaves its objects sparse below the component's start.
 //! Component boundaries are multiples of the component's stripe size, so every stripe unit
 //! lies inside one component. This module is pure: no I/O, no allocation of objects.
+//!
+//! **Mirrors** (Lustre's File Level Redundancy): a layout may hold up to [`MAX_MIRRORS`]
+//! complete copies of the file. Each component names its mirror; the components of one mirror
+//! cover the file from 0 on their own, and the layout lists them mirror by mirror. A component
+//! marked `stale` missed writes and is not read until it is resynced. The offset math works
+//! on one mirror at a time ([`Layout::mirror`]).
 
 use std::collections::BTreeMap;
 
@@ -34,6 +40,8 @@ pub const MAX_STRIPE_COUNT: u32 = 2000;
 pub const MAX_COMPONENTS: usize = 64;
 /// The open end of the last component.
 pub const EOF: u64 = u64::MAX;
+/// Most mirrors of one file.
+pub const MAX_MIRRORS: u16 = 4;
 
 /// How many targets a component stripes over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +73,10 @@ pub struct Component {
     /// The objects, once allocated (the component is then "instantiated"); one per stripe.
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub objects: Vec<StripeObject>,
+    /// Which copy of the file this component belongs to (0 for an unmirrored file).
+    pub mirror: u16,
+    /// The component missed writes (its server was away): it is not read until resynced.
+    pub stale: bool,
 }
 
 /// A file's (or a directory's default) layout.
@@ -104,6 +116,10 @@ pub enum LayoutError {
     },
     #[error("offset {0} is past the last component of the layout")]
     NoComponent(u64),
+    #[error("mirrors must be numbered 0 to {} in order, listed mirror by mirror", MAX_MIRRORS - 1)]
+    Mirrors,
+    #[error("no mirror of the file is in sync")]
+    AllStale,
 }
 
 impl Component {
@@ -117,6 +133,8 @@ impl Component {
             stripe_offset: None,
             targets: vec![],
             objects: vec![],
+            mirror: 0,
+            stale: false,
         }
     }
 
@@ -198,7 +216,16 @@ impl Layout {
             return Err(LayoutError::ComponentCount);
         }
         let mut expected = 0;
+        let mut mirror = 0;
         for (index, c) in self.components.iter().enumerate() {
+            if c.mirror != mirror {
+                // The next mirror starts, from 0 again.
+                if c.mirror != mirror + 1 || c.mirror >= MAX_MIRRORS {
+                    return Err(LayoutError::Mirrors);
+                }
+                mirror = c.mirror;
+                expected = 0;
+            }
             if c.stripe_size == 0
                 || c.stripe_size % STRIPE_ALIGN != 0
                 || c.stripe_size > MAX_STRIPE_SIZE
@@ -249,7 +276,11 @@ impl Layout {
                     });
                 }
             }
-            if c.end == EOF && index + 1 != self.components.len() {
+            let last_of_mirror = self
+                .components
+                .get(index + 1)
+                .is_none_or(|n| n.mirror != c.mirror);
+            if c.end == EOF && !last_of_mirror {
                 return Err(LayoutError::Extent {
                     index,
                     start: c.start,
@@ -259,6 +290,77 @@ impl Layout {
             expected = c.end;
         }
         Ok(())
+    }
+
+    /// How many mirrors the file has (1 when it is not mirrored).
+    pub fn mirror_count(&self) -> u16 {
+        self.components.last().map_or(1, |c| c.mirror + 1)
+    }
+
+    /// Mirror `id` alone, as a layout of its own for the offset math.
+    pub fn mirror(&self, id: u16) -> Layout {
+        Layout {
+            generation: self.generation,
+            components: self
+                .components
+                .iter()
+                .filter(|c| c.mirror == id)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Whether mirror `id` may be read over `offset..offset+len` (no component of it there
+    /// is stale).
+    pub fn in_sync(&self, id: u16, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len.max(1));
+        self.components
+            .iter()
+            .filter(|c| c.mirror == id && c.start < end && offset < c.end)
+            .all(|c| !c.stale)
+    }
+
+    /// Mirrors with a stale component.
+    pub fn stale_mirrors(&self) -> Vec<u16> {
+        let mut out: Vec<u16> = self
+            .components
+            .iter()
+            .filter(|c| c.stale)
+            .map(|c| c.mirror)
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// `self` with `copies` mirrors: mirror 0's components copied for each new one (a
+    /// template: objects left out). Mirrors already there beyond `copies` stay.
+    pub fn with_mirrors(&self, copies: u16) -> Result<Layout, LayoutError> {
+        if copies == 0 || copies > MAX_MIRRORS {
+            return Err(LayoutError::Mirrors);
+        }
+        let first = self.mirror(0);
+        let mut components = vec![];
+        for m in 0..copies.max(self.mirror_count()) {
+            let src = if m < self.mirror_count() {
+                self.mirror(m)
+            } else {
+                first.clone()
+            };
+            components.extend(src.components.into_iter().map(|mut c| {
+                if m >= self.mirror_count() {
+                    c.objects.clear();
+                    c.stale = false;
+                }
+                c.mirror = m;
+                c
+            }));
+        }
+        let l = Layout {
+            generation: self.generation,
+            components,
+        };
+        l.validate()?;
+        Ok(l)
     }
 
     /// The component holding `offset`.
@@ -363,6 +465,8 @@ mod tests {
             stripe_count: StripeCount::Count(count),
             stripe_offset: None,
             targets: vec![],
+            mirror: 0,
+            stale: false,
             objects: (0..count)
                 .map(|i| StripeObject {
                     target: i,
@@ -380,6 +484,30 @@ mod tests {
             instantiated(64 << 20, EOF, 1 << 20, 8),
         ])
         .unwrap()
+    }
+
+    #[test]
+    fn mirrors_are_whole_copies_numbered_in_order() {
+        let l = Layout::new(vec![instantiated(0, EOF, 1 << 20, 2)]).unwrap();
+        let m = l.with_mirrors(2).unwrap();
+        assert_eq!(m.mirror_count(), 2);
+        assert_eq!(m.components[1].mirror, 1);
+        assert!(
+            !m.components[1].is_instantiated(),
+            "a new mirror has no objects yet"
+        );
+        assert_eq!(m.mirror(1).pieces(0, 10).unwrap()[0].component, 0);
+        let mut s = m.clone();
+        s.components[1].stale = true;
+        assert_eq!(s.stale_mirrors(), vec![1]);
+        assert!(s.in_sync(0, 0, 100) && !s.in_sync(1, 0, 100));
+        let mut bad = m.clone();
+        bad.components[1].mirror = 2;
+        assert_eq!(bad.validate(), Err(LayoutError::Mirrors));
+        assert_eq!(l.with_mirrors(MAX_MIRRORS + 1), Err(LayoutError::Mirrors));
+        let mut swapped = m;
+        swapped.components.swap(0, 1);
+        assert!(swapped.validate().is_err(), "listed mirror by mirror");
     }
 
     #[test]

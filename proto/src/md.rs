@@ -251,6 +251,15 @@ pub enum Mutation {
         fid: Fid,
         layout: Layout,
     },
+    /// Marks one mirror of a file stale (a write did not reach it) or in sync again (a resync
+    /// copied it whole). Clearing applies only while the layout is still at `generation`, so a
+    /// mirror that missed a write during its resync stays stale.
+    MirrorState {
+        fid: Fid,
+        mirror: u16,
+        stale: bool,
+        generation: u32,
+    },
     /// The storage servers have destroyed these objects of removed files.
     Destroyed {
         #[serde(deserialize_with = "crate::seq::deserialize")]

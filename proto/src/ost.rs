@@ -78,7 +78,7 @@ pub struct OstRead {
     pub capa: Option<Capability>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstReadDone {
     /// Bytes placed at the start of the descriptor's range.
     pub bytes: u32,

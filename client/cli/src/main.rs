@@ -84,6 +84,15 @@ impl AuthArgs {
 }
 
 #[derive(Subcommand)]
+enum MirrorCmd {
+    /// Copy every stale mirror of each file back from one in sync, then mark it in sync.
+    Resync {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Start, inspect or stop a cluster on this machine.
     #[command(subcommand)]
@@ -100,6 +109,9 @@ enum Cmd {
         #[arg(allow_hyphen_values = true, num_args = 1.., required = true)]
         args: Vec<String>,
     },
+    /// Mirrored files: `mirror resync PATH...` brings stale copies back in sync.
+    #[command(subcommand)]
+    Mirror(MirrorCmd),
     /// Print a layout with Lustre's fields; -y for YAML.
     Getstripe {
         #[arg(short = 'y', long)]
@@ -315,6 +327,7 @@ fn run() -> Result<()> {
             } => mount::run(client, &mds, &mountpoint, options.as_deref()).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
+            Cmd::Mirror(MirrorCmd::Resync { paths }) => resync(&client, &paths).await,
             Cmd::Df { human, .. } => df(&client, human).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => cp(&client, &path, "local:-").await,
@@ -360,6 +373,51 @@ async fn setstripe(client: &Client, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `lode mirror resync`: each file's stale copies brought back, with progress; a file that
+/// fails is reported and the others still done, as `cp` does.
+async fn resync(client: &Client, paths: &[String]) -> Result<()> {
+    let mut failed = 0;
+    for path in paths {
+        let done = async {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(client, path)
+                .await?;
+            let bar = indicatif::ProgressBar::new(0).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                )
+                .expect("a valid template"),
+            );
+            bar.set_message(path.clone());
+            let copied = f
+                .resync(|at, total| {
+                    bar.set_length(total);
+                    bar.set_position(at);
+                })
+                .await;
+            bar.finish_and_clear();
+            let closed = f.close().await;
+            let copied = copied?;
+            closed?;
+            Ok::<_, client::ClientError>(copied)
+        }
+        .await;
+        match done {
+            Ok(n) => out!("{path}: resynced ({n} bytes copied)"),
+            Err(e) => {
+                eprintln!("lode: mirror resync: {path}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} files not resynced", paths.len());
+    }
+    Ok(())
+}
+
 async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
     let Some(layout) = client.getstripe(path).await? else {
         out!("{path} has no stripe info");
@@ -368,6 +426,7 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
     out!("{path}");
     if yaml {
         out!("  lcm_layout_gen:    {}", layout.generation);
+        out!("  lcm_mirror_count:  {}", layout.mirror_count());
         out!("  lcm_entry_count:   {}", layout.components.len());
         out!("  components:");
     }
@@ -389,6 +448,11 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
             .unwrap_or(-1);
         if yaml {
             out!("    - lcme_id:             {}", i + 1);
+            out!("      lcme_mirror_id:      {}", c.mirror + 1);
+            out!(
+                "      lcme_flags:          {}",
+                if c.stale { "init,stale" } else { "init" }
+            );
             out!("      lcme_extent.e_start: {}", c.start);
             out!("      lcme_extent.e_end:   {end}");
             out!("      sub_layout:");
@@ -405,7 +469,15 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
                 }
             }
         } else {
-            if layout.components.len() > 1 {
+            if layout.mirror_count() > 1 {
+                out!(
+                    "  mirror {}{}: component {}: [{}, {end})",
+                    c.mirror + 1,
+                    if c.stale { " (stale)" } else { "" },
+                    i + 1,
+                    c.start
+                );
+            } else if layout.components.len() > 1 {
                 out!("  component {}: [{}, {end})", i + 1, c.start);
             }
             out!("lmm_stripe_count:  {count}");

@@ -382,7 +382,11 @@ mod tests {
         let b = Budget::new(3 * CHUNK as u64);
         assert_eq!(b.free(0), 3);
         let held: Vec<Permit> = (0..3).map(|_| b.take()).collect();
-        assert_eq!((b.free(0), b.free(1)), (0, 1), "spent, but a stream may take its one");
+        assert_eq!(
+            (b.free(0), b.free(1)),
+            (0, 1),
+            "spent, but a stream may take its one"
+        );
         drop(held);
         assert_eq!((b.held(), b.free(0)), (0, 3));
         assert_eq!(Budget::new(1).free(0), 1, "at least one chunk");
