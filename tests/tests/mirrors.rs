@@ -43,9 +43,13 @@ fn server_of(layout: &Layout, mirror: u16, targets: &[(u32, Nid)]) -> Nid {
     targets.iter().find(|(i, _)| *i == t).unwrap().1.clone()
 }
 
+/// Two copies, each over two servers, 1 MiB stripes.
+fn two_copies() -> Layout {
+    client::stripe_args::parse(&["-N", "2", "-c", "2", "-S", "1M"].map(String::from)).unwrap()
+}
+
 async fn write_file(c: &Client, path: &str, data: &[u8]) {
-    let l =
-        client::stripe_args::parse(&["-N", "2", "-c", "2", "-S", "1M"].map(String::from)).unwrap();
+    let l = two_copies();
     let f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -171,8 +175,7 @@ async fn mirrored_files_keep_working_through_a_lost_server_and_resync() {
     // The server comes back on its address; a checkpoint write loses another one.
     servers[lost] = Some(oss(&root.join(format!("oss{lost}")), &mds.nid, &lost_addr));
     let ckpt = pattern(2, 24 << 20);
-    let l =
-        client::stripe_args::parse(&["-N", "2", "-c", "2", "-S", "1M"].map(String::from)).unwrap();
+    let l = two_copies();
     let w = OpenOptions::new()
         .write(true)
         .create(true)
