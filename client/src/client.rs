@@ -705,6 +705,31 @@ impl Client {
         self.rpc(&self.inner.mds.clone(), &MdsStatfs {}).await
     }
 
+    /// Every mirrored file the MDS finds with a stale mirror (`stale`) and/or an object on
+    /// `target`, in FID order, a page at a time.
+    pub async fn mirror_scan(&self, stale: bool, target: Option<u32>) -> Result<Vec<ScannedFile>> {
+        let mut out = vec![];
+        let mut after = None;
+        loop {
+            let page = self
+                .rpc(
+                    &self.inner.mds.clone(),
+                    &MdsMirrorScan {
+                        after,
+                        max: MAX_MIRROR_SCAN,
+                        stale,
+                        target,
+                    },
+                )
+                .await?;
+            after = page.files.last().map(|f| f.fid);
+            out.extend(page.files);
+            if page.end || after.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The storage server of each of `targets`.
     pub(crate) async fn servers_of(
         &self,

@@ -65,6 +65,12 @@ impl ClientError {
         }
     }
 
+    /// Whether a storage server found the bytes it holds damaged (a block failing its
+    /// checksum): another copy may hold them whole.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, ClientError::Net(NetError::Remote { err, .. }) if err.code == StatusCode::Checksum)
+    }
+
     /// Whether this is an error of `kind`.
     pub fn is(&self, kind: FsErrorKind) -> bool {
         self.kind() == kind

@@ -667,15 +667,79 @@ impl File {
         Ok(region.read(0, len)?.as_slice().to_vec())
     }
 
-    /// Brings every stale copy of the file back in sync from one in sync: the stale copy's
-    /// objects emptied, the file's bytes copied over (all-zero chunks left as holes), its
-    /// objects synced, compared with the source, and the copy marked in sync at the MDS if
-    /// the layout did not change meanwhile. Returns the bytes copied. The handle must be open
-    /// for writing. A write made through another handle during the resync is caught by the
-    /// comparison only if it lands before it; resync files that are not being written.
-    pub async fn resync(&self, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
+    /// Brings every stale copy of the file back in sync from one in sync (see
+    /// [`File::resync_limited`]); returns the bytes copied.
+    pub async fn resync(&self, progress: impl FnMut(u64, u64)) -> Result<u64> {
+        self.resync_limited(progress, None).await
+    }
+
+    /// Adds a copy to the file: a new mirror on servers that hold no other copy, placed by
+    /// the MDS with the stripe pattern of mirror 0, then filled by a resync. Returns the
+    /// bytes copied.
+    pub async fn extend_mirror(&self, progress: impl FnMut(u64, u64)) -> Result<u64> {
+        let layout = self.layout()?;
+        self.place_mirror(layout.mirror_count(), layout.generation, &[])
+            .await?;
+        self.resync_limited(progress, None).await
+    }
+
+    /// Marks `mirror` stale at the MDS (its copy is lost or must be rebuilt), unless it is the
+    /// last copy in sync, which the MDS refuses.
+    pub async fn mark_mirror_stale(&self, mirror: u16, why: &str) -> Result<()> {
+        let layout = self.layout()?;
+        if layout.stale_mirrors().contains(&mirror) {
+            return Ok(());
+        }
+        self.mark_stale(&layout, mirror, &ClientError::fs(FsErrorKind::Io, why))
+            .await
+    }
+
+    /// Asks the MDS for new objects for `mirror` (stale, or one past the last), at the
+    /// layout's `generation`, and takes the layout it answers with.
+    async fn place_mirror(&self, mirror: u16, generation: u32, exclude: &[u32]) -> Result<()> {
+        let fid = self.inode.lock().fid;
+        let m = Mutation::PlaceMirror {
+            fid,
+            mirror,
+            generation,
+            exclude: exclude.to_vec(),
+            components: vec![],
+        };
+        let r = self.client.reint_if(m, Some(self.handle), None).await?;
+        if let Some(i) = r.inode {
+            self.inode.lock().layout = i.layout;
+        }
+        Ok(())
+    }
+
+    /// Brings every stale copy of the file back in sync from one in sync, copying at most
+    /// `rate` bytes a second when given. For each stale copy: the MDS places it on new
+    /// objects (on servers up now and holding no other copy; the old objects go to the
+    /// destroy queue), the file's bytes are copied over (all-zero chunks left as holes), its
+    /// objects cut to the size and synced, the whole copy compared with the source, and the
+    /// copy marked in sync at the MDS if the layout did not change meanwhile. Returns the
+    /// bytes copied. The handle must be open for writing. A write made through another
+    /// handle during the resync is caught by the comparison only if it lands before it;
+    /// resync files that are not being written.
+    pub async fn resync_limited(
+        &self,
+        progress: impl FnMut(u64, u64),
+        rate: Option<u64>,
+    ) -> Result<u64> {
+        self.resync_avoiding(progress, rate, &[]).await
+    }
+
+    /// As [`File::resync_limited`], placing the copies on none of the targets in `exclude`.
+    pub async fn resync_avoiding(
+        &self,
+        mut progress: impl FnMut(u64, u64),
+        rate: Option<u64>,
+        exclude: &[u32],
+    ) -> Result<u64> {
         const CHUNK: u64 = 4 << 20;
+        let started = tokio::time::Instant::now();
         let mut copied = 0;
+        let fid = self.inode.lock().fid;
         for _attempt in 0..3 {
             let size = self.size().await?;
             let layout = self.layout()?;
@@ -686,13 +750,27 @@ impl File {
             let Some(src) = (0..layout.mirror_count()).find(|m| !stale.contains(m)) else {
                 return Err(ClientError::fs(
                     FsErrorKind::Io,
-                    format!("{}: {}", self.inode.lock().fid, LayoutError::AllStale),
+                    format!("{fid}: {}", LayoutError::AllStale),
                 ));
             };
             let total = size * stale.len() as u64;
+            let mut changed = false;
             for (k, &m) in stale.iter().enumerate() {
-                let copy = layout.mirror(m);
-                self.truncate_objects(copy.clone(), 0, None).await?;
+                let generation = self.layout()?.generation;
+                match self.place_mirror(m, generation, exclude).await {
+                    Ok(()) => {}
+                    Err(e) if e.is(FsErrorKind::Stale) => {
+                        changed = true;
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(ClientError::fs(
+                            e.kind(),
+                            format!("{fid}: no new place for mirror {m}: {e}"),
+                        ))
+                    }
+                }
+                let copy = self.layout()?.mirror(m);
                 let mut at = 0;
                 while at < size {
                     let n = CHUNK.min(size - at);
@@ -704,6 +782,10 @@ impl File {
                     }
                     at += n;
                     progress(k as u64 * size + at, total);
+                    if let Some(rate) = rate.filter(|r| *r > 0) {
+                        let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
+                        tokio::time::sleep_until(started + due).await;
+                    }
                 }
                 self.truncate_objects(copy.clone(), size, None).await?;
                 self.sync_objects(&copy).await?;
@@ -715,31 +797,30 @@ impl File {
                         return Err(ClientError::fs(
                             FsErrorKind::Io,
                             format!(
-                                "{}: mirror {m} differs from mirror {src} at {at} after its resync (written meanwhile?)",
-                                self.inode.lock().fid
+                                "{fid}: mirror {m} differs from mirror {src} at {at} after its resync (written meanwhile?)"
                             ),
                         ));
                     }
                     at += n;
                 }
             }
-            let fid = self.inode.lock().fid;
-            let mut changed = false;
-            for &m in &stale {
-                let clear = Mutation::MirrorState {
-                    fid,
-                    mirror: m,
-                    stale: false,
-                    generation: self.layout()?.generation,
-                };
-                match self.client.reint_if(clear, Some(self.handle), None).await {
-                    Ok(r) => {
-                        if let Some(i) = r.inode {
-                            self.inode.lock().layout = i.layout;
+            if !changed {
+                for &m in &stale {
+                    let clear = Mutation::MirrorState {
+                        fid,
+                        mirror: m,
+                        stale: false,
+                        generation: self.layout()?.generation,
+                    };
+                    match self.client.reint_if(clear, Some(self.handle), None).await {
+                        Ok(r) => {
+                            if let Some(i) = r.inode {
+                                self.inode.lock().layout = i.layout;
+                            }
                         }
+                        Err(e) if e.is(FsErrorKind::Stale) => changed = true,
+                        Err(e) => return Err(e),
                     }
-                    Err(e) if e.is(FsErrorKind::Stale) => changed = true,
-                    Err(e) => return Err(e),
                 }
             }
             if !changed {
@@ -865,8 +946,11 @@ impl File {
             tries.sort_by_key(|t| t.iter().any(|l| self.client.shunned(l.obj.target)));
             let client = self.client.clone();
             let caps = self.caps.clone();
+            let unit_range = (unit.file_offset, unit.len);
             tasks.spawn(async move {
                 let last = tries.len() - 1;
+                // Copies whose stored bytes failed their checksum: repaired once the read is done.
+                let mut corrupt = vec![];
                 for (k, mut pieces) in tries.into_iter().enumerate() {
                     let mut failed = None;
                     for l in &mut pieces {
@@ -885,7 +969,9 @@ impl File {
                         match r {
                             Ok(done) => l.done = done,
                             Err(e) => {
-                                if !e.is(FsErrorKind::AccessDenied) {
+                                if e.is_corrupt() {
+                                    corrupt.push(l.mirror);
+                                } else if !e.is(FsErrorKind::AccessDenied) {
                                     client.shun(l.obj.target);
                                 }
                                 failed = Some(e);
@@ -894,12 +980,12 @@ impl File {
                         }
                     }
                     match failed {
-                        None => return Ok(pieces),
+                        None => return Ok((pieces, corrupt, unit_range)),
                         Some(e) if k == last => return Err(e),
                         Some(e) => tracing::warn!(
                             mirror = pieces[0].mirror,
                             error = %e,
-                            "a mirror did not answer a read; reading another"
+                            "a mirror failed a read; reading another"
                         ),
                     }
                 }
@@ -907,10 +993,14 @@ impl File {
             });
         }
         let mut landed = vec![];
+        let mut repairs = vec![];
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok(Ok(l)) => landed.extend(l),
+                Ok(Ok((l, corrupt, (at, n)))) => {
+                    landed.extend(l);
+                    repairs.extend(corrupt.into_iter().map(|m| (m, at, n)));
+                }
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -935,7 +1025,69 @@ impl File {
                     .copy_in(&vec![0u8; n as usize])?;
             }
         }
+        for (m, at, n) in repairs {
+            match self.repair(m, at, n).await {
+                Ok(()) => tracing::warn!(
+                    fid = %self.inode.lock().fid,
+                    mirror = m,
+                    offset = at,
+                    len = n,
+                    "rewrote bytes that failed their checksum from another mirror"
+                ),
+                Err(e) => tracing::error!(
+                    fid = %self.inode.lock().fid,
+                    mirror = m,
+                    offset = at,
+                    error = %e,
+                    "could not repair bytes that failed their checksum; the copy stays damaged"
+                ),
+            }
+        }
         Ok(len as usize)
+    }
+
+    /// Rewrites `offset..offset+len` of copy `mirror` (whose stored bytes failed a checksum)
+    /// from another copy in sync: whole 4 KiB blocks, so that no damaged block is read to keep
+    /// part of it. Nothing else writes the damaged copy's range meanwhile is assumed: a
+    /// write through another client in between could be undone on this copy.
+    pub async fn repair(&self, mirror: u16, offset: u64, len: u64) -> Result<()> {
+        const BLOCK: u64 = 4096;
+        let layout = self.layout()?;
+        let stale = layout.stale_mirrors();
+        let Some(good) = (0..layout.mirror_count()).find(|m| *m != mirror && !stale.contains(m))
+        else {
+            return Err(ClientError::fs(
+                FsErrorKind::Io,
+                "no other mirror in sync to repair from",
+            ));
+        };
+        let size = self
+            .inode
+            .lock()
+            .size
+            .max(self.written_to.load(Ordering::Relaxed));
+        let start = offset / BLOCK * BLOCK;
+        let end = (offset + len)
+            .div_ceil(BLOCK)
+            .saturating_mul(BLOCK)
+            .min(size);
+        if end <= start {
+            return Ok(());
+        }
+        let bytes = self.read_copy(good, start, end - start).await?;
+        let region = Arc::new(self.client.register(bytes)?);
+        self.write_copies(start, &region, 0, end - start, Some(mirror))
+            .await?;
+        // The repaired copy must now read as the good one.
+        if self.read_copy(mirror, start, end - start).await?
+            != region.read(0, end - start)?.as_slice()
+        {
+            return Err(ClientError::fs(
+                FsErrorKind::Io,
+                format!("mirror {mirror} still differs from mirror {good} after its repair"),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks a piece that landed in host memory against the server's crc32c, reading it

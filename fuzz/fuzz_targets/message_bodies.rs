@@ -34,6 +34,8 @@ fuzz_target!(|data: &[u8]| {
     body::<MdsReopen>(data);
     body::<MdsReopened>(data);
     body::<MdsPing>(data);
+    body::<MdsMirrorScan>(data);
+    body::<MdsMirrorScanned>(data);
     body::<MdsPong>(data);
     body::<FsStats>(data);
     body::<RegisterTargets>(data);

@@ -121,12 +121,13 @@ impl Allocator {
         &self,
         c: &Component,
         avoid: &HashSet<Nid>,
+        exclude: &HashSet<u32>,
         copies_left: u16,
     ) -> Result<Vec<u32>, NsError> {
         let eligible: Vec<TargetInfo> = self
             .eligible()
             .into_iter()
-            .filter(|t| !avoid.contains(&t.oss))
+            .filter(|t| !avoid.contains(&t.oss) && !exclude.contains(&t.index))
             .collect();
         if eligible.is_empty() && !avoid.is_empty() {
             return Err(no_space(
@@ -224,6 +225,15 @@ impl Allocator {
 
     /// Gives every component of `template` its objects.
     pub async fn instantiate(&self, template: &Layout) -> Result<Layout, NsError> {
+        self.instantiate_excluding(template, &HashSet::new()).await
+    }
+
+    /// As [`Allocator::instantiate`], using none of the targets in `exclude`.
+    pub async fn instantiate_excluding(
+        &self,
+        template: &Layout,
+        exclude: &HashSet<u32>,
+    ) -> Result<Layout, NsError> {
         let mut out = template.clone();
         let mut taken: Vec<StripeObject> = vec![];
         let copies = out.mirror_count();
@@ -249,7 +259,16 @@ impl Allocator {
             }
             let result = async {
                 let mut objects = vec![];
-                for target in self.choose(c, &avoid, copies - c.mirror)? {
+                // This mirror and the later ones still to be placed each need servers.
+                let copies_left = (c.mirror..copies)
+                    .filter(|m| {
+                        template
+                            .components
+                            .iter()
+                            .any(|x| x.mirror == *m && !x.is_instantiated())
+                    })
+                    .count() as u16;
+                for target in self.choose(c, &avoid, exclude, copies_left.max(1))? {
                     objects.push(StripeObject {
                         target,
                         fid: self.take(target).await?,

@@ -432,6 +432,13 @@ impl Namespace {
                 stale,
                 generation,
             } => self.mirror_state(*fid, *mirror, *stale, *generation, who, now),
+            Mutation::PlaceMirror {
+                fid,
+                mirror,
+                generation,
+                components,
+                ..
+            } => self.place_mirror(*fid, *mirror, *generation, components, who, now),
             Mutation::Destroyed { objects } => {
                 for o in objects {
                     self.doomed.remove(&o.fid);
@@ -682,6 +689,123 @@ impl Namespace {
             inode: Some(x.clone()),
             removed: vec![],
         })
+    }
+
+    /// Checks that `mirror` of `fid` may be given new objects at `generation`: it is stale, or
+    /// one past the last mirror (a new copy, up to [`proto::layout::MAX_MIRRORS`]). Returns
+    /// the file's layout.
+    pub fn may_place_mirror(
+        &self,
+        fid: Fid,
+        mirror: u16,
+        generation: u32,
+        who: &Creds,
+    ) -> Result<&Layout> {
+        let i = self.require(fid, who, 2)?;
+        let Some(layout) = i.layout.as_ref().filter(|_| i.kind == Kind::File) else {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} is not a file with a layout"),
+            );
+        };
+        if layout.generation != generation {
+            return err(
+                FsErrorKind::Stale,
+                format!("{fid}'s layout changed before mirror {mirror} was placed"),
+            );
+        }
+        let count = layout.mirror_count();
+        if mirror > count || (mirror == count && count >= proto::layout::MAX_MIRRORS) {
+            return err(
+                FsErrorKind::Invalid,
+                format!(
+                    "{fid} has {count} mirrors: no mirror {mirror} can be placed (at most {})",
+                    proto::layout::MAX_MIRRORS
+                ),
+            );
+        }
+        if mirror < count && !layout.stale_mirrors().contains(&mirror) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid}: mirror {mirror} is in sync; only a stale mirror is moved"),
+            );
+        }
+        Ok(layout)
+    }
+
+    fn place_mirror(
+        &mut self,
+        fid: Fid,
+        mirror: u16,
+        generation: u32,
+        components: &[proto::layout::Component],
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        let layout = self.may_place_mirror(fid, mirror, generation, who)?;
+        if components.is_empty()
+            || components
+                .iter()
+                .any(|c| c.mirror != mirror || !c.stale || !c.is_instantiated())
+        {
+            return err(
+                FsErrorKind::Invalid,
+                format!("mirror {mirror} of {fid} must be placed as stale components with objects"),
+            );
+        }
+        let mut next = layout.clone();
+        let old: Vec<proto::layout::StripeObject> = next
+            .components
+            .iter()
+            .filter(|c| c.mirror == mirror)
+            .flat_map(|c| c.objects.iter().copied())
+            .collect();
+        next.components.retain(|c| c.mirror != mirror);
+        let at = next
+            .components
+            .iter()
+            .position(|c| c.mirror > mirror)
+            .unwrap_or(next.components.len());
+        next.components.splice(at..at, components.iter().cloned());
+        next.generation += 1;
+        next.validate().map_err(|e| NsError {
+            kind: FsErrorKind::Invalid,
+            what: e.to_string(),
+        })?;
+        for o in old {
+            self.doomed.insert(o.fid, (o.target, fid));
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        x.layout = Some(next);
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+        })
+    }
+
+    /// Files with more than one mirror that `want` picks, in FID order after `after`, up to
+    /// `max`; and whether none follow. One pass over every inode.
+    pub fn mirrored_files(
+        &self,
+        after: Option<Fid>,
+        max: usize,
+        want: impl Fn(&Layout) -> bool,
+    ) -> (Vec<&Inode>, bool) {
+        let mut found: Vec<&Inode> = self
+            .inodes
+            .values()
+            .filter(|i| i.kind == Kind::File && after.is_none_or(|a| i.fid > a))
+            .filter(|i| {
+                i.layout
+                    .as_ref()
+                    .is_some_and(|l| l.mirror_count() > 1 && want(l))
+            })
+            .collect();
+        found.sort_by_key(|i| i.fid);
+        let end = found.len() <= max;
+        found.truncate(max);
+        (found, end)
     }
 
     fn set_layout(&mut self, fid: Fid, layout: &Layout, who: &Creds, now: Time) -> Result<Applied> {

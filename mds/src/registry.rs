@@ -198,6 +198,14 @@ impl Registry {
             );
             out.push(index);
         }
+        // A server registers every target it has when it starts: any other target listed at
+        // its address is gone from it (its disk wiped or replaced) and is down from now on.
+        for (i, e) in next.iter_mut() {
+            if &e.oss == oss && !out.contains(i) && e.last_seen.is_some() {
+                tracing::warn!(target = i, %oss, "a server registered without this target: it is down");
+                e.last_seen = None;
+            }
+        }
         let durable_changed = next.len() != entries.len()
             || next.iter().any(|(i, e)| {
                 entries
@@ -288,7 +296,11 @@ mod tests {
         );
         r.heartbeat(&oss, &[report(Some(1), 2)]);
         assert!(r.list()[1].up);
+        // The server comes back with a new target only (its disk wiped): the old ones at its
+        // address are down at once, not after the heartbeat timeout.
         assert_eq!(r.register(&oss, &[report(None, 3)]).unwrap(), vec![2]);
+        let up: Vec<u32> = r.list().iter().filter(|t| t.up).map(|t| t.index).collect();
+        assert_eq!(up, vec![2]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

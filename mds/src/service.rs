@@ -5,6 +5,7 @@
 //! from (root squashed unless the node is trusted). Only servers may register or heartbeat
 //! targets. Opens come with capabilities for the file's objects.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use lnet::service::{reply, BoxFuture, BulkPeer, Incoming, Service};
@@ -197,6 +198,13 @@ impl MdsService {
             Mutation::SetLayout { fid, .. } => {
                 a("setstripe", Some(*fid), ns.dir_path(*fid), None, None)
             }
+            Mutation::PlaceMirror { fid, mirror, .. } => a(
+                "mirror",
+                Some(*fid),
+                ns.dir_path(*fid),
+                None,
+                Some(format!("{mirror} placed")),
+            ),
             Mutation::MirrorState {
                 fid, mirror, stale, ..
             } => a(
@@ -356,6 +364,79 @@ impl MdsService {
                 }
                 Ok(objects)
             }
+            Mutation::PlaceMirror {
+                fid,
+                mirror,
+                generation,
+                exclude,
+                components,
+            } => {
+                if !components.is_empty() {
+                    return refuse(
+                        FsErrorKind::Invalid,
+                        "a client cannot name a mirror's components: the MDS places them",
+                    );
+                }
+                let (fid, mirror) = (*fid, *mirror);
+                let current = self
+                    .store
+                    .read(|ns| {
+                        ns.may_place_mirror(fid, mirror, *generation, &Creds::root())
+                            .cloned()
+                    })
+                    .map_err(ns_error)?;
+                // The other mirrors as they are; this one as a template, like a new file's.
+                let pattern: Vec<Component> = if mirror < current.mirror_count() {
+                    current
+                        .components
+                        .iter()
+                        .filter(|c| c.mirror == mirror)
+                        .cloned()
+                        .collect()
+                } else {
+                    current
+                        .components
+                        .iter()
+                        .filter(|c| c.mirror == 0)
+                        .cloned()
+                        .collect()
+                };
+                let mut template = current.clone();
+                template.components.retain(|c| c.mirror != mirror);
+                template
+                    .components
+                    .extend(pattern.into_iter().map(|c| Component {
+                        stripe_offset: None,
+                        targets: vec![],
+                        objects: vec![],
+                        mirror,
+                        stale: true,
+                        ..c
+                    }));
+                if !self.alloc.has_targets() {
+                    return Err(RemoteError::new(
+                        StatusCode::Busy,
+                        "no storage target is in service yet",
+                    ));
+                }
+                let exclude: HashSet<u32> = exclude.iter().copied().collect();
+                let placed = self
+                    .alloc
+                    .instantiate_excluding(&template, &exclude)
+                    .await
+                    .map_err(ns_error)?;
+                let mine: Vec<Component> = placed
+                    .components
+                    .into_iter()
+                    .filter(|c| c.mirror == mirror)
+                    .collect();
+                let objects = mine
+                    .iter()
+                    .flat_map(|c| c.objects.iter().copied())
+                    .collect();
+                *components = mine;
+                Ok(objects)
+            }
             Mutation::Destroyed { .. } => refuse(
                 FsErrorKind::NotPermitted,
                 "only the MDS records destroyed objects",
@@ -453,6 +534,10 @@ impl MdsService {
                 let _: MdsStatfs = req.decode()?;
                 self.statfs()
             }
+            opcodes::MDS_MIRROR_SCAN => {
+                let r: MdsMirrorScan = req.decode()?;
+                self.mirror_scan(r)
+            }
             opcodes::MDS_LOOKUP => {
                 let mut r: MdsLookup = req.decode()?;
                 r.creds = self.nodemap.map(&req, r.creds);
@@ -498,6 +583,52 @@ impl MdsService {
     }
 
     /// Inodes, and the space of the targets that are up.
+    /// Files whose mirrors need care: stale ones, or those with objects on a target.
+    fn mirror_scan(&self, r: MdsMirrorScan) -> Result<Vec<u8>, RemoteError> {
+        let max = r.max.clamp(1, MAX_MIRROR_SCAN) as usize;
+        let on = |l: &Layout, t: u32| -> Vec<u16> {
+            let mut ms: Vec<u16> = l
+                .components
+                .iter()
+                .filter(|c| c.objects.iter().any(|o| o.target == t))
+                .map(|c| c.mirror)
+                .collect();
+            ms.dedup();
+            ms
+        };
+        let (files, end) = self.store.read(|ns| {
+            let (found, end) = ns.mirrored_files(r.after, max, |l| {
+                (!r.stale || !l.stale_mirrors().is_empty())
+                    && r.target.is_none_or(|t| !on(l, t).is_empty())
+            });
+            let files = found
+                .into_iter()
+                .map(|i| {
+                    let l = i.layout.as_ref().expect("picked by its layout");
+                    let stale = l.stale_mirrors();
+                    let mut stale_targets: Vec<u32> = l
+                        .components
+                        .iter()
+                        .filter(|c| c.stale)
+                        .flat_map(|c| c.objects.iter().map(|o| o.target))
+                        .collect();
+                    stale_targets.sort_unstable();
+                    stale_targets.dedup();
+                    ScannedFile {
+                        fid: i.fid,
+                        size: i.size,
+                        mirrors: l.mirror_count(),
+                        stale,
+                        on_target: r.target.map(|t| on(l, t)).unwrap_or_default(),
+                        stale_targets,
+                    }
+                })
+                .collect();
+            (files, end)
+        });
+        reply::<MdsMirrorScan>(&MdsMirrorScanned { files, end })
+    }
+
     fn statfs(&self) -> Result<Vec<u8>, RemoteError> {
         let targets = self.registry.list();
         let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
@@ -571,7 +702,8 @@ impl MdsService {
         // mtime the writer's page cache kept for its writes (never an atime of its choosing).
         let by_handle = match (&r.mutation, r.open) {
             (Mutation::GrowSize { fid, .. }, Some(h))
-            | (Mutation::MirrorState { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
+            | (Mutation::MirrorState { fid, .. }, Some(h))
+            | (Mutation::PlaceMirror { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
             (Mutation::Setattr { fid, attr }, Some(h)) => {
                 let only_size_and_times = attr.mode.is_none()
                     && attr.uid.is_none()
@@ -589,7 +721,10 @@ impl MdsService {
         let opens = r.open.filter(|_| {
             !matches!(
                 r.mutation,
-                Mutation::Setattr { .. } | Mutation::GrowSize { .. } | Mutation::MirrorState { .. }
+                Mutation::Setattr { .. }
+                    | Mutation::GrowSize { .. }
+                    | Mutation::MirrorState { .. }
+                    | Mutation::PlaceMirror { .. }
             )
         });
         let creds = r.creds.clone();

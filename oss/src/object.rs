@@ -476,15 +476,19 @@ impl Object {
         let last = ((n - 1) * BLOCK) as usize;
         buf[last..].fill(0);
         let mut entries = self.read_entries(b0, n)?;
-        // Blocks only partly covered keep their other bytes: read and check them first.
+        // Blocks only partly covered keep their other bytes: read and check them first. A
+        // block's bytes before the write count if the block starts inside the object; its
+        // bytes after the write only if the object reaches past the write (beyond the size
+        // there is nothing to keep, so a write to the end of an object never reads its last
+        // block: a damaged one can be rewritten whole).
         let mut edges = vec![];
-        if offset % BLOCK != 0 {
+        if offset % BLOCK != 0 && b0 * BLOCK < size {
             edges.push(b0);
         }
-        if end % BLOCK != 0 && !edges.contains(&(b1 - 1)) {
+        if end % BLOCK != 0 && end < size && !edges.contains(&(b1 - 1)) {
             edges.push(b1 - 1);
         }
-        for b in edges.into_iter().filter(|b| b * BLOCK < size) {
+        for b in edges {
             let old = self.pread(&self.data, b * BLOCK, BLOCK).await?;
             let i = (b - b0) as usize;
             self.verify(b, &old, &entries[i..=i])?;

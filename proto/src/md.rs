@@ -260,6 +260,21 @@ pub enum Mutation {
         stale: bool,
         generation: u32,
     },
+    /// Gives mirror `mirror` new objects, placed as a new file's would be (on servers that
+    /// hold no other copy, and up now): a stale mirror moves off the objects it had (they go
+    /// to the destroy queue), and a mirror one past the last is a new copy with the stripe
+    /// pattern of mirror 0. Either way the mirror is stale until a resync fills it. Applies
+    /// only while the layout is still at `generation`. `components` are filled in by the MDS
+    /// (a client sends none), on no target of `exclude`.
+    PlaceMirror {
+        fid: Fid,
+        mirror: u16,
+        generation: u32,
+        #[serde(deserialize_with = "crate::seq::deserialize")]
+        exclude: Vec<u32>,
+        #[serde(deserialize_with = "crate::seq::deserialize")]
+        components: Vec<crate::layout::Component>,
+    },
     /// The storage servers have destroyed these objects of removed files.
     Destroyed {
         #[serde(deserialize_with = "crate::seq::deserialize")]
@@ -470,6 +485,48 @@ pub struct MdsPong {
 impl Rpc for MdsPing {
     const OPCODE: Opcode = opcodes::MDS_PING;
     type Reply = MdsPong;
+}
+
+/// Most files in one [`MdsMirrorScanned`].
+pub const MAX_MIRROR_SCAN: u32 = 4096;
+
+/// Files that need a mirror's care, in FID order after `after`: with `stale`, files with a
+/// stale mirror; with `target`, files with an object on that target (their mirrors there
+/// named in `on_target`). Up to `max` (at most [`MAX_MIRROR_SCAN`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsMirrorScan {
+    pub after: Option<Fid>,
+    pub max: u32,
+    pub stale: bool,
+    pub target: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScannedFile {
+    pub fid: Fid,
+    pub size: u64,
+    pub mirrors: u16,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub stale: Vec<u16>,
+    /// The mirrors with an object on the target asked about.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub on_target: Vec<u16>,
+    /// The targets of each stale mirror's objects.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub stale_targets: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsMirrorScanned {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub files: Vec<ScannedFile>,
+    /// No files after these.
+    pub end: bool,
+}
+
+impl Rpc for MdsMirrorScan {
+    const OPCODE: Opcode = opcodes::MDS_MIRROR_SCAN;
+    type Reply = MdsMirrorScanned;
 }
 
 /// The filesystem's totals.

@@ -38,6 +38,7 @@ pub mod opcodes {
     pub const MDS_CLOSE: Opcode = Opcode(0x0116);
     pub const MDS_REOPEN: Opcode = Opcode(0x0117);
     pub const MDS_PING: Opcode = Opcode(0x0118);
+    pub const MDS_MIRROR_SCAN: Opcode = Opcode(0x0119);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -68,6 +69,7 @@ pub mod opcodes {
         MDS_CLOSE,
         MDS_REOPEN,
         MDS_PING,
+        MDS_MIRROR_SCAN,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

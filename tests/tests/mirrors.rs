@@ -1,6 +1,7 @@
 //! Mirrored files on real processes: an MDS and four storage servers, one killed with
 //! `kill -9` under a streaming read and under a checkpoint write, then restarted and its copy
-//! resynced.
+//! resynced in the background; a damaged block repaired from the other copy; a wiped target
+//! rebuilt; a copy added to a file.
 
 use std::time::{Duration, Instant};
 
@@ -220,27 +221,240 @@ async fn mirrored_files_keep_working_through_a_lost_server_and_resync() {
     assert!(back == ckpt, "the checkpoint read back differs");
     r.close().await.unwrap();
 
-    // The server returns; the resync brings its copy back, identical.
+    // The server returns; the MDS's healer resyncs its copy in the background, identical.
     servers[victim] = Some(oss(
         &root.join(format!("oss{victim}")),
         &mds.nid,
         &victim_addr,
     ));
+    let back = Instant::now();
+    loop {
+        let l = c.getstripe("/ckpt").await.unwrap().unwrap();
+        if l.stale_mirrors().is_empty() {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(60),
+            "the stale copy was not resynced in the background"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "resync: in sync {:?} after the server returned",
+        back.elapsed()
+    );
     let f = OpenOptions::new()
         .read(true)
-        .write(true)
         .open(&c, "/ckpt")
         .await
         .unwrap();
-    let copied = f.resync(|_, _| {}).await.unwrap();
-    assert_eq!(copied, ckpt.len() as u64);
-    let synced = c.getstripe("/ckpt").await.unwrap().unwrap();
-    assert!(
-        synced.stale_mirrors().is_empty(),
-        "still stale after the resync"
-    );
     let len = ckpt.len() as u64;
     assert!(f.read_copy(0, 0, len).await.unwrap() == ckpt);
     assert!(f.read_copy(1, 0, len).await.unwrap() == ckpt);
+    f.close().await.unwrap();
+}
+
+/// An MDS and four storage servers (one target each), every target in service.
+struct Cluster {
+    root: std::path::PathBuf,
+    mds: Server,
+    servers: Vec<Option<Server>>,
+    client: Client,
+}
+
+impl Cluster {
+    async fn start(name: &str) -> Cluster {
+        let root = scratch(name);
+        let mds = Server::start(
+            "lode-mds",
+            &[
+                "--data-dir",
+                root.join("mds").to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )
+        .unwrap();
+        let servers: Vec<Option<Server>> = (0..4)
+            .map(|i| Some(oss(&root.join(format!("oss{i}")), &mds.nid, "127.0.0.1:0")))
+            .collect();
+        let cfg = ClientConfig {
+            security: Some(lode_tests::client_security()),
+            retry_for: Duration::from_secs(20),
+            ..Default::default()
+        };
+        let client = Client::connect_with(&mds.nid.to_string(), cfg)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let t = client.targets().await.unwrap();
+            let probe = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .open(&client, "/probe")
+                .await;
+            if t.len() == 4 && t.iter().all(|t| t.up) && probe.is_ok() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "targets never came up"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Cluster {
+            root,
+            mds,
+            servers,
+            client,
+        }
+    }
+
+    /// The index of the server (in `servers`) holding `target`.
+    async fn server_holding(&self, target: u32) -> usize {
+        let t = self.client.targets().await.unwrap();
+        let nid = &t.iter().find(|x| x.index == target).unwrap().oss;
+        self.servers
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.nid == *nid))
+            .unwrap()
+    }
+}
+
+/// The data file of object `fid` in the data directory of a storage server.
+fn object_file(dir: &std::path::Path, fid: proto::Fid) -> std::path::PathBuf {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e
+            .unwrap()
+            .path()
+            .join("O")
+            .join(format!("{:x}", fid.seq))
+            .join(format!("d{}", fid.oid % 32))
+            .join(format!("{:x}", fid.oid));
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("no data file for {fid} in {}", dir.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_failing_its_checksum_is_read_from_the_other_copy_and_repaired() {
+    let cl = Cluster::start("mirror-bitflip").await;
+    let c = &cl.client;
+    let data = pattern(3, 8 << 20);
+    write_file(c, "/flip", &data).await;
+    let layout = c.getstripe("/flip").await.unwrap().unwrap();
+    // Damage mirror 1 where the second stripe unit lives: reads spread stripe units over the
+    // copies, and that unit is read from mirror 1.
+    let copy = layout.mirror(1);
+    let p = copy.pieces((1 << 20) + 100, 1).unwrap()[0];
+    let obj = copy.components[p.component].objects[p.stripe as usize];
+    let server = cl.server_holding(obj.target).await;
+    let path = object_file(&cl.root.join(format!("oss{server}")), obj.fid);
+    let mut raw = std::fs::read(&path).unwrap();
+    let at = p.object_offset as usize;
+    let good = raw[at];
+    raw[at] ^= 0x10;
+    std::fs::write(&path, &raw).unwrap();
+
+    let f = OpenOptions::new()
+        .read(true)
+        .open(c, "/flip")
+        .await
+        .unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(f.read_at(0, &mut back).await.unwrap(), data.len());
+    assert!(back == data, "a read over a damaged block differs");
+    // Repaired on disk: the damaged copy reads whole on its own, and the byte is back.
+    let len = data.len() as u64;
+    assert!(f.read_copy(1, 0, len).await.unwrap() == data);
+    f.close().await.unwrap();
+    assert_eq!(
+        std::fs::read(&path).unwrap()[at],
+        good,
+        "the damaged byte was not rewritten"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_target_is_rebuilt_and_a_copy_can_be_added() {
+    let mut cl = Cluster::start("mirror-rebuild").await;
+    let data = pattern(4, 12 << 20);
+    write_file(&cl.client, "/w", &data).await;
+    let layout = cl.client.getstripe("/w").await.unwrap().unwrap();
+    let lost_target = layout.mirror(1).components[0].objects[0].target;
+    let s = cl.server_holding(lost_target).await;
+    let dir = cl.root.join(format!("oss{s}"));
+    let listen = addr(&cl.servers[s].as_ref().unwrap().nid);
+
+    // The server's disk is wiped while it is down: it comes back with a new, empty target.
+    cl.servers[s].take().unwrap().kill();
+    std::fs::remove_dir_all(&dir).unwrap();
+    cl.servers[s] = Some(oss(&dir, &cl.mds.nid, &listen));
+    let c = &cl.client;
+    let start = Instant::now();
+    while c.targets().await.unwrap().iter().filter(|t| t.up).count() < 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the new target never came up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Still readable from the other copy meanwhile.
+    let f = OpenOptions::new().read(true).open(c, "/w").await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    f.read_at(0, &mut back).await.unwrap();
+    assert!(back == data, "a read with a wiped copy differs");
+    f.close().await.unwrap();
+
+    let report = client::mirrors::rebuild_target(c, lost_target, |_, _, _| {})
+        .await
+        .unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.rebuilt, 1);
+    assert_eq!(report.bytes, data.len() as u64);
+    let rebuilt = c.getstripe("/w").await.unwrap().unwrap();
+    assert!(rebuilt.stale_mirrors().is_empty());
+    assert!(
+        rebuilt
+            .components
+            .iter()
+            .flat_map(|c| &c.objects)
+            .all(|o| o.target != lost_target),
+        "an object is still on the wiped target"
+    );
+    let f = OpenOptions::new().read(true).open(c, "/w").await.unwrap();
+    let len = data.len() as u64;
+    assert!(f.read_copy(0, 0, len).await.unwrap() == data);
+    assert!(f.read_copy(1, 0, len).await.unwrap() == data);
+    f.close().await.unwrap();
+
+    // A file with one copy gets a second one, on other servers.
+    let one = pattern(5, 5 << 20);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .layout(client::stripe_args::parse(&["-c", "2", "-S", "1M"].map(String::from)).unwrap())
+        .open(c, "/one")
+        .await
+        .unwrap();
+    f.write_at(0, &one).await.unwrap();
+    f.fsync().await.unwrap();
+    let copied = f.extend_mirror(|_, _| {}).await.unwrap();
+    assert_eq!(copied, one.len() as u64);
+    let l = c.getstripe("/one").await.unwrap().unwrap();
+    assert_eq!(l.mirror_count(), 2);
+    assert!(l.stale_mirrors().is_empty());
+    let targets_of = |m: u16| -> Vec<u32> {
+        l.mirror(m)
+            .components
+            .iter()
+            .flat_map(|c| c.objects.iter().map(|o| o.target))
+            .collect()
+    };
+    assert!(targets_of(0).iter().all(|t| !targets_of(1).contains(t)));
+    assert!(f.read_copy(1, 0, one.len() as u64).await.unwrap() == one);
     f.close().await.unwrap();
 }

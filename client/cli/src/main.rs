@@ -90,6 +90,22 @@ enum MirrorCmd {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+    /// Add copies to each file: new mirrors on servers holding no other copy, filled from one
+    /// in sync (as `lfs mirror extend`).
+    Extend {
+        /// Copies to add.
+        #[arg(short = 'N', long = "mirror-count", default_value_t = 1)]
+        count: u16,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Move every mirror with an object on a target to other targets, copying it from a copy
+    /// in sync: for a target wiped, replaced or to be retired.
+    Rebuild {
+        /// The target's index (as `lode df` lists it).
+        #[arg(long)]
+        target: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -109,7 +125,8 @@ enum Cmd {
         #[arg(allow_hyphen_values = true, num_args = 1.., required = true)]
         args: Vec<String>,
     },
-    /// Mirrored files: `mirror resync PATH...` brings stale copies back in sync.
+    /// Mirrored files: `mirror resync PATH...` brings stale copies back in sync, `mirror extend
+    /// [-N n] PATH...` adds copies, `mirror rebuild --target N` moves every copy off a target.
     #[command(subcommand)]
     Mirror(MirrorCmd),
     /// Print a layout with Lustre's fields; -y for YAML.
@@ -327,7 +344,11 @@ fn run() -> Result<()> {
             } => mount::run(client, &mds, &mountpoint, options.as_deref()).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
-            Cmd::Mirror(MirrorCmd::Resync { paths }) => resync(&client, &paths).await,
+            Cmd::Mirror(MirrorCmd::Resync { paths }) => resync(&client, &paths, None).await,
+            Cmd::Mirror(MirrorCmd::Extend { count, paths }) => {
+                resync(&client, &paths, Some(count)).await
+            }
+            Cmd::Mirror(MirrorCmd::Rebuild { target }) => rebuild(&client, target).await,
             Cmd::Df { human, .. } => df(&client, human).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => cp(&client, &path, "local:-").await,
@@ -373,9 +394,41 @@ async fn setstripe(client: &Client, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `lode mirror resync`: each file's stale copies brought back, with progress; a file that
-/// fails is reported and the others still done, as `cp` does.
-async fn resync(client: &Client, paths: &[String]) -> Result<()> {
+/// `lode mirror rebuild --target N`: every copy on the target moved elsewhere, with progress.
+async fn rebuild(client: &Client, target: u32) -> Result<()> {
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "rebuilding target {msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_message(target.to_string());
+    let report = client::mirrors::rebuild_target(client, target, |done, total, _| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .await
+    .with_context(|| format!("rebuild of target {target}"))?;
+    bar.finish_and_clear();
+    for (fid, e) in &report.failed {
+        eprintln!("lode: mirror rebuild: {fid}: {e}");
+    }
+    out!(
+        "target {target}: {} of {} mirrored files rebuilt ({} bytes copied)",
+        report.rebuilt,
+        report.files,
+        report.bytes
+    );
+    if !report.failed.is_empty() {
+        anyhow::bail!("{} files not rebuilt", report.failed.len());
+    }
+    Ok(())
+}
+
+/// `lode mirror resync` (and `extend`, which first adds `add` copies): each file's stale
+/// copies brought back, with progress; a file that fails is reported and the others still
+/// done, as `cp` does.
+async fn resync(client: &Client, paths: &[String], add: Option<u16>) -> Result<()> {
     let mut failed = 0;
     for path in paths {
         let done = async {
@@ -391,12 +444,25 @@ async fn resync(client: &Client, paths: &[String]) -> Result<()> {
                 .expect("a valid template"),
             );
             bar.set_message(path.clone());
-            let copied = f
-                .resync(|at, total| {
-                    bar.set_length(total);
-                    bar.set_position(at);
-                })
-                .await;
+            let copied = async {
+                let mut n = 0;
+                for _ in 0..add.unwrap_or(0) {
+                    n += f
+                        .extend_mirror(|at, total| {
+                            bar.set_length(total);
+                            bar.set_position(at);
+                        })
+                        .await?;
+                }
+                n += f
+                    .resync(|at, total| {
+                        bar.set_length(total);
+                        bar.set_position(at);
+                    })
+                    .await?;
+                Ok::<_, client::ClientError>(n)
+            }
+            .await;
             bar.finish_and_clear();
             let closed = f.close().await;
             let copied = copied?;
@@ -405,15 +471,23 @@ async fn resync(client: &Client, paths: &[String]) -> Result<()> {
         }
         .await;
         match done {
-            Ok(n) => out!("{path}: resynced ({n} bytes copied)"),
+            Ok(n) => out!(
+                "{path}: {} ({n} bytes copied)",
+                if add.is_some() {
+                    "extended"
+                } else {
+                    "resynced"
+                }
+            ),
             Err(e) => {
-                eprintln!("lode: mirror resync: {path}: {e}");
+                let verb = if add.is_some() { "extend" } else { "resync" };
+                eprintln!("lode: mirror {verb}: {path}: {e}");
                 failed += 1;
             }
         }
     }
     if failed > 0 {
-        anyhow::bail!("{failed} of {} files not resynced", paths.len());
+        anyhow::bail!("{failed} of {} files not done", paths.len());
     }
     Ok(())
 }

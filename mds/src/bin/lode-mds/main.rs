@@ -45,8 +45,9 @@ enum Cmd {
 struct ServeArgs {
     /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `recovery_window_s`,
     /// `evict_after_s`, `key_file`, `auth`, `privacy`, `trusted_nodes`, `squash_uid`,
-    /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib` and
-    /// `audit_keep`; flags override it.
+    /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib`,
+    /// `audit_keep`, `auto_resync`, `resync_rate_mib` and `resync_move_after_s`; flags override
+    /// it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the MDS keeps its state.
@@ -67,6 +68,9 @@ struct ServeArgs {
     /// Write an audit log (JSON lines) to this file.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
+    /// Do not resync stale mirrors in the background (`lode mirror resync` still does).
+    #[arg(long)]
+    no_auto_resync: bool,
 }
 
 /// The configuration file.
@@ -102,6 +106,13 @@ struct Config {
     audit_max_mib: Option<u64>,
     /// Rotated audit logs kept [default: 8].
     audit_keep: Option<u32>,
+    /// Resync stale mirrors in the background [default: true].
+    auto_resync: Option<bool>,
+    /// MiB a second the background resync copies, at most (0: no limit) [default: 200].
+    resync_rate_mib: Option<u64>,
+    /// Seconds a stale mirror waits for its servers to return before it is placed on
+    /// others [default: 600].
+    resync_move_after_s: Option<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -134,6 +145,7 @@ struct Settings {
     nodemap: Nodemap,
     capability_lifetime: Duration,
     audit: Option<mds::audit::AuditConfig>,
+    heal: Option<client::mirrors::HealConfig>,
 }
 
 impl ServeArgs {
@@ -205,6 +217,16 @@ impl ServeArgs {
                     max_bytes: file.audit_max_mib.unwrap_or(64).max(1) << 20,
                     keep: file.audit_keep.unwrap_or(8),
                 }),
+            heal: (!self.no_auto_resync && file.auto_resync != Some(false)).then(|| {
+                let d = client::mirrors::HealConfig::default();
+                client::mirrors::HealConfig {
+                    rate: file.resync_rate_mib.map_or(d.rate, |m| m << 20),
+                    move_after: file
+                        .resync_move_after_s
+                        .map_or(d.move_after, Duration::from_secs),
+                    ..d
+                }
+            }),
             capability_lifetime: file
                 .capability_lifetime_s
                 .map_or(mds::identity::CAPABILITY_LIFETIME, |s| {
@@ -259,13 +281,54 @@ fn serve(args: ServeArgs) -> Result<()> {
     };
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let server = MdsServer::start(cfg, &Attach::tcp(args.listen, args.security))
+        let server = MdsServer::start(cfg, &Attach::tcp(args.listen, args.security.clone()))
             .await
             .with_context(|| format!("starting the MDS on {}", args.listen))?;
         println!("lode-mds serving at {}", server.nid());
+        match args.heal {
+            Some(heal) => {
+                let security = args.security.clone();
+                let nid = server.nid();
+                tokio::spawn(heal_mirrors(nid, security, heal));
+            }
+            None => tracing::warn!("background resync of stale mirrors is off"),
+        }
         let why = daemon::stop_requested().await?;
         tracing::info!(signal = why, "shutting down");
         server.stop().await;
         Ok(())
     })
+}
+
+/// The mirror healer: a client of this MDS with the server's own key (the server role: root,
+/// no capabilities needed), resyncing stale mirrors as their servers return.
+async fn heal_mirrors(
+    nid: proto::Nid,
+    security: lnet::auth::Security,
+    cfg: client::mirrors::HealConfig,
+) {
+    let addr = match &nid {
+        proto::Nid::Tcp(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port())).to_string()
+        }
+        other => other.to_string(),
+    };
+    let ccfg = client::ClientConfig {
+        retry_for: Duration::from_secs(15),
+        creds: proto::md::Creds::root(),
+        security: Some(security),
+        ..Default::default()
+    };
+    loop {
+        match client::Client::connect_with(&addr, ccfg.clone()).await {
+            Ok(c) => {
+                tracing::info!(rate = cfg.rate, move_after = ?cfg.move_after, "resyncing stale mirrors in the background");
+                return client::mirrors::Healer::new(c, cfg).run().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the mirror healer cannot reach this MDS; trying again");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
 }
