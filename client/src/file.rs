@@ -401,6 +401,16 @@ impl File {
     async fn mark_stale(&self, layout: &Layout, mirror: u16, why: &ClientError) -> Result<()> {
         let fid = self.inode.lock().fid;
         tracing::warn!(%fid, mirror, error = %why, "a mirror missed a write; marking it stale");
+        self.mark_stale_quietly(layout, mirror, why).await
+    }
+
+    async fn mark_stale_quietly(
+        &self,
+        layout: &Layout,
+        mirror: u16,
+        why: &ClientError,
+    ) -> Result<()> {
+        let fid = self.inode.lock().fid;
         let m = Mutation::MirrorState {
             fid,
             mirror,
@@ -643,27 +653,36 @@ impl File {
             ));
         }
         let region = self.client.register(vec![0u8; len as usize])?;
-        for (p, obj, oss) in plan_in(&self.client, &layout.mirror(mirror), offset, len).await? {
-            let at = p.file_offset - offset;
-            let desc = region.desc(at, p.len as u32, false)?;
-            let window = self.client.window(obj.target);
-            let done = read_piece(
-                &self.client,
-                &self.caps,
-                &window,
-                &oss,
-                obj,
-                p.object_offset,
-                &desc,
-            )
-            .await?;
-            let got = u64::from(done.bytes).min(p.len);
-            if got < p.len {
-                region
-                    .dma(at + got, p.len - got, true)?
-                    .copy_in(&vec![0u8; (p.len - got) as usize])?;
+        let plan = plan_in(&self.client, &layout.mirror(mirror), offset, len).await?;
+        // Every piece at once, each within its target's window.
+        let reads = plan.into_iter().map(|(p, obj, oss)| {
+            let region = &region;
+            async move {
+                let at = p.file_offset - offset;
+                let desc = region.desc(at, p.len as u32, false)?;
+                let window = self.client.window(obj.target);
+                let done = read_piece(
+                    &self.client,
+                    &self.caps,
+                    &window,
+                    &oss,
+                    obj,
+                    p.object_offset,
+                    &desc,
+                )
+                .await?;
+                let got = u64::from(done.bytes).min(p.len);
+                if got < p.len {
+                    region.dma(at + got, p.len - got, true)?.copy_in(&vec![
+                        0u8;
+                        (p.len - got)
+                            as usize
+                    ])?;
+                }
+                Ok::<_, ClientError>(())
             }
-        }
+        });
+        futures_util::future::try_join_all(reads).await?;
         Ok(region.read(0, len)?.as_slice().to_vec())
     }
 
@@ -690,7 +709,8 @@ impl File {
         if layout.stale_mirrors().contains(&mirror) {
             return Ok(());
         }
-        self.mark_stale(&layout, mirror, &ClientError::fs(FsErrorKind::Io, why))
+        tracing::warn!(fid = %self.inode.lock().fid, mirror, why, "marking a mirror stale");
+        self.mark_stale_quietly(&layout, mirror, &ClientError::fs(FsErrorKind::Io, why))
             .await
     }
 
@@ -736,7 +756,9 @@ impl File {
         rate: Option<u64>,
         exclude: &[u32],
     ) -> Result<u64> {
+        use futures_util::StreamExt;
         const CHUNK: u64 = 4 << 20;
+        const IN_FLIGHT: usize = 4;
         let started = tokio::time::Instant::now();
         let mut copied = 0;
         let fid = self.inode.lock().fid;
@@ -771,15 +793,24 @@ impl File {
                     }
                 }
                 let copy = self.layout()?.mirror(m);
-                let mut at = 0;
-                while at < size {
+                // Chunks copied a few at a time, so that every server of both copies is busy.
+                let chunks = (0..size).step_by(CHUNK as usize).map(|at| {
                     let n = CHUNK.min(size - at);
-                    let bytes = self.read_copy(src, at, n).await?;
-                    if bytes.iter().any(|&b| b != 0) {
+                    async move {
+                        let bytes = self.read_copy(src, at, n).await?;
+                        if !bytes.iter().any(|&b| b != 0) {
+                            return Ok::<_, ClientError>((n, 0));
+                        }
                         let region = Arc::new(self.client.register(bytes)?);
                         self.write_copies(at, &region, 0, n, Some(m)).await?;
-                        copied += n;
+                        Ok((n, n))
                     }
+                });
+                let mut chunks = futures_util::stream::iter(chunks).buffered(IN_FLIGHT);
+                let mut at = 0;
+                while let Some(r) = chunks.next().await {
+                    let (n, written) = r?;
+                    copied += written;
                     at += n;
                     progress(k as u64 * size + at, total);
                     if let Some(rate) = rate.filter(|r| *r > 0) {
@@ -787,13 +818,22 @@ impl File {
                         tokio::time::sleep_until(started + due).await;
                     }
                 }
+                drop(chunks);
                 self.truncate_objects(copy.clone(), size, None).await?;
                 self.sync_objects(&copy).await?;
                 // The copy must now read as the source does.
-                let mut at = 0;
-                while at < size {
+                let compares = (0..size).step_by(CHUNK as usize).map(|at| {
                     let n = CHUNK.min(size - at);
-                    if self.read_copy(src, at, n).await? != self.read_copy(m, at, n).await? {
+                    async move {
+                        let (a, b) =
+                            tokio::try_join!(self.read_copy(src, at, n), self.read_copy(m, at, n))?;
+                        Ok::<_, ClientError>((at, a == b))
+                    }
+                });
+                let mut compares = futures_util::stream::iter(compares).buffered(IN_FLIGHT);
+                while let Some(r) = compares.next().await {
+                    let (at, same) = r?;
+                    if !same {
                         return Err(ClientError::fs(
                             FsErrorKind::Io,
                             format!(
@@ -801,7 +841,6 @@ impl File {
                             ),
                         ));
                     }
-                    at += n;
                 }
             }
             if !changed {

@@ -54,8 +54,9 @@ pub struct PassReport {
 
 /// Resyncs stale copies as their servers come back: a copy whose targets are all up again is
 /// resynced at once (onto new objects, placed where the MDS chooses); one whose targets stay
-/// down is moved to other servers after [`HealConfig::move_after`]. A file that fails waits
-/// longer each time, up to ten minutes.
+/// down is moved to other servers after [`HealConfig::move_after`]. Files some client holds
+/// open are left for a later pass. A file that fails waits longer each time, up to ten
+/// minutes.
 pub struct Healer {
     client: Client,
     cfg: HealConfig,
@@ -112,6 +113,12 @@ impl Healer {
         for f in files {
             let first = *self.seen.entry(f.fid).or_insert(now);
             if self.backoff.get(&f.fid).is_some_and(|(at, _)| now < *at) {
+                report.waiting += 1;
+                continue;
+            }
+            // A file in use is left to its users (a resync racing a writer could miss its
+            // writes) and taken up on a later pass.
+            if f.open {
                 report.waiting += 1;
                 continue;
             }

@@ -621,6 +621,7 @@ impl MdsService {
                         stale,
                         on_target: r.target.map(|t| on(l, t)).unwrap_or_default(),
                         stale_targets,
+                        open: self.alloc.open.is_open(i.fid),
                     }
                 })
                 .collect();

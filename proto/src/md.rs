@@ -514,6 +514,8 @@ pub struct ScannedFile {
     /// The targets of each stale mirror's objects.
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub stale_targets: Vec<u32>,
+    /// Some client holds the file open.
+    pub open: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

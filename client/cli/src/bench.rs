@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// The lode directory to work in.
     #[arg(long, default_value = "/lode-bench")]
     dir: String,
+    /// Also run with this many mirrors (the stripe count is per mirror), in the same rounds,
+    /// and time the resync of one copy of each file.
+    #[arg(long, default_value_t = 1)]
+    mirrors: u16,
 }
 
 /// Bytes one write or read call moves, per stripe of the file: a file striped over four
@@ -108,13 +112,29 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
     let total = size * a.files as u64;
     let (mut lw, mut lr, mut ow, mut or, mut lc, mut oc) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut mw, mut mr, mut ms) = (vec![], vec![], vec![]);
     for round in 0..a.rounds {
         let local_first = round % 2 == 0;
         for lode_turn in [!local_first, local_first] {
             if lode_turn {
-                let (w, r) = lode_round(&client, &a, size, stripe_size, round).await?;
+                // Mirrored and unmirrored in rotated order too.
+                if a.mirrors > 1 && round % 2 == 1 {
+                    let (w, r, s) =
+                        lode_round(&client, &a, size, stripe_size, round, a.mirrors).await?;
+                    mw.push(w);
+                    mr.push(r);
+                    ms.extend(s);
+                }
+                let (w, r, _) = lode_round(&client, &a, size, stripe_size, round, 1).await?;
                 ow.push(w);
                 or.push(r);
+                if a.mirrors > 1 && round % 2 == 0 {
+                    let (w, r, s) =
+                        lode_round(&client, &a, size, stripe_size, round, a.mirrors).await?;
+                    mw.push(w);
+                    mr.push(r);
+                    ms.extend(s);
+                }
                 if let Some(c) = &a.checkpoint {
                     oc.push(
                         lode_checkpoint(&client, &a, crate::parse_size(c)?, stripe_size).await?,
@@ -162,6 +182,29 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
             gbs(&or) / gbs(&lr)
         );
     }
+    if !mw.is_empty() {
+        out!(
+            "  {:<28} {:>10.2} {:>10.2}",
+            format!("lode, {} mirrors", a.mirrors),
+            gbs(&mw),
+            gbs(&mr)
+        );
+        out!(
+            "  {:<28} {:>10.2} {:>10.2}",
+            "ratio mirrored / unmirrored",
+            gbs(&mw) / gbs(&ow),
+            gbs(&mr) / gbs(&or)
+        );
+        out!(
+            "  resync of one copy: {:.2} GB/s (median over {} files)",
+            median(
+                ms.iter()
+                    .map(|(bytes, secs)| *bytes as f64 / secs / 1e9)
+                    .collect()
+            ),
+            ms.len()
+        );
+    }
     if !oc.is_empty() {
         out!(
             "  checkpoint of {}: lode {:.2} s",
@@ -180,17 +223,21 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn options(a: &BenchArgs, stripe_size: u64) -> OpenOptions {
+fn options(a: &BenchArgs, stripe_size: u64, mirrors: u16) -> Result<OpenOptions> {
     let o = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .stripe_size(stripe_size);
-    if a.stripe_count < 0 {
+    if mirrors > 1 {
+        let count = u32::try_from(a.stripe_count).ok();
+        return Ok(o.layout(client::raid0(count, stripe_size)?.with_mirrors(mirrors)?));
+    }
+    Ok(if a.stripe_count < 0 {
         o.stripe_all()
     } else {
         o.stripe_count(a.stripe_count as u32)
-    }
+    })
 }
 
 /// Writes `size` bytes from registered buffers (the servers pull straight from them), one
@@ -286,10 +333,11 @@ async fn lode_round(
     size: u64,
     stripe_size: u64,
     round: usize,
-) -> Result<(f64, f64)> {
-    let opts = options(a, stripe_size);
+    mirrors: u16,
+) -> Result<(f64, f64, Vec<(u64, f64)>)> {
+    let opts = options(a, stripe_size, mirrors)?;
     let paths: Vec<String> = (0..a.files)
-        .map(|i| format!("{}/r{round}-f{i}", a.dir))
+        .map(|i| format!("{}/r{round}-m{mirrors}-f{i}", a.dir))
         .collect();
     let chunk = chunk_for(client, a, stripe_size).await?;
     let memory: Vec<Arc<Buffers>> = (0..a.files)
@@ -318,10 +366,26 @@ async fn lode_round(
     }
     let r = t0.elapsed().as_secs_f64();
     b.finish_and_clear();
+    // A mirrored file's last copy marked stale, then resynced (placed anew and copied).
+    let mut resyncs = vec![];
+    if mirrors > 1 {
+        for p in &paths {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(client, p)
+                .await?;
+            f.mark_mirror_stale(mirrors - 1, "resync benchmark").await?;
+            let t0 = Instant::now();
+            let n = f.resync(|_, _| {}).await?;
+            resyncs.push((n, t0.elapsed().as_secs_f64()));
+            f.close().await?;
+        }
+    }
     for p in paths {
         client.unlink(&p).await?;
     }
-    Ok((w, r))
+    Ok((w, r, resyncs))
 }
 
 async fn lode_checkpoint(
@@ -334,7 +398,15 @@ async fn lode_checkpoint(
     let b = bar(size, "lode checkpoint");
     let (tmp, name) = (format!("{}/ckpt.tmp", a.dir), format!("{}/ckpt", a.dir));
     let t0 = Instant::now();
-    write_file(client, &tmp, &options(a, stripe_size), size, &memory, &b).await?;
+    write_file(
+        client,
+        &tmp,
+        &options(a, stripe_size, 1)?,
+        size,
+        &memory,
+        &b,
+    )
+    .await?;
     client.rename(&tmp, &name).await?;
     let secs = t0.elapsed().as_secs_f64();
     b.finish_and_clear();
