@@ -61,9 +61,21 @@ pub fn place(
             .position(|t| t.index == o)
             .ok_or(PlacementError::Unavailable(o))?,
         None => {
-            let step = if n >= targets.len() { 1 } else { n.max(1) };
-            let at = *cursor % targets.len();
-            *cursor = cursor.wrapping_add(step);
+            // The cursor names a target index, not a place in this list: placements over
+            // different subsets of the targets (the copies of a mirrored file, each kept off
+            // the others' servers) still tile the targets evenly.
+            let span = targets.last().map_or(1, |t| t.index as usize + 1);
+            let want = *cursor % span;
+            let at = targets
+                .iter()
+                .position(|t| t.index as usize >= want)
+                .unwrap_or(0);
+            let last = if n >= targets.len() {
+                at
+            } else {
+                (at + n.max(1) - 1) % targets.len()
+            };
+            *cursor = targets[last].index as usize + 1;
             at
         }
     };
@@ -127,6 +139,26 @@ mod tests {
         cands[3].free = 500;
         let mut cursor = 0;
         assert_eq!(place(&cands, &count(2), &mut cursor).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn placements_over_subsets_still_tile_the_targets() {
+        // Two copies of each file, the second kept off the targets of the first (as the
+        // allocator keeps mirrors off each other's servers): every target gets its share.
+        let mut cursor = 0;
+        let mut load = [0u32; 8];
+        for _ in 0..8 {
+            let first = place(&even(8), &count(2), &mut cursor).unwrap();
+            let rest: Vec<Candidate> = even(8)
+                .into_iter()
+                .filter(|c| !first.contains(&c.index))
+                .collect();
+            let second = place(&rest, &count(2), &mut cursor).unwrap();
+            for t in first.iter().chain(&second) {
+                load[*t as usize] += 1;
+            }
+        }
+        assert_eq!(load, [4; 8]);
     }
 
     #[test]

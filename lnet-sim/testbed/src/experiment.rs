@@ -176,9 +176,17 @@ pub struct LayoutSpec {
     pub stripe_offset: Option<u32>,
     #[serde(default)]
     pub components: Vec<ComponentSpec>,
+    /// Copies of every file (mirrors, each on OSSes holding no other copy): writes carry
+    /// every copy, reads spread their stripe units over the copies.
+    #[serde(default = "d_mirrors")]
+    pub mirrors: u16,
 }
 
 fn d_count() -> i64 {
+    1
+}
+
+fn d_mirrors() -> u16 {
     1
 }
 
@@ -189,6 +197,7 @@ impl Default for LayoutSpec {
             stripe_size: d_stripe_size(),
             stripe_offset: None,
             components: vec![],
+            mirrors: 1,
         }
     }
 }
@@ -395,18 +404,48 @@ pub fn template(spec: &LayoutSpec) -> Result<Layout> {
             comps.push(x);
         }
     }
-    Layout::new(comps).map_err(|e| invalid(e.to_string()))
+    let one = Layout::new(comps).map_err(|e| invalid(e.to_string()))?;
+    if spec.mirrors > 1 {
+        return one
+            .with_mirrors(spec.mirrors)
+            .map_err(|e| invalid(e.to_string()));
+    }
+    Ok(one)
 }
 
-/// A file's layout instantiated over `targets` equal targets, each component placed by the
-/// MDS's own policy from the round-robin position `cursor` (which moves on as the MDS's does).
-pub fn layout_of(spec: &LayoutSpec, targets: u32, cursor: &mut usize) -> Result<Layout> {
-    let candidates: Vec<Candidate> = (0..targets)
-        .map(|index| Candidate { index, free: 1 })
-        .collect();
+/// A file's layout instantiated over `targets` equal targets (target k on OSS k mod `oss`),
+/// each component placed by the MDS's own policy from the round-robin position `cursor`
+/// (which moves on as the MDS's does). A mirror goes only to OSSes that hold no other copy;
+/// a mirror over every target takes its share of the OSSes left, as the MDS's allocator does.
+pub fn layout_of(spec: &LayoutSpec, targets: u32, oss: u32, cursor: &mut usize) -> Result<Layout> {
     let mut comps = template(spec)?.components;
+    let copies = comps.iter().map(|c| c.mirror + 1).max().unwrap_or(1);
+    let mut used: Vec<std::collections::BTreeSet<u32>> = vec![Default::default(); copies as usize];
     for c in &mut comps {
+        let taken: std::collections::BTreeSet<u32> = used
+            .iter()
+            .enumerate()
+            .filter(|(m, _)| *m != c.mirror as usize)
+            .flat_map(|(_, s)| s.iter().copied())
+            .collect();
+        let mut free_oss: Vec<u32> = (0..oss).filter(|o| !taken.contains(o)).collect();
+        if copies > 1 && c.stripe_count == StripeCount::All && used[c.mirror as usize].is_empty() {
+            let share = (free_oss.len() / usize::from(copies - c.mirror)).max(1);
+            free_oss.truncate(share);
+        } else if !used[c.mirror as usize].is_empty() && c.stripe_count == StripeCount::All {
+            free_oss.retain(|o| used[c.mirror as usize].contains(o));
+        }
+        let candidates: Vec<Candidate> = (0..targets)
+            .filter(|t| free_oss.contains(&(t % oss.max(1))))
+            .map(|index| Candidate { index, free: 1 })
+            .collect();
+        if candidates.is_empty() {
+            return Err(invalid(format!(
+                "{copies} mirrors need {copies} OSSes or more"
+            )));
+        }
         let chosen = place(&candidates, c, cursor).map_err(|e| invalid(e.to_string()))?;
+        used[c.mirror as usize].extend(chosen.iter().map(|t| t % oss.max(1)));
         if let StripeCount::Count(_) = c.stripe_count {
             c.stripe_count = StripeCount::Count(chosen.len() as u32);
         }
@@ -492,7 +531,29 @@ fn resources(t: &Topology, direction: Direction, access: Access, q: f64) -> Reso
 
 /// The bytes each client moves to or from each target, its files placed as the MDS would
 /// place them, created in order.
-fn bytes_per_client(t: &Topology, w: &Workload) -> Result<Vec<BTreeMap<u32, u64>>> {
+fn bytes_per_client(
+    t: &Topology,
+    w: &Workload,
+    direction: Direction,
+) -> Result<Vec<BTreeMap<u32, u64>>> {
+    // A write carries every copy; a read takes each stripe unit from one copy, the units
+    // spread evenly over the copies (each copy's share counted as 1/N of its bytes).
+    let file_bytes = |l: &Layout, offset: u64, len: u64, out: &mut BTreeMap<u32, u64>| {
+        let n = l.mirror_count();
+        if n <= 1 {
+            return l.bytes_per_target(offset, len, out);
+        }
+        for m in 0..n {
+            let mut one = BTreeMap::new();
+            l.mirror(m).bytes_per_target(offset, len, &mut one);
+            for (target, b) in one {
+                *out.entry(target).or_default() += match direction {
+                    Direction::Write => b,
+                    Direction::Read => b / u64::from(n),
+                };
+            }
+        }
+    };
     let targets = t.targets();
     let mut per_client: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); t.clients as usize];
     if w.kind == Kind::Epoch {
@@ -507,10 +568,10 @@ fn bytes_per_client(t: &Topology, w: &Workload) -> Result<Vec<BTreeMap<u32, u64>
             .max(1);
         let mut cursor = 0;
         for s in 0..total.div_ceil(shard) {
-            let l = layout_of(&w.layout, targets, &mut cursor)?;
+            let l = layout_of(&w.layout, targets, t.oss, &mut cursor)?;
             let len = shard.min(total - s * shard);
             let c = (s % u64::from(t.clients)) as usize;
-            l.bytes_per_target(0, len, &mut per_client[c]);
+            file_bytes(&l, 0, len, &mut per_client[c]);
         }
         return Ok(per_client);
     }
@@ -519,14 +580,14 @@ fn bytes_per_client(t: &Topology, w: &Workload) -> Result<Vec<BTreeMap<u32, u64>
         .ok_or_else(|| invalid("the workload needs bytes_per_client"))?
         .0;
     let mut cursor = 0;
-    let shared = layout_of(&w.layout, targets, &mut cursor)?;
+    let shared = layout_of(&w.layout, targets, t.oss, &mut cursor)?;
     let mut cursor = 0;
     for (i, m) in per_client.iter_mut().enumerate() {
         match w.pattern.unwrap_or(Pattern::FilePerProcess) {
             Pattern::FilePerProcess => {
-                layout_of(&w.layout, targets, &mut cursor)?.bytes_per_target(0, b, m)
+                file_bytes(&layout_of(&w.layout, targets, t.oss, &mut cursor)?, 0, b, m)
             }
-            Pattern::SharedFile => shared.bytes_per_target(i as u64 * b, b, m),
+            Pattern::SharedFile => file_bytes(&shared, i as u64 * b, b, m),
         }
     }
     Ok(per_client)
@@ -607,7 +668,7 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
     let (flows, owner) = if w.kind == Kind::Metadata {
         metadata_flows(t, w, &r)?
     } else {
-        data_flows(t, w, &r, &bytes_per_client(t, w)?, q)
+        data_flows(t, w, &r, &bytes_per_client(t, w, direction)?, q)
     };
     let out: Outcome = flow::run(&r.list, &flows, progress);
     let mut client_amount = vec![0.0; t.clients as usize];

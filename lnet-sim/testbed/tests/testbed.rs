@@ -251,3 +251,51 @@ fn random_io_is_held_by_the_targets_queue_depth_and_service_time() {
     let seq = base.replace("access = \"random\"", "access = \"sequential\"");
     assert!(close(run(&seq)[0].aggregate_rate(), 1e9, 0.01));
 }
+
+/// Two mirrors: a checkpoint bound by the targets moves twice the bytes and takes twice as
+/// long; a read bound by the targets spreads over both copies and takes as long as one copy.
+#[test]
+fn mirrors_double_what_writes_carry_and_reads_spread_over_the_copies() {
+    let go = |kind: &str, mirrors: u16| {
+        run(&format!(
+            r#"
+            [topology]
+            clients = 8
+            client_nic_gbs = 100
+            oss = 8
+            oss_nic_gbs = 100
+            targets_per_oss = 1
+            target_read_gbs = 1
+            target_write_gbs = 1
+            [workload]
+            kind = "io"
+            direction = "{kind}"
+            bytes_per_client = "8GB"
+            [workload.layout]
+            stripe_count = -1
+            stripe_size = "4M"
+            mirrors = {mirrors}
+            "#
+        ))
+        .remove(0)
+    };
+    let (w1, w2) = (go("write", 1), go("write", 2));
+    let moved = |r: &Report| r.target_amount.iter().sum::<f64>();
+    assert!(close(moved(&w2), 2.0 * moved(&w1), 0.01));
+    assert!(
+        close(w2.makespan, 2.0 * w1.makespan, 0.05),
+        "{} vs {}",
+        w2.makespan,
+        w1.makespan
+    );
+    let (r1, r2) = (go("read", 1), go("read", 2));
+    assert!(close(moved(&r2), moved(&r1), 0.01));
+    assert!(
+        close(r2.makespan, r1.makespan, 0.05),
+        "{} vs {}",
+        r2.makespan,
+        r1.makespan
+    );
+    // Each copy on OSSes of its own: every target carries a share.
+    assert!(w2.target_amount.iter().all(|b| *b > 0.0));
+}
