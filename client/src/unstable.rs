@@ -145,13 +145,17 @@ impl Writes {
         u.generation = generation;
     }
 
-    /// What `fsync` of `file` must sync.
+    /// What `fsync` of `file` must sync, in object order (the same order every run, so that a
+    /// simulation replays exactly).
     pub fn unsynced(&self, file: Fid) -> Vec<(StripeObject, Unstable)> {
-        self.files
+        let mut out: Vec<(StripeObject, Unstable)> = self
+            .files
             .lock()
             .get(&file)
             .map(|f| f.objects.iter().map(|(o, u)| (*o, *u)).collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        out.sort_by_key(|(o, _)| (o.target, o.fid));
+        out
     }
 
     /// `object` was synced under `epoch`: forgotten if nothing was written since `seen` and

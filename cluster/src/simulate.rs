@@ -1,6 +1,7 @@
 //! The seeded whole-cluster simulator: the real MDS, storage servers and clients, started by
 //! the calls the binaries make, on the simulated fabric, with the MDS's journal on a
-//! crash-simulating disk and every target on a crash-simulating engine.
+//! crash-simulating disk and every target on a crash-simulating engine. Odd-numbered
+//! checkpoints are mirrored, one copy on each storage server.
 //!
 //! One seed chooses everything: the workload (checkpoints written to a temporary name,
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
@@ -16,7 +17,8 @@
 //! (or, where the rename's answer was lost, the old or the new version whole); a checkpoint a
 //! reader holds open reads the same until it closes it, whatever is renamed over it and
 //! however the MDS restarts; every range an fsync acknowledged reads back exactly, never as
-//! zeros; after the faults stop, the cluster makes progress (a new checkpoint commits); the
+//! zeros; the copies of a mirrored checkpoint whose layout calls both in sync hold the same
+//! bytes; after the faults stop, the cluster makes progress (a new checkpoint commits); the
 //! namespace passes `fsck` and every target passes `scrub`.
 //!
 //! Run it on one thread under tokio's paused clock (`start_paused`), as the tests and the
@@ -424,12 +426,12 @@ impl Sim {
     ) -> Result<(), Failure> {
         let (tmp, name) = (format!("/ck{k}.tmp"), format!("/ck{k}"));
         let written = async {
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(c, &tmp)
-                .await?;
+            let mut o = OpenOptions::new().write(true).create(true).truncate(true);
+            if k % 2 == 1 {
+                // Odd checkpoints keep a copy on each storage server.
+                o = o.layout(mirrored()?);
+            }
+            let f = o.open(c, &tmp).await?;
             for (i, piece) in data.chunks(chunk).enumerate() {
                 f.write_at((i * chunk) as u64, piece).await?;
             }
@@ -612,6 +614,39 @@ impl Sim {
                 )));
             }
         }
+        // Copies a mirrored file's layout calls in sync hold the same bytes.
+        for name in self.model.checkpoints.keys() {
+            let Ok(f) = OpenOptions::new().read(true).open(&c, name).await else {
+                continue;
+            };
+            let layout = c.getstripe(name).await.ok().flatten();
+            if let Some(l) = layout.filter(|l| l.mirror_count() > 1 && l.stale_mirrors().is_empty())
+            {
+                let size = f
+                    .size()
+                    .await
+                    .map_err(|e| self.fail(format!("{name}: {e}")))?;
+                let a = f.read_copy(0, 0, size).await;
+                let b = f.read_copy(1, 0, size).await;
+                match (a, b) {
+                    (Ok(a), Ok(b)) if a == b => {}
+                    (Ok(_), Ok(_)) => {
+                        return Err(self.fail(format!(
+                            "{name}: its two copies differ while its layout (generation {}) calls both in sync",
+                            l.generation
+                        )))
+                    }
+                    (a, b) => {
+                        return Err(self.fail(format!(
+                            "{name}: a copy in sync cannot be read whole: {:?} / {:?}",
+                            a.err().map(|e| e.to_string()),
+                            b.err().map(|e| e.to_string())
+                        )))
+                    }
+                }
+            }
+            let _ = f.close().await;
+        }
         for (name, bytes) in &self.model.files {
             if bytes.iter().all(Option::is_none) {
                 continue;
@@ -655,6 +690,11 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// Two copies of one stripe, one on each storage server.
+fn mirrored() -> client::Result<proto::layout::Layout> {
+    Ok(client::raid0(Some(1), 1 << 20)?.with_mirrors(2)?)
 }
 
 fn describe(v: &Option<Vec<u8>>) -> String {
