@@ -67,46 +67,19 @@ async fn write_file(c: &Client, path: &str, data: &[u8]) {
 // and a resync, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirrored_files_keep_working_through_a_lost_server_and_resync() {
-    let root = scratch("mirrors");
-    let mds = Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
-    let mut servers: Vec<Option<Server>> = (0..4)
-        .map(|i| Some(oss(&root.join(format!("oss{i}")), &mds.nid, "127.0.0.1:0")))
-        .collect();
-    let cfg = ClientConfig {
-        security: Some(lode_tests::client_security()),
-        retry_for: Duration::from_secs(20),
-        ..Default::default()
-    };
-    let c = Client::connect_with(&mds.nid.to_string(), cfg)
+    let Cluster {
+        root,
+        mds,
+        mut servers,
+        client: c,
+    } = Cluster::start("mirrors").await;
+    let targets: Vec<(u32, Nid)> = c
+        .targets()
         .await
-        .unwrap();
-    // Every target in service: a mirrored create then finds four servers.
-    let start = Instant::now();
-    let targets = loop {
-        let t = c.targets().await.unwrap();
-        let probe = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .open(&c, "/probe")
-            .await;
-        if t.len() == 4 && t.iter().all(|t| t.up) && probe.is_ok() {
-            break t.into_iter().map(|t| (t.index, t.oss)).collect::<Vec<_>>();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "targets never came up"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.index, t.oss))
+        .collect();
     let which = |servers: &[Option<Server>], nid: &Nid| {
         servers
             .iter()

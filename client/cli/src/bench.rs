@@ -118,22 +118,20 @@ pub async fn run(client: Client, a: BenchArgs) -> Result<()> {
         for lode_turn in [!local_first, local_first] {
             if lode_turn {
                 // Mirrored and unmirrored in rotated order too.
-                if a.mirrors > 1 && round % 2 == 1 {
-                    let (w, r, s) =
-                        lode_round(&client, &a, size, stripe_size, round, a.mirrors).await?;
-                    mw.push(w);
-                    mr.push(r);
-                    ms.extend(s);
+                let mut copies = vec![1];
+                if a.mirrors > 1 {
+                    copies.insert(round % 2, a.mirrors);
                 }
-                let (w, r, _) = lode_round(&client, &a, size, stripe_size, round, 1).await?;
-                ow.push(w);
-                or.push(r);
-                if a.mirrors > 1 && round % 2 == 0 {
-                    let (w, r, s) =
-                        lode_round(&client, &a, size, stripe_size, round, a.mirrors).await?;
-                    mw.push(w);
-                    mr.push(r);
-                    ms.extend(s);
+                for n in copies {
+                    let (w, r, s) = lode_round(&client, &a, size, stripe_size, round, n).await?;
+                    if n == 1 {
+                        ow.push(w);
+                        or.push(r);
+                    } else {
+                        mw.push(w);
+                        mr.push(r);
+                        ms.extend(s);
+                    }
                 }
                 if let Some(c) = &a.checkpoint {
                     oc.push(
