@@ -61,6 +61,12 @@ pub struct ClientConfig {
     /// restarting or hung) before the client turns to the other copies: a write marks that
     /// mirror stale, a read reads another mirror.
     pub mirror_failover: Duration,
+    /// Commit-behind: the MDS answers changes once applied, before they are durable, and this
+    /// client keeps each change until the MDS has committed it, to replay it after an MDS
+    /// restart (a crash of the MDS alone, or of this client alone, loses nothing
+    /// acknowledged; `sync` and `fsync` wait for the commit). Off, every change is answered
+    /// once durable: for short-lived tools that would exit holding uncommitted changes.
+    pub commit_behind: bool,
 }
 
 impl Default for ClientConfig {
@@ -83,6 +89,7 @@ impl Default for ClientConfig {
             staging_chunk: 4 << 20,
             staging_chunks: 4,
             mirror_failover: Duration::from_secs(3),
+            commit_behind: true,
         }
     }
 }
@@ -110,6 +117,14 @@ pub(crate) struct Inner {
     /// Targets that did not answer a mirrored file's call, and when: reads prefer the other
     /// copies for [`SHUNNED_FOR`] instead of waiting on them again.
     shunned: parking_lot::Mutex<std::collections::HashMap<u32, Instant>>,
+    /// Changes answered before they were durable, until the MDS commits them.
+    pub(crate) uncommitted: crate::replay::Uncommitted,
+    /// In the MDS's table of clients (commit-behind on).
+    pub(crate) joined: std::sync::atomic::AtomicBool,
+    /// Wakes the pinger at once (a call to the MDS found it restarting or recovering).
+    pub(crate) kick: Arc<tokio::sync::Notify>,
+    /// One replay at a time.
+    replaying: tokio::sync::Mutex<()>,
 }
 
 /// How long a target that did not answer is read from last.
@@ -175,27 +190,111 @@ impl Client {
                 gpu: std::sync::OnceLock::new(),
                 staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
                 shunned: Default::default(),
+                uncommitted: Default::default(),
+                joined: Default::default(),
+                kick: Arc::new(tokio::sync::Notify::new()),
+                replaying: tokio::sync::Mutex::new(()),
             }),
             creds,
         };
         client.ping().await?;
+        if client.inner.cfg.commit_behind {
+            client.join().await?;
+        }
         let every = client.inner.cfg.ping_every;
         tokio::spawn(crate::opens::pinger(Arc::downgrade(&client.inner), every));
         Ok(client)
     }
 
-    /// Pings the MDS, and counts again the files this client holds open if it restarted.
+    /// Pings the MDS; if it restarted, replays this client's uncommitted changes and counts
+    /// again the files this client holds open.
     pub(crate) async fn ping(&self) -> Result<()> {
         let ping = MdsPing {
             client: self.inner.client_id,
         };
         let pong = self.rpc(&self.inner.mds.clone(), &ping).await?;
+        self.inner.uncommitted.committed(pong.committed);
         if self.inner.opens.restarted(pong.instance) {
-            if let Err(e) = self.reopen_all().await {
+            let _one = self.inner.replaying.lock().await;
+            if let Err(e) = self.recover().await {
                 self.inner.opens.replay_failed();
                 return Err(e);
             }
         }
+        Ok(())
+    }
+
+    /// Joins the MDS's table of clients whose uncommitted changes it waits for after a
+    /// restart.
+    async fn join(&self) -> Result<()> {
+        let r = MdsConnect {
+            client: self.inner.client_id,
+        };
+        let c = self.rpc(&self.inner.mds.clone(), &r).await?;
+        self.inner.uncommitted.committed(c.committed);
+        self.inner.joined.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// After an MDS restart: connects again, replays every uncommitted change in order,
+    /// counts open files again, and tells the MDS it is done.
+    async fn recover(&self) -> Result<()> {
+        let joined = self.inner.joined.load(Ordering::SeqCst);
+        if joined {
+            self.join().await?;
+            let tickets = self.inner.uncommitted.take_all();
+            let (mut applied, mut refused) = (0u64, 0u64);
+            for (transno, ticket) in tickets {
+                let r = MdsReplay {
+                    client: self.inner.client_id,
+                    transno,
+                    ticket,
+                };
+                match self.rpc(&self.inner.mds.clone(), &r).await?.outcome {
+                    ReplayOutcome::Applied => applied += 1,
+                    ReplayOutcome::Committed => {}
+                    ReplayOutcome::Refused(why) => {
+                        refused += 1;
+                        tracing::error!(transno, %why, "an acknowledged change could not be replayed: it is lost");
+                    }
+                }
+            }
+            tracing::info!(applied, refused, "replayed uncommitted changes after an MDS restart");
+        }
+        self.reopen_all().await?;
+        if joined {
+            let done = MdsReplayDone {
+                client: self.inner.client_id,
+            };
+            self.rpc(&self.inner.mds.clone(), &done).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the MDS has committed every change it applied so far (this client's and
+    /// others'): what `fsync` of a file or directory and `sync` promise.
+    pub async fn sync(&self) -> Result<()> {
+        let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
+        self.inner.uncommitted.committed(r.committed);
+        Ok(())
+    }
+
+    /// Changes this client holds that the MDS has not committed yet.
+    pub fn uncommitted(&self) -> usize {
+        self.inner.uncommitted.len()
+    }
+
+    /// Leaves the filesystem cleanly: waits for the MDS to commit this client's changes and
+    /// leaves its table of clients (an MDS restart then waits for nothing of this client).
+    pub async fn close(&self) -> Result<()> {
+        if !self.inner.joined.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.sync().await?;
+        let r = MdsDisconnect {
+            client: self.inner.client_id,
+        };
+        self.rpc(&self.inner.mds.clone(), &r).await?;
         Ok(())
     }
 
@@ -346,6 +445,10 @@ impl Client {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_retryable() && start.elapsed() < retry_for => {
                     tracing::debug!(%peer, error = %e, "resending");
+                    if *peer == self.inner.mds {
+                        // Restarting or recovering: the pinger sees a restart and replays.
+                        self.inner.kick.notify_one();
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
@@ -381,14 +484,24 @@ impl Client {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
         };
+        let behind = self.inner.joined.load(Ordering::Relaxed);
+        if behind && self.inner.uncommitted.full() {
+            self.sync().await?; // back-pressure: the MDS commits before more is kept
+        }
         let r = MdsReint {
             creds: self.creds.clone(),
             mutation,
             req: Some(req),
             open,
             size_gen,
+            behind,
         };
-        self.rpc(&self.inner.mds.clone(), &r).await
+        let mut reply = self.rpc(&self.inner.mds.clone(), &r).await?;
+        let ticket = std::mem::take(&mut reply.ticket);
+        self.inner
+            .uncommitted
+            .keep(reply.transno, ticket, reply.committed);
+        Ok(reply)
     }
 
     /// Registers memory so that reads can land in it directly (see [`crate::File::read_into`]).

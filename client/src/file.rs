@@ -1379,8 +1379,8 @@ impl File {
         Ok(Completion::staged(len, fallback))
     }
 
-    /// Makes every write this client made to the file durable (through any handle), and its
-    /// size visible to everyone. Every object is synced even when one fails; a failure is
+    /// Makes every write this client made to the file durable (through any handle), its size
+    /// visible to everyone, and every namespace change before it committed at the MDS. Every object is synced even when one fails; a failure is
     /// reported and its writes stay to be synced by the next call. Writes a storage target
     /// lost (its machine restarted before they were synced) are reported as EIO by every
     /// call until the client's last handle on the file closes.
@@ -1470,7 +1470,10 @@ impl File {
                     .await?;
             }
         }
-        self.publish_size().await
+        self.publish_size().await?;
+        // The file's name and attributes too: its create (and every change before it) is
+        // durable at the MDS, not only applied.
+        self.client.sync().await
     }
 
     /// How far this handle has written (the size other clients see after `flush`).

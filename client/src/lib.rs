@@ -19,6 +19,7 @@ pub mod file;
 pub mod gpu;
 pub mod mirrors;
 mod opens;
+pub mod replay;
 pub mod readahead;
 pub mod stripe_args;
 mod unstable;

@@ -72,12 +72,28 @@ impl Opens {
 /// Pings the MDS every `every` while the client holds files open, until the client is gone.
 pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
     loop {
-        tokio::time::sleep(every).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let kicked = {
+            let kick = strong.kick.clone();
+            drop(strong);
+            tokio::select! {
+                _ = tokio::time::sleep(every) => false,
+                _ = kick.notified() => true,
+            }
+        };
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        if inner.opens.is_empty() {
+        // A client that keeps uncommitted changes pings always: to learn how far the MDS has
+        // committed, and to replay at once after a restart.
+        if inner.opens.is_empty() && !inner.joined.load(std::sync::atomic::Ordering::Relaxed) {
             continue;
+        }
+        if kicked {
+            // Kicks come from every resend of a call: at most one ping per 50 ms.
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let client = Client::from_inner(inner);
         if let Err(e) = client.ping().await {

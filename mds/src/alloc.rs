@@ -64,6 +64,9 @@ pub struct Allocator {
     recovering_until: Instant,
     /// Clients silent for this long lose their open handles.
     evict_after: Duration,
+    /// Clients replaying after a restart: orphans are not cleaned up (nor anything destroyed)
+    /// until they are done, since objects of replayed creates are not named yet.
+    replaying: std::sync::OnceLock<Arc<crate::recovery::Clients>>,
 }
 
 impl Allocator {
@@ -82,6 +85,7 @@ impl Allocator {
             next: Mutex::new(0),
             recovering_until: Instant::now(),
             evict_after: crate::server::EVICT_AFTER,
+            replaying: std::sync::OnceLock::new(),
         })
     }
 
@@ -94,9 +98,20 @@ impl Allocator {
         self
     }
 
-    /// Whether clients may still be counting their open files again after a start.
+    /// Whether clients may still be counting their open files again after a start, or
+    /// replaying their uncommitted changes.
     pub fn recovering_now(&self) -> bool {
-        Instant::now() < self.recovering_until
+        Instant::now() < self.recovering_until || self.replaying_now()
+    }
+
+    /// Whether clients are replaying their uncommitted changes after a start.
+    fn replaying_now(&self) -> bool {
+        self.replaying.get().is_some_and(|c| c.recovering())
+    }
+
+    /// Holds back orphan cleanup while `clients` recover.
+    pub fn wait_for_replays(&self, clients: Arc<crate::recovery::Clients>) {
+        let _ = self.replaying.set(clients);
     }
 
     /// Targets new stripes may go to: up, cleaned up, with more than 1% free.
@@ -313,6 +328,9 @@ impl Allocator {
         self.probe_silent().await;
         for t in self.registry.list().into_iter().filter(|t| t.up) {
             if !self.ready.lock().contains(&t.index) {
+                if self.replaying_now() {
+                    continue; // replayed creates will name objects above the namespace's highest
+                }
                 let keep = store.read(|ns| ns.highest_object(t.index));
                 let req = OstDestroyAbove {
                     target: t.index,

@@ -56,6 +56,14 @@ pub struct Record {
     pub req: Option<ReqId>,
 }
 
+/// What a client keeps of a change applied before it was durable, to replay it after a
+/// restart: the record as journaled, and the inode number the next create took then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ticket {
+    pub next_inode: u32,
+    pub record: Record,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     #[error("{name}: {source}")]

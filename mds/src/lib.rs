@@ -12,6 +12,7 @@ pub mod journal;
 pub mod namespace;
 pub mod open;
 pub mod placement;
+pub mod recovery;
 pub mod registry;
 pub mod server;
 pub mod service;

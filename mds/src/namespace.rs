@@ -192,6 +192,11 @@ impl Namespace {
         }
     }
 
+    /// The inode number the next create takes.
+    pub fn next_inode(&self) -> u32 {
+        self.next_oid
+    }
+
     pub fn inode(&self, fid: Fid) -> Result<&Inode> {
         match self.inodes.get(&fid) {
             Some(i) => Ok(i),
@@ -443,6 +448,13 @@ impl Namespace {
                 for o in objects {
                     self.doomed.remove(&o.fid);
                 }
+                Ok(Applied {
+                    inode: None,
+                    removed: vec![],
+                })
+            }
+            Mutation::SkipInodes { next } => {
+                self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
                     inode: None,
                     removed: vec![],

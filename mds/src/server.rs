@@ -109,6 +109,8 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("attaching to the network: {0}")]
     Net(#[from] NetError),
+    #[error("the table of clients: {0}")]
+    Clients(String),
     #[error("opening the audit log {path}: {source}")]
     Audit {
         path: PathBuf,
@@ -122,6 +124,8 @@ pub struct MdsServer {
     /// The allocator's endpoint for its calls to the storage servers.
     caller: AnyNet,
     maintain: JoinHandle<()>,
+    /// Closes the recovery window and evicts silent clients from the table.
+    watcher: JoinHandle<()>,
     registry: Arc<Registry>,
     store: Arc<Store>,
     _lock: daemon::DataDirLock,
@@ -160,6 +164,10 @@ impl MdsServer {
         };
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
             .recovering(window, cfg.evict_after);
+        let clients = crate::recovery::Clients::open(store.disk(), store.clone(), window)
+            .map_err(|e| ServerError::Clients(e.to_string()))?;
+        alloc.wait_for_replays(clients.clone());
+        let watcher = tokio::spawn(clients.clone().watch(cfg.evict_after));
         let maintain = tokio::spawn(alloc.clone().run(store.clone(), cfg.maintain_every));
         let granter = crate::identity::Granter {
             key: at.capability_key(),
@@ -184,11 +192,13 @@ impl MdsServer {
                 granter,
                 audit,
             },
+            clients,
         );
         let net = match at.serve(service).await {
             Ok(net) => net,
             Err(e) => {
                 maintain.abort();
+                watcher.abort();
                 caller.shutdown();
                 return Err(e.into());
             }
@@ -198,6 +208,7 @@ impl MdsServer {
             net,
             caller,
             maintain,
+            watcher,
             registry,
             store,
             _lock: lock,
@@ -223,6 +234,7 @@ impl MdsServer {
     pub async fn stop(self) {
         self.net.shutdown();
         self.maintain.abort();
+        self.watcher.abort();
         let _ = self.maintain.await;
         self.caller.shutdown();
         drop(self.store);

@@ -20,7 +20,9 @@ use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
 use crate::alloc::Allocator;
 use crate::audit::Audit;
 use crate::identity::{Granter, Nodemap};
-use crate::namespace::{Applied, Decision, NsError};
+use crate::namespace::{Decision, NsError};
+use crate::journal::Ticket;
+use crate::recovery::Clients;
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
 
@@ -37,6 +39,8 @@ pub struct MdsService {
     nodemap: Nodemap,
     granter: Granter,
     audit: Option<Arc<Audit>>,
+    /// Clients that keep uncommitted changes, and the recovery after a restart.
+    clients: Arc<Clients>,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -46,6 +50,27 @@ pub struct Policy {
     pub granter: Granter,
     pub audit: Option<Arc<Audit>>,
 }
+
+/// What a replay ticket's seal covers besides the ticket: its purpose and its client.
+fn ticket_context(client: u128) -> Vec<u8> {
+    let mut what = b"replay ticket ".to_vec();
+    what.extend_from_slice(&client.to_be_bytes());
+    what
+}
+
+/// Opcodes served while clients replay after a restart; the rest are answered Busy.
+const SERVED_IN_RECOVERY: &[proto::msg::Opcode] = &[
+    opcodes::MDS_REGISTER_TARGETS,
+    opcodes::MDS_HEARTBEAT,
+    opcodes::MDS_LIST_TARGETS,
+    opcodes::MDS_PING,
+    opcodes::MDS_CONNECT,
+    opcodes::MDS_REPLAY,
+    opcodes::MDS_REPLAY_DONE,
+    opcodes::MDS_DISCONNECT,
+    opcodes::MDS_REOPEN,
+    opcodes::MDS_STATFS,
+];
 
 /// What an audit record says of an operation before it runs.
 struct Audited {
@@ -75,6 +100,7 @@ impl MdsService {
         alloc: Arc<Allocator>,
         instance: u64,
         policy: Policy,
+        clients: Arc<Clients>,
     ) -> Arc<Self> {
         Arc::new(MdsService {
             registry,
@@ -84,6 +110,7 @@ impl MdsService {
             nodemap: policy.nodemap,
             granter: policy.granter,
             audit: policy.audit,
+            clients,
         })
     }
 
@@ -218,7 +245,9 @@ impl MdsService {
                 )),
             ),
             // Writers' size reports and the MDS's own bookkeeping.
-            Mutation::GrowSize { .. } | Mutation::Destroyed { .. } => None,
+            Mutation::GrowSize { .. } | Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => {
+                None
+            }
         })
     }
 
@@ -441,11 +470,21 @@ impl MdsService {
                 FsErrorKind::NotPermitted,
                 "only the MDS records destroyed objects",
             ),
+            Mutation::SkipInodes { .. } => refuse(
+                FsErrorKind::NotPermitted,
+                "only the MDS skips inode numbers",
+            ),
             _ => Ok(vec![]),
         }
     }
 
     async fn dispatch(&self, req: Incoming) -> Result<Vec<u8>, RemoteError> {
+        if !SERVED_IN_RECOVERY.contains(&req.opcode) && self.clients.recovering() {
+            return Err(RemoteError::new(
+                StatusCode::Busy,
+                "the MDS is recovering: clients are replaying their changes",
+            ));
+        }
         match req.opcode {
             opcodes::MDS_REGISTER_TARGETS => {
                 self.server_only(&req)?;
@@ -526,9 +565,46 @@ impl MdsService {
             opcodes::MDS_PING => {
                 let r: MdsPing = req.decode()?;
                 self.alloc.open.seen(r.client);
+                self.clients.seen(r.client);
                 reply::<MdsPing>(&MdsPong {
                     instance: self.instance,
+                    committed: self.store.committed(),
                 })
+            }
+            opcodes::MDS_CONNECT => {
+                let r: MdsConnect = req.decode()?;
+                let recovering = self
+                    .clients
+                    .connect(r.client)
+                    .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
+                reply::<MdsConnect>(&MdsConnected {
+                    instance: self.instance,
+                    committed: self.store.committed(),
+                    recovering,
+                })
+            }
+            opcodes::MDS_DISCONNECT => {
+                let r: MdsDisconnect = req.decode()?;
+                self.clients
+                    .disconnect(r.client)
+                    .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
+                reply::<MdsDisconnect>(&MdsDisconnected {})
+            }
+            opcodes::MDS_REPLAY => {
+                let r: MdsReplay = req.decode()?;
+                let ticket = self.unseal(r.client, &r.ticket)?;
+                let outcome = self.clients.replay(r.client, r.transno, ticket).await;
+                reply::<MdsReplay>(&MdsReplayed { outcome })
+            }
+            opcodes::MDS_REPLAY_DONE => {
+                let r: MdsReplayDone = req.decode()?;
+                self.clients.replay_done(r.client);
+                reply::<MdsReplayDone>(&MdsReplayDoneAck {})
+            }
+            opcodes::MDS_SYNC => {
+                let _: MdsSync = req.decode()?;
+                let committed = self.store.sync().await.map_err(store_error)?;
+                reply::<MdsSync>(&MdsSynced { committed })
             }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
@@ -729,6 +805,8 @@ impl MdsService {
             )
         });
         let creds = r.creds.clone();
+        let client = r.req.map(|q| q.client);
+        let mut stamp: (u64, Option<Ticket>) = (0, None);
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
@@ -746,14 +824,23 @@ impl MdsService {
                     created: true,
                     size_gen,
                     grant,
+                    transno: 0,
+                    committed: self.store.committed(),
+                    ticket: vec![],
                 });
             }
             Decision::Opens(inode) => (Some(inode), false),
             Decision::Applies => {
                 let mut m = r.mutation;
                 let objects = self.prepare(&mut m).await?;
-                let applied = self.apply(m, r.creds, r.req, r.size_gen, objects).await?;
-                (applied.inode, true)
+                // Only a client in the table is answered before the change is durable: only
+                // its changes are waited for after a restart.
+                let behind = r.behind && r.req.is_some_and(|q| self.clients.holds(q.client));
+                let done = self
+                    .apply(m, r.creds, r.req, r.size_gen, objects, behind)
+                    .await?;
+                stamp = (done.transno, done.ticket);
+                (done.applied.inode, true)
             }
         };
         if let Some(handle) = opens {
@@ -766,11 +853,60 @@ impl MdsService {
             (Some(_), Some(i)) => Some(self.granter.grant(i, &creds, created)),
             _ => None,
         };
+        let ticket = match (stamp.1, client) {
+            (Some(t), Some(c)) => self.seal(c, &t),
+            _ => vec![],
+        };
         reply::<MdsReint>(&MdsReintReply {
             inode,
             created,
             size_gen,
             grant,
+            transno: stamp.0,
+            committed: self.store.committed(),
+            ticket,
+        })
+    }
+
+    /// A ticket for `client` to replay: the encoded ticket, then its seal (none when
+    /// authentication is off: every peer is trusted then).
+    fn seal(&self, client: u128, t: &Ticket) -> Vec<u8> {
+        let mut out = postcard::to_allocvec(t).unwrap_or_default();
+        if let Some(key) = &self.granter.key {
+            let seal = key.seal(&ticket_context(client), &out);
+            out.extend_from_slice(&seal);
+        }
+        out
+    }
+
+    /// The ticket `client` sent back, if the MDS sealed it for that client.
+    fn unseal(&self, client: u128, raw: &[u8]) -> Result<Ticket, RemoteError> {
+        let forged = || {
+            tracing::warn!(
+                client = format!("{client:032x}"),
+                "a replay ticket failed its seal"
+            );
+            RemoteError::new(
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "the replay ticket is not one this filesystem sealed for this client",
+            )
+        };
+        let body = match &self.granter.key {
+            Some(key) => {
+                let cut = raw.len().checked_sub(32).ok_or_else(forged)?;
+                let (body, seal) = raw.split_at(cut);
+                if !key.unseal(&ticket_context(client), body, seal) {
+                    return Err(forged());
+                }
+                body
+            }
+            None => raw,
+        };
+        postcard::from_bytes(body).map_err(|e| {
+            RemoteError::new(
+                StatusCode::Fs(FsErrorKind::Invalid),
+                format!("a replay ticket that does not decode: {e}"),
+            )
         })
     }
 
@@ -821,10 +957,21 @@ impl MdsService {
         req: Option<ReqId>,
         size_gen: Option<u64>,
         objects: Vec<StripeObject>,
-    ) -> Result<Applied, RemoteError> {
-        let result = self.store.apply_if(m, creds, req, size_gen).await;
+        behind: bool,
+    ) -> Result<crate::store::Done, RemoteError> {
+        let mut result = self.store.apply_behind(m, creds, req, size_gen);
+        if let Ok(done) = &mut result {
+            if !behind || done.ticket.is_none() {
+                // Answered once durable: nothing to replay.
+                done.ticket = None;
+                if let Err(e) = self.store.wait_committed(done.transno).await {
+                    result = Err(e);
+                }
+            }
+        }
         let used = match &result {
-            Ok(a) => a
+            Ok(d) => d
+                .applied
                 .inode
                 .as_ref()
                 .and_then(|i| i.layout.as_ref())

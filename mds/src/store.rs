@@ -20,7 +20,9 @@ use proto::md::{Creds, Mutation, Time};
 use tokio::sync::watch;
 
 use crate::disk::{DirDisk, MetaDisk};
-use crate::journal::{self, encode_batch, encode_record, JournalError, JournalWriter, Record};
+use crate::journal::{
+    self, encode_batch, encode_record, JournalError, JournalWriter, Record, Ticket,
+};
 use crate::namespace::{Applied, Decision, Namespace, NsError};
 
 /// Journal size that triggers a snapshot.
@@ -45,6 +47,15 @@ struct Shared {
     durable: watch::Sender<Result<u64, ()>>,
 }
 
+/// A change applied before it is durable.
+pub struct Done {
+    pub applied: Applied,
+    /// Its transaction number (a resend's: the last applied, to wait for).
+    pub transno: u64,
+    /// What replays it exactly; `None` for a resend answered from the reply cache.
+    pub ticket: Option<Ticket>,
+}
+
 /// Who writes the journal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CommitMode {
@@ -58,6 +69,7 @@ pub enum CommitMode {
 
 pub struct Store {
     shared: Arc<Shared>,
+    disk: Arc<dyn MetaDisk>,
     committer: Option<std::thread::JoinHandle<()>>,
     /// With [`CommitMode::Inline`], the committer callers run.
     inline: Option<Mutex<Committer>>,
@@ -136,7 +148,7 @@ impl Store {
         let committer = Committer {
             shared: shared.clone(),
             writer,
-            disk,
+            disk: disk.clone(),
             checkpoint_bytes,
         };
         let (thread, inline) = match mode {
@@ -154,6 +166,7 @@ impl Store {
         };
         Ok(Store {
             shared,
+            disk,
             committer: thread,
             inline,
             recovered_records: rec.replayed,
@@ -190,11 +203,25 @@ impl Store {
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
     ) -> Result<Applied, StoreError> {
-        let rx = self.shared.durable.subscribe();
-        if rx.borrow().is_err() {
+        let done = self.apply_behind(m, who, req, size_gen)?;
+        self.wait_durable(done.transno, done.applied).await
+    }
+
+    /// As [`Store::apply_if`], answered as soon as the change is applied, before it is durable
+    /// (commit-behind): with its transaction number and, for a change made now, the ticket
+    /// that replays it exactly after a restart. A resend of a change already carried out is
+    /// answered as then, once everything so far is durable (no ticket: nothing to replay).
+    pub fn apply_behind(
+        &self,
+        m: Mutation,
+        who: Creds,
+        req: Option<proto::md::ReqId>,
+        size_gen: Option<u64>,
+    ) -> Result<Done, StoreError> {
+        if self.shared.durable.borrow().is_err() {
             return Err(StoreError::Failed);
         }
-        let (applied, seq) = {
+        let done = {
             // Held while the sequence number is taken: queue order is sequence order.
             let mut queue = self.shared.queue.appender();
             let mut guard = self.shared.ns.lock();
@@ -207,8 +234,7 @@ impl Store {
                     }));
                 }
             }
-            // The record is made first: one that cannot be journaled is refused before the
-            // namespace changes.
+            let next_inode = ns.next_inode();
             let rec = Record {
                 seq: *seq + 1,
                 creds: who,
@@ -216,23 +242,114 @@ impl Store {
                 mutation: m,
                 req,
             };
-            let encoded = encode_record(&rec).map_err(|e| NsError {
-                kind: proto::FsErrorKind::TooBig,
-                what: e.to_string(),
-            })?;
-            let (applied, fresh) = ns.apply_request(&rec.mutation, &rec.creds, rec.time, req)?;
-            if fresh {
-                *seq += 1;
-                queue.push(*seq, &encoded);
+            let (applied, fresh) = Self::append(ns, seq, &mut queue, &rec)?;
+            Done {
+                applied,
+                transno: *seq,
+                // A resend carried out meanwhile is answered as then, once everything so far
+                // is durable: the caller waits for `transno`, with nothing to replay.
+                ticket: fresh.then(|| Ticket {
+                    next_inode,
+                    record: rec,
+                }),
             }
-            // A resend carried out meanwhile is answered as then, once everything so far is
-            // durable.
+        };
+        if let Some(c) = &self.inline {
+            c.lock().commit_queued();
+        }
+        Ok(done)
+    }
+
+    /// Applies `rec` (its sequence number the next one) and queues it for the journal; false
+    /// when it was a resend already carried out (nothing queued). The record is encoded
+    /// first: one that cannot be journaled is refused before the namespace changes.
+    fn append(
+        ns: &mut Namespace,
+        seq: &mut u64,
+        queue: &mut concur::commit::Appender<'_>,
+        rec: &Record,
+    ) -> Result<(Applied, bool), StoreError> {
+        let encoded = encode_record(rec).map_err(|e| NsError {
+            kind: proto::FsErrorKind::TooBig,
+            what: e.to_string(),
+        })?;
+        let (applied, fresh) = ns.apply_request(&rec.mutation, &rec.creds, rec.time, rec.req)?;
+        if fresh {
+            *seq += 1;
+            queue.push(*seq, &encoded);
+        }
+        Ok((applied, fresh))
+    }
+
+    /// Applies again a change a client replays after a restart, exactly as it was first
+    /// applied (its time, its credentials, its inode number), under a new transaction number;
+    /// returns once it is durable.
+    pub async fn replay(&self, t: Ticket) -> Result<Applied, StoreError> {
+        if self.shared.durable.borrow().is_err() {
+            return Err(StoreError::Failed);
+        }
+        let seq = {
+            let mut queue = self.shared.queue.appender();
+            let mut guard = self.shared.ns.lock();
+            let (ns, seq) = &mut *guard;
+            let now = t.record.time;
+            if t.next_inode > ns.next_inode() {
+                // Creates before it were lost with their client: its inode keeps its number.
+                let skip = Record {
+                    seq: *seq + 1,
+                    creds: Creds::root(),
+                    time: now,
+                    mutation: Mutation::SkipInodes { next: t.next_inode },
+                    req: None,
+                };
+                Self::append(ns, seq, &mut queue, &skip)?;
+            }
+            let rec = Record {
+                seq: *seq + 1,
+                ..t.record
+            };
+            let (applied, _) = Self::append(ns, seq, &mut queue, &rec)?;
             (applied, *seq)
         };
         if let Some(c) = &self.inline {
             c.lock().commit_queued();
         }
-        self.wait_durable(seq, applied).await
+        self.wait_durable(seq.1, seq.0).await
+    }
+
+    /// Where the journal and snapshot are kept.
+    pub fn disk(&self) -> Arc<dyn MetaDisk> {
+        self.disk.clone()
+    }
+
+    /// The last transaction number that is durable.
+    pub fn committed(&self) -> u64 {
+        self.shared.durable.borrow().unwrap_or(0)
+    }
+
+    /// The last transaction number applied.
+    pub fn last_applied(&self) -> u64 {
+        self.shared.ns.lock().1
+    }
+
+    /// Waits until everything applied so far is durable; returns how far that is.
+    pub async fn sync(&self) -> Result<u64, StoreError> {
+        let seq = self.last_applied();
+        let none = Applied {
+            inode: None,
+            removed: vec![],
+        };
+        self.wait_durable(seq, none).await?;
+        Ok(self.committed())
+    }
+
+    /// Waits until transaction `transno` is durable.
+    pub async fn wait_committed(&self, transno: u64) -> Result<(), StoreError> {
+        let none = Applied {
+            inode: None,
+            removed: vec![],
+        };
+        self.wait_durable(transno, none).await.map(|_| ())
     }
 
     /// What a request will do ([`Namespace::decide`]). What it answers without a change (a

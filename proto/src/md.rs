@@ -280,6 +280,9 @@ pub enum Mutation {
         #[serde(deserialize_with = "crate::seq::deserialize")]
         objects: Vec<crate::layout::StripeObject>,
     },
+    /// Inode numbers below `next` are not to be given out: recovery replayed a create whose
+    /// number came after creates that were lost (only the MDS records it).
+    SkipInodes { next: u32 },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -301,7 +304,8 @@ pub struct SetAttr {
     pub times_now: bool,
 }
 
-/// Carries out one mutation for `creds`; durable when answered.
+/// Carries out one mutation for `creds`: durable when answered, or with `behind`, applied when
+/// answered and durable once the MDS's committed transaction number passes the reply's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsReint {
     pub creds: Creds,
@@ -316,6 +320,10 @@ pub struct MdsReint {
     /// truncate since the writer learnt it); otherwise the call fails with `Stale` and the
     /// writer reads the true size from the objects.
     pub size_gen: Option<u64>,
+    /// Answer as soon as the change is applied, before it is durable (commit-behind): the
+    /// caller keeps the reply's ticket until the change is committed and replays it after an
+    /// MDS restart ([`MdsReplay`]). Only for a client that joined with [`MdsConnect`].
+    pub behind: bool,
 }
 
 /// A client's own numbering of its modifying requests.
@@ -338,6 +346,14 @@ pub struct MdsReintReply {
     pub size_gen: u64,
     /// With `open`: capabilities for the file's objects.
     pub grant: Option<Grant>,
+    /// The change's transaction number (0 when nothing changed).
+    pub transno: u64,
+    /// The MDS's last committed transaction number: every change up to it is durable.
+    pub committed: u64,
+    /// With `behind` and a change not yet durable: what to replay it with after an MDS
+    /// restart (sealed by the MDS; opaque to the client).
+    #[serde(with = "crate::msg::bytes_field")]
+    pub ticket: Vec<u8>,
 }
 
 /// Looks up `name` in `parent`.
@@ -480,6 +496,104 @@ pub struct MdsPing {
 pub struct MdsPong {
     /// Chosen at random each time the MDS starts.
     pub instance: u64,
+    /// The last committed transaction number.
+    pub committed: u64,
+}
+
+/// A client that keeps its uncommitted changes joins the MDS's table of clients: after an
+/// MDS restart, recovery waits (for its window) for every client in the table to replay
+/// before serving new requests. Durable when answered. Sent again after a restart, before
+/// replaying.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsConnect {
+    pub client: u128,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsConnected {
+    pub instance: u64,
+    pub committed: u64,
+    /// The MDS is recovering: it waits for this client's replays and [`MdsReplayDone`].
+    pub recovering: bool,
+}
+
+impl Rpc for MdsConnect {
+    const OPCODE: Opcode = opcodes::MDS_CONNECT;
+    type Reply = MdsConnected;
+}
+
+/// One uncommitted change replayed after an MDS restart, in transaction order: the ticket of
+/// its reply. Answered once it is durable again (or refused).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReplay {
+    pub client: u128,
+    pub transno: u64,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub ticket: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplayOutcome {
+    /// Applied again, and durable.
+    Applied,
+    /// It was committed before the restart: nothing to do.
+    Committed,
+    /// It could not be applied (a change it depended on was lost with a client that did not
+    /// come back, or recovery ended without it): the change is lost, and says why.
+    Refused(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReplayed {
+    pub outcome: ReplayOutcome,
+}
+
+impl Rpc for MdsReplay {
+    const OPCODE: Opcode = opcodes::MDS_REPLAY;
+    type Reply = MdsReplayed;
+}
+
+/// The client has replayed everything it held.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReplayDone {
+    pub client: u128,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReplayDoneAck {}
+
+impl Rpc for MdsReplayDone {
+    const OPCODE: Opcode = opcodes::MDS_REPLAY_DONE;
+    type Reply = MdsReplayDoneAck;
+}
+
+/// Waits until every change the MDS has applied so far is durable (fsync of a file or a
+/// directory, `sync`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsSync {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsSynced {
+    pub committed: u64,
+}
+
+impl Rpc for MdsSync {
+    const OPCODE: Opcode = opcodes::MDS_SYNC;
+    type Reply = MdsSynced;
+}
+
+/// A client leaves the table of clients (it holds nothing uncommitted: it synced first).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsDisconnect {
+    pub client: u128,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsDisconnected {}
+
+impl Rpc for MdsDisconnect {
+    const OPCODE: Opcode = opcodes::MDS_DISCONNECT;
+    type Reply = MdsDisconnected;
 }
 
 impl Rpc for MdsPing {

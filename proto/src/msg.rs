@@ -39,6 +39,11 @@ pub mod opcodes {
     pub const MDS_REOPEN: Opcode = Opcode(0x0117);
     pub const MDS_PING: Opcode = Opcode(0x0118);
     pub const MDS_MIRROR_SCAN: Opcode = Opcode(0x0119);
+    pub const MDS_CONNECT: Opcode = Opcode(0x011a);
+    pub const MDS_REPLAY: Opcode = Opcode(0x011b);
+    pub const MDS_REPLAY_DONE: Opcode = Opcode(0x011c);
+    pub const MDS_SYNC: Opcode = Opcode(0x011d);
+    pub const MDS_DISCONNECT: Opcode = Opcode(0x011e);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -70,6 +75,11 @@ pub mod opcodes {
         MDS_REOPEN,
         MDS_PING,
         MDS_MIRROR_SCAN,
+        MDS_CONNECT,
+        MDS_REPLAY,
+        MDS_REPLAY_DONE,
+        MDS_SYNC,
+        MDS_DISCONNECT,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

@@ -191,6 +191,24 @@ struct Filesystem {
     gpu: Option<client::gpu::Gpu>,
 }
 
+impl Drop for Filesystem {
+    /// Leaves cleanly when the object goes (best effort: at interpreter exit it may not run,
+    /// and the MDS then evicts the silent client from its table).
+    fn drop(&mut self) {
+        let Some((pid, c)) = self.client.lock().take() else {
+            return;
+        };
+        if pid != std::process::id() {
+            return;
+        }
+        if let Ok(rt) = runtime() {
+            let _ = rt.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(5), c.close()).await
+            });
+        }
+    }
+}
+
 impl Filesystem {
     fn client(&self, py: Python<'_>) -> PyResult<(Arc<Runtime>, Client)> {
         let rt = runtime()?;
@@ -256,6 +274,25 @@ impl Filesystem {
     #[getter]
     fn address(&self) -> String {
         self.addr.clone()
+    }
+
+    /// Waits until the MDS has committed every namespace change made so far (creates,
+    /// renames, removals are applied when they return, durable after this).
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |c| async move { c.sync().await })
+    }
+
+    /// Commits what is uncommitted and leaves the MDS's table of clients; the filesystem
+    /// object connects again if used after.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let held = self.client.lock().take();
+        if let Some((pid, c)) = held {
+            if pid == std::process::id() {
+                let rt = runtime()?;
+                py.detach(|| rt.block_on(c.close())).map_err(os_error)?;
+            }
+        }
+        Ok(())
     }
 
     /// Opens `path`: "rb", "wb" (create, truncate), "ab" (create, append), "r+b", "xb"

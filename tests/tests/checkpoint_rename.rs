@@ -23,6 +23,7 @@ fn reint(m: Mutation) -> MdsReint {
         req: None,
         open: None,
         size_gen: None,
+        behind: false,
     }
 }
 

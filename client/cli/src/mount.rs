@@ -43,7 +43,9 @@ pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str
         }
     };
     let mounted_now = || out!("lode mounted on {} from {mds}", mountpoint.display());
-    mount::serve(client, mds, mountpoint, opts, mounted_now, stop).await?;
+    mount::serve(client.clone(), mds, mountpoint, opts, mounted_now, stop).await?;
+    // Unmounted: what the MDS has not committed yet is committed before the mount leaves.
+    client.close().await?;
     Ok(())
 }
 

@@ -741,8 +741,8 @@ impl Filesystem for LodeFs {
         }
     }
 
-    /// A directory's changes are durable once the MDS has answered them (its journal is
-    /// fsynced before every reply), so there is nothing left to wait for.
+    /// A directory's changes are applied when the MDS answers them and durable once it has
+    /// committed them: fsync of a directory waits for that commit.
     fn fsyncdir(
         &self,
         _req: &Request,
@@ -751,7 +751,8 @@ impl Filesystem for LodeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        let c = self.client.clone();
+        self.empty(reply, async move { c.sync().await });
     }
 
     fn release(

@@ -80,6 +80,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let store = std::sync::Arc::new(Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?);
     let registry = std::sync::Arc::new(Registry::open(&mds_dir)?);
     let alloc = mds::alloc::Allocator::new(registry.clone());
+    let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
     let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
     let service = MdsService::new(
         registry,
@@ -95,6 +96,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             },
             audit: None,
         },
+        clients,
     );
     // The same service behind two listeners: one open, one authenticating; clients choose
     // integrity or privacy on the second.
@@ -251,6 +253,7 @@ async fn lode_round(
                 req: None,
                 open: None,
                 size_gen: None,
+                behind: false,
             },
             T,
         )
@@ -283,6 +286,7 @@ async fn lode_round(
                             req: None,
                             open: None,
                             size_gen: None,
+                            behind: false,
                         },
                         T,
                     )
@@ -374,6 +378,7 @@ async fn lode_round(
                             req: None,
                             open: None,
                             size_gen: None,
+                            behind: false,
                         },
                         T,
                     )
@@ -405,6 +410,7 @@ async fn lode_round(
                             req: None,
                             open: None,
                             size_gen: None,
+                            behind: false,
                         },
                         T,
                     )

@@ -317,6 +317,9 @@ async fn heal_mirrors(
         retry_for: Duration::from_secs(15),
         creds: proto::md::Creds::root(),
         security: Some(security),
+        // Part of the MDS: when it stops, so does the healer, and nothing it held would be
+        // replayed.
+        commit_behind: false,
         ..Default::default()
     };
     loop {

@@ -1,0 +1,384 @@
+//! Clients that keep their uncommitted changes, and the recovery that replays them after a
+//! restart (Lustre's recovery, with the MDS's table of clients as its `last_rcvd`).
+//!
+//! A change made with `behind` is answered before it is durable; the client keeps a sealed
+//! ticket of it until the MDS's committed transaction number passes it. Clients that do so
+//! join a durable table first ([`proto::md::MdsConnect`]). After a restart, while the table
+//! holds clients, the MDS recovers before it serves anything else: each client connects again,
+//! replays its tickets in transaction order and says it is done. Replays of all clients are
+//! applied in one global order, the order they were first applied in: a replay waits until
+//! every transaction before it has been replayed, or is known to be lost (every client still
+//! expected is either done or waiting with a later one: the missing ones belonged to a client
+//! that did not come back, or were the MDS's own bookkeeping). A client not back when the
+//! window closes is evicted: its uncommitted changes are lost, nothing else is.
+//!
+//! ```text
+//! clients file:  "LODECLI\0" (8) | crc32c(body) u32 | body = postcard Vec<u128>
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proto::md::ReplayOutcome;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::disk::MetaDisk;
+use crate::journal::Ticket;
+use crate::store::Store;
+
+const MAGIC: [u8; 8] = *b"LODECLI\0";
+const FILE: &str = "clients";
+/// Most clients in the table; past it, connects are refused (the table is read at every
+/// restart and waited for).
+pub const MAX_CLIENTS: usize = 1 << 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientsError {
+    #[error("the clients file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the clients file is damaged: {0}")]
+    Damaged(String),
+    #[error("the MDS already serves {MAX_CLIENTS} clients that keep uncommitted changes")]
+    Full,
+}
+
+/// The durable table of clients, and the recovery in progress.
+pub struct Clients {
+    disk: Arc<dyn MetaDisk>,
+    state: Mutex<State>,
+    /// Moves on at every change of the recovery's state; replays waiting for their turn
+    /// watch it.
+    changed: watch::Sender<u64>,
+    store: Arc<Store>,
+}
+
+struct State {
+    table: BTreeSet<u128>,
+    /// When each client of the table was last heard from (since this start).
+    seen: HashMap<u128, Instant>,
+    started: Instant,
+    recovery: Option<Recovery>,
+}
+
+struct Recovery {
+    /// The table as it was at the start: the clients that may hold uncommitted changes.
+    expected: BTreeSet<u128>,
+    done: HashSet<u128>,
+    /// Replays waiting for their turn: transaction number -> client.
+    waiting: BTreeMap<u64, u128>,
+    /// The transaction being applied again now.
+    applying: Option<u64>,
+    /// The next transaction in the order of first application.
+    next: u64,
+    /// Transactions up to this one were committed before the restart.
+    committed: u64,
+    ends: Instant,
+    replayed: u64,
+    refused: u64,
+    lost: u64,
+    /// Clients the window closed on.
+    evicted: Vec<u128>,
+}
+
+fn load(disk: &dyn MetaDisk) -> Result<BTreeSet<u128>, ClientsError> {
+    let Some(raw) = disk.read(FILE)? else {
+        return Ok(BTreeSet::new());
+    };
+    if raw.len() < 12 || raw[..8] != MAGIC {
+        return Err(ClientsError::Damaged("no header".into()));
+    }
+    let crc = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+    if crc32c::crc32c(&raw[12..]) != crc {
+        return Err(ClientsError::Damaged("checksum mismatch".into()));
+    }
+    let list: Vec<u128> =
+        postcard::from_bytes(&raw[12..]).map_err(|e| ClientsError::Damaged(e.to_string()))?;
+    Ok(list.into_iter().collect())
+}
+
+fn save(disk: &dyn MetaDisk, table: &BTreeSet<u128>) -> Result<(), ClientsError> {
+    let list: Vec<u128> = table.iter().copied().collect();
+    let body = postcard::to_allocvec(&list).map_err(|e| ClientsError::Damaged(e.to_string()))?;
+    let mut out = Vec::with_capacity(12 + body.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    disk.replace(FILE, &out)?;
+    Ok(())
+}
+
+impl Clients {
+    /// The table kept on `disk`; a recovery of `window` starts when it names clients.
+    pub fn open(
+        disk: Arc<dyn MetaDisk>,
+        store: Arc<Store>,
+        window: Duration,
+    ) -> Result<Arc<Clients>, ClientsError> {
+        let table = load(&*disk)?;
+        let now = Instant::now();
+        let recovery = (!table.is_empty()).then(|| {
+            let committed = store.committed();
+            tracing::info!(
+                clients = table.len(),
+                committed,
+                window_s = window.as_secs_f64(),
+                "recovering: waiting for clients to replay their uncommitted changes"
+            );
+            Recovery {
+                expected: table.clone(),
+                done: HashSet::new(),
+                waiting: BTreeMap::new(),
+                applying: None,
+                next: committed + 1,
+                committed,
+                ends: now + window,
+                replayed: 0,
+                refused: 0,
+                lost: 0,
+                evicted: vec![],
+            }
+        });
+        let (changed, _) = watch::channel(0);
+        Ok(Arc::new(Clients {
+            disk,
+            state: Mutex::new(State {
+                table,
+                seen: HashMap::new(),
+                started: now,
+                recovery,
+            }),
+            changed,
+            store,
+        }))
+    }
+
+    /// Whether the MDS is recovering (serving only connects, replays, reopens and pings).
+    pub fn recovering(&self) -> bool {
+        self.state.lock().recovery.is_some()
+    }
+
+    /// The clients in the table.
+    pub fn count(&self) -> usize {
+        self.state.lock().table.len()
+    }
+
+    /// Whether `client` is in the table.
+    pub fn holds(&self, client: u128) -> bool {
+        self.state.lock().table.contains(&client)
+    }
+
+    /// `client` was heard from.
+    pub fn seen(&self, client: u128) {
+        let mut s = self.state.lock();
+        if s.table.contains(&client) {
+            s.seen.insert(client, Instant::now());
+        }
+    }
+
+    /// `client` joins the table (durably) or, after a restart, comes back; whether the MDS is
+    /// recovering.
+    pub fn connect(&self, client: u128) -> Result<bool, ClientsError> {
+        let mut s = self.state.lock();
+        if !s.table.contains(&client) {
+            if s.table.len() >= MAX_CLIENTS {
+                return Err(ClientsError::Full);
+            }
+            let mut table = s.table.clone();
+            table.insert(client);
+            save(&*self.disk, &table)?;
+            s.table = table;
+        }
+        s.seen.insert(client, Instant::now());
+        Ok(s.recovery.is_some())
+    }
+
+    /// `client` leaves the table: it holds nothing uncommitted.
+    pub fn disconnect(&self, client: u128) -> Result<(), ClientsError> {
+        let mut s = self.state.lock();
+        if s.table.contains(&client) {
+            let mut table = s.table.clone();
+            table.remove(&client);
+            save(&*self.disk, &table)?;
+            s.table = table;
+            s.seen.remove(&client);
+        }
+        if let Some(r) = s.recovery.as_mut() {
+            r.done.insert(client);
+        }
+        self.advance(&mut s);
+        Ok(())
+    }
+
+    /// `client` has replayed all it held.
+    pub fn replay_done(&self, client: u128) {
+        let mut s = self.state.lock();
+        if let Some(r) = s.recovery.as_mut() {
+            r.done.insert(client);
+        }
+        self.advance(&mut s);
+    }
+
+    /// Replays `ticket`, first applied as transaction `transno`, in its turn.
+    pub async fn replay(&self, client: u128, transno: u64, ticket: Ticket) -> ReplayOutcome {
+        let mut rx = self.changed.subscribe();
+        loop {
+            {
+                let mut s = self.state.lock();
+                let Some(r) = s.recovery.as_mut() else {
+                    return ReplayOutcome::Refused(
+                        "recovery is over: the change was lost with the MDS's restart".into(),
+                    );
+                };
+                if transno <= r.committed {
+                    return ReplayOutcome::Committed;
+                }
+                if transno < r.next || r.applying == Some(transno) {
+                    r.waiting.remove(&transno);
+                    r.refused += 1;
+                    return ReplayOutcome::Refused(format!(
+                        "transaction {transno} came after recovery had passed it"
+                    ));
+                }
+                r.waiting.insert(transno, client);
+                self.advance(&mut s);
+                let r = s.recovery.as_mut().expect("advance ends recovery only when idle");
+                if r.next == transno && r.applying.is_none() {
+                    r.waiting.remove(&transno);
+                    r.applying = Some(transno);
+                    break;
+                }
+                rx.mark_unchanged();
+            }
+            // Woken by any change; the deadline is watched by `watch`.
+            let _ = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await;
+        }
+        let out = match self.store.replay(ticket).await {
+            Ok(_) => ReplayOutcome::Applied,
+            Err(e) => ReplayOutcome::Refused(e.to_string()),
+        };
+        let mut s = self.state.lock();
+        if let Some(r) = s.recovery.as_mut() {
+            r.applying = None;
+            r.next = transno + 1;
+            match out {
+                ReplayOutcome::Applied => r.replayed += 1,
+                _ => r.refused += 1,
+            }
+            // Progress keeps the window open for the rest.
+            r.ends = r.ends.max(Instant::now() + Duration::from_secs(2));
+        }
+        self.advance(&mut s);
+        out
+    }
+
+    /// Moves recovery on: past transactions no client still expected can replay, and to its
+    /// end when every expected client is done.
+    fn advance(&self, s: &mut State) {
+        let Some(r) = s.recovery.as_mut() else {
+            return;
+        };
+        self.changed.send_modify(|n| *n += 1);
+        if r.applying.is_some() || r.waiting.contains_key(&r.next) {
+            return;
+        }
+        let waits = |c: &u128| r.waiting.values().any(|w| w == c);
+        if !r.expected.iter().all(|c| r.done.contains(c) || waits(c)) {
+            return;
+        }
+        if let Some((&t, _)) = r.waiting.first_key_value() {
+            r.lost += t - r.next;
+            r.next = t;
+            return;
+        }
+        self.end(s);
+    }
+
+    fn end(&self, s: &mut State) {
+        let Some(r) = s.recovery.take() else { return };
+        let evicted = r.evicted;
+        tracing::info!(
+            replayed = r.replayed,
+            refused = r.refused,
+            lost = r.lost,
+            evicted = evicted.len(),
+            "recovery done"
+        );
+        if !evicted.is_empty() {
+            let mut table = s.table.clone();
+            for c in &evicted {
+                tracing::warn!(
+                    client = format!("{c:032x}"),
+                    "evicted: did not come back to replay"
+                );
+                table.remove(c);
+                s.seen.remove(c);
+            }
+            match save(&*self.disk, &table) {
+                Ok(()) => s.table = table,
+                Err(e) => tracing::error!(error = %e, "cannot save the table of clients"),
+            }
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Closes the window: clients still expected that are neither done nor replaying are
+    /// evicted. Outside recovery, clients silent for `evict_after` leave the table.
+    pub fn tick(&self, evict_after: Duration) {
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        if let Some(r) = s.recovery.as_mut() {
+            if now >= r.ends && r.applying.is_none() {
+                let gone: Vec<u128> = r
+                    .expected
+                    .iter()
+                    .filter(|c| !r.done.contains(c) && !r.waiting.values().any(|w| w == *c))
+                    .copied()
+                    .collect();
+                for c in gone {
+                    r.expected.remove(&c);
+                    r.evicted.push(c);
+                }
+                self.advance(&mut s);
+            }
+            return;
+        }
+        let since = |c: &u128| s.seen.get(c).copied().unwrap_or(s.started);
+        let silent: Vec<u128> = s
+            .table
+            .iter()
+            .filter(|c| now.duration_since(since(c)) > evict_after)
+            .copied()
+            .collect();
+        if silent.is_empty() {
+            return;
+        }
+        let mut table = s.table.clone();
+        for c in &silent {
+            tracing::warn!(
+                client = format!("{c:032x}"),
+                "evicted from the table of clients: silent"
+            );
+            table.remove(c);
+        }
+        match save(&*self.disk, &table) {
+            Ok(()) => {
+                s.table = table;
+                for c in silent {
+                    s.seen.remove(&c);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot save the table of clients"),
+        }
+    }
+
+    /// Runs [`Clients::tick`] every half second.
+    pub async fn watch(self: Arc<Self>, evict_after: Duration) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            self.tick(evict_after);
+        }
+    }
+}
