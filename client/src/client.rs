@@ -259,7 +259,11 @@ impl Client {
                     }
                 }
             }
-            tracing::info!(applied, refused, "replayed uncommitted changes after an MDS restart");
+            tracing::info!(
+                applied,
+                refused,
+                "replayed uncommitted changes after an MDS restart"
+            );
         }
         self.reopen_all().await?;
         if joined {
@@ -589,7 +593,35 @@ impl Client {
                 }
                 continue;
             }
-            let inode = self.lookup(dir, &name).await?;
+            // The names up to the next `..`, looked up in one round trip.
+            let mut names = vec![name];
+            while names.len() < MAX_PATH_NAMES && todo.last().is_some_and(|n| n != b"..") {
+                names.push(todo.pop().expect("checked"));
+            }
+            let walked = if names.len() == 1 {
+                vec![self.lookup(dir, &names[0]).await?]
+            } else {
+                let r = MdsLookupPath {
+                    creds: self.creds.clone(),
+                    dir,
+                    names: names.iter().cloned().map(Name).collect(),
+                };
+                self.rpc(&self.inner.mds.clone(), &r).await?.inodes
+            };
+            if walked.is_empty() || walked.len() > names.len() {
+                return Err(ClientError::fs(
+                    FsErrorKind::Io,
+                    "the MDS answered a path lookup with more names than asked",
+                ));
+            }
+            // Names after a symlink were not walked: back on the list, in order.
+            for n in names[walked.len()..].iter().rev() {
+                todo.push(n.clone());
+            }
+            // Only the last inode walked can be a symlink: the MDS stops after one.
+            let mut walked = walked;
+            let inode = walked.pop().expect("not empty");
+            stack.extend(walked.into_iter().map(|i| (i.fid, Some(i))));
             if inode.kind == Kind::Symlink && (follow || !todo.is_empty()) {
                 links += 1;
                 if links > MAX_SYMLINKS {

@@ -44,7 +44,11 @@ impl Uncommitted {
     /// The MDS has committed every change up to `committed`: their tickets go.
     pub fn committed(&self, committed: u64) {
         let mut h = self.inner.lock();
-        if committed <= h.committed && h.tickets.first_key_value().is_none_or(|(t, _)| *t > committed) {
+        if committed <= h.committed
+            && h.tickets
+                .first_key_value()
+                .is_none_or(|(t, _)| *t > committed)
+        {
             return;
         }
         h.committed = h.committed.max(committed);

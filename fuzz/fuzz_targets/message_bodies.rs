@@ -36,6 +36,16 @@ fuzz_target!(|data: &[u8]| {
     body::<MdsPing>(data);
     body::<MdsMirrorScan>(data);
     body::<MdsMirrorScanned>(data);
+    body::<MdsConnect>(data);
+    body::<MdsConnected>(data);
+    body::<MdsReplay>(data);
+    body::<MdsReplayed>(data);
+    body::<MdsReplayDone>(data);
+    body::<MdsSync>(data);
+    body::<MdsSynced>(data);
+    body::<MdsDisconnect>(data);
+    body::<MdsLookupPath>(data);
+    body::<MdsPath>(data);
     body::<MdsPong>(data);
     body::<FsStats>(data);
     body::<RegisterTargets>(data);

@@ -244,7 +244,10 @@ impl Clients {
                 }
                 r.waiting.insert(transno, client);
                 self.advance(&mut s);
-                let r = s.recovery.as_mut().expect("advance ends recovery only when idle");
+                let r = s
+                    .recovery
+                    .as_mut()
+                    .expect("advance ends recovery only when idle");
                 if r.next == transno && r.applying.is_none() {
                     r.waiting.remove(&transno);
                     r.applying = Some(transno);

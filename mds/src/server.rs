@@ -36,6 +36,10 @@ pub struct MdsConfig {
     pub recovery_window: Duration,
     /// A client holding files open and not heard from for this long loses its handles.
     pub evict_after: Duration,
+    /// The journal is committed at most this often, unless a caller waits for durability
+    /// (zero: as soon as the previous commit is done). Changes answered before they are
+    /// durable wait up to this long for their commit.
+    pub commit_interval: Duration,
     /// Who writes the journal: a committer thread, or (a simulated cluster on one thread)
     /// each caller.
     pub commit: CommitMode,
@@ -63,6 +67,7 @@ impl std::fmt::Debug for MdsConfig {
             .field("disk", &self.disk.as_ref().map(|_| "custom"))
             .field("recovery_window", &self.recovery_window)
             .field("evict_after", &self.evict_after)
+            .field("commit_interval", &self.commit_interval)
             .field("commit", &self.commit)
             .field("instance", &self.instance)
             .field("clock", &self.clock.as_ref().map(|_| "custom"))
@@ -89,6 +94,7 @@ impl MdsConfig {
             disk: None,
             recovery_window: RECOVERY_WINDOW,
             evict_after: EVICT_AFTER,
+            commit_interval: Duration::ZERO,
             commit: CommitMode::Thread,
             instance: None,
             clock: None,
@@ -155,6 +161,7 @@ impl MdsServer {
             }
             .with_gen_salt(instance),
         );
+        store.set_commit_interval(cfg.commit_interval);
         let caller = at.caller("alloc")?;
         // A new filesystem has no clients of an earlier run to wait for.
         let window = if store.fresh {

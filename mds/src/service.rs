@@ -20,8 +20,8 @@ use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE};
 use crate::alloc::Allocator;
 use crate::audit::Audit;
 use crate::identity::{Granter, Nodemap};
-use crate::namespace::{Decision, NsError};
 use crate::journal::Ticket;
+use crate::namespace::{Decision, NsError};
 use crate::recovery::Clients;
 use crate::registry::{Registry, RegistryError};
 use crate::store::{Store, StoreError};
@@ -245,9 +245,9 @@ impl MdsService {
                 )),
             ),
             // Writers' size reports and the MDS's own bookkeeping.
-            Mutation::GrowSize { .. } | Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => {
-                None
-            }
+            Mutation::GrowSize { .. }
+            | Mutation::Destroyed { .. }
+            | Mutation::SkipInodes { .. } => None,
         })
     }
 
@@ -622,6 +622,36 @@ impl MdsService {
                     .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
                     .map_err(ns_error)?;
                 reply::<MdsLookup>(&MdsInode { inode })
+            }
+            opcodes::MDS_LOOKUP_PATH => {
+                let mut r: MdsLookupPath = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
+                if r.names.len() > MAX_PATH_NAMES {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::Invalid),
+                        format!(
+                            "{} names in one lookup, past {MAX_PATH_NAMES}",
+                            r.names.len()
+                        ),
+                    ));
+                }
+                let inodes = self
+                    .store
+                    .read(|ns| {
+                        let mut out: Vec<Inode> = vec![];
+                        let mut dir = r.dir;
+                        for n in &r.names {
+                            let i = ns.lookup(dir, &n.0, &r.creds)?;
+                            dir = i.fid;
+                            out.push(i.clone());
+                            if i.kind == Kind::Symlink {
+                                break; // the client follows it
+                            }
+                        }
+                        Ok(out)
+                    })
+                    .map_err(ns_error)?;
+                reply::<MdsLookupPath>(&MdsPath { inodes })
             }
             opcodes::MDS_GETATTR => {
                 let r: MdsGetattr = req.decode()?;

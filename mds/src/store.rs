@@ -45,6 +45,42 @@ struct Shared {
     /// Records waiting for the next group commit.
     queue: CommitQueue,
     durable: watch::Sender<Result<u64, ()>>,
+    /// The commit interval, in nanoseconds: after a commit, the committer waits this long
+    /// (gathering a larger group) unless someone waits for durability.
+    interval_ns: std::sync::atomic::AtomicU64,
+    /// Set by a caller waiting for durability; cuts the interval short.
+    hurry: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl Shared {
+    fn hurry(&self) {
+        if self.interval_ns.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        *self.hurry.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.hurry.1.notify_one();
+    }
+
+    /// Waits out the commit interval from `since`, unless hurried.
+    fn pause(&self, since: std::time::Instant) {
+        let ns = self.interval_ns.load(std::sync::atomic::Ordering::Relaxed);
+        if ns == 0 {
+            return;
+        }
+        let until = since + std::time::Duration::from_nanos(ns);
+        let mut hurried = self.hurry.0.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let now = std::time::Instant::now();
+            if *hurried || now >= until {
+                break;
+            }
+            hurried = match self.hurry.1.wait_timeout(hurried, until - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        *hurried = false;
+    }
 }
 
 /// A change applied before it is durable.
@@ -144,6 +180,8 @@ impl Store {
             ns: Mutex::new((rec.namespace, rec.last_seq)),
             queue: CommitQueue::new(rec.last_seq, MAX_PENDING),
             durable: tx,
+            interval_ns: Default::default(),
+            hurry: Default::default(),
         });
         let committer = Committer {
             shared: shared.clone(),
@@ -248,7 +286,7 @@ impl Store {
                 transno: *seq,
                 // A resend carried out meanwhile is answered as then, once everything so far
                 // is durable: the caller waits for `transno`, with nothing to replay.
-                ticket: fresh.then(|| Ticket {
+                ticket: fresh.then_some(Ticket {
                     next_inode,
                     record: rec,
                 }),
@@ -317,6 +355,15 @@ impl Store {
         self.wait_durable(seq.1, seq.0).await
     }
 
+    /// Commits at most once per `interval` (larger groups, fewer syncs) unless a caller waits
+    /// for durability; zero (the default) commits as soon as the last commit is done.
+    pub fn set_commit_interval(&self, interval: std::time::Duration) {
+        self.shared.interval_ns.store(
+            interval.as_nanos().min(u64::MAX as u128) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// Where the journal and snapshot are kept.
     pub fn disk(&self) -> Arc<dyn MetaDisk> {
         self.disk.clone()
@@ -380,6 +427,7 @@ impl Store {
 
     /// Up to `max` objects of removed files to destroy, from removals that are durable: an
     /// object is never destroyed on the strength of a change a crash could still take back.
+    /// Waits for the next commit briefly, without hurrying it; none if it does not come.
     pub async fn doomed(
         &self,
         max: usize,
@@ -389,18 +437,26 @@ impl Store {
             let guard = self.shared.ns.lock();
             (guard.0.doomed(max, held), guard.1)
         };
-        let none = Applied {
-            inode: None,
-            removed: vec![],
+        let mut rx = self.shared.durable.subscribe();
+        let durable = async {
+            matches!(
+                rx.wait_for(|d| d.map_or(true, |d| d >= seq))
+                    .await
+                    .as_deref(),
+                Ok(Ok(_))
+            )
         };
-        match self.wait_durable(seq, none).await {
-            Ok(_) => doomed,
-            Err(_) => vec![],
+        match tokio::time::timeout(std::time::Duration::from_millis(200), durable).await {
+            Ok(true) => doomed,
+            _ => vec![],
         }
     }
 
     async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {
         let mut rx = self.shared.durable.subscribe();
+        if rx.borrow().is_ok_and(|d| d < seq) {
+            self.shared.hurry();
+        }
         let durable = matches!(
             rx.wait_for(|d| d.map_or(true, |d| d >= seq))
                 .await
@@ -446,9 +502,11 @@ impl Committer {
     fn run(mut self) {
         loop {
             let taken = self.shared.queue.next();
+            let started = std::time::Instant::now();
             if !self.commit(taken.batch) || taken.stop {
                 return;
             }
+            self.shared.pause(started);
         }
     }
 

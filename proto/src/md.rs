@@ -282,7 +282,9 @@ pub enum Mutation {
     },
     /// Inode numbers below `next` are not to be given out: recovery replayed a create whose
     /// number came after creates that were lost (only the MDS records it).
-    SkipInodes { next: u32 },
+    SkipInodes {
+        next: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -363,6 +365,36 @@ pub struct MdsLookup {
     pub parent: Fid,
     #[serde(with = "crate::msg::bytes_field")]
     pub name: Vec<u8>,
+}
+
+/// Most names in one [`MdsLookupPath`].
+pub const MAX_PATH_NAMES: usize = 256;
+
+/// Looks up `names` one below the other from `dir`, in one round trip: a path's components
+/// (none of them `..`, which the client resolves by the path it walked). The walk stops after
+/// a symlink, which the client follows itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLookupPath {
+    pub creds: Creds,
+    pub dir: Fid,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub names: Vec<Name>,
+}
+
+/// One name, as a byte string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Name(#[serde(with = "crate::msg::bytes_field")] pub Vec<u8>);
+
+/// The inodes walked, in order: all of `names`, or up to and including a symlink.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsPath {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub inodes: Vec<Inode>,
+}
+
+impl Rpc for MdsLookupPath {
+    const OPCODE: Opcode = opcodes::MDS_LOOKUP_PATH;
+    type Reply = MdsPath;
 }
 
 /// An inode's attributes.

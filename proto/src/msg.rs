@@ -44,6 +44,7 @@ pub mod opcodes {
     pub const MDS_REPLAY_DONE: Opcode = Opcode(0x011c);
     pub const MDS_SYNC: Opcode = Opcode(0x011d);
     pub const MDS_DISCONNECT: Opcode = Opcode(0x011e);
+    pub const MDS_LOOKUP_PATH: Opcode = Opcode(0x011f);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -80,6 +81,7 @@ pub mod opcodes {
         MDS_REPLAY_DONE,
         MDS_SYNC,
         MDS_DISCONNECT,
+        MDS_LOOKUP_PATH,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

@@ -44,6 +44,28 @@ pub struct BenchArgs {
     /// and time the resync of one copy of each file.
     #[arg(long, default_value_t = 1)]
     mirrors: u16,
+    /// Instead: create, stat and unlink of --meta-files empty files by --clients clients
+    /// through the library, commit-behind against durable answers and the local directory.
+    #[arg(long)]
+    pub meta: bool,
+    /// With --meta: clients, each with its own connection and directory.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// With --meta: files over all clients.
+    #[arg(long, default_value_t = 20_000)]
+    pub meta_files: usize,
+}
+
+impl BenchArgs {
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+    pub fn local_dir(&self) -> Option<PathBuf> {
+        self.local_dir.clone()
+    }
 }
 
 /// Bytes one write or read call moves, per stripe of the file: a file striped over four

@@ -14,6 +14,7 @@ macro_rules! out {
 
 mod bench;
 mod cluster;
+mod metabench;
 mod mount;
 mod sim;
 mod verify;
@@ -334,6 +335,7 @@ fn run() -> Result<()> {
             commit_behind: long_running,
             ..Default::default()
         };
+        let cfg_again = cfg.clone();
         let client = Client::connect_with(&mds, cfg)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
@@ -374,6 +376,20 @@ fn run() -> Result<()> {
             }
             Cmd::Mv { from, to } => Ok(client.rename(&from, &to).await?),
             Cmd::Stat { path } => stat(&client, &path).await,
+            Cmd::Bench(args) if args.meta => {
+                let out = metabench::run(
+                    &mds,
+                    cfg_again,
+                    args.clients,
+                    args.meta_files,
+                    args.rounds(),
+                    args.dir(),
+                    args.local_dir(),
+                )
+                .await;
+                client.close().await?;
+                out
+            }
             Cmd::Bench(args) => {
                 bench::run(client.clone(), args).await?;
                 client.close().await.map_err(Into::into)

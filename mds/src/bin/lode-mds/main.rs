@@ -43,7 +43,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `recovery_window_s`,
+    /// A TOML file with any of `data_dir`, `listen`, `checkpoint_mib`, `commit_interval_ms`,
+    /// `recovery_window_s`,
     /// `evict_after_s`, `key_file`, `auth`, `privacy`, `trusted_nodes`, `squash_uid`,
     /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib`,
     /// `audit_keep`, `auto_resync`, `resync_rate_mib` and `resync_move_after_s`; flags override
@@ -59,6 +60,15 @@ struct ServeArgs {
     /// Journal size, in MiB, past which a snapshot is written [default: 64].
     #[arg(long)]
     checkpoint_mib: Option<u64>,
+    /// Commit the journal at most once per this many milliseconds, unless a client waits for
+    /// durability (fsync, sync, a tool that asks) [default: 0: as soon as possible]. Changes
+    /// are answered before they commit; clients keep them until then.
+    #[arg(long)]
+    commit_interval_ms: Option<u64>,
+    /// Seconds clients have after a restart to replay their uncommitted changes and count
+    /// their open files again [default: 30].
+    #[arg(long)]
+    recovery_window_s: Option<u64>,
     #[command(flatten)]
     auth: daemon::AuthArgs,
     /// Client nodes whose root is root here (an address or a range such as 10.0.0.0/24;
@@ -80,7 +90,9 @@ struct Config {
     data_dir: Option<PathBuf>,
     listen: Option<SocketAddr>,
     checkpoint_mib: Option<u64>,
-    /// Seconds clients have after a start to count their open files again.
+    /// Milliseconds between journal commits at most, unless a client waits.
+    commit_interval_ms: Option<u64>,
+    /// Seconds clients have after a start to replay and count their open files again.
     recovery_window_s: Option<u64>,
     /// Seconds a client holding files open may stay silent before it loses its handles.
     evict_after_s: Option<u64>,
@@ -139,6 +151,7 @@ struct Settings {
     data_dir: PathBuf,
     listen: SocketAddr,
     checkpoint_mib: u64,
+    commit_interval: Duration,
     recovery_window: Duration,
     evict_after: Duration,
     security: lnet::auth::Security,
@@ -172,8 +185,14 @@ impl ServeArgs {
                 .or(file.checkpoint_mib)
                 .unwrap_or(DEFAULT_CHECKPOINT_BYTES >> 20)
                 .max(1),
-            recovery_window: file
+            commit_interval: Duration::from_millis(
+                self.commit_interval_ms
+                    .or(file.commit_interval_ms)
+                    .unwrap_or(0),
+            ),
+            recovery_window: self
                 .recovery_window_s
+                .or(file.recovery_window_s)
                 .map_or(mds::server::RECOVERY_WINDOW, Duration::from_secs),
             evict_after: file
                 .evict_after_s
@@ -273,6 +292,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let cfg = MdsConfig {
         checkpoint_bytes: args.checkpoint_mib << 20,
         recovery_window: args.recovery_window,
+        commit_interval: args.commit_interval,
         evict_after: args.evict_after,
         nodemap: args.nodemap,
         capability_lifetime: args.capability_lifetime,

@@ -1,0 +1,204 @@
+//! `lode bench --meta`: create, stat and unlink of many empty files by N clients through the
+//! library, each client in its own directory, against the same by N threads in a local
+//! directory, in one run. Two lode modes run in rotated order: commit-behind (changes answered
+//! once applied, kept by the client until committed) and durable (each answer waits for the
+//! journal's fsync: how every change was answered before commit-behind). Medians of the
+//! rounds.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use client::{Client, ClientConfig, OpenOptions};
+
+/// Rates (operations per second) of one pass: create, stat, unlink.
+type Rates = [f64; 3];
+
+const OPS: [&str; 3] = ["create", "stat", "unlink"];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `clients` tasks, each doing `op(client index, file index)` for `per` files; the rate
+/// over all of them.
+async fn timed<F, Fut>(clients: usize, per: usize, op: F) -> Result<f64>
+where
+    F: Fn(usize, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let ops: Vec<Fut> = (0..per).map(|i| op(c, i)).collect();
+        tasks.spawn(async move {
+            for o in ops {
+                o.await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok((clients * per) as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
+    for (i, c) in cs.iter().enumerate() {
+        c.mkdir_all(&format!("{dir}/c{i}"), 0o755).await?;
+    }
+    let path = |c: usize, i: usize| format!("{dir}/c{c}/f{i:07}");
+    let create = timed(cs.len(), per, |c, i| {
+        let (cl, p) = (cs[c].clone(), path(c, i));
+        async move {
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&cl, &p)
+                .await
+                .with_context(|| format!("creating {p}"))?;
+            f.close().await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let stat = timed(cs.len(), per, |c, i| {
+        let (cl, p) = (cs[c].clone(), path(c, i));
+        async move {
+            cl.stat(&p).await.with_context(|| format!("stat {p}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    let unlink = timed(cs.len(), per, |c, i| {
+        let (cl, p) = (cs[c].clone(), path(c, i));
+        async move {
+            cl.unlink(&p).await.with_context(|| format!("unlink {p}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    for (i, c) in cs.iter().enumerate() {
+        c.rmdir(&format!("{dir}/c{i}")).await?;
+    }
+    Ok([create, stat, unlink])
+}
+
+fn local_pass(dir: &Path, clients: usize, per: usize) -> Result<Rates> {
+    let path = |c: usize, i: usize| dir.join(format!("c{c}")).join(format!("f{i:07}"));
+    for c in 0..clients {
+        std::fs::create_dir_all(dir.join(format!("c{c}")))?;
+    }
+    let run = |op: &(dyn Fn(&Path) -> std::io::Result<()> + Sync)| -> Result<f64> {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..clients)
+                .map(|c| s.spawn(move || (0..per).try_for_each(|i| op(&path(c, i)))))
+                .collect();
+            hs.into_iter()
+                .try_for_each(|h| h.join().expect("a bench thread panicked"))
+        })?;
+        Ok((clients * per) as f64 / start.elapsed().as_secs_f64())
+    };
+    let create = run(&|p| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(p)
+            .map(drop)
+    })?;
+    let stat = run(&|p| std::fs::metadata(p).map(drop))?;
+    let unlink = run(&|p| std::fs::remove_file(p))?;
+    for c in 0..clients {
+        std::fs::remove_dir(dir.join(format!("c{c}")))?;
+    }
+    Ok([create, stat, unlink])
+}
+
+pub async fn run(
+    mds: &str,
+    cfg: ClientConfig,
+    clients: usize,
+    files: usize,
+    rounds: usize,
+    dir: &str,
+    local: Option<PathBuf>,
+) -> Result<()> {
+    if clients == 0 || files < clients || rounds == 0 {
+        bail!("--clients, --files (at least one per client) and --rounds must be positive");
+    }
+    let per = files / clients;
+    let connect = |behind: bool| {
+        let cfg = ClientConfig {
+            commit_behind: behind,
+            ..cfg.clone()
+        };
+        async move {
+            let mut cs = vec![];
+            for _ in 0..clients {
+                cs.push(Client::connect_with(mds, cfg.clone()).await?);
+            }
+            Ok::<Vec<Client>, client::ClientError>(cs)
+        }
+    };
+    let behind = connect(true).await?;
+    let durable = connect(false).await?;
+    behind[0].mkdir_all(dir, 0o755).await?;
+    // mode -> per round rates
+    let modes = ["lode commit-behind", "lode durable", "local"];
+    let mut results: Vec<Vec<Rates>> = vec![vec![]; modes.len()];
+    for round in 0..rounds {
+        for k in 0..modes.len() {
+            let m = (k + round) % modes.len();
+            let r = match m {
+                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per).await?,
+                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per).await?,
+                _ => match &local {
+                    Some(d) => {
+                        let d = d.join(format!("lode-meta-bench-{}-{round}", std::process::id()));
+                        let r = local_pass(&d, clients, per)?;
+                        let _ = std::fs::remove_dir(&d);
+                        r
+                    }
+                    None => continue,
+                },
+            };
+            eprintln!(
+                "round {} {:20} create {:8.0}/s stat {:8.0}/s unlink {:8.0}/s",
+                round + 1,
+                modes[m],
+                r[0],
+                r[1],
+                r[2]
+            );
+            results[m].push(r);
+        }
+    }
+    for c in behind.iter().chain(&durable) {
+        c.close().await?;
+    }
+    println!(
+        "{} clients, {} files each, medians of {rounds} rounds",
+        clients, per
+    );
+    println!(
+        "{:8} {:>20} {:>14} {:>10} {:>10}",
+        "op", "lode commit-behind", "lode durable", "local", "behind/durable"
+    );
+    for (o, op) in OPS.iter().enumerate() {
+        let med = |m: usize| {
+            (!results[m].is_empty()).then(|| median(results[m].iter().map(|r| r[o]).collect()))
+        };
+        let (b, d, l) = (med(0).unwrap_or(0.0), med(1).unwrap_or(0.0), med(2));
+        println!(
+            "{op:8} {:>18.0}/s {:>12.0}/s {:>10} {:>10.2}",
+            b,
+            d,
+            l.map_or("-".into(), |l| format!("{l:.0}/s")),
+            b / d.max(1e-9)
+        );
+    }
+    Ok(())
+}
