@@ -81,6 +81,8 @@ struct Recovery {
     lost: u64,
     /// Clients the window closed on.
     evicted: Vec<u128>,
+    /// What each replay in this recovery came to, for resends.
+    outcomes: HashMap<u64, ReplayOutcome>,
 }
 
 fn load(disk: &dyn MetaDisk) -> Result<BTreeSet<u128>, ClientsError> {
@@ -139,6 +141,7 @@ impl Clients {
                 refused: 0,
                 lost: 0,
                 evicted: vec![],
+                outcomes: HashMap::new(),
             }
         });
         let (changed, _) = watch::channel(0);
@@ -235,25 +238,34 @@ impl Clients {
                 if transno <= r.committed {
                     return ReplayOutcome::Committed;
                 }
-                if transno < r.next || r.applying == Some(transno) {
+                // A resend of a replay (its first attempt waited past the client's time):
+                // answered as the first.
+                if let Some(done) = r.outcomes.get(&transno) {
+                    return done.clone();
+                }
+                if r.applying == Some(transno) {
+                    // Its first attempt is being applied: wait for its outcome.
+                    rx.mark_unchanged();
+                } else if transno < r.next {
                     r.waiting.remove(&transno);
                     r.refused += 1;
                     return ReplayOutcome::Refused(format!(
                         "transaction {transno} came after recovery had passed it"
                     ));
+                } else {
+                    r.waiting.insert(transno, client);
+                    self.advance(&mut s);
+                    let r = s
+                        .recovery
+                        .as_mut()
+                        .expect("advance ends recovery only when idle");
+                    if r.next == transno && r.applying.is_none() {
+                        r.waiting.remove(&transno);
+                        r.applying = Some(transno);
+                        break;
+                    }
+                    rx.mark_unchanged();
                 }
-                r.waiting.insert(transno, client);
-                self.advance(&mut s);
-                let r = s
-                    .recovery
-                    .as_mut()
-                    .expect("advance ends recovery only when idle");
-                if r.next == transno && r.applying.is_none() {
-                    r.waiting.remove(&transno);
-                    r.applying = Some(transno);
-                    break;
-                }
-                rx.mark_unchanged();
             }
             // Woken by any change; the deadline is watched by `watch`.
             let _ = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await;
@@ -266,6 +278,7 @@ impl Clients {
         if let Some(r) = s.recovery.as_mut() {
             r.applying = None;
             r.next = transno + 1;
+            r.outcomes.insert(transno, out.clone());
             match out {
                 ReplayOutcome::Applied => r.replayed += 1,
                 _ => r.refused += 1,
@@ -292,8 +305,8 @@ impl Clients {
             return;
         }
         if let Some((&t, _)) = r.waiting.first_key_value() {
-            r.lost += t - r.next;
-            r.next = t;
+            r.lost += t.saturating_sub(r.next);
+            r.next = r.next.max(t);
             return;
         }
         self.end(s);
