@@ -67,6 +67,9 @@ pub struct ClientConfig {
     /// acknowledged; `sync` and `fsync` wait for the commit). Off, every change is answered
     /// once durable: for short-lived tools that would exit holding uncommitted changes.
     pub commit_behind: bool,
+    /// Leases (with commit-behind): the MDS recalls what this client caches before another
+    /// changes it, so lookups, getattr and readdir are answered from the cache meanwhile.
+    pub leases: bool,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +93,7 @@ impl Default for ClientConfig {
             staging_chunks: 4,
             mirror_failover: Duration::from_secs(3),
             commit_behind: true,
+            leases: true,
         }
     }
 }
@@ -125,6 +129,8 @@ pub(crate) struct Inner {
     pub(crate) kick: Arc<tokio::sync::Notify>,
     /// One replay at a time.
     replaying: tokio::sync::Mutex<()>,
+    /// What the MDS's leases let this client answer itself.
+    pub(crate) leases: crate::lease::Leases,
 }
 
 /// How long a target that did not answer is read from last.
@@ -194,6 +200,7 @@ impl Client {
                 joined: Default::default(),
                 kick: Arc::new(tokio::sync::Notify::new()),
                 replaying: tokio::sync::Mutex::new(()),
+                leases: Default::default(),
             }),
             creds,
         };
@@ -203,6 +210,9 @@ impl Client {
         }
         let every = client.inner.cfg.ping_every;
         tokio::spawn(crate::opens::pinger(Arc::downgrade(&client.inner), every));
+        if client.inner.cfg.commit_behind && client.inner.cfg.leases {
+            tokio::spawn(lease_channel(Arc::downgrade(&client.inner)));
+        }
         Ok(client)
     }
 
@@ -239,6 +249,8 @@ impl Client {
     /// After an MDS restart: connects again, replays every uncommitted change in order,
     /// counts open files again, and tells the MDS it is done.
     async fn recover(&self) -> Result<()> {
+        // The new run granted none of the leases of the last.
+        self.inner.leases.lose_all();
         let joined = self.inner.joined.load(Ordering::SeqCst);
         if joined {
             self.join().await?;
@@ -294,6 +306,7 @@ impl Client {
         if !self.inner.joined.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
+        self.inner.leases.lose_all();
         self.sync().await?;
         let r = MdsDisconnect {
             client: self.inner.client_id,
@@ -492,6 +505,7 @@ impl Client {
         if behind && self.inner.uncommitted.full() {
             self.sync().await?; // back-pressure: the MDS commits before more is kept
         }
+        let leases = &self.inner.leases;
         let r = MdsReint {
             creds: self.creds.clone(),
             mutation,
@@ -499,8 +513,11 @@ impl Client {
             open,
             size_gen,
             behind,
+            lease: leases.live(),
         };
+        let stamp = leases.stamp();
         let mut reply = self.rpc(&self.inner.mds.clone(), &r).await?;
+        leases.learn_change(stamp, &r.mutation, &reply);
         let ticket = std::mem::take(&mut reply.ticket);
         self.inner
             .uncommitted
@@ -536,21 +553,103 @@ impl Client {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The entry `name` of the directory `parent`.
+    /// The entry `name` of the directory `parent`: from the cache while leased.
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
+        let leases = &self.inner.leases;
+        if let Some(hit) = leases.lookup(parent, name, &self.creds) {
+            return hit;
+        }
+        let live = leases.live();
+        if live && !leases.held_dir(parent) {
+            // The first miss in a directory: lease it, and read it whole if it is small, so
+            // that the next lookups in it (found or not) are answered here.
+            self.prime(parent).await;
+            if let Some(hit) = leases.lookup(parent, name, &self.creds) {
+                return hit;
+            }
+        }
+        let stamp = leases.stamp();
         let r = MdsLookup {
             creds: self.creds.clone(),
             parent,
             name: name.to_vec(),
+            lease: live.then_some(self.inner.client_id),
         };
-        Ok(self.rpc(&self.inner.mds.clone(), &r).await?.inode)
+        match self.rpc(&self.inner.mds.clone(), &r).await {
+            Ok(a) => {
+                leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
+                Ok(a.inode)
+            }
+            Err(e) => {
+                if e.is(FsErrorKind::NotFound) {
+                    leases.learn_absent(stamp, parent, name);
+                }
+                Err(e)
+            }
+        }
     }
 
+    /// Leases the directory `dir` and, when it is small, reads it whole under the lease.
+    async fn prime(&self, dir: Fid) {
+        let leases = &self.inner.leases;
+        let Ok(d) = self.getattr(dir).await else {
+            return;
+        };
+        if d.kind != Kind::Dir || !leases.held_dir(dir) {
+            return;
+        }
+        let _ = self.readdir_pages(dir, false).await;
+    }
+
+    /// An inode's attributes: from the cache while leased.
     pub async fn getattr(&self, fid: Fid) -> Result<Inode> {
-        Ok(self
-            .rpc(&self.inner.mds.clone(), &MdsGetattr { fid })
-            .await?
-            .inode)
+        let leases = &self.inner.leases;
+        if let Some(i) = leases.getattr(fid) {
+            return Ok(i);
+        }
+        let stamp = leases.stamp();
+        let r = MdsGetattr {
+            fid,
+            lease: leases.live().then_some(self.inner.client_id),
+        };
+        let a = self.rpc(&self.inner.mds.clone(), &r).await?;
+        leases.learn_attr(stamp, &a.inode, a.leased);
+        Ok(a.inode)
+    }
+
+    /// Whether `fid`'s attributes are answered from the cache now (a mount gives the kernel a
+    /// long timeout for them, and hears when they are dropped).
+    pub fn leased_attr(&self, fid: Fid) -> bool {
+        self.inner.leases.holds_attr(fid)
+    }
+
+    /// Whether the entry `name` of `parent` (found or absent) is answered from the cache now.
+    pub fn leased_name(&self, parent: Fid, name: &[u8]) -> bool {
+        self.inner.leases.holds_name(parent, name)
+    }
+
+    /// Calls `f` for every lease dropped (a mount drops the kernel's copy). Once.
+    pub fn on_lease_dropped(&self, f: impl Fn(crate::lease::Dropped) + Send + Sync + 'static) {
+        self.inner.leases.on_drop(Arc::new(f));
+    }
+
+    /// Recalls are acknowledged once `f`'s receiver resolves, or after a short while.
+    pub fn on_lease_barrier(
+        &self,
+        f: impl Fn() -> tokio::sync::oneshot::Receiver<()> + Send + Sync + 'static,
+    ) {
+        self.inner.leases.on_barrier(Arc::new(f));
+    }
+
+    /// How many recalls or losses of leases this client has seen: an answer given to someone
+    /// else (the kernel) as leased before it moved on may have been dropped meanwhile.
+    pub fn lease_recalls(&self) -> u64 {
+        self.inner.leases.recalls()
+    }
+
+    /// Leases this client holds now.
+    pub fn leases_held(&self) -> usize {
+        self.inner.leases.len()
     }
 
     /// Splits an absolute path into its components.
@@ -593,12 +692,19 @@ impl Client {
                 }
                 continue;
             }
-            // The names up to the next `..`, looked up in one round trip.
+            // A name the lease cache answers costs no round trip; otherwise the names up to
+            // the next `..` go in one.
+            let cached = self.inner.leases.lookup(dir, &name, &self.creds);
             let mut names = vec![name];
-            while names.len() < MAX_PATH_NAMES && todo.last().is_some_and(|n| n != b"..") {
+            while cached.is_none()
+                && names.len() < MAX_PATH_NAMES
+                && todo.last().is_some_and(|n| n != b"..")
+            {
                 names.push(todo.pop().expect("checked"));
             }
-            let walked = if names.len() == 1 {
+            let walked = if let Some(hit) = cached {
+                vec![hit?]
+            } else if names.len() == 1 {
                 vec![self.lookup(dir, &names[0]).await?]
             } else {
                 let r = MdsLookupPath {
@@ -823,8 +929,15 @@ impl Client {
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
+        let leases = &self.inner.leases;
+        if let Some(hit) = leases.listing(dir, &self.creds, plus) {
+            return hit;
+        }
+        let stamp = leases.stamp();
+        let lease = leases.live().then_some(self.inner.client_id);
         let (mut entries, mut attrs) = (vec![], vec![]);
         let mut after = vec![];
+        let mut leased = true;
         loop {
             let r = MdsReaddir {
                 creds: self.creds.clone(),
@@ -833,14 +946,19 @@ impl Client {
                 // Pages with attributes stay well under the largest body.
                 max: if plus { MAX_READDIR / 4 } else { MAX_READDIR },
                 plus,
+                lease: lease.filter(|_| leased),
             };
             let page = self.rpc(&self.inner.mds.clone(), &r).await?;
+            leased &= page.leased;
             if let Some(last) = page.entries.last() {
                 after = last.name.clone();
             }
             entries.extend(page.entries);
             attrs.extend(page.attrs);
             if page.end {
+                if leased && lease.is_some() {
+                    leases.learn_listing(stamp, dir, &entries, &attrs);
+                }
                 return Ok((entries, attrs));
             }
         }
@@ -930,6 +1048,48 @@ impl Client {
     /// The layout of a file, or a directory's default.
     pub async fn getstripe(&self, path: &str) -> Result<Option<Layout>> {
         Ok(self.resolve(path, true).await?.layout)
+    }
+}
+
+/// Keeps the lease channel open while the client lives and is joined: one wait at a time,
+/// held by the MDS until a recall comes or its hold passes; each answer applies the recalls
+/// and renews the leases, and the next wait acknowledges them.
+async fn lease_channel(inner: std::sync::Weak<Inner>) {
+    let hold = Duration::from_millis(proto::md::LEASE_TERM_MS);
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        if !strong.joined.load(Ordering::SeqCst) {
+            return;
+        }
+        let (acked, epoch, cancel) = strong.leases.next_wait();
+        let req = MdsLeaseWait {
+            client: strong.client_id,
+            acked,
+            epoch,
+            cancel,
+        };
+        let (net, mds) = (strong.net.clone(), strong.mds.clone());
+        drop(strong);
+        let sent = Instant::now();
+        let out = call(&net, &mds, &req, hold).await;
+        drop(net);
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        match out {
+            Ok(r) => {
+                if strong.leases.answered(sent, &r) {
+                    strong.leases.barrier().await;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "lease wait failed");
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
     }
 }
 

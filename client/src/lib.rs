@@ -17,6 +17,7 @@ pub mod client;
 pub mod error;
 pub mod file;
 pub mod gpu;
+pub mod lease;
 pub mod mirrors;
 mod opens;
 pub mod readahead;

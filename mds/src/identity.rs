@@ -15,7 +15,7 @@ use lnet::auth::capability::{READ, WRITE};
 use lnet::auth::{CapabilityKey, Role};
 use lnet::service::Incoming;
 use proto::capa::Grant;
-use proto::md::{Creds, Inode, Kind};
+use proto::md::{Creds, IdMap, Inode, Kind};
 use proto::Nid;
 
 /// The identity root is squashed to: nobody, nogroup.
@@ -130,9 +130,17 @@ impl Nodemap {
 
     /// The identity a request's claim maps to.
     pub fn map(&self, req: &Incoming, creds: Creds) -> Creds {
+        self.idmap(req).map(creds)
+    }
+
+    /// How the identities claimed by the sender of `req` are mapped.
+    pub fn idmap(&self, req: &Incoming) -> IdMap {
         // Servers hold the cluster key; with authentication off every peer counts as one.
         if req.role == Role::Server {
-            return creds;
+            return IdMap {
+                identity: true,
+                ..IdMap::default()
+            };
         }
         let ip = match &req.from {
             Nid::Tcp(addr) => Some(addr.ip()),
@@ -143,34 +151,17 @@ impl Nodemap {
                 .iter()
                 .find(|g| g.nodes.iter().any(|n| n.contains(ip)))
         });
-        let map = |pairs: &[(u32, u32)], id: u32| {
-            pairs
-                .iter()
-                .find(|(from, _)| *from == id)
-                .map_or(id, |(_, to)| *to)
-        };
         let (trusted, uids, gids) = match group {
-            Some(g) => (g.trusted, &g.uids[..], &g.gids[..]),
-            None => (false, &[][..], &[][..]),
+            Some(g) => (g.trusted, g.uids.clone(), g.gids.clone()),
+            None => (false, vec![], vec![]),
         };
-        let squash_uid = |id: u32| {
-            if id == 0 && !trusted {
-                self.squash_uid
-            } else {
-                map(uids, id)
-            }
-        };
-        let squash_gid = |id: u32| {
-            if id == 0 && !trusted {
-                self.squash_gid
-            } else {
-                map(gids, id)
-            }
-        };
-        Creds {
-            uid: squash_uid(creds.uid),
-            gid: squash_gid(creds.gid),
-            groups: creds.groups.into_iter().map(squash_gid).collect(),
+        IdMap {
+            identity: false,
+            trusted,
+            squash_uid: self.squash_uid,
+            squash_gid: self.squash_gid,
+            uids,
+            gids,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod audit;
 pub mod disk;
 pub mod identity;
 pub mod journal;
+pub mod lease;
 pub mod namespace;
 pub mod open;
 pub mod placement;

@@ -255,6 +255,45 @@ impl Namespace {
         }
     }
 
+    /// The inodes whose attributes or entries `m` would change if applied now: leases on them
+    /// are recalled first.
+    pub fn touched(&self, m: &Mutation) -> Vec<Fid> {
+        let entry =
+            |parent: &Fid, name: &[u8]| self.entries.get(parent).and_then(|d| d.get(name)).copied();
+        let mut out = match m {
+            Mutation::Create { parent, .. } => vec![*parent],
+            Mutation::Link { fid, parent, .. } => vec![*fid, *parent],
+            Mutation::Unlink { parent, name, .. } => {
+                let mut v = vec![*parent];
+                v.extend(entry(parent, name));
+                v
+            }
+            Mutation::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => {
+                let mut v = vec![*parent, *new_parent];
+                v.extend(entry(parent, name));
+                v.extend(entry(new_parent, new_name));
+                v
+            }
+            Mutation::Setattr { fid, .. }
+            | Mutation::SetXattr { fid, .. }
+            | Mutation::RemoveXattr { fid, .. }
+            | Mutation::GrowSize { fid, .. }
+            | Mutation::SetLayout { fid, .. }
+            | Mutation::MirrorState { fid, .. }
+            | Mutation::PlaceMirror { fid, .. } => vec![*fid],
+            Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => vec![],
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// The entry `name` in `parent`.
     pub fn lookup(&self, parent: Fid, name: &[u8], who: &Creds) -> Result<&Inode> {
         self.dir(parent)?;

@@ -164,10 +164,11 @@ impl MdsServer {
         store.set_commit_interval(cfg.commit_interval);
         let caller = at.caller("alloc")?;
         // A new filesystem has no clients of an earlier run to wait for.
+        // Leases of the last run hold at most a term past its end: recovery outlasts them.
         let window = if store.fresh {
             Duration::ZERO
         } else {
-            cfg.recovery_window
+            cfg.recovery_window.max(crate::lease::TERM)
         };
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
             .recovering(window, cfg.evict_after);

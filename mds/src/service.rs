@@ -21,6 +21,7 @@ use crate::alloc::Allocator;
 use crate::audit::Audit;
 use crate::identity::{Granter, Nodemap};
 use crate::journal::Ticket;
+use crate::lease::Leases;
 use crate::namespace::{Decision, NsError};
 use crate::recovery::Clients;
 use crate::registry::{Registry, RegistryError};
@@ -41,6 +42,8 @@ pub struct MdsService {
     audit: Option<Arc<Audit>>,
     /// Clients that keep uncommitted changes, and the recovery after a restart.
     clients: Arc<Clients>,
+    /// What clients may answer from their caches.
+    leases: Arc<Leases>,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -111,6 +114,7 @@ impl MdsService {
             granter: policy.granter,
             audit: policy.audit,
             clients,
+            leases: Arc::new(Leases::default()),
         })
     }
 
@@ -588,6 +592,7 @@ impl MdsService {
                 self.clients
                     .disconnect(r.client)
                     .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
+                self.leases.forget(r.client);
                 reply::<MdsDisconnect>(&MdsDisconnected {})
             }
             opcodes::MDS_REPLAY => {
@@ -600,6 +605,21 @@ impl MdsService {
                 let r: MdsReplayDone = req.decode()?;
                 self.clients.replay_done(r.client);
                 reply::<MdsReplayDone>(&MdsReplayDoneAck {})
+            }
+            opcodes::MDS_LEASE_WAIT => {
+                let r: MdsLeaseWait = req.decode()?;
+                if !self.clients.holds(r.client) {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::NotPermitted),
+                        "leases are for clients that joined (MDS_CONNECT)",
+                    ));
+                }
+                let idmap = self.nodemap.idmap(&req);
+                let recall = self
+                    .leases
+                    .wait(r.client, r.acked, r.epoch, &r.cancel, self.instance, idmap)
+                    .await;
+                reply::<MdsLeaseWait>(&recall)
             }
             opcodes::MDS_SYNC => {
                 let _: MdsSync = req.decode()?;
@@ -617,11 +637,24 @@ impl MdsService {
             opcodes::MDS_LOOKUP => {
                 let mut r: MdsLookup = req.decode()?;
                 r.creds = self.nodemap.map(&req, r.creds);
-                let inode = self
+                // Granted before the state is read: a change after the grant recalls it.
+                let client = self.lessee(r.lease);
+                let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.parent]));
+                let mut inode = self
                     .store
                     .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
                     .map_err(ns_error)?;
-                reply::<MdsLookup>(&MdsInode { inode })
+                if let Some(c) = client.filter(|_| leased) {
+                    leased = self.leases.grant(c, &[inode.fid]);
+                    if leased {
+                        // Read again, after the grant.
+                        match self.store.read(|ns| ns.inode(inode.fid).cloned()) {
+                            Ok(i) => inode = i,
+                            Err(_) => leased = false,
+                        }
+                    }
+                }
+                reply::<MdsLookup>(&MdsInode { inode, leased })
             }
             opcodes::MDS_LOOKUP_PATH => {
                 let mut r: MdsLookupPath = req.decode()?;
@@ -655,11 +688,14 @@ impl MdsService {
             }
             opcodes::MDS_GETATTR => {
                 let r: MdsGetattr = req.decode()?;
+                let leased = self
+                    .lessee(r.lease)
+                    .is_some_and(|c| self.leases.grant(c, &[r.fid]));
                 let inode = self
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
-                reply::<MdsGetattr>(&MdsInode { inode })
+                reply::<MdsGetattr>(&MdsInode { inode, leased })
             }
             opcodes::MDS_READDIR => {
                 let mut r: MdsReaddir = req.decode()?;
@@ -748,12 +784,34 @@ impl MdsService {
         })
     }
 
+    /// An inode's attributes as readdirplus sends them: without xattrs, layout or target.
+    fn bare(i: &Inode) -> Inode {
+        Inode {
+            xattrs: Default::default(),
+            layout: None,
+            target: vec![],
+            ..i.clone()
+        }
+    }
+
+    /// The client a request's leases go to: one that asked and joined the table of clients.
+    fn lessee(&self, asked: Option<u128>) -> Option<u128> {
+        asked.filter(|c| self.clients.holds(*c))
+    }
+
+    /// The leases granted, for tests and statistics.
+    pub fn leases(&self) -> &Arc<Leases> {
+        &self.leases
+    }
+
     /// One page of a directory, cut to fit a reply whatever the names' length; with `plus`,
     /// each entry's attributes (without xattrs, layout or target).
     fn readdir(&self, r: MdsReaddir) -> Result<Vec<u8>, RemoteError> {
         let max = r.max.clamp(1, MAX_READDIR) as usize;
         let after = (!r.after.is_empty()).then_some(&r.after[..]);
-        let (entries, attrs, max) = self
+        let client = self.lessee(r.lease);
+        let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.dir]));
+        let (entries, mut attrs, max) = self
             .store
             .read(|ns| {
                 let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
@@ -774,12 +832,7 @@ impl MdsService {
                         .iter()
                         .take(max)
                         .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
-                        .map(|i| Inode {
-                            xattrs: Default::default(),
-                            layout: None,
-                            target: vec![],
-                            ..i.clone()
-                        })
+                        .map(Self::bare)
                         .collect()
                 } else {
                     vec![]
@@ -788,15 +841,31 @@ impl MdsService {
             })
             .map_err(ns_error)?;
         let end = entries.len() <= max;
-        let entries = entries
+        let entries: Vec<DirEntry> = entries
             .into_iter()
             .take(max)
             .map(|(name, fid, kind)| DirEntry { name, fid, kind })
             .collect();
+        if let Some(c) = client.filter(|_| leased && r.plus) {
+            // The entries' leases, then their attributes read again after the grant.
+            let fids: Vec<proto::Fid> = attrs.iter().map(|i| i.fid).collect();
+            leased = self.leases.grant(c, &fids);
+            if leased {
+                let fresh: Vec<Inode> = self.store.read(|ns| {
+                    fids.iter()
+                        .filter_map(|f| ns.inode(*f).ok())
+                        .map(Self::bare)
+                        .collect()
+                });
+                leased = fresh.len() == attrs.len();
+                attrs = fresh;
+            }
+        }
         reply::<MdsReaddir>(&MdsDirPage {
             entries,
             attrs,
             end,
+            leased,
         })
     }
 
@@ -837,6 +906,7 @@ impl MdsService {
         let creds = r.creds.clone();
         let client = r.req.map(|q| q.client);
         let mut stamp: (u64, Option<Ticket>) = (0, None);
+        let mut changed = vec![];
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
@@ -857,6 +927,8 @@ impl MdsService {
                     transno: 0,
                     committed: self.store.committed(),
                     ticket: vec![],
+                    leased: false,
+                    changed: vec![],
                 });
             }
             Decision::Opens(inode) => (Some(inode), false),
@@ -870,6 +942,7 @@ impl MdsService {
                     .apply(m, r.creds, r.req, r.size_gen, objects, behind)
                     .await?;
                 stamp = (done.transno, done.ticket);
+                changed = done.touched;
                 (done.applied.inode, true)
             }
         };
@@ -887,6 +960,17 @@ impl MdsService {
             (Some(t), Some(c)) => self.seal(c, &t),
             _ => vec![],
         };
+        // The inode returned, leased to its changer and read again after the grant.
+        let mut leased = false;
+        let mut inode = inode;
+        if let (Some(c), Some(i)) = (self.lessee(client.filter(|_| r.lease)), &inode) {
+            if self.leases.grant(c, &[i.fid]) {
+                if let Ok(fresh) = self.store.read(|ns| ns.inode(i.fid).cloned()) {
+                    inode = Some(fresh);
+                    leased = true;
+                }
+            }
+        }
         reply::<MdsReint>(&MdsReintReply {
             inode,
             created,
@@ -895,6 +979,8 @@ impl MdsService {
             transno: stamp.0,
             committed: self.store.committed(),
             ticket,
+            leased,
+            changed,
         })
     }
 
@@ -989,7 +1075,21 @@ impl MdsService {
         objects: Vec<StripeObject>,
         behind: bool,
     ) -> Result<crate::store::Done, RemoteError> {
-        let mut result = self.store.apply_behind(m, creds, req, size_gen);
+        // Other clients' leases on what the change touches are recalled first; the check is
+        // made again as it applies, and the change goes round again if one was granted since.
+        let except = req.map(|q| q.client);
+        let mut result = loop {
+            let touched = self.store.read(|ns| ns.touched(&m));
+            let _recall = self.leases.recall(&touched, except).await;
+            let clear = |fids: &[proto::Fid]| self.leases.clear(fids, except);
+            match self
+                .store
+                .apply_clear(m.clone(), creds.clone(), req, size_gen, &clear)
+            {
+                Err(StoreError::Leased) => continue,
+                other => break other,
+            }
+        };
         if let Ok(done) = &mut result {
             if !behind || done.ticket.is_none() {
                 // Answered once durable: nothing to replay.

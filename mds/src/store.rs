@@ -38,6 +38,10 @@ pub enum StoreError {
     Journal(#[from] JournalError),
     #[error("the journal failed earlier; the MDS accepts no more changes until restarted")]
     Failed,
+    /// Another client still holds a lease on an inode the change touches: recall it and try
+    /// again.
+    #[error("an inode the change touches is leased")]
+    Leased,
 }
 
 struct Shared {
@@ -90,6 +94,8 @@ pub struct Done {
     pub transno: u64,
     /// What replays it exactly; `None` for a resend answered from the reply cache.
     pub ticket: Option<Ticket>,
+    /// The inodes whose attributes or entries it changed ([`Namespace::touched`]).
+    pub touched: Vec<proto::Fid>,
 }
 
 /// Who writes the journal.
@@ -256,6 +262,20 @@ impl Store {
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
     ) -> Result<Done, StoreError> {
+        self.apply_clear(m, who, req, size_gen, &|_| true)
+    }
+
+    /// As [`Store::apply_behind`], if `clear` holds for the inodes the change touches, as
+    /// they are under the namespace's lock (no other client holds a lease on them); otherwise
+    /// [`StoreError::Leased`], and nothing changes.
+    pub fn apply_clear(
+        &self,
+        m: Mutation,
+        who: Creds,
+        req: Option<proto::md::ReqId>,
+        size_gen: Option<u64>,
+        clear: &dyn Fn(&[proto::Fid]) -> bool,
+    ) -> Result<Done, StoreError> {
         if self.shared.durable.borrow().is_err() {
             return Err(StoreError::Failed);
         }
@@ -271,6 +291,10 @@ impl Store {
                         what: format!("{fid} was truncated since its writer learnt its size"),
                     }));
                 }
+            }
+            let touched = ns.touched(&m);
+            if !clear(&touched) {
+                return Err(StoreError::Leased);
             }
             let next_inode = ns.next_inode();
             let rec = Record {
@@ -290,6 +314,7 @@ impl Store {
                     next_inode,
                     record: rec,
                 }),
+                touched,
             }
         };
         if let Some(c) = &self.inline {

@@ -326,6 +326,9 @@ pub struct MdsReint {
     /// caller keeps the reply's ticket until the change is committed and replays it after an
     /// MDS restart ([`MdsReplay`]). Only for a client that joined with [`MdsConnect`].
     pub behind: bool,
+    /// Lease the inode the change returns to the caller (the `req` client), when it may
+    /// (see [`MdsLeaseWait`]).
+    pub lease: bool,
 }
 
 /// A client's own numbering of its modifying requests.
@@ -356,6 +359,12 @@ pub struct MdsReintReply {
     /// restart (sealed by the MDS; opaque to the client).
     #[serde(with = "crate::msg::bytes_field")]
     pub ticket: Vec<u8>,
+    /// `inode` is leased to the caller.
+    pub leased: bool,
+    /// Every inode whose attributes or entries the change touched (the caller's own leases
+    /// on them are not recalled: it updates what it caches itself).
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub changed: Vec<Fid>,
 }
 
 /// Looks up `name` in `parent`.
@@ -365,6 +374,8 @@ pub struct MdsLookup {
     pub parent: Fid,
     #[serde(with = "crate::msg::bytes_field")]
     pub name: Vec<u8>,
+    /// The client asking, when it wants leases on `parent` and the entry found.
+    pub lease: Option<u128>,
 }
 
 /// Most names in one [`MdsLookupPath`].
@@ -401,11 +412,15 @@ impl Rpc for MdsLookupPath {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsGetattr {
     pub fid: Fid,
+    /// The client asking, when it wants a lease on `fid`.
+    pub lease: Option<u128>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsInode {
     pub inode: Inode,
+    /// The inode (and, for a lookup, the directory searched) is leased to the caller.
+    pub leased: bool,
 }
 
 /// Up to `max` entries of `dir` after the name `after` (empty: from the start).
@@ -418,6 +433,8 @@ pub struct MdsReaddir {
     pub max: u32,
     /// Also return each entry's attributes (readdirplus).
     pub plus: bool,
+    /// The client asking, when it wants a lease on `dir` (and, with `plus`, on the entries).
+    pub lease: Option<u128>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -438,6 +455,8 @@ pub struct MdsDirPage {
     pub attrs: Vec<Inode>,
     /// No entries after these.
     pub end: bool,
+    /// `dir` (and, with `plus`, every entry of the page) is leased to the caller.
+    pub leased: bool,
 }
 
 /// Names one open of a file across resends and MDS restarts: the client that opened it and
@@ -631,6 +650,103 @@ impl Rpc for MdsDisconnect {
 impl Rpc for MdsPing {
     const OPCODE: Opcode = opcodes::MDS_PING;
     type Reply = MdsPong;
+}
+
+/// Most inodes one lease recall names; more wait for the next.
+pub const MAX_RECALL: usize = 4096;
+
+/// A client's channel for lease recalls, held open by the MDS (a long poll): the answer comes
+/// as soon as a lease of this client must be recalled, or after a short hold with none.
+///
+/// A lease on an inode is the MDS's promise to tell its holder before the inode's attributes
+/// or, for a directory, its entries change (an AFS callback, a Lustre lock's blocking AST). The
+/// holder answers lookups, getattr and readdir from what it caches while the lease holds.
+/// Leases hold for [`LEASE_TERM_MS`] after the holder sent the last wait that was answered; a
+/// holder that does not acknowledge a recall loses all its leases, and the change goes ahead
+/// once they have run out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLeaseWait {
+    pub client: u128,
+    /// Every recall up to this number is done: the client dropped what it cached.
+    pub acked: u64,
+    /// The lease epoch the client knows (see [`MdsLeaseRecall::epoch`]).
+    pub epoch: u64,
+    /// Leases the client gives back (its cache is full, or it did not keep an answer).
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub cancel: Vec<Fid>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLeaseRecall {
+    /// The MDS's run: a client seeing a new one drops every lease.
+    pub instance: u64,
+    /// The client's lease epoch: when it differs from the one the client knows, every lease
+    /// it held is gone (it did not acknowledge a recall in time, or this is its first wait).
+    pub epoch: u64,
+    /// Leases recalled, numbered: the last is `seq`, the first `seq - fids.len() + 1`.
+    pub seq: u64,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub fids: Vec<Fid>,
+    /// How the MDS maps this client's identities, so that permission checks the client makes
+    /// from its cache match the MDS's.
+    pub idmap: IdMap,
+}
+
+impl Rpc for MdsLeaseWait {
+    const OPCODE: Opcode = opcodes::MDS_LEASE_WAIT;
+    type Reply = MdsLeaseRecall;
+}
+
+/// How long leases hold after the wait that last renewed them, in milliseconds.
+pub const LEASE_TERM_MS: u64 = 5_000;
+
+/// What the identities a client claims become at the MDS.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    /// Every identity is taken as claimed.
+    pub identity: bool,
+    /// Root keeps uid and gid 0; otherwise they become `squash_uid` and `squash_gid`.
+    pub trusted: bool,
+    pub squash_uid: u32,
+    pub squash_gid: u32,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub uids: Vec<(u32, u32)>,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub gids: Vec<(u32, u32)>,
+}
+
+impl IdMap {
+    /// The identity `creds` become.
+    pub fn map(&self, creds: Creds) -> Creds {
+        if self.identity {
+            return creds;
+        }
+        let map = |pairs: &[(u32, u32)], id: u32| {
+            pairs
+                .iter()
+                .find(|(from, _)| *from == id)
+                .map_or(id, |(_, to)| *to)
+        };
+        let uid = |id: u32| {
+            if id == 0 && !self.trusted {
+                self.squash_uid
+            } else {
+                map(&self.uids, id)
+            }
+        };
+        let gid = |id: u32| {
+            if id == 0 && !self.trusted {
+                self.squash_gid
+            } else {
+                map(&self.gids, id)
+            }
+        };
+        Creds {
+            uid: uid(creds.uid),
+            gid: gid(creds.gid),
+            groups: creds.groups.into_iter().map(gid).collect(),
+        }
+    }
 }
 
 /// Most files in one [`MdsMirrorScanned`].

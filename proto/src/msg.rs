@@ -45,6 +45,7 @@ pub mod opcodes {
     pub const MDS_SYNC: Opcode = Opcode(0x011d);
     pub const MDS_DISCONNECT: Opcode = Opcode(0x011e);
     pub const MDS_LOOKUP_PATH: Opcode = Opcode(0x011f);
+    pub const MDS_LEASE_WAIT: Opcode = Opcode(0x0120);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -82,6 +83,7 @@ pub mod opcodes {
         MDS_SYNC,
         MDS_DISCONNECT,
         MDS_LOOKUP_PATH,
+        MDS_LEASE_WAIT,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

@@ -24,6 +24,7 @@ fn reint(m: Mutation) -> MdsReint {
         open: None,
         size_gen: None,
         behind: false,
+        lease: false,
     }
 }
 
@@ -133,6 +134,7 @@ async fn rename_over_a_checkpoint_survives_kill_9_at_any_moment() {
                 creds: Creds::root(),
                 parent: ROOT,
                 name: b"ckpt".to_vec(),
+                lease: None,
             },
             T,
         )

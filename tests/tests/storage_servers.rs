@@ -262,6 +262,7 @@ fn reint(m: Mutation) -> MdsReint {
         open: None,
         size_gen: None,
         behind: false,
+        lease: false,
     }
 }
 

@@ -49,6 +49,8 @@ pub struct LodeFs {
     /// and sends the pages in large writes of its own.
     writeback: bool,
     next_fh: AtomicU64,
+    /// Drops what the kernel caches when a lease is dropped.
+    inval: crate::invalidate::Invalidator,
 }
 
 impl LodeFs {
@@ -60,12 +62,15 @@ impl LodeFs {
         writeback: bool,
         readahead_bytes: u64,
     ) -> LodeFs {
+        let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> = Arc::default();
+        let inval = crate::invalidate::Invalidator::start(&client, notifier.clone());
         LodeFs {
             client,
             rt,
             files: Arc::default(),
             dirs: Arc::default(),
-            notifier: Arc::default(),
+            notifier,
+            inval,
             streams: Arc::new(Streams::new(readahead_bytes)),
             windows: Arc::default(),
             writeback,
@@ -181,17 +186,49 @@ impl Filesystem for LodeFs {
         Ok(())
     }
 
+    // An answer the lease cache covers goes to the kernel with a long timeout (absent names
+    // too, as negative entries); the kernel's copy is dropped when the lease is. A lease dropped
+    // while the answer was on its way drops the kernel's copy again after it.
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (c, n) = (self.as_caller(req), name(n));
-        self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
+        let (files, inval) = (self.files.clone(), self.inval.clone());
+        self.rt.spawn(async move {
+            let p = fid_of(parent);
+            let before = c.lease_recalls();
+            let found = c.lookup(p, &n).await;
+            let leased = c.leased_name(p, &n);
+            match found {
+                Ok(i) => {
+                    let long = leased && c.leased_attr(i.fid);
+                    let ttl = if long { LEASED_TTL } else { TTL };
+                    let a = attr(&i, Self::size_of(&files, &i));
+                    reply.entry(&ttl, &a, Generation(0));
+                }
+                Err(e) if e.is(FsErrorKind::NotFound) && leased => {
+                    reply.entry(&LEASED_TTL, &negative(), Generation(0));
+                }
+                Err(e) => return reply.error(errno(&e)),
+            }
+            if leased && c.lease_recalls() != before {
+                inval.entry(p, n);
+            }
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (c, files) = (self.client.clone(), self.files.clone());
+        let (c, files, inval) = (self.client.clone(), self.files.clone(), self.inval.clone());
         self.rt.spawn(async move {
             let fid = fid_of(ino);
+            let before = c.lease_recalls();
             match c.getattr(fid).await {
-                Ok(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
+                Ok(i) => {
+                    let leased = c.leased_attr(fid);
+                    let ttl = if leased { LEASED_TTL } else { TTL };
+                    reply.attr(&ttl, &attr(&i, Self::size_of(&files, &i)));
+                    if leased && c.lease_recalls() != before {
+                        inval.attrs(fid);
+                    }
+                }
                 Err(e) => {
                     // A file removed while open is still there for its open handles.
                     let held = files
@@ -536,7 +573,7 @@ impl Filesystem for LodeFs {
         reply: ReplyCreate,
     ) {
         let (c, n) = (self.as_caller(req), name(n));
-        let files = self.files.clone();
+        let (files, inval) = (self.files.clone(), self.inval.clone());
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Under the write-back cache the kernel places appends itself, and may read back
         // through this handle: it reads too where the caller may (its creator may whatever
@@ -554,6 +591,7 @@ impl Filesystem for LodeFs {
                     .mode(mode & !umask & 0o7777)
             };
             let parent = fid_of(parent);
+            let before = c.lease_recalls();
             let mut opened = opts(writeback).open_in(&c, parent, &n).await;
             if writeback
                 && opened
@@ -567,7 +605,12 @@ impl Filesystem for LodeFs {
                     let i = f.inode();
                     let a = attr(&i, i.size);
                     files.lock().insert(fh, Arc::new(f));
-                    reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                    let leased = c.leased_name(parent, &n) && c.leased_attr(i.fid);
+                    let ttl = if leased { LEASED_TTL } else { TTL };
+                    reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                    if leased && c.lease_recalls() != before {
+                        inval.entry(parent, n);
+                    }
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -858,7 +901,7 @@ impl Filesystem for LodeFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -866,14 +909,17 @@ impl Filesystem for LodeFs {
         let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
+        let dir = fid_of(ino);
+        let c = &self.client;
         for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
             // Entries come with the attributes read in the same round trip as the listing.
             let Some(a) = a else { continue };
+            let leased = c.leased_name(dir, &e.name) && c.leased_attr(e.fid);
             let full = reply.add(
                 ino_of(e.fid),
                 i as u64 + 1,
                 OsStr::from_bytes(&e.name),
-                &TTL,
+                if leased { &LEASED_TTL } else { &TTL },
                 &attr(a, Self::size_of(&self.files, a)),
                 Generation(0),
             );

@@ -10,6 +10,7 @@
 //! Errors from the library become errno values here and nowhere else.
 
 pub mod fs;
+mod invalidate;
 mod kernel;
 pub mod session;
 pub mod stream;

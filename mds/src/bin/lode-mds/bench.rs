@@ -254,6 +254,7 @@ async fn lode_round(
                 open: None,
                 size_gen: None,
                 behind: false,
+                lease: false,
             },
             T,
         )
@@ -287,6 +288,7 @@ async fn lode_round(
                             open: None,
                             size_gen: None,
                             behind: false,
+                            lease: false,
                         },
                         T,
                     )
@@ -309,6 +311,7 @@ async fn lode_round(
                             creds: creds.clone(),
                             parent: dir,
                             name: name(i),
+                            lease: None,
                         },
                         T,
                     )
@@ -335,6 +338,7 @@ async fn lode_round(
                             after: after.clone(),
                             max: 1024,
                             plus: false,
+                            lease: None,
                         },
                         T,
                     )
@@ -379,6 +383,7 @@ async fn lode_round(
                             open: None,
                             size_gen: None,
                             behind: false,
+                            lease: false,
                         },
                         T,
                     )
@@ -411,6 +416,7 @@ async fn lode_round(
                             open: None,
                             size_gen: None,
                             behind: false,
+                            lease: false,
                         },
                         T,
                     )

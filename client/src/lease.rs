@@ -1,0 +1,814 @@
+//! What the client answers from its cache while it holds the MDS's leases.
+//!
+//! A lease on an inode is the MDS's promise to recall it before the inode's attributes or, for
+//! a directory, its entries change. Under a lease the client keeps the inode's attributes and
+//! the names it has seen in the directory (found or absent), and, once it has read a directory
+//! whole, the complete listing, so that lookups (positive and negative), getattr and readdir
+//! need no round trip. Permission checks made from the cache map the caller's identity as the
+//! MDS does.
+//!
+//! Leases come over one channel, a wait the MDS holds open and answers with recalls: each is
+//! applied (what was cached is dropped, and whoever registered [`Leases::on_drop`] is told, so
+//! a mount drops the kernel's copy) before the next wait acknowledges it. Every lease lapses
+//! [`LEASE_TERM_MS`] (less a margin) after the client sent the last wait that was answered, so
+//! a client cut off from the MDS stops using its cache before the MDS stops waiting for it.
+//!
+//! An answer is cached only if no recall, and none of this client's own changes, came in while
+//! it was on its way ([`Stamp`]): a reply read before a change is never kept after it. The
+//! client's own changes update what it caches from their replies, in transaction order.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proto::md::{
+    Creds, DirEntry, IdMap, Inode, Kind, MdsLeaseRecall, MdsReintReply, Mutation, LEASE_TERM_MS,
+};
+use proto::{Fid, FsErrorKind};
+use tokio::time::Instant;
+
+use crate::error::{ClientError, Result};
+
+/// Most inodes whose leases a client keeps; past it the least recently used are given back.
+pub const MAX_LEASES: usize = 131_072;
+/// Largest directory read whole to answer negative lookups from its listing.
+pub const MAX_LISTING: usize = 65_536;
+/// Longest a recall's acknowledgement waits for the kernel to drop its copy: a kernel blocked
+/// on a directory (a local call in it waits on the MDS) must not hold up the MDS's change.
+const BARRIER_WAIT: Duration = Duration::from_millis(50);
+/// How long before the MDS's term the client stops trusting its leases (clocks drift).
+const MARGIN: Duration = Duration::from_millis(LEASE_TERM_MS / 10);
+
+/// A lease given up, for whoever mirrors the cache (the mount tells the kernel).
+#[derive(Debug)]
+pub struct Dropped {
+    pub fid: Fid,
+    /// The names of the directory `fid` that were cached (found or absent).
+    pub names: Vec<Vec<u8>>,
+}
+
+type Hook = Arc<dyn Fn(Dropped) + Send + Sync>;
+/// Resolves once what the hook was told so far has been carried out.
+pub type Barrier = Arc<dyn Fn() -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
+
+/// Where the caches stood when a request was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    recalls: u64,
+    own: u64,
+}
+
+pub struct Leases {
+    state: Mutex<State>,
+    /// Moves on with every recall or loss of leases.
+    recalls: AtomicU64,
+    /// Moves on with every change of this client's own applied to the cache.
+    own: AtomicU64,
+    hook: OnceLock<Hook>,
+    barrier: OnceLock<Barrier>,
+    max: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// Leases hold until then (none before the first answered wait).
+    valid_until: Option<Instant>,
+    epoch: u64,
+    instance: u64,
+    idmap: IdMap,
+    /// The last recall applied.
+    acked: u64,
+    held: HashMap<Fid, Held>,
+    /// Leases to give back with the next wait.
+    cancel: Vec<Fid>,
+    tick: u64,
+}
+
+#[derive(Default)]
+struct Held {
+    attr: Option<Inode>,
+    /// The times, size and link count in `attr` moved on with a change of this client's own:
+    /// it still serves permission checks, not getattr.
+    stale: bool,
+    names: BTreeMap<Vec<u8>, Name>,
+    /// `names` holds every entry of the directory.
+    complete: bool,
+    used: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Name {
+    entry: Option<(Fid, Kind)>,
+    /// The transaction that set it (0: a lookup or a listing).
+    transno: u64,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases::new(MAX_LEASES)
+    }
+}
+
+/// Whether a name could be an entry (not `.`, `..`, empty, too long or with a slash): only
+/// those are answered from the cache.
+fn plain(name: &[u8]) -> bool {
+    !name.is_empty() && name.len() <= 255 && name != b"." && name != b".." && !name.contains(&b'/')
+}
+
+fn not_found(name: &[u8]) -> ClientError {
+    ClientError::fs(
+        FsErrorKind::NotFound,
+        format!("no entry {:?}", String::from_utf8_lossy(name)),
+    )
+}
+
+impl Leases {
+    pub fn new(max: usize) -> Leases {
+        Leases {
+            state: Mutex::default(),
+            recalls: AtomicU64::new(0),
+            own: AtomicU64::new(0),
+            hook: OnceLock::new(),
+            barrier: OnceLock::new(),
+            max: max.max(16),
+        }
+    }
+
+    /// Calls `f` for every lease dropped (recalled, lost, lapsed or given back).
+    pub fn on_drop(&self, f: Hook) {
+        let _ = self.hook.set(f);
+    }
+
+    /// A recall is acknowledged once `f`'s receiver resolves (or a short while has passed):
+    /// a mount waits until the kernel has dropped its copy.
+    pub fn on_barrier(&self, f: Barrier) {
+        let _ = self.barrier.set(f);
+    }
+
+    /// Waits, briefly, until whoever mirrors the cache has dropped what the hook was told.
+    pub async fn barrier(&self) {
+        if let Some(b) = self.barrier.get() {
+            let done = b();
+            let _ = tokio::time::timeout(BARRIER_WAIT, done).await;
+        }
+    }
+
+    /// How many recalls or losses of leases there have been.
+    pub fn recalls(&self) -> u64 {
+        self.recalls.load(Ordering::SeqCst)
+    }
+
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            recalls: self.recalls.load(Ordering::SeqCst),
+            own: self.own.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Whether answers may be cached now: the channel is up and the leases hold.
+    pub fn live(&self) -> bool {
+        self.state
+            .lock()
+            .valid_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Leases held now.
+    pub fn len(&self) -> usize {
+        self.state.lock().held.len()
+    }
+
+    /// The state, with every lease dropped first if they lapsed.
+    fn live_state(&self) -> Option<parking_lot::MutexGuard<'_, State>> {
+        let mut s = self.state.lock();
+        match s.valid_until {
+            Some(t) if Instant::now() < t => Some(s),
+            Some(_) => {
+                s.valid_until = None;
+                self.drop_all(&mut s);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The entry `name` of `parent` as cached, looked up as `creds`: `None` when the cache
+    /// cannot tell.
+    pub fn lookup(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<Result<Inode>> {
+        if !plain(name) {
+            return None;
+        }
+        let mut s = self.live_state()?;
+        let s = &mut *s;
+        s.tick += 1;
+        let tick = s.tick;
+        let who = s.idmap.map(creds.clone());
+        let dir = s.held.get_mut(&parent)?;
+        let attr = dir.attr.as_ref()?;
+        if attr.kind != Kind::Dir {
+            return None;
+        }
+        if !attr.permits(&who, 1) {
+            return Some(Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {parent}"),
+            )));
+        }
+        dir.used = tick;
+        let entry = match dir.names.get(name) {
+            Some(n) => n.entry,
+            None if dir.complete => {
+                // Kept, so that a kernel told of its absence hears when that changes.
+                dir.names.insert(
+                    name.to_vec(),
+                    Name {
+                        entry: None,
+                        transno: 0,
+                    },
+                );
+                None
+            }
+            None => return None,
+        };
+        let Some((fid, _)) = entry else {
+            return Some(Err(not_found(name)));
+        };
+        let child = s.held.get_mut(&fid)?;
+        child.used = tick;
+        match &child.attr {
+            Some(a) if !child.stale => Some(Ok(a.clone())),
+            _ => None,
+        }
+    }
+
+    /// An inode's attributes as cached.
+    pub fn getattr(&self, fid: Fid) -> Option<Inode> {
+        let mut s = self.live_state()?;
+        s.tick += 1;
+        let tick = s.tick;
+        let h = s.held.get_mut(&fid)?;
+        h.used = tick;
+        h.attr.clone().filter(|_| !h.stale)
+    }
+
+    /// Whether the directory `dir` is held with a listing the cache can answer readdir from.
+    /// Returns the listing when `creds` may read it.
+    pub fn listing(&self, dir: Fid, creds: &Creds, plus: bool) -> Option<Result<Listing>> {
+        let mut s = self.live_state()?;
+        let who = s.idmap.map(creds.clone());
+        let h = s.held.get(&dir)?;
+        let attr = h.attr.as_ref()?;
+        if !h.complete || attr.kind != Kind::Dir {
+            return None;
+        }
+        if !attr.permits(&who, 4) {
+            return Some(Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {dir}"),
+            )));
+        }
+        let entries: Vec<DirEntry> = h
+            .names
+            .iter()
+            .filter_map(|(n, e)| {
+                e.entry.map(|(fid, kind)| DirEntry {
+                    name: n.clone(),
+                    fid,
+                    kind,
+                })
+            })
+            .collect();
+        let mut attrs = vec![];
+        if plus {
+            for e in &entries {
+                let a = s.held.get(&e.fid)?;
+                attrs.push(a.attr.clone().filter(|_| !a.stale)?);
+            }
+        }
+        s.tick += 1;
+        Some(Ok((entries, attrs)))
+    }
+
+    /// Whether `fid`'s attributes are cached (a mount gives the kernel a long timeout then).
+    pub fn holds_attr(&self, fid: Fid) -> bool {
+        self.live_state().is_some_and(|s| {
+            s.held
+                .get(&fid)
+                .is_some_and(|h| h.attr.is_some() && !h.stale)
+        })
+    }
+
+    /// Whether the entry `name` of `parent` is cached, found or absent.
+    pub fn holds_name(&self, parent: Fid, name: &[u8]) -> bool {
+        self.live_state().is_some_and(|s| {
+            s.held
+                .get(&parent)
+                .is_some_and(|h| h.names.contains_key(name))
+        })
+    }
+
+    /// Whether `parent` is held but could not answer for `name`: worth reading whole.
+    pub fn held_dir(&self, dir: Fid) -> bool {
+        self.live_state()
+            .is_some_and(|s| s.held.get(&dir).is_some_and(|h| h.attr.is_some()))
+    }
+
+    /// Takes `f` into the cache if nothing moved since `stamp`; otherwise gives back the
+    /// leases the answer brought that the cache does not hold.
+    fn learn(&self, stamp: Stamp, granted: &[Fid], f: impl FnOnce(&mut State)) {
+        let Some(mut s) = self.live_state() else {
+            return;
+        };
+        if self.stamp() != stamp {
+            for g in granted {
+                if !s.held.contains_key(g) {
+                    s.cancel.push(*g);
+                }
+            }
+            return;
+        }
+        s.tick += 1;
+        f(&mut s);
+        self.bound(&mut s);
+    }
+
+    fn held_mut(s: &mut State, fid: Fid) -> &mut Held {
+        let tick = s.tick;
+        let h = s.held.entry(fid).or_default();
+        h.used = tick;
+        h
+    }
+
+    /// A lookup's answer, `leased` (the directory and the entry).
+    pub fn learn_lookup(
+        &self,
+        stamp: Stamp,
+        parent: Fid,
+        name: &[u8],
+        inode: &Inode,
+        leased: bool,
+    ) {
+        if !leased {
+            return;
+        }
+        self.learn(stamp, &[parent, inode.fid], |s| {
+            if plain(name) {
+                Self::held_mut(s, parent).names.insert(
+                    name.to_vec(),
+                    Name {
+                        entry: Some((inode.fid, inode.kind)),
+                        transno: 0,
+                    },
+                );
+            }
+            let c = Self::held_mut(s, inode.fid);
+            c.attr = Some(inode.clone());
+            c.stale = false;
+        });
+    }
+
+    /// `name` is not in `parent`, which was held when the lookup was sent.
+    pub fn learn_absent(&self, stamp: Stamp, parent: Fid, name: &[u8]) {
+        if !plain(name) {
+            return;
+        }
+        self.learn(stamp, &[], |s| {
+            if let Some(h) = s.held.get_mut(&parent) {
+                h.names.insert(
+                    name.to_vec(),
+                    Name {
+                        entry: None,
+                        transno: 0,
+                    },
+                );
+            }
+        });
+    }
+
+    /// A getattr's answer.
+    pub fn learn_attr(&self, stamp: Stamp, inode: &Inode, leased: bool) {
+        if !leased {
+            return;
+        }
+        self.learn(stamp, &[inode.fid], |s| {
+            let h = Self::held_mut(s, inode.fid);
+            h.attr = Some(inode.clone());
+            h.stale = false;
+        });
+    }
+
+    /// A directory read whole under its lease (with `attrs`, each entry's, leased too).
+    pub fn learn_listing(&self, stamp: Stamp, dir: Fid, entries: &[DirEntry], attrs: &[Inode]) {
+        if entries.len() > MAX_LISTING {
+            return;
+        }
+        let mut granted = vec![dir];
+        granted.extend(attrs.iter().map(|i| i.fid));
+        self.learn(stamp, &granted, |s| {
+            let h = Self::held_mut(s, dir);
+            // Absent names stay: the kernel may cache them.
+            h.names.retain(|_, n| n.entry.is_none());
+            for e in entries {
+                h.names.insert(
+                    e.name.clone(),
+                    Name {
+                        entry: Some((e.fid, e.kind)),
+                        transno: 0,
+                    },
+                );
+            }
+            h.complete = true;
+            for a in attrs {
+                let c = Self::held_mut(s, a.fid);
+                // Readdirplus leaves out xattrs, layout and target: keep a fuller copy.
+                if c.attr.is_none() || c.stale {
+                    c.attr = Some(a.clone());
+                    c.stale = false;
+                }
+            }
+        });
+    }
+
+    /// This client's own change `m`, answered with `reply` (sent at `stamp`): what it changed
+    /// is updated in the cache, or dropped if a recall came in meanwhile.
+    pub fn learn_change(&self, stamp: Stamp, m: &Mutation, reply: &MdsReintReply) {
+        let Some(mut s) = self.live_state() else {
+            return;
+        };
+        let s = &mut *s;
+        s.tick += 1;
+        let mut touched: Vec<Fid> = reply.changed.clone();
+        let named: Vec<(Fid, &[u8])> = match m {
+            Mutation::Create { parent, name, .. } | Mutation::Unlink { parent, name, .. } => {
+                vec![(*parent, name)]
+            }
+            Mutation::Link { fid, parent, name } => {
+                touched.push(*fid);
+                vec![(*parent, name)]
+            }
+            Mutation::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => vec![(*parent, name), (*new_parent, new_name)],
+            Mutation::Setattr { fid, .. }
+            | Mutation::SetXattr { fid, .. }
+            | Mutation::RemoveXattr { fid, .. }
+            | Mutation::GrowSize { fid, .. }
+            | Mutation::SetLayout { fid, .. }
+            | Mutation::MirrorState { fid, .. }
+            | Mutation::PlaceMirror { fid, .. } => {
+                touched.push(*fid);
+                vec![]
+            }
+            Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => vec![],
+        };
+        // The entries named, as cached before the change.
+        let before: Vec<Option<(Fid, Kind)>> = named
+            .iter()
+            .map(|(p, n)| {
+                s.held
+                    .get(p)
+                    .and_then(|h| h.names.get(*n))
+                    .and_then(|e| e.entry)
+            })
+            .collect();
+        touched.extend(before.iter().flatten().map(|(f, _)| *f));
+        touched.extend(named.iter().map(|(p, _)| *p));
+        if stamp.recalls != self.recalls.load(Ordering::SeqCst) {
+            // A recall came in meanwhile: what is cached of these may predate it.
+            touched.sort_unstable();
+            touched.dedup();
+            for f in touched {
+                self.drop_one(s, f, true);
+            }
+            self.own.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        let t = reply.transno;
+        let set = |s: &mut State, parent: Fid, name: &[u8], entry: Option<(Fid, Kind)>| {
+            let Some(h) = s.held.get_mut(&parent) else {
+                return;
+            };
+            match h.names.get(name) {
+                Some(old) if old.transno > t && t != 0 => {}
+                _ if t == 0 => {
+                    // Answered from the reply cache: which order it came in is unknown.
+                    h.names.remove(name);
+                    h.complete = false;
+                }
+                _ => {
+                    h.names.insert(name.to_vec(), Name { entry, transno: t });
+                }
+            }
+        };
+        match m {
+            Mutation::Create { parent, name, .. } => {
+                if let Some(i) = reply.inode.as_ref().filter(|_| reply.created) {
+                    set(s, *parent, name, Some((i.fid, i.kind)));
+                }
+            }
+            Mutation::Link { parent, name, .. } => {
+                if let Some(i) = &reply.inode {
+                    set(s, *parent, name, Some((i.fid, i.kind)));
+                }
+            }
+            Mutation::Unlink { parent, name, .. } => set(s, *parent, name, None),
+            Mutation::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => {
+                let (from, to) = (before[0], before[1]);
+                match (flags.exchange, from) {
+                    (true, Some(_)) if to.is_some() => {
+                        set(s, *parent, name, to);
+                        set(s, *new_parent, new_name, from);
+                    }
+                    (false, Some(_)) => {
+                        set(s, *parent, name, None);
+                        set(s, *new_parent, new_name, from);
+                    }
+                    _ => {
+                        // Not known here: neither name is answered from the cache now.
+                        for (p, n) in [(*parent, &name[..]), (*new_parent, &new_name[..])] {
+                            if let Some(h) = s.held.get_mut(&p) {
+                                h.names.remove(n);
+                                h.complete = false;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        for f in &touched {
+            if let Some(h) = s.held.get_mut(f) {
+                if matches!(m, Mutation::Setattr { .. }) {
+                    h.attr = None; // its mode or owner may have moved: no permission checks
+                }
+                h.stale = true;
+            }
+        }
+        if let Some(i) = reply.inode.as_ref().filter(|_| reply.leased) {
+            let h = Self::held_mut(s, i.fid);
+            h.attr = Some(i.clone());
+            h.stale = false;
+        }
+        self.bound(s);
+        self.own.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Drops the lease on `fid`, giving it back to the MDS if `cancel`.
+    fn drop_one(&self, s: &mut State, fid: Fid, cancel: bool) {
+        self.recalls.fetch_add(1, Ordering::SeqCst);
+        if let Some(h) = s.held.remove(&fid) {
+            if cancel {
+                s.cancel.push(fid);
+            }
+            if let Some(hook) = self.hook.get() {
+                hook(Dropped {
+                    fid,
+                    names: h.names.into_keys().collect(),
+                });
+            }
+        }
+    }
+
+    fn drop_all(&self, s: &mut State) {
+        self.recalls.fetch_add(1, Ordering::SeqCst);
+        let fids: Vec<Fid> = s.held.keys().copied().collect();
+        for f in fids {
+            self.drop_one(s, f, false);
+        }
+        s.cancel.clear();
+    }
+
+    /// Gives back the least recently used leases past the bound.
+    fn bound(&self, s: &mut State) {
+        if s.held.len() <= self.max {
+            return;
+        }
+        let mut ages: Vec<(u64, Fid)> = s.held.iter().map(|(f, h)| (h.used, *f)).collect();
+        ages.sort_unstable();
+        let n = s.held.len() - self.max + self.max / 16;
+        for (_, f) in ages.into_iter().take(n) {
+            self.drop_one(s, f, true);
+        }
+    }
+
+    /// Drops every lease (the MDS restarted, or this client leaves).
+    pub fn lose_all(&self) {
+        let mut s = self.state.lock();
+        s.valid_until = None;
+        self.drop_all(&mut s);
+    }
+
+    /// What the next wait carries: the last recall applied, the epoch known, and the leases
+    /// given back.
+    pub fn next_wait(&self) -> (u64, u64, Vec<Fid>) {
+        let mut s = self.state.lock();
+        let n = s.cancel.len().min(proto::md::MAX_RECALL);
+        let cancel = s.cancel.drain(..n).collect();
+        (s.acked, s.epoch, cancel)
+    }
+
+    /// A wait sent at `sent` was answered: recalls are applied first, then the leases held
+    /// are good for a term from `sent`.
+    pub fn answered(&self, sent: Instant, r: &MdsLeaseRecall) -> bool {
+        let mut s = self.state.lock();
+        let dropped = r.instance != s.instance || r.epoch != s.epoch || !r.fids.is_empty();
+        if r.instance != s.instance || r.epoch != s.epoch {
+            // A new run of the MDS, or this client lost its leases there.
+            self.drop_all(&mut s);
+            s.instance = r.instance;
+            s.epoch = r.epoch;
+            s.acked = 0;
+        }
+        for f in &r.fids {
+            self.drop_one(&mut s, *f, false);
+        }
+        if !r.fids.is_empty() {
+            s.acked = r.seq;
+        }
+        s.idmap = r.idmap.clone();
+        let term = Duration::from_millis(LEASE_TERM_MS).saturating_sub(MARGIN);
+        s.valid_until = Some(sent + term);
+        dropped
+    }
+}
+
+/// A directory's entries, with each one's attributes for readdirplus.
+pub type Listing = (Vec<DirEntry>, Vec<Inode>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::md::Time;
+
+    fn fid(n: u32) -> Fid {
+        Fid::new(proto::fid::FIRST_NORMAL_SEQ, n, 0)
+    }
+
+    fn inode(f: Fid, kind: Kind) -> Inode {
+        Inode {
+            fid: f,
+            kind,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 0,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            xattrs: Default::default(),
+            layout: None,
+            target: vec![],
+        }
+    }
+
+    fn live() -> Leases {
+        let l = Leases::new(1000);
+        let r = MdsLeaseRecall {
+            instance: 1,
+            epoch: 3,
+            seq: 0,
+            fids: vec![],
+            idmap: IdMap {
+                identity: true,
+                ..IdMap::default()
+            },
+        };
+        l.answered(Instant::now(), &r);
+        l
+    }
+
+    fn reply(inode: Option<Inode>, transno: u64, changed: Vec<Fid>) -> MdsReintReply {
+        MdsReintReply {
+            inode,
+            created: true,
+            size_gen: 0,
+            grant: None,
+            transno,
+            committed: 0,
+            ticket: vec![],
+            leased: true,
+            changed,
+        }
+    }
+
+    #[test]
+    fn a_listing_answers_negative_lookups_and_an_own_create_updates_it() {
+        let l = live();
+        let (dir, me) = (fid(2), Creds::root());
+        let st = l.stamp();
+        l.learn_attr(st, &inode(dir, Kind::Dir), true);
+        let st = l.stamp();
+        l.learn_listing(st, dir, &[], &[]);
+        assert!(l.lookup(dir, b"a", &me).unwrap().is_err());
+        let st = l.stamp();
+        let m = Mutation::Create {
+            parent: dir,
+            name: b"a".to_vec(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        l.learn_change(
+            st,
+            &m,
+            &reply(Some(inode(fid(9), Kind::File)), 5, vec![dir]),
+        );
+        assert_eq!(l.lookup(dir, b"a", &me).unwrap().unwrap().fid, fid(9));
+        assert!(l.getattr(dir).is_none(), "the directory's times moved on");
+        assert!(l.lookup(dir, b"b", &me).unwrap().is_err());
+    }
+
+    #[test]
+    fn an_answer_that_crossed_a_recall_is_not_kept() {
+        let l = live();
+        let dir = fid(2);
+        let st = l.stamp();
+        let recall = MdsLeaseRecall {
+            instance: 1,
+            epoch: 3,
+            seq: 1,
+            fids: vec![dir],
+            idmap: IdMap {
+                identity: true,
+                ..IdMap::default()
+            },
+        };
+        l.answered(Instant::now(), &recall);
+        l.learn_attr(st, &inode(dir, Kind::Dir), true);
+        assert!(l.getattr(dir).is_none());
+        assert_eq!(
+            l.next_wait(),
+            (1, 3, vec![dir]),
+            "given back, and the recall acked"
+        );
+    }
+
+    #[test]
+    fn a_recall_drops_what_was_cached_and_tells_the_hook() {
+        let l = live();
+        let seen = Arc::new(Mutex::new(vec![]));
+        let s2 = seen.clone();
+        l.on_drop(Arc::new(move |d: Dropped| s2.lock().push(d.fid)));
+        let dir = fid(2);
+        let st = l.stamp();
+        l.learn_attr(st, &inode(dir, Kind::Dir), true);
+        assert!(l.getattr(dir).is_some());
+        let recall = MdsLeaseRecall {
+            instance: 1,
+            epoch: 3,
+            seq: 4,
+            fids: vec![dir],
+            idmap: IdMap::default(),
+        };
+        l.answered(Instant::now(), &recall);
+        assert!(l.getattr(dir).is_none());
+        assert_eq!(*seen.lock(), vec![dir]);
+    }
+
+    #[test]
+    fn leases_lapse_a_term_after_the_last_answered_wait() {
+        let l = live();
+        let st = l.stamp();
+        l.learn_attr(st, &inode(fid(3), Kind::File), true);
+        assert!(l.getattr(fid(3)).is_some());
+        l.state.lock().valid_until = Some(Instant::now() - Duration::from_millis(1));
+        assert!(l.getattr(fid(3)).is_none());
+        assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_is_bounded() {
+        let l = Leases::new(16);
+        l.answered(
+            Instant::now(),
+            &MdsLeaseRecall {
+                instance: 1,
+                epoch: 1,
+                seq: 0,
+                fids: vec![],
+                idmap: IdMap::default(),
+            },
+        );
+        for n in 0..100 {
+            let st = l.stamp();
+            l.learn_attr(st, &inode(fid(n + 10), Kind::File), true);
+        }
+        assert!(l.len() <= 16);
+        assert!(l.getattr(fid(109)).is_some(), "the newest stays");
+    }
+}

@@ -1,0 +1,441 @@
+//! Leases: the MDS's promise to a client to tell it before an inode's attributes or, for a
+//! directory, its entries change, so that the client answers lookups, getattr and readdir from
+//! what it caches (an AFS callback; in Lustre, a lock whose blocking AST comes first).
+//!
+//! A change first recalls the leases other clients hold on every inode it touches, then waits
+//! until each holder has acknowledged (it dropped what it cached) or could no longer be using
+//! the lease: a client's leases hold only until [`LEASE_TERM_MS`] after it sent the last
+//! [`MdsLeaseWait`] that was answered, and one that does not acknowledge in that time loses
+//! them all. Only the change waits; every other request goes on. The changer keeps its own
+//! leases (it updates its cache from the reply). The check that no other client holds a lease
+//! on what a change touches is made again under the namespace's lock, as the change applies:
+//! a lease granted after the recall, or on an inode the recall did not know, sends the change
+//! round again.
+//!
+//! A grant is made before the state it covers is read, so a change either sees the grant and
+//! recalls it, or was applied before the read. Grants are bounded per client and in all, and
+//! refused while the inode is being recalled or the client has not confirmed its epoch. Leases
+//! live in memory: after a restart, recovery outlasts the term, so none of the last run holds.
+//!
+//! [`MdsLeaseWait`]: proto::md::MdsLeaseWait
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proto::md::{IdMap, MdsLeaseRecall, LEASE_TERM_MS, MAX_RECALL};
+use proto::Fid;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+/// How long a lease holds after the wait that renewed it.
+pub const TERM: Duration = Duration::from_millis(LEASE_TERM_MS);
+/// How long a wait is held when there is nothing to recall.
+pub const HOLD: Duration = Duration::from_millis(LEASE_TERM_MS / 3);
+/// Most leases one client holds.
+pub const MAX_PER_CLIENT: usize = 262_144;
+/// Most leases held in all.
+pub const MAX_TOTAL: usize = 8 << 20;
+
+/// Every lease the MDS has granted.
+pub struct Leases {
+    state: Mutex<State>,
+    term: Duration,
+    hold: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    /// Who holds a lease on each inode.
+    holders: HashMap<Fid, Vec<u128>>,
+    /// Changes under way on each inode: no grants meanwhile.
+    recalling: HashMap<Fid, u32>,
+    clients: HashMap<u128, Holder>,
+    total: usize,
+    last_tidy: Option<Instant>,
+}
+
+struct Holder {
+    held: HashSet<Fid>,
+    /// Changes when the client loses every lease; it must say it saw the new one before it
+    /// is granted any again.
+    epoch: u64,
+    knows_epoch: bool,
+    /// The number of the last recall.
+    seq: u64,
+    /// Recalls not yet acknowledged, in order.
+    pending: VecDeque<(u64, Fid)>,
+    acked: watch::Sender<u64>,
+    wake: Arc<Notify>,
+    /// The client's leases cannot hold past this (the last answered wait, plus the term).
+    confirmed_until: Instant,
+}
+
+impl Holder {
+    fn new() -> Holder {
+        Holder {
+            held: HashSet::new(),
+            epoch: rand::random::<u64>() | 1,
+            knows_epoch: false,
+            seq: 0,
+            pending: VecDeque::new(),
+            acked: watch::channel(0).0,
+            wake: Arc::new(Notify::new()),
+            confirmed_until: Instant::now(),
+        }
+    }
+}
+
+/// A change's recall: while it lives, no lease on its inodes is granted.
+pub struct Recall<'l> {
+    leases: &'l Leases,
+    fids: Vec<Fid>,
+}
+
+impl Drop for Recall<'_> {
+    fn drop(&mut self) {
+        let mut s = self.leases.state.lock();
+        for f in &self.fids {
+            if let Some(n) = s.recalling.get_mut(f) {
+                *n -= 1;
+                if *n == 0 {
+                    s.recalling.remove(f);
+                }
+            }
+        }
+    }
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases::new(TERM, HOLD)
+    }
+}
+
+impl Leases {
+    pub fn new(term: Duration, hold: Duration) -> Leases {
+        Leases {
+            state: Mutex::new(State::default()),
+            term,
+            hold,
+        }
+    }
+
+    /// Grants `client` leases on all of `fids`, or on none: false when the client has no
+    /// live channel, is over its bound, or one of them is being recalled.
+    pub fn grant(&self, client: u128, fids: &[Fid]) -> bool {
+        let mut s = self.state.lock();
+        if fids.iter().any(|f| s.recalling.contains_key(f)) {
+            return false;
+        }
+        let total = s.total;
+        let Some(h) = s.clients.get_mut(&client) else {
+            return false;
+        };
+        if !h.knows_epoch || h.confirmed_until <= Instant::now() {
+            return false;
+        }
+        let new: Vec<Fid> = fids
+            .iter()
+            .copied()
+            .filter(|f| !h.held.contains(f))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if h.held.len() + new.len() > MAX_PER_CLIENT || total + new.len() > MAX_TOTAL {
+            return false;
+        }
+        h.held.extend(new.iter().copied());
+        s.total += new.len();
+        for f in new {
+            s.holders.entry(f).or_default().push(client);
+        }
+        true
+    }
+
+    /// Recalls every lease on `fids` held by a client other than `except`, and waits until
+    /// each holder acknowledged or its leases ran out (it then loses them all).
+    pub async fn recall(&self, fids: &[Fid], except: Option<u128>) -> Recall<'_> {
+        let mut waits = vec![];
+        {
+            let mut s = self.state.lock();
+            let s = &mut *s;
+            for f in fids {
+                *s.recalling.entry(*f).or_default() += 1;
+                let Some(holders) = s.holders.get_mut(f) else {
+                    continue;
+                };
+                let others: Vec<u128> = holders
+                    .iter()
+                    .copied()
+                    .filter(|c| Some(*c) != except)
+                    .collect();
+                holders.retain(|c| Some(*c) == except);
+                if holders.is_empty() {
+                    s.holders.remove(f);
+                }
+                for c in others {
+                    let Some(h) = s.clients.get_mut(&c) else {
+                        continue;
+                    };
+                    if h.held.remove(f) {
+                        s.total -= 1;
+                    }
+                    h.seq += 1;
+                    h.pending.push_back((h.seq, *f));
+                    h.wake.notify_one();
+                    waits.push((c, h.seq, h.acked.subscribe(), h.confirmed_until));
+                }
+            }
+        }
+        for (client, seq, mut acked, until) in waits {
+            let done = tokio::time::timeout_at(until, acked.wait_for(|a| *a >= seq)).await;
+            if !matches!(done, Ok(Ok(_))) {
+                self.lose(client, seq);
+            }
+        }
+        Recall {
+            leases: self,
+            fids: fids.to_vec(),
+        }
+    }
+
+    /// Whether no client but `except` holds a lease on any of `fids` (checked under the
+    /// namespace's lock, as a change applies).
+    pub fn clear(&self, fids: &[Fid], except: Option<u128>) -> bool {
+        let s = self.state.lock();
+        fids.iter().all(|f| {
+            s.holders
+                .get(f)
+                .is_none_or(|hs| hs.iter().all(|c| Some(*c) == except))
+        })
+    }
+
+    /// `client` did not acknowledge recall `seq` before its leases ran out: it loses them all.
+    fn lose(&self, client: u128, seq: u64) {
+        let mut s = self.state.lock();
+        let Some(h) = s.clients.get(&client) else {
+            return;
+        };
+        if *h.acked.borrow() >= seq {
+            return; // acknowledged after all
+        }
+        tracing::warn!(
+            client = format!("{client:032x}"),
+            "a client did not acknowledge a lease recall in time: it loses all its leases"
+        );
+        Self::drop_all(&mut s, client);
+        if let Some(h) = s.clients.get_mut(&client) {
+            h.epoch = h.epoch.wrapping_add(2);
+            h.knows_epoch = false;
+            h.pending.clear();
+            h.wake.notify_one();
+        }
+    }
+
+    fn drop_all(s: &mut State, client: u128) {
+        let Some(h) = s.clients.get_mut(&client) else {
+            return;
+        };
+        let held: Vec<Fid> = h.held.drain().collect();
+        s.total -= held.len();
+        for f in held {
+            if let Some(hs) = s.holders.get_mut(&f) {
+                hs.retain(|c| *c != client);
+                if hs.is_empty() {
+                    s.holders.remove(&f);
+                }
+            }
+        }
+    }
+
+    /// A client left or was evicted: its leases are gone.
+    pub fn forget(&self, client: u128) {
+        let mut s = self.state.lock();
+        Self::drop_all(&mut s, client);
+        if let Some(h) = s.clients.remove(&client) {
+            h.acked.send_replace(u64::MAX);
+        }
+    }
+
+    /// Leases `client` holds now.
+    pub fn held_by(&self, client: u128) -> usize {
+        self.state
+            .lock()
+            .clients
+            .get(&client)
+            .map_or(0, |h| h.held.len())
+    }
+
+    /// Leases held in all.
+    pub fn total(&self) -> usize {
+        self.state.lock().total
+    }
+
+    /// One lease wait of `client`: takes its acknowledgements and cancels, then answers with
+    /// the recalls pending, at once or when one comes, or empty after the hold.
+    pub async fn wait(
+        &self,
+        client: u128,
+        acked: u64,
+        epoch: u64,
+        cancel: &[Fid],
+        instance: u64,
+        idmap: IdMap,
+    ) -> MdsLeaseRecall {
+        let wake = {
+            let mut s = self.state.lock();
+            let s = &mut *s;
+            self.tidy(s);
+            let h = s.clients.entry(client).or_insert_with(Holder::new);
+            if epoch == h.epoch {
+                h.knows_epoch = true;
+            }
+            h.pending.retain(|(seq, _)| *seq > acked);
+            h.acked.send_if_modified(|a| {
+                let up = acked > *a && acked <= h.seq;
+                if up {
+                    *a = acked;
+                }
+                up
+            });
+            for f in cancel {
+                if h.held.remove(f) {
+                    s.total -= 1;
+                    if let Some(hs) = s.holders.get_mut(f) {
+                        hs.retain(|c| *c != client);
+                        if hs.is_empty() {
+                            s.holders.remove(f);
+                        }
+                    }
+                }
+            }
+            (h.pending.is_empty() && h.knows_epoch).then(|| h.wake.clone())
+        };
+        if let Some(wake) = wake {
+            let _ = tokio::time::timeout(self.hold, wake.notified()).await;
+        }
+        let mut s = self.state.lock();
+        let h = s.clients.entry(client).or_insert_with(Holder::new);
+        let fids: Vec<(u64, Fid)> = h.pending.iter().take(MAX_RECALL).copied().collect();
+        h.confirmed_until = h.confirmed_until.max(Instant::now() + self.term);
+        MdsLeaseRecall {
+            instance,
+            epoch: h.epoch,
+            seq: fids.last().map_or(0, |(s, _)| *s),
+            fids: fids.into_iter().map(|(_, f)| f).collect(),
+            idmap,
+        }
+    }
+
+    /// Forgets clients whose channel went quiet a term past their leases' end: those leases
+    /// cannot be in use, so nothing needs recalling from them.
+    fn tidy(&self, s: &mut State) {
+        let now = Instant::now();
+        if s.last_tidy
+            .is_some_and(|t| now.duration_since(t) < self.term)
+        {
+            return;
+        }
+        s.last_tidy = Some(now);
+        let quiet: Vec<u128> = s
+            .clients
+            .iter()
+            .filter(|(_, h)| h.confirmed_until + self.term < now)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in quiet {
+            Self::drop_all(s, c);
+            if let Some(h) = s.clients.remove(&c) {
+                h.acked.send_replace(u64::MAX);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::fid::ROOT;
+
+    fn fid(n: u32) -> Fid {
+        Fid::new(proto::fid::FIRST_NORMAL_SEQ, n, 0)
+    }
+
+    #[tokio::test]
+    async fn a_grant_needs_a_live_channel_and_a_known_epoch() {
+        let l = Leases::new(Duration::from_secs(5), Duration::from_millis(10));
+        assert!(!l.grant(7, &[ROOT]), "no channel yet");
+        let r = l.wait(7, 0, 0, &[], 1, IdMap::default()).await;
+        assert!(!l.grant(7, &[ROOT]), "the epoch is not known yet");
+        l.wait(7, 0, r.epoch, &[], 1, IdMap::default()).await;
+        assert!(l.grant(7, &[ROOT, fid(5)]));
+        assert_eq!(l.held_by(7), 2);
+        assert!(!l.clear(&[ROOT], None));
+        assert!(l.clear(&[ROOT], Some(7)));
+    }
+
+    #[tokio::test]
+    async fn a_recall_waits_for_the_acknowledgement_and_blocks_grants_meanwhile() {
+        let l = Arc::new(Leases::new(Duration::from_secs(5), Duration::from_secs(1)));
+        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(9)]));
+        let l2 = l.clone();
+        let changer = tokio::spawn(async move {
+            let _r = l2.recall(&[fid(9)], Some(2)).await;
+            assert!(!l2.grant(1, &[fid(9)]), "no grant while recalling");
+            assert!(l2.clear(&[fid(9)], Some(2)));
+        });
+        let got = l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        assert_eq!(got.fids, vec![fid(9)]);
+        assert_eq!(l.held_by(1), 0);
+        // The acknowledgement lets the change go on.
+        let acked = l.clone();
+        let seq = got.seq;
+        tokio::spawn(async move { acked.wait(1, seq, e, &[], 1, IdMap::default()).await });
+        tokio::time::timeout(Duration::from_secs(2), changer)
+            .await
+            .expect("the change went ahead once acknowledged")
+            .unwrap();
+        assert!(
+            l.grant(1, &[fid(9)]),
+            "granted again once the change is done"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_never_acknowledges_loses_every_lease_after_the_term() {
+        let l = Leases::new(Duration::from_millis(300), Duration::from_millis(50));
+        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(1), fid(2)]));
+        let t = Instant::now();
+        drop(l.recall(&[fid(1)], None).await);
+        let waited = t.elapsed();
+        assert!(waited <= Duration::from_millis(400), "waited {waited:?}");
+        assert_eq!(l.held_by(1), 0, "all its leases are gone");
+        assert!(
+            !l.grant(1, &[fid(3)]),
+            "no grants until it sees the new epoch"
+        );
+        let r = l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        assert_ne!(r.epoch, e);
+        l.wait(1, r.seq, r.epoch, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(3)]));
+    }
+
+    #[tokio::test]
+    async fn cancelled_leases_are_not_recalled() {
+        let l = Leases::new(Duration::from_secs(5), Duration::from_millis(10));
+        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(4)]));
+        l.wait(1, 0, e, &[fid(4)], 1, IdMap::default()).await;
+        assert_eq!(l.total(), 0);
+        let t = Instant::now();
+        drop(l.recall(&[fid(4)], None).await);
+        assert!(t.elapsed() < Duration::from_millis(100));
+    }
+}
