@@ -35,9 +35,9 @@ use crate::error::{ClientError, Result};
 pub const MAX_LEASES: usize = 131_072;
 /// Largest directory read whole to answer negative lookups from its listing.
 pub const MAX_LISTING: usize = 65_536;
-/// Longest a recall's acknowledgement waits for the kernel to drop its copy: a kernel blocked
-/// on a directory (a local call in it waits on the MDS) must not hold up the MDS's change.
-const BARRIER_WAIT: Duration = Duration::from_millis(50);
+/// Longest a recall's acknowledgement waits for whoever mirrors the cache (a mount: the
+/// kernel) to drop its copy.
+const BARRIER_WAIT: Duration = Duration::from_secs(1);
 /// How long before the MDS's term the client stops trusting its leases (clocks drift).
 const MARGIN: Duration = Duration::from_millis(LEASE_TERM_MS / 10);
 
@@ -178,6 +178,10 @@ impl Leases {
     /// Leases held now.
     pub fn len(&self) -> usize {
         self.state.lock().held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The state, with every lease dropped first if they lapsed.

@@ -45,6 +45,8 @@ fuzz_target!(|data: &[u8]| {
     body::<MdsSynced>(data);
     body::<MdsDisconnect>(data);
     body::<MdsLookupPath>(data);
+    body::<MdsLeaseWait>(data);
+    body::<MdsLeaseRecall>(data);
     body::<MdsPath>(data);
     body::<MdsPong>(data);
     body::<FsStats>(data);

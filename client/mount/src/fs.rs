@@ -49,8 +49,6 @@ pub struct LodeFs {
     /// and sends the pages in large writes of its own.
     writeback: bool,
     next_fh: AtomicU64,
-    /// Drops what the kernel caches when a lease is dropped.
-    inval: crate::invalidate::Invalidator,
 }
 
 impl LodeFs {
@@ -63,14 +61,13 @@ impl LodeFs {
         readahead_bytes: u64,
     ) -> LodeFs {
         let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> = Arc::default();
-        let inval = crate::invalidate::Invalidator::start(&client, notifier.clone());
+        crate::invalidate::start(&client, notifier.clone());
         LodeFs {
             client,
             rt,
             files: Arc::default(),
             dirs: Arc::default(),
             notifier,
-            inval,
             streams: Arc::new(Streams::new(readahead_bytes)),
             windows: Arc::default(),
             writeback,
@@ -186,37 +183,20 @@ impl Filesystem for LodeFs {
         Ok(())
     }
 
-    // An answer the lease cache covers goes to the kernel with a long timeout (absent names
-    // too, as negative entries); the kernel's copy is dropped when the lease is. A lease dropped
-    // while the answer was on its way drops the kernel's copy again after it.
+    // Entries keep the short timeout: the kernel asks again, and the lease cache answers
+    // without a round trip (dropping an entry takes the kernel's lock on its directory, which a
+    // call in that directory may hold while it waits on this daemon, so a recall cannot wait
+    // for it). Attributes the lease cache covers go to the kernel with a long timeout and are
+    // dropped, before the recall is acknowledged, when the lease is. A lease dropped while the
+    // answer was on its way drops the kernel's copy again after it.
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (c, n) = (self.as_caller(req), name(n));
-        let (files, inval) = (self.files.clone(), self.inval.clone());
-        self.rt.spawn(async move {
-            let p = fid_of(parent);
-            let before = c.lease_recalls();
-            let found = c.lookup(p, &n).await;
-            let leased = c.leased_name(p, &n);
-            match found {
-                Ok(i) => {
-                    let long = leased && c.leased_attr(i.fid);
-                    let ttl = if long { LEASED_TTL } else { TTL };
-                    let a = attr(&i, Self::size_of(&files, &i));
-                    reply.entry(&ttl, &a, Generation(0));
-                }
-                Err(e) if e.is(FsErrorKind::NotFound) && leased => {
-                    reply.entry(&LEASED_TTL, &negative(), Generation(0));
-                }
-                Err(e) => return reply.error(errno(&e)),
-            }
-            if leased && c.lease_recalls() != before {
-                inval.entry(p, n);
-            }
-        });
+        self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (c, files, inval) = (self.client.clone(), self.files.clone(), self.inval.clone());
+        let (c, files) = (self.client.clone(), self.files.clone());
+        let notifier = self.notifier.clone();
         self.rt.spawn(async move {
             let fid = fid_of(ino);
             let before = c.lease_recalls();
@@ -226,7 +206,10 @@ impl Filesystem for LodeFs {
                     let ttl = if leased { LEASED_TTL } else { TTL };
                     reply.attr(&ttl, &attr(&i, Self::size_of(&files, &i)));
                     if leased && c.lease_recalls() != before {
-                        inval.attrs(fid);
+                        // Dropped while on its way: the kernel must not keep it.
+                        if let Some(n) = notifier.get() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
                     }
                 }
                 Err(e) => {
@@ -573,7 +556,7 @@ impl Filesystem for LodeFs {
         reply: ReplyCreate,
     ) {
         let (c, n) = (self.as_caller(req), name(n));
-        let (files, inval) = (self.files.clone(), self.inval.clone());
+        let files = self.files.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Under the write-back cache the kernel places appends itself, and may read back
         // through this handle: it reads too where the caller may (its creator may whatever
@@ -591,7 +574,6 @@ impl Filesystem for LodeFs {
                     .mode(mode & !umask & 0o7777)
             };
             let parent = fid_of(parent);
-            let before = c.lease_recalls();
             let mut opened = opts(writeback).open_in(&c, parent, &n).await;
             if writeback
                 && opened
@@ -605,12 +587,7 @@ impl Filesystem for LodeFs {
                     let i = f.inode();
                     let a = attr(&i, i.size);
                     files.lock().insert(fh, Arc::new(f));
-                    let leased = c.leased_name(parent, &n) && c.leased_attr(i.fid);
-                    let ttl = if leased { LEASED_TTL } else { TTL };
-                    reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
-                    if leased && c.lease_recalls() != before {
-                        inval.entry(parent, n);
-                    }
+                    reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -901,7 +878,7 @@ impl Filesystem for LodeFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -909,17 +886,14 @@ impl Filesystem for LodeFs {
         let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        let dir = fid_of(ino);
-        let c = &self.client;
         for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
             // Entries come with the attributes read in the same round trip as the listing.
             let Some(a) = a else { continue };
-            let leased = c.leased_name(dir, &e.name) && c.leased_attr(e.fid);
             let full = reply.add(
                 ino_of(e.fid),
                 i as u64 + 1,
                 OsStr::from_bytes(&e.name),
-                if leased { &LEASED_TTL } else { &TTL },
+                &TTL,
                 &attr(a, Self::size_of(&self.files, a)),
                 Generation(0),
             );

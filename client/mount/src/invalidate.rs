@@ -1,81 +1,85 @@
-//! Tells the kernel what the lease cache dropped, on a thread of its own: an invalidation waits
-//! for the kernel's lock on the directory, which a call in that directory may hold while it
-//! waits on this daemon, so none is ever sent from a call's own path.
+//! Tells the kernel what the lease cache dropped, on threads of their own. Attributes are
+//! dropped on one thread, before a recall is acknowledged: that takes no lock a call could
+//! hold. Entries are dropped on another, which a recall waits for only briefly: dropping an
+//! entry takes the kernel's lock on its directory, which a call in that directory may hold
+//! while it waits on this daemon (and it, through the MDS, on this recall). Entries are given
+//! to the kernel with the short timeout, so one dropped late is stale for that long at most.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use client::lease::Dropped;
 use client::Client;
-use proto::Fid;
+use fuser::INodeNo;
 
 use crate::kernel::ino_of;
 
 enum Job {
-    Drop(Dropped),
+    Attrs(INodeNo),
+    Entries(INodeNo, Vec<Vec<u8>>),
     /// Answered once every job before it is done.
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
-/// The invalidation thread's queue.
-#[derive(Clone)]
-pub(crate) struct Invalidator {
-    tx: mpsc::Sender<Job>,
-}
+/// Longest a recall waits for the kernel's entries to be dropped.
+const ENTRIES_WAIT: Duration = Duration::from_millis(50);
 
-impl Invalidator {
-    /// Starts the thread; it sends through the session's notifier once there is one, and
-    /// hears every lease `client` drops.
-    pub fn start(client: &Client, notifier: Arc<OnceLock<fuser::Notifier>>) -> Invalidator {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let spawned = std::thread::Builder::new()
-            .name("lode-invalidate".into())
-            .spawn(move || {
-                for job in rx {
-                    match job {
-                        Job::Drop(d) => {
-                            let Some(n) = notifier.get() else { continue };
-                            let ino = ino_of(d.fid);
-                            for name in &d.names {
-                                let _ = n.inval_entry(ino, OsStr::from_bytes(name));
-                            }
-                            let _ = n.inval_inode(ino, -1, 0);
-                        }
-                        Job::Flush(done) => {
-                            let _ = done.send(());
+fn worker(name: &str, notifier: Arc<OnceLock<fuser::Notifier>>) -> mpsc::Sender<Job> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            for job in rx {
+                let n = notifier.get();
+                match (job, n) {
+                    (Job::Attrs(ino), Some(n)) => {
+                        let _ = n.inval_inode(ino, -1, 0);
+                    }
+                    (Job::Entries(dir, names), Some(n)) => {
+                        for name in &names {
+                            let _ = n.inval_entry(dir, OsStr::from_bytes(name));
                         }
                     }
+                    (Job::Flush(done), _) => {
+                        let _ = done.send(());
+                    }
+                    (_, None) => {}
                 }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the invalidation thread");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start an invalidation thread");
+    }
+    tx
+}
+
+/// Starts the threads; they send through the session's notifier once there is one, and hear
+/// every lease `client` drops.
+pub(crate) fn start(client: &Client, notifier: Arc<OnceLock<fuser::Notifier>>) {
+    let attrs = worker("lode-inval-attr", notifier.clone());
+    let entries = worker("lode-inval-entry", notifier);
+    let (a, e) = (attrs.clone(), entries.clone());
+    client.on_lease_dropped(move |d: Dropped| {
+        let ino = ino_of(d.fid);
+        let _ = a.send(Job::Attrs(ino));
+        if !d.names.is_empty() {
+            let _ = e.send(Job::Entries(ino, d.names));
         }
-        let me = Invalidator { tx };
-        let hook = me.clone();
-        client.on_lease_dropped(move |d| {
-            let _ = hook.tx.send(Job::Drop(d));
+    });
+    client.on_lease_barrier(move || {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        let (a_done, a_wait) = tokio::sync::oneshot::channel();
+        let (e_done, e_wait) = tokio::sync::oneshot::channel();
+        let _ = attrs.send(Job::Flush(a_done));
+        let _ = entries.send(Job::Flush(e_done));
+        tokio::spawn(async move {
+            let _ = a_wait.await;
+            let _ = tokio::time::timeout(ENTRIES_WAIT, e_wait).await;
+            let _ = done.send(());
         });
-        let flush = me.clone();
-        client.on_lease_barrier(move || {
-            let (done, wait) = tokio::sync::oneshot::channel();
-            let _ = flush.tx.send(Job::Flush(done));
-            wait
-        });
-        me
-    }
-
-    /// Drops the kernel's entry `name` of `parent` and its attributes of `parent`.
-    pub fn entry(&self, parent: Fid, name: Vec<u8>) {
-        let _ = self.tx.send(Job::Drop(Dropped {
-            fid: parent,
-            names: vec![name],
-        }));
-    }
-
-    /// Drops the kernel's attributes of `fid`.
-    pub fn attrs(&self, fid: Fid) {
-        let _ = self.tx.send(Job::Drop(Dropped { fid, names: vec![] }));
-    }
+        wait
+    });
 }

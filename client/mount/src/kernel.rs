@@ -18,27 +18,6 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 /// the mount drops the kernel's copy.
 pub(crate) const LEASED_TTL: Duration = Duration::from_secs(3600);
 
-/// An entry that is not there, for the kernel to cache as such.
-pub(crate) fn negative() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        crtime: SystemTime::UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
 pub(crate) fn ino_of(fid: Fid) -> INodeNo {
     if fid == ROOT {
         INodeNo(1)

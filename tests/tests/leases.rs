@@ -1,0 +1,296 @@
+//! Leases with real processes: what one client caches under a lease is recalled before another
+//! changes it (so the change shows at once, through the library and through a second mount),
+//! and a client that never acknowledges a recall loses its leases without holding up the MDS
+//! for longer than their term.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use client::{Client, ClientConfig, OpenOptions};
+use lnet::call;
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lode_tests::{scratch, Server};
+use proto::md::*;
+
+fn cluster(name: &str) -> (std::path::PathBuf, Server, Server) {
+    let root = scratch(name);
+    let mds = Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let oss = Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            root.join("oss").to_str().unwrap(),
+            "--mds",
+            &mds.nid.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    (root, mds, oss)
+}
+
+async fn connect(mds: &proto::Nid) -> Client {
+    let cfg = ClientConfig {
+        security: Some(lode_tests::client_security()),
+        retry_for: Duration::from_secs(30),
+        ..Default::default()
+    };
+    Client::connect_with(&mds.to_string(), cfg).await.unwrap()
+}
+
+/// Waits until `c` holds leases (its channel is up).
+async fn leased(c: &Client, probe: &str) {
+    let t = Instant::now();
+    while c.leases_held() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no lease granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = c.stat(probe).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_by_another_client_recalls_the_lease_and_shows_at_once() {
+    let (root, mds, _oss) = cluster("leases-lib");
+    let a = connect(&mds.nid).await;
+    let b = connect(&mds.nid).await;
+    a.mkdir("/d", 0o755).await.unwrap();
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(&a, "/d/f")
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    leased(&a, "/d/f").await;
+    // Answered from the cache now: a second stat and a negative lookup cost no round trip.
+    assert!(a
+        .stat("/d/x")
+        .await
+        .unwrap_err()
+        .is(proto::FsErrorKind::NotFound));
+    let f = a.stat("/d/f").await.unwrap();
+    let held = a.leases_held();
+    assert!(held >= 2, "the directory and the file are leased ({held})");
+    let recalls = a.lease_recalls();
+
+    for round in 0..20 {
+        let name = format!("/d/x{round}");
+        assert!(a.stat(&name).await.is_err());
+        b.mkdir(&name, 0o700).await.unwrap();
+        let seen = a.stat(&name).await.unwrap_or_else(|e| {
+            panic!("round {round}: a change another client made is not seen at once: {e}")
+        });
+        assert_eq!(seen.kind, Kind::Dir);
+    }
+    b.setattr(
+        "/d/f",
+        SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.stat("/d/f").await.unwrap().mode, 0o600);
+    b.rename("/d/f", "/d/g").await.unwrap();
+    assert!(a.stat("/d/f").await.is_err());
+    assert_eq!(a.stat("/d/g").await.unwrap().fid, f.fid);
+    let names: Vec<Vec<u8>> = a
+        .readdir("/d")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"g".to_vec()) && !names.contains(&b"f".to_vec()));
+    assert!(a.lease_recalls() > recalls, "the leases were recalled");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for_a_term_at_most() {
+    let (root, mds, _oss) = cluster("leases-deaf");
+    let b = connect(&mds.nid).await;
+    b.mkdir("/d", 0o755).await.unwrap();
+    let dir = b.stat("/d").await.unwrap().fid;
+
+    // A client that takes a lease and then never waits again (it never hears a recall).
+    let deaf = TcpEndpoint::client(TcpConfig {
+        security: lode_tests::client_security(),
+        ..TcpConfig::default()
+    });
+    let id: u128 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let t = Duration::from_secs(10);
+    call(&deaf, &mds.nid, &MdsConnect { client: id }, t)
+        .await
+        .unwrap();
+    let wait = |acked: u64, epoch: u64| MdsLeaseWait {
+        client: id,
+        acked,
+        epoch,
+        cancel: vec![],
+    };
+    let first = call(&deaf, &mds.nid, &wait(0, 0), t).await.unwrap();
+    call(&deaf, &mds.nid, &wait(0, first.epoch), t)
+        .await
+        .unwrap();
+    let got = call(
+        &deaf,
+        &mds.nid,
+        &MdsGetattr {
+            fid: dir,
+            lease: Some(id),
+        },
+        t,
+    )
+    .await
+    .unwrap();
+    assert!(
+        got.leased,
+        "a client with a live channel is granted a lease"
+    );
+
+    // Another client's change waits for the deaf client's leases to run out, no longer.
+    let start = Instant::now();
+    b.mkdir("/d/sub", 0o755).await.unwrap();
+    let waited = start.elapsed();
+    let term = Duration::from_millis(LEASE_TERM_MS);
+    assert!(
+        waited <= term + Duration::from_secs(2),
+        "the change waited {waited:?}, past the lease term {term:?}"
+    );
+    // Meanwhile the MDS answered others at once.
+    let t0 = Instant::now();
+    b.stat("/").await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1));
+
+    // It lost every lease: its next wait tells it so, and it gets none until it says it saw.
+    let again = call(&deaf, &mds.nid, &wait(0, first.epoch), t)
+        .await
+        .unwrap();
+    assert_ne!(
+        again.epoch, first.epoch,
+        "the client was told it lost its leases"
+    );
+    let refused = call(
+        &deaf,
+        &mds.nid,
+        &MdsGetattr {
+            fid: dir,
+            lease: Some(id),
+        },
+        t,
+    )
+    .await
+    .unwrap();
+    assert!(!refused.leased, "no lease before it acknowledges the loss");
+    call(&deaf, &mds.nid, &wait(again.seq, again.epoch), t)
+        .await
+        .unwrap();
+    let back = call(
+        &deaf,
+        &mds.nid,
+        &MdsGetattr {
+            fid: dir,
+            lease: Some(id),
+        },
+        t,
+    )
+    .await
+    .unwrap();
+    assert!(back.leased, "leases again once the loss is acknowledged");
+    // A later change is held up the same way, and only by this client.
+    let start = Instant::now();
+    b.rmdir("/d/sub").await.unwrap();
+    assert!(start.elapsed() <= term + Duration::from_secs(2));
+    b.close().await.unwrap();
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
+
+fn mount(mds: &proto::Nid, at: &Path) -> Server {
+    fs::create_dir_all(at).unwrap();
+    let m = Server::start(
+        "lode",
+        &["--mds", &mds.to_string(), "mount", at.to_str().unwrap()],
+    )
+    .unwrap();
+    m
+}
+
+/// Two mounts of one filesystem: what the first has cached (entries, absent names, and
+/// attributes, the last with long kernel timeouts under its leases) is dropped when the second
+/// changes it, so the first sees every change at once, not after a cache timeout.
+#[test]
+fn a_second_mounts_change_shows_at_once_on_the_first() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let (root, mds, _oss) = cluster("leases-mount");
+    let (a, b) = (root.join("a"), root.join("b"));
+    let _ma = mount(&mds.nid, &a);
+    let _mb = mount(&mds.nid, &b);
+    fs::create_dir(a.join("d")).unwrap();
+    fs::write(a.join("d/f"), b"one").unwrap();
+    // The first mount's caches: the directory read, the file's attributes, absent names.
+    for round in 0..30 {
+        let x = format!("d/x{round}");
+        assert!(fs::metadata(a.join(&x)).is_err());
+        assert_eq!(fs::metadata(a.join("d/f")).unwrap().len(), 3);
+        let _ = fs::read_dir(a.join("d")).unwrap().count();
+        // The change through the second mount...
+        fs::write(b.join(&x), b"new").unwrap();
+        // ...shows on the first at once.
+        let m = fs::metadata(a.join(&x)).unwrap_or_else(|e| {
+            panic!("round {round}: {x} made on the other mount is not seen: {e}")
+        });
+        assert_eq!(m.len(), 3);
+        let listed: Vec<String> = fs::read_dir(a.join("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            listed.contains(&format!("x{round}")),
+            "round {round}: {listed:?}"
+        );
+    }
+    fs::write(b.join("d/f"), b"longer now").unwrap();
+    assert_eq!(fs::metadata(a.join("d/f")).unwrap().len(), 10);
+    fs::set_permissions(b.join("d"), fs::Permissions::from_mode(0o711)).unwrap();
+    assert_eq!(fs::metadata(a.join("d")).unwrap().mode() & 0o777, 0o711);
+    fs::rename(b.join("d/f"), b.join("d/g")).unwrap();
+    assert!(fs::metadata(a.join("d/f")).is_err());
+    assert_eq!(fs::read(a.join("d/g")).unwrap(), b"longer now");
+    fs::remove_file(b.join("d/g")).unwrap();
+    assert!(fs::metadata(a.join("d/g")).is_err());
+    for m in [&a, &b] {
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(m)
+            .status();
+    }
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
