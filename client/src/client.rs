@@ -692,11 +692,15 @@ impl Client {
                 }
                 continue;
             }
-            // A name the lease cache answers costs no round trip; otherwise the names up to
-            // the next `..` go in one.
+            // A name the lease cache answers costs no round trip; otherwise (without leases)
+            // the names up to the next `..` go in one.
             let cached = self.inner.leases.lookup(dir, &name, &self.creds);
+            // With leases, a miss is looked up alone: the answer (and the directory, read
+            // whole the first time) is cached for the next walk.
+            let one_by_one = self.inner.leases.live();
             let mut names = vec![name];
             while cached.is_none()
+                && !one_by_one
                 && names.len() < MAX_PATH_NAMES
                 && todo.last().is_some_and(|n| n != b"..")
             {
