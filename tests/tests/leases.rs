@@ -150,21 +150,19 @@ async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for
         epoch,
         cancel: vec![],
     };
+    let getattr = || {
+        let req = MdsGetattr {
+            fid: dir,
+            lease: Some(id),
+        };
+        let (deaf, nid) = (&deaf, &mds.nid);
+        async move { call(deaf, nid, &req, t).await.unwrap() }
+    };
     let first = call(&deaf, &mds.nid, &wait(0, 0), t).await.unwrap();
     call(&deaf, &mds.nid, &wait(0, first.epoch), t)
         .await
         .unwrap();
-    let got = call(
-        &deaf,
-        &mds.nid,
-        &MdsGetattr {
-            fid: dir,
-            lease: Some(id),
-        },
-        t,
-    )
-    .await
-    .unwrap();
+    let got = getattr().await;
     assert!(
         got.leased,
         "a client with a live channel is granted a lease"
@@ -192,32 +190,12 @@ async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for
         again.epoch, first.epoch,
         "the client was told it lost its leases"
     );
-    let refused = call(
-        &deaf,
-        &mds.nid,
-        &MdsGetattr {
-            fid: dir,
-            lease: Some(id),
-        },
-        t,
-    )
-    .await
-    .unwrap();
+    let refused = getattr().await;
     assert!(!refused.leased, "no lease before it acknowledges the loss");
     call(&deaf, &mds.nid, &wait(again.seq, again.epoch), t)
         .await
         .unwrap();
-    let back = call(
-        &deaf,
-        &mds.nid,
-        &MdsGetattr {
-            fid: dir,
-            lease: Some(id),
-        },
-        t,
-    )
-    .await
-    .unwrap();
+    let back = getattr().await;
     assert!(back.leased, "leases again once the loss is acknowledged");
     // A later change is held up the same way, and only by this client.
     let start = Instant::now();
