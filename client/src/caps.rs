@@ -50,6 +50,12 @@ impl Caps {
         }
     }
 
+    /// Takes the grant an answer brought.
+    pub(crate) fn set(&self, grant: Grant) {
+        let m = margin(&grant);
+        *self.grant.lock() = (grant, m);
+    }
+
     /// The capability to send with a request on `object`: `None` when the servers check none
     /// (authentication off), else one fresh enough, renewed first if needed.
     pub(crate) async fn get(

@@ -70,6 +70,13 @@ pub struct ClientConfig {
     /// Leases (with commit-behind): the MDS recalls what this client caches before another
     /// changes it, so lookups, getattr and readdir are answered from the cache meanwhile.
     pub leases: bool,
+    /// Changes answered ahead (with leases): creates and unlinks in a directory this client
+    /// holds whole are answered at once and sent in batches behind ([`crate::pending`]).
+    /// Off by default: another client that reads the directory without a lease may not see
+    /// such a change until its batch arrives (milliseconds), which close-to-open and the
+    /// "seen at once" of leases do not allow; for a single writer of its directories (a
+    /// data loader's or a checkpointer's own tree) it is safe.
+    pub ahead: bool,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +101,7 @@ impl Default for ClientConfig {
             mirror_failover: Duration::from_secs(3),
             commit_behind: true,
             leases: true,
+            ahead: false,
         }
     }
 }
@@ -131,7 +139,28 @@ pub(crate) struct Inner {
     replaying: tokio::sync::Mutex<()>,
     /// What the MDS's leases let this client answer itself.
     pub(crate) leases: crate::lease::Leases,
+    /// Changes answered before they were sent, on their way in order.
+    pub(crate) pending: crate::pending::Pending,
 }
+
+impl Inner {
+    pub(crate) fn client_id(&self) -> u128 {
+        self.client_id
+    }
+}
+
+/// Requests to the MDS that do not wait for the changes queued before them: those recovery
+/// and the queue itself are made of.
+const NOT_AFTER_QUEUED: &[proto::Opcode] = &[
+    proto::msg::opcodes::MDS_BATCH,
+    proto::msg::opcodes::MDS_RESERVE,
+    proto::msg::opcodes::MDS_PING,
+    proto::msg::opcodes::MDS_CONNECT,
+    proto::msg::opcodes::MDS_REPLAY,
+    proto::msg::opcodes::MDS_REPLAY_DONE,
+    proto::msg::opcodes::MDS_REOPEN,
+    proto::msg::opcodes::MDS_LEASE_WAIT,
+];
 
 /// How long a target that did not answer is read from last.
 pub const SHUNNED_FOR: Duration = Duration::from_secs(10);
@@ -201,6 +230,7 @@ impl Client {
                 kick: Arc::new(tokio::sync::Notify::new()),
                 replaying: tokio::sync::Mutex::new(()),
                 leases: Default::default(),
+                pending: Default::default(),
             }),
             creds,
         };
@@ -212,6 +242,7 @@ impl Client {
         tokio::spawn(crate::opens::pinger(Arc::downgrade(&client.inner), every));
         if client.inner.cfg.commit_behind && client.inner.cfg.leases {
             tokio::spawn(lease_channel(Arc::downgrade(&client.inner)));
+            tokio::spawn(crate::pending::flusher(Arc::downgrade(&client.inner)));
         }
         Ok(client)
     }
@@ -291,6 +322,41 @@ impl Client {
     /// others'): what `fsync` of a file or directory and `sync` promise.
     pub async fn sync(&self) -> Result<()> {
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
+        self.inner.uncommitted.committed(r.committed);
+        self.failed_ahead(None)
+    }
+
+    /// Waits until the MDS has committed everything it answered this client, and reports a
+    /// change answered ahead in directory `dir` that then failed ([`crate::pending`]).
+    pub async fn sync_dir(&self, dir: Fid) -> Result<()> {
+        let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
+        self.inner.uncommitted.committed(r.committed);
+        self.failed_ahead(Some(dir))
+    }
+
+    /// Waits until the MDS has answered every change this client answered ahead so far
+    /// ([`crate::pending`]), and reports the first that failed (not durable yet: see
+    /// [`Client::sync`]).
+    pub async fn settle_ahead(&self) -> Result<()> {
+        self.inner.pending.settle().await;
+        self.failed_ahead(None)
+    }
+
+    /// The first change answered ahead that failed since the last report, in `dir` (or of
+    /// the file `dir`), or anywhere.
+    pub(crate) fn failed_ahead(&self, dir: Option<Fid>) -> Result<()> {
+        match self.inner.pending.take_errors(dir) {
+            Some(f) => Err(ClientError::fs(f.kind, f.what)),
+            None => Ok(()),
+        }
+    }
+
+    /// The commit the queue's sender waits for when too much is uncommitted (it must not wait
+    /// for the queue itself).
+    pub(crate) async fn sync_committed(&self) -> Result<()> {
+        let r = self
+            .rpc_raw(&self.inner.mds.clone(), &MdsSync {}, None)
+            .await?;
         self.inner.uncommitted.committed(r.committed);
         Ok(())
     }
@@ -453,6 +519,20 @@ impl Client {
         req: &R,
         limit: Option<Duration>,
     ) -> Result<R::Reply> {
+        if *peer == self.inner.mds && !NOT_AFTER_QUEUED.contains(&R::OPCODE) {
+            // After the changes answered ahead of it, in order.
+            self.inner.pending.settle().await;
+        }
+        self.rpc_raw(peer, req, limit).await
+    }
+
+    /// As [`Client::rpc_within`], not waiting for the changes queued before it.
+    pub(crate) async fn rpc_raw<R: Rpc + Clone>(
+        &self,
+        peer: &Nid,
+        req: &R,
+        limit: Option<Duration>,
+    ) -> Result<R::Reply> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(20);
         let retry_for = limit.unwrap_or(self.inner.cfg.retry_for);
@@ -523,6 +603,114 @@ impl Client {
             .uncommitted
             .keep(reply.transno, ticket, reply.committed);
         Ok(reply)
+    }
+
+    /// The next request number of this client.
+    fn next_req(&self) -> ReqId {
+        ReqId {
+            client: self.inner.client_id,
+            seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Creates the regular file `name` in `parent` without waiting for the MDS, when this
+    /// client's leases tell it the outcome (see [`crate::pending`]): the file as it will be,
+    /// and the MDS's answer to come. `None` when the create must be sent and waited for. With
+    /// `open`, the MDS counts that open of the file.
+    pub async fn create_ahead(
+        &self,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        open: Option<OpenHandle>,
+    ) -> Option<Result<(Inode, crate::pending::Sent)>> {
+        let inner = &self.inner;
+        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
+            return None;
+        }
+        if inner.leases.may_create(parent, name, &self.creds).is_none() {
+            // The first create in a directory held without its listing: read it once.
+            if !inner.leases.wants_listing(parent) {
+                return None;
+            }
+            let _ = self.readdir_pages(parent, false).await;
+            inner.leases.may_create(parent, name, &self.creds)?;
+        }
+        inner.pending.room().await;
+        let fid = match inner.pending.next_fid(inner, self).await {
+            Ok(f) => f,
+            Err(e) => return Some(Err(e)),
+        };
+        let _gate = inner.pending.gate.lock();
+        // Checked again: a recall may have come while the FID was fetched.
+        let (dir, who) = inner.leases.may_create(parent, name, &self.creds)?;
+        let inode = new_inode(fid, Kind::File, mode, b"", None, &dir, &who, Time::now());
+        inner.leases.created_here(parent, name, &inode);
+        let r = MdsReint {
+            creds: self.creds.clone(),
+            mutation: Mutation::CreateAt {
+                fid,
+                parent,
+                name: name.to_vec(),
+                kind: Kind::File,
+                mode: mode & PERM_MASK,
+                target: vec![],
+                layout: None,
+            },
+            req: Some(self.next_req()),
+            open,
+            size_gen: None,
+            behind: true,
+            lease: true,
+        };
+        let named = Some((parent, name.to_vec()));
+        let sent = inner.pending.push(BatchOp::Reint(r), named, Some(fid));
+        Some(Ok((inode, sent)))
+    }
+
+    /// Removes the file or symlink `name` from `parent` without waiting for the MDS, when this
+    /// client's leases tell it the outcome (see [`crate::pending`]). False when the unlink must
+    /// be sent and waited for.
+    pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
+        let inner = &self.inner;
+        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
+            return false;
+        }
+        if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
+            return false;
+        }
+        inner.pending.room().await;
+        let _gate = inner.pending.gate.lock();
+        let Some(victim) = inner.leases.may_unlink(parent, name, &self.creds) else {
+            return false;
+        };
+        inner.leases.unlinked_here(parent, name, victim.fid);
+        let r = MdsReint {
+            creds: self.creds.clone(),
+            mutation: Mutation::Unlink {
+                parent,
+                name: name.to_vec(),
+                dir: false,
+            },
+            req: Some(self.next_req()),
+            open: None,
+            size_gen: None,
+            behind: true,
+            lease: false,
+        };
+        let named = Some((parent, name.to_vec()));
+        inner
+            .pending
+            .push(BatchOp::Reint(r), named, Some(victim.fid));
+        true
+    }
+
+    /// Closes an open counted at the MDS without waiting for the answer (nothing was done
+    /// through it that the close must report).
+    pub(crate) fn close_ahead(&self, handle: OpenHandle, fid: Fid) {
+        self.inner
+            .pending
+            .push(BatchOp::Close(MdsClose { fid, handle }), None, None);
     }
 
     /// Registers memory so that reads can land in it directly (see [`crate::File::read_into`]).
@@ -675,6 +863,12 @@ impl Client {
 
     /// Resolves `path`; the last component's symlink is followed if `follow`.
     pub async fn resolve(&self, path: &str, follow: bool) -> Result<Inode> {
+        self.resolve_as(path, follow, false).await
+    }
+
+    /// As [`Client::resolve`]; with `walk`, the inode found serves only to walk on (a
+    /// directory's times may lag this client's own changes in it).
+    async fn resolve_as(&self, path: &str, follow: bool, walk: bool) -> Result<Inode> {
         let mut todo: Vec<Vec<u8>> = Self::components(path)?
             .into_iter()
             .rev()
@@ -694,7 +888,11 @@ impl Client {
             }
             // A name the lease cache answers costs no round trip; otherwise (without leases)
             // the names up to the next `..` go in one.
-            let cached = self.inner.leases.lookup(dir, &name, &self.creds);
+            let passing = walk || !todo.is_empty();
+            let cached = self
+                .inner
+                .leases
+                .lookup_with(dir, &name, &self.creds, passing);
             // With leases, a miss is looked up alone: the answer (and the directory, read
             // whole the first time) is cached for the next walk.
             let one_by_one = self.inner.leases.live();
@@ -772,7 +970,7 @@ impl Client {
             ));
         };
         let cut = path.trim_end_matches('/').len() - last.len();
-        let parent = self.resolve(&path[..cut.max(1)], true).await?;
+        let parent = self.resolve_as(&path[..cut.max(1)], true, true).await?;
         if parent.kind != Kind::Dir {
             return Err(ClientError::fs(
                 FsErrorKind::NotDir,
@@ -865,6 +1063,9 @@ impl Client {
 
     async fn remove(&self, path: &str, dir: bool) -> Result<()> {
         let (parent, name) = self.parent_of(path).await?;
+        if !dir && self.unlink_ahead(parent.fid, name).await {
+            return Ok(());
+        }
         self.reint(Mutation::Unlink {
             parent: parent.fid,
             name: name.to_vec(),
@@ -1084,7 +1285,14 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
         };
         match out {
             Ok(r) => {
-                if strong.leases.answered(sent, &r) {
+                let (dropped, upto) = {
+                    let _gate = strong.pending.gate.lock();
+                    (strong.leases.answered(sent, &r), strong.pending.queued())
+                };
+                if dropped {
+                    // What this client answered ahead reaches the MDS before the recall is
+                    // acknowledged: the change that recalled sees it.
+                    strong.pending.settle_to(upto).await;
                     strong.leases.barrier().await;
                 }
             }

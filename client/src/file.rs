@@ -160,6 +160,9 @@ impl OpenOptions {
     /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
     pub async fn open_in(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
         if self.create || self.create_new {
+            if let Some(f) = self.create_ahead(client, parent, name).await {
+                return f;
+            }
             // One round trip: the MDS creates the file, or (without O_EXCL) finds it there and
             // opens it, counting the open either way.
             let m = Mutation::Create {
@@ -192,6 +195,54 @@ impl OpenOptions {
         }
         let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
+    }
+
+    /// Creates and opens the file without waiting for the MDS, when the client's leases let
+    /// it ([`Client::create_ahead`]): its objects come with the MDS's answer, which the first
+    /// read or write waits for.
+    async fn create_ahead(
+        &self,
+        client: &Client,
+        parent: proto::Fid,
+        name: &[u8],
+    ) -> Option<Result<File>> {
+        let layout = match self.new_file_layout() {
+            Ok(l) => l,
+            Err(e) => return Some(Err(e)),
+        };
+        if layout.is_some() {
+            return None;
+        }
+        let handle = client.handle(client.inner.opens.next_handle());
+        let mode = self.mode.unwrap_or(0o644);
+        let (inode, sent) = match client
+            .create_ahead(parent, name, mode, Some(handle))
+            .await?
+        {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        let caps = Arc::new(Caps::new(
+            inode.fid,
+            handle,
+            client.creds().clone(),
+            Grant::default(),
+        ));
+        client.inner.writes.opened(inode.fid);
+        Some(Ok(File {
+            client: client.clone(),
+            inode: Mutex::new(inode),
+            caps,
+            handle,
+            size_gen: AtomicU64::new(0),
+            append: self.append,
+            writable: self.write || self.append,
+            written_to: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            unpublished: AtomicBool::new(false),
+            ahead: Some(sent),
+            ready: AtomicBool::new(false),
+        }))
     }
 
     /// Opens the file `fid` in one round trip: the MDS counts the open and answers with its
@@ -323,6 +374,8 @@ impl OpenOptions {
             written_to: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
+            ahead: None,
+            ready: AtomicBool::new(true),
         };
         client.inner.writes.opened(file.inode.lock().fid);
         if self.truncate && (self.write || self.append) {
@@ -350,6 +403,11 @@ pub struct File {
     closed: AtomicBool,
     /// Written since the size was last published.
     unpublished: AtomicBool,
+    /// A file created ahead ([`crate::pending`]): the MDS's answer to come, which brings its
+    /// objects and capabilities.
+    ahead: Option<crate::pending::Sent>,
+    /// The answer came and was taken in (or the file was not created ahead).
+    ready: AtomicBool,
 }
 
 impl std::fmt::Debug for File {
@@ -368,6 +426,40 @@ impl File {
 
     pub fn inode(&self) -> Inode {
         self.inode.lock().clone()
+    }
+
+    /// Waits, for a file created ahead, for the MDS's answer and takes in the file's objects
+    /// and capabilities; the create's failure, if it failed.
+    async fn ready(&self) -> Result<()> {
+        if self.ready.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let Some(sent) = &self.ahead else {
+            return Ok(());
+        };
+        let reply = sent.reply().await?;
+        let inode = reply
+            .inode
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
+        if !self.ready.swap(true, Ordering::SeqCst) {
+            // Counted again after an MDS restart from now on.
+            self.client
+                .inner
+                .opens
+                .insert(self.handle.handle, inode.fid);
+            *self.inode.lock() = inode;
+            self.size_gen.store(reply.size_gen, Ordering::SeqCst);
+            if let Some(g) = reply.grant {
+                self.caps.set(g);
+            }
+        }
+        Ok(())
+    }
+
+    /// The file's layout, once it is known (see [`File::ready`]).
+    async fn layout_ready(&self) -> Result<Layout> {
+        self.ready().await?;
+        self.layout()
     }
 
     fn layout(&self) -> Result<Layout> {
@@ -555,7 +647,7 @@ impl File {
     ) -> Result<()> {
         // Every copy in sync gets the write; one whose server does not answer within the
         // failover time is marked stale before the write is acknowledged.
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         let stale = layout.stale_mirrors();
         let failover = self.failover(&layout);
         let mirrors: Vec<u16> = match only {
@@ -645,7 +737,7 @@ impl File {
     /// Reads `len` bytes at `offset` from copy `mirror` alone, in sync or not (holes and the
     /// end of its objects read as zeros): to compare copies.
     pub async fn read_copy(&self, mirror: u16, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         if mirror >= layout.mirror_count() {
             return Err(ClientError::fs(
                 FsErrorKind::Invalid,
@@ -696,7 +788,7 @@ impl File {
     /// the MDS with the stripe pattern of mirror 0, then filled by a resync. Returns the
     /// bytes copied.
     pub async fn extend_mirror(&self, progress: impl FnMut(u64, u64)) -> Result<u64> {
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         self.place_mirror(layout.mirror_count(), layout.generation, &[])
             .await?;
         self.resync_limited(progress, None).await
@@ -705,7 +797,7 @@ impl File {
     /// Marks `mirror` stale at the MDS (its copy is lost or must be rebuilt), unless it is the
     /// last copy in sync, which the MDS refuses.
     pub async fn mark_mirror_stale(&self, mirror: u16, why: &str) -> Result<()> {
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         if layout.stale_mirrors().contains(&mirror) {
             return Ok(());
         }
@@ -764,7 +856,7 @@ impl File {
         let fid = self.inode.lock().fid;
         for _attempt in 0..3 {
             let size = self.size().await?;
-            let layout = self.layout()?;
+            let layout = self.layout_ready().await?;
             let stale = layout.stale_mirrors();
             if stale.is_empty() {
                 return Ok(copied);
@@ -778,7 +870,7 @@ impl File {
             let total = size * stale.len() as u64;
             let mut changed = false;
             for (k, &m) in stale.iter().enumerate() {
-                let generation = self.layout()?.generation;
+                let generation = self.layout_ready().await?.generation;
                 match self.place_mirror(m, generation, exclude).await {
                     Ok(()) => {}
                     Err(e) if e.is(FsErrorKind::Stale) => {
@@ -792,7 +884,7 @@ impl File {
                         ))
                     }
                 }
-                let copy = self.layout()?.mirror(m);
+                let copy = self.layout_ready().await?.mirror(m);
                 // Chunks copied a few at a time, so that every server of both copies is busy.
                 let chunks = (0..size).step_by(CHUNK as usize).map(|at| {
                     let n = CHUNK.min(size - at);
@@ -849,7 +941,7 @@ impl File {
                         fid,
                         mirror: m,
                         stale: false,
-                        generation: self.layout()?.generation,
+                        generation: self.layout_ready().await?.generation,
                     };
                     match self.client.reint_if(clear, Some(self.handle), None).await {
                         Ok(r) => {
@@ -944,7 +1036,7 @@ impl File {
         // Each stripe unit is read from one copy in sync, the units spread over the copies;
         // a copy that fails (its server does not answer within the failover time, or a piece
         // fails its checksum) is replaced by the next.
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         let stale = layout.stale_mirrors();
         let in_sync: Vec<u16> = (0..layout.mirror_count())
             .filter(|m| !stale.contains(m))
@@ -1091,7 +1183,7 @@ impl File {
     /// write through another client in between could be undone on this copy.
     pub async fn repair(&self, mirror: u16, offset: u64, len: u64) -> Result<()> {
         const BLOCK: u64 = 4096;
-        let layout = self.layout()?;
+        let layout = self.layout_ready().await?;
         let stale = layout.stale_mirrors();
         let Some(good) = (0..layout.mirror_count()).find(|m| *m != mirror && !stale.contains(m))
         else {
@@ -1385,8 +1477,9 @@ impl File {
     /// lost (its machine restarted before they were synced) are reported as EIO by every
     /// call until the client's last handle on the file closes.
     pub async fn fsync(&self) -> Result<()> {
+        self.ready().await?;
         let fid = self.inode.lock().fid;
-        let layout = self.layout().ok();
+        let layout = self.layout_ready().await.ok();
         // A stale copy's objects are left to its resync.
         let stale: Vec<StripeObject> = layout
             .iter()
@@ -1538,6 +1631,17 @@ impl File {
     /// (close-to-open). Data is durable only after `fsync`.
     pub async fn close(self) -> Result<()> {
         self.closed.store(true, Ordering::SeqCst);
+        if !self.ready.load(Ordering::SeqCst) {
+            // Created ahead and not used: the close goes after the create, in the queue.
+            let fid = self.inode.lock().fid;
+            self.client.inner.writes.closed(fid);
+            self.client.inner.opens.remove(self.handle.handle);
+            if let Some(Err(e)) = self.ahead.as_ref().and_then(|s| s.now()) {
+                return Err(e);
+            }
+            self.client.close_ahead(self.handle, fid);
+            return Ok(());
+        }
         let published = self.publish_size().await;
         let fid = self.inode.lock().fid;
         self.client.inner.writes.closed(fid);
@@ -1554,7 +1658,7 @@ impl File {
             ));
         }
         let fid = self.inode.lock().fid;
-        if let Ok(layout) = self.layout() {
+        if let Ok(layout) = self.layout_ready().await {
             self.on_every_copy(&layout, |ml, failover| {
                 self.truncate_objects(ml, size, failover)
             })
@@ -1592,7 +1696,7 @@ impl File {
                 "the file is not open for writing",
             ));
         }
-        let Ok(layout) = self.layout() else {
+        let Ok(layout) = self.layout_ready().await else {
             return Ok(()); // no objects: nothing to deallocate
         };
         let end = offset.saturating_add(len).min(proto::md::MAX_FILE_SIZE);
@@ -1803,6 +1907,11 @@ impl Drop for File {
         self.client.inner.writes.closed(self.inode.lock().fid);
         // Not counted again after an MDS restart, whether or not the close gets through.
         self.client.inner.opens.remove(self.handle.handle);
+        if !self.ready.load(Ordering::SeqCst) {
+            let fid = self.inode.lock().fid;
+            self.client.close_ahead(self.handle, fid);
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let caps = self.caps.clone();
             let (client, inode, end, handle, gen) = (

@@ -95,6 +95,8 @@ struct Held {
     names: BTreeMap<Vec<u8>, Name>,
     /// `names` holds every entry of the directory.
     complete: bool,
+    /// A listing was asked for under this lease (it may have been too long to keep).
+    listed: bool,
     used: u64,
 }
 
@@ -201,6 +203,19 @@ impl Leases {
     /// The entry `name` of `parent` as cached, looked up as `creds`: `None` when the cache
     /// cannot tell.
     pub fn lookup(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<Result<Inode>> {
+        self.lookup_with(parent, name, creds, false)
+    }
+
+    /// As [`Leases::lookup`]; with `walk`, for a path walk passing through: an entry whose
+    /// times or size moved with this client's own change still serves (its kind, mode and
+    /// owner are current).
+    pub fn lookup_with(
+        &self,
+        parent: Fid,
+        name: &[u8],
+        creds: &Creds,
+        walk: bool,
+    ) -> Option<Result<Inode>> {
         if !plain(name) {
             return None;
         }
@@ -242,7 +257,7 @@ impl Leases {
         let child = s.held.get_mut(&fid)?;
         child.used = tick;
         match &child.attr {
-            Some(a) if !child.stale => Some(Ok(a.clone())),
+            Some(a) if !child.stale || walk => Some(Ok(a.clone())),
             _ => None,
         }
     }
@@ -311,6 +326,25 @@ impl Leases {
                 .get(&parent)
                 .is_some_and(|h| h.names.contains_key(name))
         })
+    }
+
+    /// Whether the directory `dir` is held without its listing, and no listing was asked for
+    /// under this lease yet; marks it asked for.
+    pub fn wants_listing(&self, dir: Fid) -> bool {
+        let Some(mut s) = self.live_state() else {
+            return false;
+        };
+        match s.held.get_mut(&dir) {
+            Some(h)
+                if h.attr.as_ref().is_some_and(|a| a.kind == Kind::Dir)
+                    && !h.complete
+                    && !h.listed =>
+            {
+                h.listed = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether `parent` is held but could not answer for `name`: worth reading whole.
@@ -445,9 +479,9 @@ impl Leases {
         s.tick += 1;
         let mut touched: Vec<Fid> = reply.changed.clone();
         let named: Vec<(Fid, &[u8])> = match m {
-            Mutation::Create { parent, name, .. } | Mutation::Unlink { parent, name, .. } => {
-                vec![(*parent, name)]
-            }
+            Mutation::Create { parent, name, .. }
+            | Mutation::CreateAt { parent, name, .. }
+            | Mutation::Unlink { parent, name, .. } => vec![(*parent, name)],
             Mutation::Link { fid, parent, name } => {
                 touched.push(*fid);
                 vec![(*parent, name)]
@@ -469,7 +503,9 @@ impl Leases {
                 touched.push(*fid);
                 vec![]
             }
-            Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => vec![],
+            Mutation::Destroyed { .. }
+            | Mutation::SkipInodes { .. }
+            | Mutation::ReserveInodes { .. } => vec![],
         };
         // The entries named, as cached before the change.
         let before: Vec<Option<(Fid, Kind)>> = named
@@ -511,7 +547,7 @@ impl Leases {
             }
         };
         match m {
-            Mutation::Create { parent, name, .. } => {
+            Mutation::Create { parent, name, .. } | Mutation::CreateAt { parent, name, .. } => {
                 if let Some(i) = reply.inode.as_ref().filter(|_| reply.created) {
                     set(s, *parent, name, Some((i.fid, i.kind)));
                 }
@@ -567,6 +603,104 @@ impl Leases {
         }
         self.bound(s);
         self.own.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether a create of `name` in `parent` by `creds` can be answered here: the directory
+    /// held whole, `name` absent from it, and the caller (mapped as the MDS maps it) allowed
+    /// to write and search it. The directory's attributes and the mapped identity.
+    pub fn may_create(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<(Inode, Creds)> {
+        if !plain(name) {
+            return None;
+        }
+        let s = self.live_state()?;
+        let who = s.idmap.map(creds.clone());
+        let h = s.held.get(&parent)?;
+        let attr = h.attr.as_ref()?;
+        let absent = match h.names.get(name) {
+            Some(n) => n.entry.is_none(),
+            None => h.complete,
+        };
+        (absent && attr.kind == Kind::Dir && attr.permits(&who, 3)).then(|| (attr.clone(), who))
+    }
+
+    /// Whether an unlink of `name` in `parent` by `creds` can be answered here: the directory
+    /// held, `name` a regular file or symlink whose attributes are held, and the caller allowed
+    /// to remove it (write and search on the directory, the sticky bit's rule). The entry's
+    /// attributes.
+    pub fn may_unlink(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<Inode> {
+        if !plain(name) {
+            return None;
+        }
+        let s = self.live_state()?;
+        let who = s.idmap.map(creds.clone());
+        let h = s.held.get(&parent)?;
+        let dir = h.attr.as_ref()?;
+        let (fid, kind) = h.names.get(name)?.entry?;
+        if !matches!(kind, Kind::File | Kind::Symlink) || dir.kind != Kind::Dir {
+            return None;
+        }
+        let c = s.held.get(&fid)?;
+        let victim = c.attr.as_ref().filter(|_| !c.stale)?;
+        let sticky_refuses =
+            dir.mode & 0o1000 != 0 && who.uid != 0 && who.uid != victim.uid && who.uid != dir.uid;
+        (dir.permits(&who, 3) && !sticky_refuses).then(|| victim.clone())
+    }
+
+    /// A create answered here (see [`Leases::may_create`]): the directory now shows `inode`
+    /// under `name`, and its own times are fetched again.
+    pub fn created_here(&self, parent: Fid, name: &[u8], inode: &Inode) {
+        let mut s = self.state.lock();
+        if let Some(h) = s.held.get_mut(&parent) {
+            h.names.insert(
+                name.to_vec(),
+                Name {
+                    entry: Some((inode.fid, inode.kind)),
+                    transno: 0,
+                },
+            );
+            h.stale = true;
+        }
+        drop(s);
+        self.own.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// An unlink answered here (see [`Leases::may_unlink`]): `name` is absent now, and the
+    /// file's attributes (its link count) are fetched again.
+    pub fn unlinked_here(&self, parent: Fid, name: &[u8], fid: Fid) {
+        let mut s = self.state.lock();
+        if let Some(h) = s.held.get_mut(&parent) {
+            h.names.insert(
+                name.to_vec(),
+                Name {
+                    entry: None,
+                    transno: 0,
+                },
+            );
+            h.stale = true;
+        }
+        if let Some(h) = s.held.get_mut(&fid) {
+            h.stale = true;
+        }
+        drop(s);
+        self.own.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A change answered here failed at the MDS: nothing is known of `name` now.
+    pub fn undo(&self, parent: Fid, name: &[u8]) {
+        let mut s = self.state.lock();
+        if let Some(h) = s.held.get_mut(&parent) {
+            h.names.remove(name);
+            h.complete = false;
+            h.stale = true;
+        }
+        drop(s);
+        self.recalls.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = self.hook.get() {
+            hook(Dropped {
+                fid: parent,
+                names: vec![name.to_vec()],
+            });
+        }
     }
 
     /// Drops the lease on `fid`, giving it back to the MDS if `cancel`.

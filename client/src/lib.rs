@@ -20,6 +20,7 @@ pub mod gpu;
 pub mod lease;
 pub mod mirrors;
 mod opens;
+pub mod pending;
 pub mod readahead;
 pub mod replay;
 pub mod stripe_args;

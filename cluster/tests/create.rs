@@ -1,6 +1,7 @@
 //! The create path as the network sees it: opening a file of a known directory with `O_CREAT`
 //! (as the mount does, and `OpenOptions::open_in`) costs one round trip to the MDS whether the
-//! file is new or already there (a checkpoint rewritten in place).
+//! file is new or already there (a checkpoint rewritten in place); with leases, creates in a
+//! directory the client holds cost none, and reach the MDS in batches.
 
 use proto::FsErrorKind;
 use std::sync::Arc;
@@ -31,10 +32,12 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
         .start()
         .await
         .unwrap();
-    let c = cluster
-        .client("client", ClientConfig::default())
-        .await
-        .unwrap();
+    // Without leases: every create is sent and waited for.
+    let cfg = ClientConfig {
+        leases: false,
+        ..ClientConfig::default()
+    };
+    let c = cluster.client("client", cfg).await.unwrap();
     cluster
         .wait_ready(&c, 1, Duration::from_secs(10))
         .await
@@ -81,6 +84,89 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
         .await
         .unwrap_err()
         .is(FsErrorKind::Exists));
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() {
+    let dir = std::env::temp_dir().join(format!("lode-cluster-ahead-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fabric = Fabric::new(3);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .start()
+        .await
+        .unwrap();
+    let ahead = ClientConfig {
+        ahead: true,
+        ..ClientConfig::default()
+    };
+    let a = cluster.client("a", ahead).await.unwrap();
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    a.mkdir("/d", 0o755).await.unwrap();
+    // The lease channel is up once a wait was answered.
+    let up = tokio::time::Instant::now();
+    while a.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
+        let _ = a.stat("/d").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let create = OpenOptions::new().write(true).create_new(true);
+    // The first create reads the directory and takes FIDs; the next ones are answered here.
+    create
+        .open(&a, "/d/f0")
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    a.settle_ahead().await.unwrap();
+    let before = requests_to_mds(&fabric);
+    const N: usize = 200;
+    for i in 1..N {
+        let f = create.open(&a, &format!("/d/f{i}")).await.unwrap();
+        f.close().await.unwrap();
+    }
+    a.settle_ahead().await.unwrap();
+    let sent = requests_to_mds(&fabric) - before;
+    assert!(
+        sent < N / 4,
+        "{} creates and closes took {sent} requests",
+        N - 1
+    );
+    // Another client sees every one; O_EXCL on one of them fails there and here.
+    let names = b.readdir("/d").await.unwrap();
+    assert_eq!(names.len(), N);
+    assert!(create
+        .open(&a, "/d/f7")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::Exists));
+    // A file created ahead is written and read back once its objects come.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&a, "/d/data")
+        .await
+        .unwrap();
+    f.write_at(0, b"ahead").await.unwrap();
+    f.close().await.unwrap();
+    let g = OpenOptions::new().open(&b, "/d/data").await.unwrap();
+    let mut back = [0u8; 5];
+    assert_eq!(g.read_at(0, &mut back).await.unwrap(), 5);
+    assert_eq!(&back, b"ahead");
+    g.close().await.unwrap();
+    // Unlinks too: answered here, seen by the other client once settled.
+    for i in 0..N {
+        a.unlink(&format!("/d/f{i}")).await.unwrap();
+    }
+    a.sync().await.unwrap();
+    assert_eq!(b.readdir("/d").await.unwrap().len(), 1);
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

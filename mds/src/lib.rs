@@ -15,6 +15,7 @@ pub mod open;
 pub mod placement;
 pub mod recovery;
 pub mod registry;
+pub mod reserve;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -12,6 +12,7 @@ use proto::layout::Layout;
 use proto::{Fid, FsErrorKind};
 use serde::{Deserialize, Serialize};
 
+use proto::md::new_inode;
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
 /// The sequence new inodes are numbered in.
@@ -40,6 +41,8 @@ pub struct Applied {
     pub inode: Option<Inode>,
     /// Inodes whose last link went away: their objects are to be destroyed.
     pub removed: Vec<Inode>,
+    /// A reservation's first inode number.
+    pub reserved: Option<u32>,
 }
 
 /// What a request will do, decided before anything is allocated for it.
@@ -261,7 +264,7 @@ impl Namespace {
         let entry =
             |parent: &Fid, name: &[u8]| self.entries.get(parent).and_then(|d| d.get(name)).copied();
         let mut out = match m {
-            Mutation::Create { parent, .. } => vec![*parent],
+            Mutation::Create { parent, .. } | Mutation::CreateAt { parent, .. } => vec![*parent],
             Mutation::Link { fid, parent, .. } => vec![*fid, *parent],
             Mutation::Unlink { parent, name, .. } => {
                 let mut v = vec![*parent];
@@ -287,7 +290,9 @@ impl Namespace {
             | Mutation::SetLayout { fid, .. }
             | Mutation::MirrorState { fid, .. }
             | Mutation::PlaceMirror { fid, .. } => vec![*fid],
-            Mutation::Destroyed { .. } | Mutation::SkipInodes { .. } => vec![],
+            Mutation::Destroyed { .. }
+            | Mutation::SkipInodes { .. }
+            | Mutation::ReserveInodes { .. } => vec![],
         };
         out.sort_unstable();
         out.dedup();
@@ -380,6 +385,7 @@ impl Namespace {
         Some(Applied {
             inode: inode.clone(),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -392,17 +398,29 @@ impl Namespace {
         if let Some(done) = req.and_then(|r| self.replied(r)) {
             return Ok(Decision::Replied(done));
         }
-        if let Mutation::Create {
-            parent,
-            name,
-            kind,
-            exclusive,
-            ..
-        } = m
-        {
-            if let Some(existing) = self.check_create(*parent, name, *kind, *exclusive, who)? {
-                return Ok(Decision::Opens(existing.clone()));
+        match m {
+            Mutation::Create {
+                parent,
+                name,
+                kind,
+                exclusive,
+                ..
+            } => {
+                if let Some(existing) = self.check_create(*parent, name, *kind, *exclusive, who)? {
+                    return Ok(Decision::Opens(existing.clone()));
+                }
             }
+            Mutation::CreateAt {
+                fid,
+                parent,
+                name,
+                kind,
+                ..
+            } => {
+                self.check_create(*parent, name, *kind, true, who)?;
+                self.check_reserved(*fid)?;
+            }
+            _ => {}
         }
         Ok(Decision::Applies)
     }
@@ -438,6 +456,7 @@ impl Namespace {
                 target,
                 layout,
             } => self.create(
+                None,
                 *parent,
                 name,
                 *kind,
@@ -448,6 +467,38 @@ impl Namespace {
                 who,
                 now,
             ),
+            Mutation::CreateAt {
+                fid,
+                parent,
+                name,
+                kind,
+                mode,
+                target,
+                layout,
+            } => self.create(
+                Some(*fid),
+                *parent,
+                name,
+                *kind,
+                *mode,
+                true,
+                target,
+                layout.clone(),
+                who,
+                now,
+            ),
+            Mutation::ReserveInodes { count } => {
+                let first = self.next_oid;
+                let Some(next) = first.checked_add(*count) else {
+                    return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+                };
+                self.next_oid = next;
+                Ok(Applied {
+                    inode: None,
+                    removed: vec![],
+                    reserved: Some(first),
+                })
+            }
             Mutation::Link { fid, parent, name } => self.link(*fid, *parent, name, who, now),
             Mutation::Unlink { parent, name, dir } => self.unlink(*parent, name, *dir, who, now),
             Mutation::Rename {
@@ -490,6 +541,7 @@ impl Namespace {
                 Ok(Applied {
                     inode: None,
                     removed: vec![],
+                    reserved: None,
                 })
             }
             Mutation::SkipInodes { next } => {
@@ -497,6 +549,7 @@ impl Namespace {
                 Ok(Applied {
                     inode: None,
                     removed: vec![],
+                    reserved: None,
                 })
             }
         }
@@ -536,9 +589,25 @@ impl Namespace {
         Ok(Some(existing))
     }
 
+    /// Whether `fid` can be a new inode's: an inode number set aside already (below the next
+    /// one given out) that no inode has. Which client may use it is the MDS's business.
+    fn check_reserved(&self, fid: Fid) -> Result<()> {
+        if fid.seq != INODE_SEQ || fid.ver != 0 || fid.oid == 0 || fid.oid >= self.next_oid {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} is not an inode number set aside"),
+            );
+        }
+        if self.inodes.contains_key(&fid) {
+            return err(FsErrorKind::Exists, format!("{fid} exists"));
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create
     fn create(
         &mut self,
+        at: Option<Fid>,
         parent: Fid,
         name: &[u8],
         kind: Kind,
@@ -554,24 +623,25 @@ impl Namespace {
             return Ok(Applied {
                 inode: Some(existing.clone()),
                 removed: vec![],
+                reserved: None,
             });
         }
         check_new_inode(kind, target, layout.as_ref())?;
-        let oid = self.next_oid;
-        let Some(next) = oid.checked_add(1) else {
-            return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+        let (fid, next) = match at {
+            Some(fid) => {
+                self.check_reserved(fid)?;
+                (fid, self.next_oid)
+            }
+            None => {
+                let oid = self.next_oid;
+                let Some(next) = oid.checked_add(1) else {
+                    return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+                };
+                (Fid::new(INODE_SEQ, oid, 0), next)
+            }
         };
         let p = self.inode(parent)?;
-        let inode = new_inode(
-            Fid::new(INODE_SEQ, oid, 0),
-            kind,
-            mode,
-            target,
-            layout,
-            p,
-            who,
-            now,
-        );
+        let inode = new_inode(fid, kind, mode, target, layout, p, who, now);
         self.next_oid = next;
         let fid = inode.fid;
         if kind == Kind::Dir {
@@ -589,6 +659,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(inode),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -633,6 +704,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(inode),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -687,6 +759,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -739,6 +812,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -832,6 +906,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -900,6 +975,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -1004,6 +1080,7 @@ impl Namespace {
         Ok(Applied {
             inode: self.inodes.get(&victim.fid).cloned(),
             removed: removed.into_iter().collect(),
+            reserved: None,
         })
     }
 
@@ -1046,6 +1123,7 @@ impl Namespace {
                 return Ok(Applied {
                     inode: Some(src),
                     removed: vec![],
+                    reserved: None,
                 }); // two names of one inode: nothing to do
             }
             let np = self.inode(new_parent)?.clone();
@@ -1108,6 +1186,7 @@ impl Namespace {
         Ok(Applied {
             inode: self.inodes.get(&src.fid).cloned(),
             removed: replaced.into_iter().collect(),
+            reserved: None,
         })
     }
 
@@ -1147,6 +1226,7 @@ impl Namespace {
         Applied {
             inode: self.inodes.get(&a.fid).cloned(),
             removed: vec![],
+            reserved: None,
         }
     }
 
@@ -1233,6 +1313,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -1281,6 +1362,7 @@ impl Namespace {
         Ok(Applied {
             inode: Some(x.clone()),
             removed: vec![],
+            reserved: None,
         })
     }
 
@@ -1385,49 +1467,6 @@ fn check_new_inode(kind: Kind, target: &[u8], layout: Option<&Layout>) -> Result
         }
     }
     Ok(())
-}
-
-/// A new inode in directory `p`: it takes the directory's group when that is setgid, and its
-/// default layout unless it brings one (a directory passes it on to subdirectories too).
-#[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create, and where
-fn new_inode(
-    fid: Fid,
-    kind: Kind,
-    mode: u32,
-    target: &[u8],
-    layout: Option<Layout>,
-    p: &Inode,
-    who: &Creds,
-    now: Time,
-) -> Inode {
-    let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
-    let layout = match kind {
-        Kind::Dir | Kind::File => layout.or_else(|| p.layout.clone()),
-        _ => None,
-    };
-    Inode {
-        fid,
-        kind,
-        mode: if kind == Kind::Symlink {
-            0o777
-        } else {
-            mode & PERM_MASK
-        },
-        uid: who.uid,
-        gid,
-        nlink: if kind == Kind::Dir { 2 } else { 1 },
-        size: if kind == Kind::Symlink {
-            target.len() as u64
-        } else {
-            0
-        },
-        atime: now,
-        mtime: now,
-        ctime: now,
-        xattrs: BTreeMap::new(),
-        layout,
-        target: target.to_vec(),
-    }
 }
 
 #[cfg(test)]

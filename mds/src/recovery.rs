@@ -47,6 +47,8 @@ pub enum ClientsError {
 
 /// The durable table of clients, and the recovery in progress.
 pub struct Clients {
+    /// Inode numbers set aside for clients' asynchronous creates.
+    pub reserved: crate::reserve::Reservations,
     disk: Arc<dyn MetaDisk>,
     state: Mutex<State>,
     /// Moves on at every change of the recovery's state; replays waiting for their turn
@@ -145,7 +147,9 @@ impl Clients {
             }
         });
         let (changed, _) = watch::channel(0);
+        let reserved = crate::reserve::Reservations::open(disk.clone())?;
         Ok(Arc::new(Clients {
+            reserved,
             disk,
             state: Mutex::new(State {
                 table,

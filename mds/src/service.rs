@@ -145,6 +145,9 @@ impl MdsService {
         self.store.read(|ns| match m {
             Mutation::Create {
                 parent, name, kind, ..
+            }
+            | Mutation::CreateAt {
+                parent, name, kind, ..
             } => {
                 let op = match kind {
                     Kind::Dir => "mkdir",
@@ -251,7 +254,8 @@ impl MdsService {
             // Writers' size reports and the MDS's own bookkeeping.
             Mutation::GrowSize { .. }
             | Mutation::Destroyed { .. }
-            | Mutation::SkipInodes { .. } => None,
+            | Mutation::SkipInodes { .. }
+            | Mutation::ReserveInodes { .. } => None,
         })
     }
 
@@ -354,6 +358,12 @@ impl MdsService {
         };
         match m {
             Mutation::Create {
+                kind: Kind::File,
+                layout,
+                parent,
+                ..
+            }
+            | Mutation::CreateAt {
                 kind: Kind::File,
                 layout,
                 parent,
@@ -474,9 +484,9 @@ impl MdsService {
                 FsErrorKind::NotPermitted,
                 "only the MDS records destroyed objects",
             ),
-            Mutation::SkipInodes { .. } => refuse(
+            Mutation::SkipInodes { .. } | Mutation::ReserveInodes { .. } => refuse(
                 FsErrorKind::NotPermitted,
-                "only the MDS skips inode numbers",
+                "only the MDS skips or sets aside inode numbers",
             ),
             _ => Ok(vec![]),
         }
@@ -507,20 +517,34 @@ impl MdsService {
                 })
             }
             opcodes::MDS_REINT => {
-                let mut r: MdsReint = req.decode()?;
-                r.creds = self.nodemap.map(&req, r.creds);
-                let creds = r.creds.clone();
-                let audited = self.audited(&r.mutation);
-                let out = self.reint(r).await;
-                if let Some(what) = audited {
-                    let made = out
-                        .as_ref()
-                        .ok()
-                        .and_then(|b| proto::msg::decode_body::<MdsReintReply>(b).ok())
-                        .and_then(|r| r.inode.map(|i| i.fid));
-                    self.record(&req, &creds, what, made, &out);
+                let r: MdsReint = req.decode()?;
+                let out = self.reint_from(&req, r).await?;
+                reply::<MdsReint>(&out)
+            }
+            opcodes::MDS_BATCH => {
+                let r: MdsBatch = req.decode()?;
+                if r.ops.len() > MAX_BATCH {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::Invalid),
+                        format!("{} operations in one batch, past {MAX_BATCH}", r.ops.len()),
+                    ));
                 }
-                out
+                let mut results = Vec::with_capacity(r.ops.len());
+                for op in r.ops {
+                    let out = match op {
+                        BatchOp::Reint(r) => self.reint_from(&req, r).await.map(BatchResult::Reint),
+                        BatchOp::Close(c) => {
+                            self.alloc.open.close(c.fid, c.handle);
+                            Ok(BatchResult::Closed)
+                        }
+                    };
+                    results.push(out.unwrap_or_else(BatchResult::Failed));
+                }
+                reply::<MdsBatch>(&MdsBatched { results })
+            }
+            opcodes::MDS_RESERVE => {
+                let r: MdsReserve = req.decode()?;
+                self.reserve(r).await
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
@@ -872,7 +896,69 @@ impl MdsService {
     /// One mutation: decided in the namespace first (a resend is answered as then, an
     /// `O_CREAT` of an existing file opens it without a change), objects taken only for a
     /// change that goes ahead, the open counted with it when asked.
-    async fn reint(&self, mut r: MdsReint) -> Result<Vec<u8>, RemoteError> {
+    /// A change from the network: mapped to the identity the MDS gives the caller, audited,
+    /// and, for a create at a FID of the client's choosing, checked against what the MDS set
+    /// aside for that client.
+    async fn reint_from(
+        &self,
+        req: &Incoming,
+        mut r: MdsReint,
+    ) -> Result<MdsReintReply, RemoteError> {
+        r.creds = self.nodemap.map(req, r.creds);
+        if let Mutation::CreateAt { fid, .. } = &r.mutation {
+            let mine = r.req.is_some_and(|q| {
+                self.clients.holds(q.client) && self.clients.reserved.holds(q.client, *fid)
+            });
+            if !mine {
+                return Err(RemoteError::new(
+                    StatusCode::Fs(FsErrorKind::NotPermitted),
+                    format!("{fid} was not set aside for this client"),
+                ));
+            }
+        }
+        let creds = r.creds.clone();
+        let audited = self.audited(&r.mutation);
+        let out = self.reint(r).await;
+        if let Some(what) = audited {
+            let made = out
+                .as_ref()
+                .ok()
+                .and_then(|r| r.inode.as_ref().map(|i| i.fid));
+            self.record(req, &creds, what, made, &out);
+        }
+        out
+    }
+
+    /// Sets inode numbers aside for a client's asynchronous creates: taken from the namespace
+    /// and committed, then recorded as the client's, before the answer.
+    async fn reserve(&self, r: MdsReserve) -> Result<Vec<u8>, RemoteError> {
+        if !self.clients.holds(r.client) {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "inode numbers are set aside for clients that joined (MDS_CONNECT)",
+            ));
+        }
+        let count = r.count.clamp(1, MAX_RESERVE);
+        let done = self
+            .store
+            .apply(Mutation::ReserveInodes { count }, Creds::root())
+            .await
+            .map_err(store_error)?;
+        let first = done.reserved.ok_or_else(|| {
+            RemoteError::new(StatusCode::Io, "the reservation took no inode numbers")
+        })?;
+        self.clients
+            .reserved
+            .give(r.client, first, first + count, |c| self.clients.holds(c))
+            .await
+            .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
+        reply::<MdsReserve>(&MdsReserved {
+            first: proto::Fid::new(proto::fid::INODE_SEQ, first, 0),
+            count,
+        })
+    }
+
+    async fn reint(&self, mut r: MdsReint) -> Result<MdsReintReply, RemoteError> {
         // A change of size or times through an open handle needs no permission now: the open
         // was the check (ftruncate of a file created with mode 0). Times are now, or the
         // mtime the writer's page cache kept for its writes (never an atime of its choosing).
@@ -919,7 +1005,7 @@ impl MdsService {
                 let grant = opens
                     .and(done.inode.as_ref())
                     .map(|i| self.granter.grant(i, &creds, true));
-                return reply::<MdsReint>(&MdsReintReply {
+                return Ok(MdsReintReply {
                     inode: done.inode,
                     created: true,
                     size_gen,
@@ -971,7 +1057,7 @@ impl MdsService {
                 }
             }
         }
-        reply::<MdsReint>(&MdsReintReply {
+        Ok(MdsReintReply {
             inode,
             created,
             size_gen,

@@ -410,6 +410,7 @@ impl Store {
         let none = Applied {
             inode: None,
             removed: vec![],
+            reserved: None,
         };
         self.wait_durable(seq, none).await?;
         Ok(self.committed())
@@ -420,6 +421,7 @@ impl Store {
         let none = Applied {
             inode: None,
             removed: vec![],
+            reserved: None,
         };
         self.wait_durable(transno, none).await.map(|_| ())
     }
@@ -443,6 +445,7 @@ impl Store {
                 let none = Applied {
                     inode: None,
                     removed: vec![],
+                    reserved: None,
                 };
                 self.wait_durable(seq, none).await?;
             }

@@ -285,6 +285,84 @@ pub enum Mutation {
     SkipInodes {
         next: u32,
     },
+    /// A create under a FID the MDS reserved for the creating client ([`MdsReserve`]), so
+    /// that the client could answer it before sending it (an asynchronous create). Always
+    /// exclusive.
+    CreateAt {
+        fid: Fid,
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        kind: Kind,
+        mode: u32,
+        #[serde(with = "crate::msg::bytes_field")]
+        target: Vec<u8>,
+        layout: Option<Layout>,
+    },
+    /// The next `count` inode numbers are set aside for one client's creates (only the MDS
+    /// records it).
+    ReserveInodes {
+        count: u32,
+    },
+}
+
+impl Mutation {
+    /// The directory and name a create makes, if it is one.
+    pub fn created_name(&self) -> Option<(Fid, &[u8])> {
+        match self {
+            Mutation::Create { parent, name, .. } | Mutation::CreateAt { parent, name, .. } => {
+                Some((*parent, name))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Bits of a mode an inode keeps (permissions, setuid, setgid, sticky).
+pub const PERM_MASK: u32 = 0o7777;
+
+/// A new inode in directory `p`, as the MDS makes it: it takes the directory's group when that
+/// is setgid, and its default layout unless it brings one (a directory passes it on to
+/// subdirectories too). A client answering a create before sending it makes the same.
+#[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create, and where
+pub fn new_inode(
+    fid: Fid,
+    kind: Kind,
+    mode: u32,
+    target: &[u8],
+    layout: Option<Layout>,
+    p: &Inode,
+    who: &Creds,
+    now: Time,
+) -> Inode {
+    let gid = if p.mode & 0o2000 != 0 { p.gid } else { who.gid };
+    let layout = match kind {
+        Kind::Dir | Kind::File => layout.or_else(|| p.layout.clone()),
+        _ => None,
+    };
+    Inode {
+        fid,
+        kind,
+        mode: if kind == Kind::Symlink {
+            0o777
+        } else {
+            mode & PERM_MASK
+        },
+        uid: who.uid,
+        gid,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        size: if kind == Kind::Symlink {
+            target.len() as u64
+        } else {
+            0
+        },
+        atime: now,
+        mtime: now,
+        ctime: now,
+        xattrs: BTreeMap::new(),
+        layout,
+        target: target.to_vec(),
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -699,6 +777,71 @@ impl Rpc for MdsLeaseWait {
 
 /// How long leases hold after the wait that last renewed them, in milliseconds.
 pub const LEASE_TERM_MS: u64 = 5_000;
+
+/// Most operations in one [`MdsBatch`].
+pub const MAX_BATCH: usize = 512;
+/// Most inode numbers one [`MdsReserve`] sets aside.
+pub const MAX_RESERVE: u32 = 4096;
+
+/// One operation of a batch.
+#[allow(clippy::large_enum_variant)] // nearly every operation is a change
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchOp {
+    Reint(MdsReint),
+    Close(MdsClose),
+}
+
+/// Several changes and closes in one round trip, carried out in order, each as if sent alone
+/// (a failed one does not stop the next). A client sends the changes it answered before
+/// sending them (asynchronous creates and unlinks, closes) this way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsBatch {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub ops: Vec<BatchOp>,
+}
+
+/// What one operation of a batch came to.
+#[allow(clippy::large_enum_variant)] // nearly every operation is a change
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchResult {
+    Reint(MdsReintReply),
+    Closed,
+    Failed(crate::RemoteError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsBatched {
+    /// One per operation, in order.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub results: Vec<BatchResult>,
+}
+
+impl Rpc for MdsBatch {
+    const OPCODE: Opcode = opcodes::MDS_BATCH;
+    type Reply = MdsBatched;
+}
+
+/// Sets aside `count` inode numbers (at most [`MAX_RESERVE`]) for `client`, which must have
+/// joined ([`MdsConnect`]): its creates may then name them ([`Mutation::CreateAt`]). The
+/// reservation is durable before it is answered and lasts while the client stays in the
+/// table; the client's older reservations beyond the last few lapse.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReserve {
+    pub client: u128,
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReserved {
+    /// The first FID set aside; the others follow it (`oid` counting up).
+    pub first: Fid,
+    pub count: u32,
+}
+
+impl Rpc for MdsReserve {
+    const OPCODE: Opcode = opcodes::MDS_RESERVE;
+    type Reply = MdsReserved;
+}
 
 /// What the identities a client claims become at the MDS.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

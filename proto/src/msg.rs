@@ -46,6 +46,8 @@ pub mod opcodes {
     pub const MDS_DISCONNECT: Opcode = Opcode(0x011e);
     pub const MDS_LOOKUP_PATH: Opcode = Opcode(0x011f);
     pub const MDS_LEASE_WAIT: Opcode = Opcode(0x0120);
+    pub const MDS_BATCH: Opcode = Opcode(0x0121);
+    pub const MDS_RESERVE: Opcode = Opcode(0x0122);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -84,6 +86,8 @@ pub mod opcodes {
         MDS_DISCONNECT,
         MDS_LOOKUP_PATH,
         MDS_LEASE_WAIT,
+        MDS_BATCH,
+        MDS_RESERVE,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

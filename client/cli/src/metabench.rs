@@ -60,6 +60,10 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
                 .await
                 .with_context(|| format!("creating {p}"))?;
             f.close().await?;
+            if i + 1 == per {
+                // Timed until the MDS has every create (and close) this client answered ahead.
+                cl.settle_ahead().await?;
+            }
             Ok(())
         }
     })
@@ -76,6 +80,9 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
         let (cl, p) = (cs[c].clone(), path(c, i));
         async move {
             cl.unlink(&p).await.with_context(|| format!("unlink {p}"))?;
+            if i + 1 == per {
+                cl.settle_ahead().await?;
+            }
             Ok(())
         }
     })
@@ -130,9 +137,10 @@ pub async fn run(
         bail!("--clients, --files (at least one per client) and --rounds must be positive");
     }
     let per = files / clients;
-    let connect = |behind: bool| {
+    let connect = |behind: bool, ahead: bool| {
         let cfg = ClientConfig {
             commit_behind: behind,
+            ahead,
             ..cfg.clone()
         };
         async move {
@@ -143,11 +151,12 @@ pub async fn run(
             Ok::<Vec<Client>, client::ClientError>(cs)
         }
     };
-    let behind = connect(true).await?;
-    let durable = connect(false).await?;
+    let ahead = connect(true, true).await?;
+    let behind = connect(true, false).await?;
+    let durable = connect(false, false).await?;
     behind[0].mkdir_all(dir, 0o755).await?;
     // mode -> per round rates
-    let modes = ["lode commit-behind", "lode durable", "local"];
+    let modes = ["lode commit-behind", "lode durable", "local", "lode ahead"];
     let mut results: Vec<Vec<Rates>> = vec![vec![]; modes.len()];
     for round in 0..rounds {
         for k in 0..modes.len() {
@@ -155,6 +164,7 @@ pub async fn run(
             let r = match m {
                 0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per).await?,
                 1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per).await?,
+                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per).await?,
                 _ => match &local {
                     Some(d) => {
                         let d = d.join(format!("lode-meta-bench-{}-{round}", std::process::id()));
@@ -176,7 +186,7 @@ pub async fn run(
             results[m].push(r);
         }
     }
-    for c in behind.iter().chain(&durable) {
+    for c in behind.iter().chain(&durable).chain(&ahead) {
         c.close().await?;
     }
     println!(
@@ -184,20 +194,29 @@ pub async fn run(
         clients, per
     );
     println!(
-        "{:8} {:>20} {:>14} {:>10} {:>10}",
-        "op", "lode commit-behind", "lode durable", "local", "behind/durable"
+        "{:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",
+        "op",
+        "lode commit-behind",
+        "lode durable",
+        "local",
+        "lode ahead",
+        "behind/durable",
+        "ahead/behind"
     );
     for (o, op) in OPS.iter().enumerate() {
         let med = |m: usize| {
             (!results[m].is_empty()).then(|| median(results[m].iter().map(|r| r[o]).collect()))
         };
         let (b, d, l) = (med(0).unwrap_or(0.0), med(1).unwrap_or(0.0), med(2));
+        let a = med(3).unwrap_or(0.0);
         println!(
-            "{op:8} {:>18.0}/s {:>12.0}/s {:>10} {:>10.2}",
+            "{op:8} {:>18.0}/s {:>12.0}/s {:>10} {:>10.0}/s {:>10.2} {:>10.2}",
             b,
             d,
             l.map_or("-".into(), |l| format!("{l:.0}/s")),
-            b / d.max(1e-9)
+            a,
+            b / d.max(1e-9),
+            a / b.max(1e-9)
         );
     }
     Ok(())

@@ -406,6 +406,10 @@ impl Filesystem for LodeFs {
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let (c, n) = (self.as_caller(req), name(n));
         self.empty(reply, async move {
+            // Answered here when the directory's lease tells the outcome; sent behind.
+            if c.unlink_ahead(fid_of(parent), &n).await {
+                return Ok(());
+            }
             c.reint(Mutation::Unlink {
                 parent: fid_of(parent),
                 name: n,
@@ -766,13 +770,13 @@ impl Filesystem for LodeFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         let c = self.client.clone();
-        self.empty(reply, async move { c.sync().await });
+        self.empty(reply, async move { c.sync_dir(fid_of(ino)).await });
     }
 
     fn release(

@@ -1,0 +1,327 @@
+//! Changes the client answered before sending them: creates and unlinks in a directory it
+//! holds whole under a lease, and closes of files nothing was done with (CephFS's
+//! asynchronous creates and unlinks).
+//!
+//! The client can answer such a change itself because its lease tells it the outcome: the
+//! name is absent (or present), the caller may write the directory, and no other client can
+//! change the directory without a recall. A create takes its FID from a range the MDS set
+//! aside for this client ([`proto::md::MdsReserve`]). The change then waits in one queue,
+//! in order, and one task sends the queue in batches ([`proto::md::MdsBatch`]): one round trip
+//! and one journal group for many changes, each still its own request (numbered, answered,
+//! kept until committed and replayed like any other).
+//!
+//! Order is kept with everything else the client sends: every other request to the MDS waits
+//! until the changes queued before it have been answered ([`Pending::settle`]), and so does the
+//! acknowledgement of a recall, so another client sees them before its own change goes ahead.
+//!
+//! A change that fails at the MDS (which a lease makes rare: the caller's identity was mapped
+//! differently, the storage is full, this client lost its leases) cannot fail the call that
+//! was answered already. Its error is kept and reported, as POSIX allows, at the next `fsync`
+//! of the file or its directory, or `sync` ([`Pending::take_errors`]), and by any later use
+//! of the file's handle; the cache forgets the name.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use proto::md::{BatchOp, BatchResult, MdsBatch, MdsReintReply, MdsReserve, MAX_BATCH};
+use proto::{Fid, FsErrorKind};
+use tokio::sync::{watch, Notify};
+
+use crate::client::Inner;
+use crate::error::{ClientError, Result};
+
+/// Most changes waiting to be sent; a caller past it waits for room.
+pub const MAX_QUEUED: usize = 8192;
+/// Inode numbers asked for at once.
+const RESERVE: u32 = proto::md::MAX_RESERVE;
+/// Most failures kept for `fsync` to report.
+const MAX_ERRORS: usize = 1024;
+
+/// The outcome of one change sent ahead, for whoever needs it (the first read or write of a
+/// file created this way needs its objects).
+#[derive(Clone)]
+pub struct Sent(watch::Receiver<Option<Outcome>>);
+
+type Outcome = std::result::Result<MdsReintReply, (FsErrorKind, String)>;
+
+impl Sent {
+    /// The MDS's reply, once it came.
+    pub async fn reply(&self) -> Result<MdsReintReply> {
+        let mut rx = self.0.clone();
+        let got = rx
+            .wait_for(|o| o.is_some())
+            .await
+            .map_err(|_| ClientError::fs(FsErrorKind::Io, "the client closed"))?;
+        match got.as_ref().expect("waited for") {
+            Ok(r) => Ok(r.clone()),
+            Err((kind, what)) => Err(ClientError::fs(*kind, what.clone())),
+        }
+    }
+
+    /// The reply if it came already.
+    pub fn now(&self) -> Option<Result<MdsReintReply>> {
+        self.0.borrow().as_ref().map(|o| match o {
+            Ok(r) => Ok(r.clone()),
+            Err((kind, what)) => Err(ClientError::fs(*kind, what.clone())),
+        })
+    }
+}
+
+struct Queued {
+    seq: u64,
+    op: BatchOp,
+    /// The directory and name a create or unlink changed in the cache.
+    named: Option<(Fid, Vec<u8>)>,
+    fid: Option<Fid>,
+    done: Option<watch::Sender<Option<Outcome>>>,
+}
+
+/// A change that failed after it was answered.
+#[derive(Clone, Debug)]
+pub struct Failed {
+    pub dir: Option<Fid>,
+    pub fid: Option<Fid>,
+    pub kind: FsErrorKind,
+    pub what: String,
+}
+
+#[derive(Default)]
+pub(crate) struct Pending {
+    /// Held while a change is checked against the cache and queued, and while a recall is
+    /// applied: a change answered ahead is either queued before the recall (and sent before it
+    /// is acknowledged) or checked after it (and not answered ahead).
+    pub gate: Mutex<()>,
+    queue: Mutex<VecDeque<Queued>>,
+    /// Sequence numbers of changes queued so far, and of those answered.
+    queued: AtomicU64,
+    answered: watch::Sender<u64>,
+    wake: std::sync::Arc<Notify>,
+    room: Notify,
+    /// Inode numbers set aside for this client: the next and the end.
+    fids: Mutex<VecDeque<(u32, u32)>>,
+    reserving: tokio::sync::Mutex<()>,
+    errors: Mutex<VecDeque<Failed>>,
+}
+
+impl Pending {
+    /// Waits until every change queued before this call has been answered.
+    pub async fn settle(&self) {
+        self.settle_to(self.queued()).await
+    }
+
+    /// How many changes were queued so far.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the first `upto` changes queued have been answered.
+    pub async fn settle_to(&self, upto: u64) {
+        if *self.answered.borrow() >= upto {
+            return;
+        }
+        let mut rx = self.answered.subscribe();
+        let _ = rx.wait_for(|a| *a >= upto).await;
+    }
+
+    /// Waits for room in the queue.
+    pub async fn room(&self) {
+        loop {
+            let wait = self.room.notified();
+            if self.queue.lock().len() < MAX_QUEUED {
+                return;
+            }
+            wait.await;
+        }
+    }
+
+    /// Queues `op`; `named` is what the cache already shows of it, undone if it fails.
+    pub fn push(&self, op: BatchOp, named: Option<(Fid, Vec<u8>)>, fid: Option<Fid>) -> Sent {
+        let (tx, rx) = watch::channel(None);
+        {
+            let mut q = self.queue.lock();
+            let seq = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
+            q.push_back(Queued {
+                seq,
+                op,
+                named,
+                fid,
+                done: Some(tx),
+            });
+        }
+        self.wake.notify_one();
+        Sent(rx)
+    }
+
+    /// A FID set aside for this client, asking the MDS for more when none is left.
+    pub async fn next_fid(&self, inner: &Inner, client: &crate::Client) -> Result<Fid> {
+        loop {
+            if let Some(f) = self.take_fid() {
+                return Ok(f);
+            }
+            let _one = self.reserving.lock().await;
+            if self.fids.lock().iter().any(|(n, e)| n < e) {
+                continue;
+            }
+            let r = MdsReserve {
+                client: inner.client_id(),
+                count: RESERVE,
+            };
+            let got = client.rpc(&inner.mds.clone(), &r).await?;
+            let end = got.first.oid.saturating_add(got.count);
+            let mut fids = self.fids.lock();
+            fids.push_back((got.first.oid, end));
+            // The MDS keeps the last few ranges a client was given.
+            while fids.len() > crate::pending::KEPT_RANGES {
+                fids.pop_front();
+            }
+        }
+    }
+
+    fn take_fid(&self) -> Option<Fid> {
+        let mut fids = self.fids.lock();
+        while let Some((next, end)) = fids.front_mut() {
+            if *next < *end {
+                let f = Fid::new(proto::fid::INODE_SEQ, *next, 0);
+                *next += 1;
+                return Some(f);
+            }
+            fids.pop_front();
+        }
+        None
+    }
+
+    /// Failures kept for `dir` (every one with `None`), taken: the first is reported.
+    pub fn take_errors(&self, dir: Option<Fid>) -> Option<Failed> {
+        let mut errors = self.errors.lock();
+        let mut first = None;
+        errors.retain(|f| {
+            let mine = dir.is_none() || f.dir == dir || f.fid == dir;
+            if mine && first.is_none() {
+                first = Some(f.clone());
+            }
+            !mine
+        });
+        first
+    }
+
+    fn failed(&self, f: Failed) {
+        tracing::warn!(dir = ?f.dir, fid = ?f.fid, kind = ?f.kind, what = %f.what, "a change answered ahead failed at the MDS");
+        let mut errors = self.errors.lock();
+        if errors.len() >= MAX_ERRORS {
+            errors.pop_front();
+        }
+        errors.push_back(f);
+    }
+}
+
+/// What a failed change's status means in the filesystem's terms.
+fn kind_of(code: proto::StatusCode) -> FsErrorKind {
+    use proto::StatusCode as S;
+    match code {
+        S::Fs(k) => k,
+        S::NotFound => FsErrorKind::NotFound,
+        S::Exists => FsErrorKind::Exists,
+        S::Invalid => FsErrorKind::Invalid,
+        S::NoSpace => FsErrorKind::NoSpace,
+        _ => FsErrorKind::Io,
+    }
+}
+
+/// Ranges of inode numbers the client keeps (as many as the MDS does).
+pub(crate) const KEPT_RANGES: usize = 3;
+
+/// Sends the queue in batches while the client lives: one batch on its way at a time, holding
+/// whatever was queued while the last one was out.
+pub(crate) async fn flusher(inner: std::sync::Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let wake = strong.pending.wake.clone();
+        let wait = wake.notified();
+        let batch: Vec<Queued> = {
+            let mut q = strong.pending.queue.lock();
+            let n = q.len().min(MAX_BATCH);
+            q.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            drop(strong);
+            // Woken by a push, or checks now and then whether the client is gone.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), wait).await;
+            continue;
+        }
+        strong.pending.room.notify_waiters();
+        let client = crate::Client::from_inner(strong.clone());
+        send(&client, &strong, batch).await;
+    }
+}
+
+async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
+    if inner.uncommitted.full() {
+        let _ = client.sync_committed().await; // back-pressure: the MDS commits first
+    }
+    let req = MdsBatch {
+        ops: batch.iter().map(|q| q.op.clone()).collect(),
+    };
+    let stamp = inner.leases.stamp();
+    let last = batch.last().map_or(0, |q| q.seq);
+    let results: Vec<Outcome> = match client.rpc(&inner.mds.clone(), &req).await {
+        Ok(r) if r.results.len() == batch.len() => r
+            .results
+            .into_iter()
+            .map(|r| match r {
+                BatchResult::Reint(reply) => Ok(reply),
+                BatchResult::Closed => Err((FsErrorKind::Io, String::new())),
+                BatchResult::Failed(e) => Err((kind_of(e.code), e.message)),
+            })
+            .collect(),
+        Ok(_) => batch
+            .iter()
+            .map(|_| Err((FsErrorKind::Io, "the MDS answered a batch short".to_owned())))
+            .collect(),
+        Err(e) => batch
+            .iter()
+            .map(|_| Err((e.kind(), e.to_string())))
+            .collect(),
+    };
+    for (q, out) in batch.iter_mut().zip(results) {
+        let out = match (&q.op, out) {
+            (BatchOp::Close(_), _) => continue,
+            (BatchOp::Reint(r), Ok(mut reply)) => {
+                inner.leases.learn_change(stamp, &r.mutation, &reply);
+                let ticket = std::mem::take(&mut reply.ticket);
+                inner
+                    .uncommitted
+                    .keep(reply.transno, ticket, reply.committed);
+                Ok(reply)
+            }
+            (BatchOp::Reint(r), Err((kind, what))) => {
+                let what = if what.is_empty() {
+                    format!(
+                        "{:?} failed at the MDS",
+                        r.mutation
+                            .created_name()
+                            .map(|(_, n)| String::from_utf8_lossy(n).into_owned())
+                    )
+                } else {
+                    what
+                };
+                if let Some((dir, name)) = &q.named {
+                    inner.leases.undo(*dir, name);
+                }
+                inner.pending.failed(Failed {
+                    dir: q.named.as_ref().map(|(d, _)| *d),
+                    fid: q.fid,
+                    kind,
+                    what: what.clone(),
+                });
+                Err((kind, what))
+            }
+        };
+        if let Some(tx) = q.done.take() {
+            let _ = tx.send(Some(out));
+        }
+    }
+    inner.pending.answered.send_replace(last);
+}
