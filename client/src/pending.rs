@@ -215,19 +215,6 @@ impl Pending {
     }
 }
 
-/// What a failed change's status means in the filesystem's terms.
-fn kind_of(code: proto::StatusCode) -> FsErrorKind {
-    use proto::StatusCode as S;
-    match code {
-        S::Fs(k) => k,
-        S::NotFound => FsErrorKind::NotFound,
-        S::Exists => FsErrorKind::Exists,
-        S::Invalid => FsErrorKind::Invalid,
-        S::NoSpace => FsErrorKind::NoSpace,
-        _ => FsErrorKind::Io,
-    }
-}
-
 /// Ranges of inode numbers the client keeps (as many as the MDS does).
 pub(crate) const KEPT_RANGES: usize = 3;
 
@@ -266,14 +253,24 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
     };
     let stamp = inner.leases.stamp();
     let last = batch.last().map_or(0, |q| q.seq);
-    let results: Vec<Outcome> = match client.rpc(&inner.mds.clone(), &req).await {
+    let mds = inner.mds.clone();
+    // A failure in the filesystem's terms, as a call sent alone would have seen it.
+    let failed = |err: proto::RemoteError| {
+        let e = ClientError::from(lnet::NetError::Remote {
+            peer: mds.clone(),
+            err,
+        });
+        Err((e.kind(), e.to_string()))
+    };
+    let results: Vec<Outcome> = match client.rpc(&mds, &req).await {
         Ok(r) if r.results.len() == batch.len() => r
             .results
             .into_iter()
             .map(|r| match r {
                 BatchResult::Reint(reply) => Ok(reply),
-                BatchResult::Closed => Err((FsErrorKind::Io, String::new())),
-                BatchResult::Failed(e) => Err((kind_of(e.code), e.message)),
+                // A close answers nothing anyone waits for.
+                BatchResult::Closed => Err((FsErrorKind::Io, "a close, not a change".to_owned())),
+                BatchResult::Failed(e) => failed(e),
             })
             .collect(),
         Ok(_) => batch
@@ -296,17 +293,7 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
                     .keep(reply.transno, ticket, reply.committed);
                 Ok(reply)
             }
-            (BatchOp::Reint(r), Err((kind, what))) => {
-                let what = if what.is_empty() {
-                    format!(
-                        "{:?} failed at the MDS",
-                        r.mutation
-                            .created_name()
-                            .map(|(_, n)| String::from_utf8_lossy(n).into_owned())
-                    )
-                } else {
-                    what
-                };
+            (BatchOp::Reint(_), Err((kind, what))) => {
                 if let Some((dir, name)) = &q.named {
                     inner.leases.undo(*dir, name);
                 }

@@ -306,18 +306,6 @@ pub enum Mutation {
     },
 }
 
-impl Mutation {
-    /// The directory and name a create makes, if it is one.
-    pub fn created_name(&self) -> Option<(Fid, &[u8])> {
-        match self {
-            Mutation::Create { parent, name, .. } | Mutation::CreateAt { parent, name, .. } => {
-                Some((*parent, name))
-            }
-            _ => None,
-        }
-    }
-}
-
 /// Bits of a mode an inode keeps (permissions, setuid, setgid, sticky).
 pub const PERM_MASK: u32 = 0o7777;
 
