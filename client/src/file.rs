@@ -19,7 +19,7 @@ use lnet::{Registered, Transport};
 use parking_lot::Mutex;
 use proto::capa::Grant;
 use proto::layout::{Component, Layout, LayoutError, StripeCount, StripeObject};
-use proto::md::{Inode, Kind, MdsOpen, Mutation, OpenHandle, SetAttr};
+use proto::md::{Inode, Kind, MdsOpen, MdsReadMdt, Mutation, OpenHandle, SetAttr};
 
 use crate::caps::Caps;
 use proto::ost::{OstPunch, OstRead, OstSync, OstTruncate, OstWrite};
@@ -188,10 +188,14 @@ impl OpenOptions {
                     return Err(e);
                 }
             }
-            let grant = done.grant.unwrap_or_default();
-            return self
-                .open_counted(client, inode, Some((handle, done.size_gen, grant)), None)
-                .await;
+            let counted = Counted {
+                inode: inode.clone(),
+                handle,
+                gen: done.size_gen,
+                grant: done.grant.unwrap_or_default(),
+                mdt: None,
+            };
+            return self.open_counted(client, inode, Some(counted), None).await;
         }
         let inode = client.lookup(parent, name).await?;
         self.open_inode(client, inode).await
@@ -242,6 +246,7 @@ impl OpenOptions {
             unpublished: AtomicBool::new(false),
             ahead: Some(sent),
             ready: AtomicBool::new(false),
+            mdt: Mutex::new(None),
         }))
     }
 
@@ -249,25 +254,21 @@ impl OpenOptions {
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
     pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
-        let (inode, handle, gen, grant) = Self::count_open(client, fid, None).await?;
+        let counted = Self::count_open(client, fid, None).await?;
         let checked = self
-            .check_access(client, &inode)
-            .and_then(|()| self.kind_opens(&inode));
+            .check_access(client, &counted.inode)
+            .and_then(|()| self.kind_opens(&counted.inode));
         if let Err(e) = checked {
-            let _ = client.close_handle(handle, fid).await;
+            let _ = client.close_handle(counted.handle, fid).await;
             return Err(e);
         }
-        self.open_counted(client, inode, Some((handle, gen, grant)), None)
+        self.open_counted(client, counted.inode.clone(), Some(counted), None)
             .await
     }
 
     /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now
     /// and the capabilities for its objects.
-    async fn count_open(
-        client: &Client,
-        fid: proto::Fid,
-        path: Option<&str>,
-    ) -> Result<(Inode, OpenHandle, u64, Grant)> {
+    async fn count_open(client: &Client, fid: proto::Fid, path: Option<&str>) -> Result<Counted> {
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let mds = client.inner.mds.clone();
@@ -277,9 +278,25 @@ impl OpenOptions {
             creds: client.creds().clone(),
             path: path.map(str::to_owned),
         };
+        let stamp = client.inner.leases.stamp();
         let opened = client.rpc(&mds, &open).await?;
         client.opened(handle, fid, replays).await?;
-        Ok((opened.inode, handle, opened.size_gen, opened.grant))
+        let mdt = opened
+            .inode
+            .layout
+            .as_ref()
+            .is_some_and(|l| l.mdt_end().is_some())
+            .then_some(MdtCopy {
+                bytes: opened.mdt,
+                stamp,
+            });
+        Ok(Counted {
+            inode: opened.inode,
+            handle,
+            gen: opened.size_gen,
+            grant: opened.grant,
+            mdt,
+        })
     }
 
     /// The rights on objects this open needs.
@@ -343,14 +360,20 @@ impl OpenOptions {
         &self,
         client: &Client,
         inode: Inode,
-        counted: Option<(OpenHandle, u64, Grant)>,
+        counted: Option<Counted>,
         path: Option<&str>,
     ) -> Result<File> {
         self.kind_opens(&inode)?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes. Its answer is the freshest view of the file.
-        let (inode, handle, gen, grant) = match counted {
-            Some((h, gen, grant)) => (inode, h, gen, grant),
+        let Counted {
+            inode,
+            handle,
+            gen,
+            grant,
+            mdt,
+        } = match counted {
+            Some(c) => c,
             None => Self::count_open(client, inode.fid, path).await?,
         };
         let caps = Arc::new(Caps::new(inode.fid, handle, client.creds().clone(), grant));
@@ -376,6 +399,7 @@ impl OpenOptions {
             unpublished: AtomicBool::new(false),
             ahead: None,
             ready: AtomicBool::new(true),
+            mdt: Mutex::new(mdt),
         };
         client.inner.writes.opened(file.inode.lock().fid);
         if self.truncate && (self.write || self.append) {
@@ -383,6 +407,24 @@ impl OpenOptions {
         }
         Ok(file)
     }
+}
+
+/// An open the MDS counted: the file as of then, and what came with it.
+struct Counted {
+    inode: Inode,
+    handle: OpenHandle,
+    gen: u64,
+    grant: Grant,
+    mdt: Option<MdtCopy>,
+}
+
+/// The bytes the MDS keeps of a Data-on-MDT file (up to its size), as a handle last read them.
+/// They are read again unless the client's leases are where they were then (no recall and no
+/// change of this client's own since) and it holds the file's lease: another client's write
+/// recalls that lease before it is applied.
+struct MdtCopy {
+    bytes: Vec<u8>,
+    stamp: crate::lease::Stamp,
 }
 
 /// An open file.
@@ -408,6 +450,8 @@ pub struct File {
     ahead: Option<crate::pending::Sent>,
     /// The answer came and was taken in (or the file was not created ahead).
     ready: AtomicBool,
+    /// The bytes the MDS keeps of the file (Data-on-MDT), as last read.
+    mdt: Mutex<Option<MdtCopy>>,
 }
 
 impl std::fmt::Debug for File {
@@ -628,11 +672,102 @@ impl File {
             .ok_or_else(|| {
                 ClientError::fs(FsErrorKind::FileTooLarge, "past the file size limit")
             })?;
-        self.write_copies(offset, &region, region_offset, len, None)
+        let layout = self.layout_ready().await?;
+        if layout.components.iter().map(|c| c.end).max().unwrap_or(0) < end {
+            return Err(ClientError::fs(
+                FsErrorKind::FileTooLarge,
+                "past the last component of the file's layout",
+            ));
+        }
+        // The bytes the MDS keeps go to it, each write a change of the file it journals;
+        // the rest to the objects.
+        let mut on_mdt = 0;
+        if let Some(mdt_end) = layout.mdt_end().filter(|e| offset < *e) {
+            on_mdt = len.min(mdt_end - offset);
+            let data = region.read(region_offset, on_mdt)?.as_slice().to_vec();
+            self.write_mdt(offset, &data).await?;
+        }
+        if on_mdt < len {
+            self.write_copies(
+                offset + on_mdt,
+                &region,
+                region_offset + on_mdt,
+                len - on_mdt,
+                None,
+            )
             .await?;
+            // The MDS grew the size for the part it keeps; the objects' end is published.
+            self.unpublished.store(true, Ordering::SeqCst);
+        }
         self.written_to.fetch_max(end, Ordering::Relaxed);
-        self.unpublished.store(true, Ordering::SeqCst);
         Ok(offset)
+    }
+
+    /// Writes `data` at `offset` into the part of the file the MDS keeps (Data-on-MDT),
+    /// through this handle.
+    async fn write_mdt(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let fid = self.inode.lock().fid;
+        let mut at = offset;
+        for chunk in data.chunks(proto::md::MAX_MDT_WRITE) {
+            let m = Mutation::WriteMdt {
+                fid,
+                offset: at,
+                data: chunk.to_vec(),
+            };
+            let done = self.client.reint_with(m, Some(self.handle)).await?;
+            if let Some(i) = done.inode {
+                *self.inode.lock() = i;
+            }
+            at += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// `len` bytes at `offset` of the part of the file the MDS keeps, zeros past what it
+    /// holds: from the copy this handle read last while the file's lease shows nothing
+    /// changed it since, else from the MDS (which leases the file again).
+    async fn read_mdt(&self, mdt_end: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let cut = |bytes: &[u8]| {
+            let mut out = vec![0u8; len as usize];
+            let from = (offset as usize).min(bytes.len());
+            let have = (bytes.len() - from).min(len as usize);
+            out[..have].copy_from_slice(&bytes[from..from + have]);
+            out
+        };
+        let fid = self.inode.lock().fid;
+        let leases = &self.client.inner.leases;
+        if let Some(c) = &*self.mdt.lock() {
+            if c.stamp == leases.stamp() && leases.holds_attr(fid) {
+                return Ok(cut(&c.bytes));
+            }
+        }
+        let stamp = leases.stamp();
+        let r = MdsReadMdt {
+            fid,
+            handle: Some(self.handle),
+            creds: self.client.creds().clone(),
+            offset: 0,
+            len: u32::try_from(mdt_end.min(proto::layout::MAX_MDT_SIZE)).unwrap_or(u32::MAX),
+            lease: leases.live().then_some(self.client.inner.client_id()),
+        };
+        match self.client.rpc(&self.client.inner.mds.clone(), &r).await {
+            Ok(got) => {
+                leases.learn_attr(stamp, &got.inode, got.leased);
+                let out = cut(&got.data);
+                *self.mdt.lock() = Some(MdtCopy {
+                    bytes: got.data,
+                    stamp,
+                });
+                Ok(out)
+            }
+            // The file lost its last name while this handle holds it: nobody can change it
+            // but other holders, and the bytes are those this handle read last.
+            Err(e) if e.is(FsErrorKind::Stale) => match &*self.mdt.lock() {
+                Some(c) => Ok(cut(&c.bytes)),
+                None => Err(e),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Writes `len` bytes of `region` at `offset` to every copy in sync (or to copy `only`,
@@ -1033,10 +1168,24 @@ impl File {
             ));
         }
         let host = region.kind() == lnet::MemoryKind::Host;
+        let layout = self.layout_ready().await?;
+        let total = len;
+        // The part the MDS keeps comes from it (or from what this handle read last).
+        let (offset, region_offset, len) = match layout.mdt_end().filter(|e| offset < *e) {
+            Some(mdt_end) => {
+                let n = len.min(mdt_end - offset);
+                let bytes = self.read_mdt(mdt_end, offset, n).await?;
+                region.dma(region_offset, n, true)?.copy_in(&bytes)?;
+                if n == len {
+                    return Ok(len as usize);
+                }
+                (offset + n, region_offset + n, len - n)
+            }
+            None => (offset, region_offset, len),
+        };
         // Each stripe unit is read from one copy in sync, the units spread over the copies;
         // a copy that fails (its server does not answer within the failover time, or a piece
         // fails its checksum) is replaced by the next.
-        let layout = self.layout_ready().await?;
         let stale = layout.stale_mirrors();
         let in_sync: Vec<u16> = (0..layout.mirror_count())
             .filter(|m| !stale.contains(m))
@@ -1174,7 +1323,7 @@ impl File {
                 ),
             }
         }
-        Ok(len as usize)
+        Ok(total as usize)
     }
 
     /// Rewrites `offset..offset+len` of copy `mirror` (whose stored bytes failed a checksum)
@@ -1699,8 +1848,23 @@ impl File {
         let Ok(layout) = self.layout_ready().await else {
             return Ok(()); // no objects: nothing to deallocate
         };
+        let mut offset = offset;
         let end = offset.saturating_add(len).min(proto::md::MAX_FILE_SIZE);
         let fid = self.inode.lock().fid;
+        if let Some(mdt_end) = layout.mdt_end().filter(|e| offset < *e) {
+            // The MDS's part holds no blocks to free: the range becomes zeros, up to the size.
+            let size = self.size().await?;
+            let zeros = end.min(mdt_end).min(size).saturating_sub(offset);
+            if zeros > 0 {
+                self.write_mdt(offset, &vec![0u8; zeros as usize]).await?;
+            }
+            offset = mdt_end;
+        }
+        let last = layout.components.iter().map(|c| c.end).max().unwrap_or(0);
+        let end = end.min(last);
+        if offset >= end {
+            return self.touch(true).await;
+        }
         let punched = self
             .on_every_copy(&layout, |ml, failover| {
                 self.punch_objects(ml, offset, end, failover)

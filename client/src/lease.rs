@@ -499,7 +499,8 @@ impl Leases {
             | Mutation::GrowSize { fid, .. }
             | Mutation::SetLayout { fid, .. }
             | Mutation::MirrorState { fid, .. }
-            | Mutation::PlaceMirror { fid, .. } => {
+            | Mutation::PlaceMirror { fid, .. }
+            | Mutation::WriteMdt { fid, .. } => {
                 touched.push(*fid);
                 vec![]
             }

@@ -1,5 +1,6 @@
 //! Layouts as `lfs setstripe` arguments: `-c N -S SIZE [-i IDX]`, or components
-//! `-E END -c N -S SIZE ... -E -1 ...`, with `-N COPIES` for a mirrored file. The `lode` command parses them; the mount shows and
+//! `-E END -c N -S SIZE ... -E -1 ...` (a first component `-E END -L mdt` keeps the file's
+//! first bytes on the MDS), with `-N COPIES` for a mirrored file. The `lode` command parses them; the mount shows and
 //! takes them as the `lode.layout` extended attribute.
 
 use proto::layout::{Component, Layout, StripeCount, DEFAULT_STRIPE_SIZE, EOF};
@@ -33,8 +34,13 @@ pub fn parse(opts: &[String]) -> Result<Layout> {
             "-E" | "--component-end" => {
                 if started {
                     cur.end = cur_end.unwrap_or(EOF);
-                    comps.push(cur.clone());
+                    comps.push(finish(cur.clone()));
                     cur.start = cur.end;
+                    if cur.on_mdt() {
+                        // What follows the MDS's part is striped, as in Lustre.
+                        cur.stripe_count = StripeCount::Count(1);
+                        cur.stripe_size = DEFAULT_STRIPE_SIZE;
+                    }
                 }
                 started = true;
                 let v = value()?;
@@ -56,6 +62,15 @@ pub fn parse(opts: &[String]) -> Result<Layout> {
                 };
             }
             "-S" | "--stripe-size" => cur.stripe_size = parse_size(value()?)?,
+            "-L" | "--layout" => match value()?.as_str() {
+                "mdt" => cur.stripe_count = StripeCount::Mdt,
+                "raid0" => {
+                    if cur.on_mdt() {
+                        cur.stripe_count = StripeCount::Count(1);
+                    }
+                }
+                v => return Err(bad(format!("unknown layout pattern {v:?} (mdt or raid0)"))),
+            },
             "-i" | "--stripe-index" => {
                 let v = value()?;
                 cur.stripe_offset = Some(
@@ -80,8 +95,16 @@ pub fn parse(opts: &[String]) -> Result<Layout> {
         }
     }
     cur.end = cur_end.unwrap_or(EOF);
-    comps.push(cur);
+    comps.push(finish(cur));
     Ok(Layout::new(comps)?.with_mirrors(mirrors)?)
+}
+
+/// A Data-on-MDT component's stripe size is its end, as `lfs` sets it.
+fn finish(mut c: Component) -> Component {
+    if c.on_mdt() {
+        c.stripe_size = c.end;
+    }
+    c
 }
 
 /// A layout as the options that make it (objects left out).
@@ -103,10 +126,16 @@ pub fn format(l: &Layout) -> String {
                 c.end.to_string()
             });
         }
+        if c.on_mdt() {
+            out.push("-L".into());
+            out.push("mdt".into());
+            continue;
+        }
         out.push("-c".into());
         out.push(match c.stripe_count {
             StripeCount::All => "-1".into(),
             StripeCount::Count(n) => n.to_string(),
+            StripeCount::Mdt => unreachable!("handled above"),
         });
         out.push("-S".into());
         out.push(c.stripe_size.to_string());
@@ -149,5 +178,28 @@ mod tests {
         assert_eq!(parse(&args(&format(&m))).unwrap(), m);
         assert!(parse(&args("-N 9")).is_err(), "more mirrors than allowed");
         assert!(parse(&args("-c")).is_err());
+    }
+
+    #[test]
+    fn a_first_component_on_the_mds_parses_and_prints_back() {
+        let l = parse(&args("-E 64K -L mdt -E -1 -c -1")).unwrap();
+        assert_eq!(l.mdt_end(), Some(64 << 10));
+        assert_eq!(l.components[0].stripe_size, 64 << 10);
+        assert_eq!(l.components[1].stripe_count, StripeCount::All);
+        assert_eq!(l.components[1].stripe_size, DEFAULT_STRIPE_SIZE);
+        assert_eq!(format(&l), "-E 65536 -L mdt -E -1 -c -1 -S 4194304");
+        assert_eq!(parse(&args(&format(&l))).unwrap(), l);
+        // The rest after an MDS part is striped even with no -c of its own.
+        let l = parse(&args("-E 1M -L mdt -E -1")).unwrap();
+        assert_eq!(l.components[1].stripe_count, StripeCount::Count(1));
+        assert!(
+            parse(&args("-E 2M -L mdt -E -1")).is_err(),
+            "past the MDS's limit"
+        );
+        assert!(
+            parse(&args("-E 1M -c 1 -E 2M -L mdt -E -1")).is_err(),
+            "not first"
+        );
+        assert!(parse(&args("-E 64K -L raid5")).is_err());
     }
 }

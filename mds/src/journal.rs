@@ -7,7 +7,8 @@
 //!            | crc32c(the 20 bytes before it, then body) u32 | body
 //! body:      (record_len u32 | postcard Record)*     (count records, seqs first_seq...)
 //! snapshot:  "LODESNP\0" (8) | version u32 | body_len u64 | crc32c(body) u32 | body
-//!            body = postcard (last_seq u64, Namespace)
+//!            body = postcard (last_seq u64, Namespace) then, from version 3, postcard
+//!                   map FID -> bytes of Data-on-MDT files
 //! ```
 //!
 //! One group commit writes one batch, with one checksum, and syncs it. Replay applies, on top
@@ -36,6 +37,9 @@ const JOURNAL_MAGIC: [u8; 8] = *b"LODEJNL\0";
 const SNAPSHOT_MAGIC: [u8; 8] = *b"LODESNP\0";
 const BATCH_MAGIC: [u8; 4] = *b"LJB2";
 const VERSION: u32 = 2;
+/// Snapshots of version 3 keep the bytes of Data-on-MDT files after the namespace; version 2
+/// ones (none) still read.
+const SNAPSHOT_VERSION: u32 = 3;
 const JOURNAL_HEADER: u64 = 16;
 const BATCH_HEADER: usize = 24;
 /// Largest record: a mutation with its largest names, target and xattr value, with room.
@@ -288,8 +292,22 @@ fn read_snapshot(disk: &dyn MetaDisk) -> Result<Option<(Namespace, u64)>, Journa
     if crc32c::crc32c(body) != crc {
         return Err(damaged("checksum mismatch"));
     }
-    let (seq, ns): (u64, Namespace) =
-        postcard::from_bytes(body).map_err(|e| damaged(&e.to_string()))?;
+    let ((seq, mut ns), rest): ((u64, Namespace), _) =
+        postcard::take_from_bytes(body).map_err(|e| damaged(&e.to_string()))?;
+    match le32(&raw[8..12]) {
+        // Before Data-on-MDT: nothing follows the namespace.
+        2 if rest.is_empty() => {}
+        SNAPSHOT_VERSION => {
+            let mdt: std::collections::HashMap<proto::Fid, Vec<u8>> =
+                postcard::from_bytes(rest).map_err(|e| damaged(&e.to_string()))?;
+            ns.set_mdt_bytes(mdt);
+        }
+        v => {
+            return Err(damaged(&format!(
+                "snapshot version {v} (this MDS reads 2 and {SNAPSHOT_VERSION})"
+            )))
+        }
+    }
     Ok(Some((ns, seq)))
 }
 
@@ -305,13 +323,16 @@ pub fn decode_snapshot(raw: &[u8]) -> Result<(Namespace, u64), JournalError> {
 
 /// Writes a snapshot of `ns` as of `seq`, durably and atomically.
 pub fn write_snapshot(disk: &dyn MetaDisk, ns: &Namespace, seq: u64) -> Result<(), JournalError> {
-    let body = postcard::to_allocvec(&(seq, ns)).map_err(|e| JournalError::Damaged {
+    let failed = |e: postcard::Error| JournalError::Damaged {
         name: SNAPSHOT,
         reason: e.to_string(),
-    })?;
+    };
+    let mut body = postcard::to_allocvec(&(seq, ns)).map_err(failed)?;
+    // The bytes of Data-on-MDT files follow the namespace.
+    body = postcard::to_extend(ns.mdt_bytes(), body).map_err(failed)?;
     let mut out = Vec::with_capacity(24 + body.len());
     out.extend_from_slice(&SNAPSHOT_MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     out.extend_from_slice(&body);

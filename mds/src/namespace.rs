@@ -97,6 +97,11 @@ pub struct Namespace {
     /// new run of generations, see `Store::size_gen`).
     #[serde(skip)]
     truncates: Truncates,
+    /// The bytes the MDS keeps of files with a Data-on-MDT component, up to their size (a
+    /// file without an entry here reads as zeros there). Snapshots keep them after the rest
+    /// ([`crate::journal`]), so a snapshot of the earlier format still reads.
+    #[serde(skip)]
+    mdt: HashMap<Fid, Vec<u8>>,
 }
 
 /// Truncates per file. Not part of what a namespace holds, so not compared.
@@ -192,6 +197,7 @@ impl Namespace {
             doomed: BTreeMap::new(),
             replies: ReplyCache::default(),
             truncates: Truncates::default(),
+            mdt: HashMap::new(),
         }
     }
 
@@ -289,7 +295,8 @@ impl Namespace {
             | Mutation::GrowSize { fid, .. }
             | Mutation::SetLayout { fid, .. }
             | Mutation::MirrorState { fid, .. }
-            | Mutation::PlaceMirror { fid, .. } => vec![*fid],
+            | Mutation::PlaceMirror { fid, .. }
+            | Mutation::WriteMdt { fid, .. } => vec![*fid],
             Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
@@ -520,6 +527,9 @@ impl Namespace {
             }
             Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, who, now),
             Mutation::GrowSize { fid, size } => self.grow_size(*fid, *size, who, now),
+            Mutation::WriteMdt { fid, offset, data } => {
+                self.write_mdt(*fid, *offset, data, who, now)
+            }
             Mutation::SetLayout { fid, layout } => self.set_layout(*fid, layout, who, now),
             Mutation::MirrorState {
                 fid,
@@ -726,6 +736,7 @@ impl Namespace {
             }
         }
         let gone = self.inodes.remove(&fid)?;
+        self.mdt.remove(&fid);
         if !dir {
             for o in gone
                 .layout
@@ -945,7 +956,7 @@ impl Namespace {
             k if k.is_special() => {
                 return err(FsErrorKind::Invalid, "a special file has no layout")
             }
-            Kind::Dir if layout.components.iter().any(|c| c.is_instantiated()) => {
+            Kind::Dir if layout.components.iter().any(|c| !c.objects.is_empty()) => {
                 return err(
                     FsErrorKind::Invalid,
                     "a directory's layout is a template, without objects",
@@ -970,6 +981,7 @@ impl Namespace {
         {
             self.doomed.insert(o.fid, (o.target, fid));
         }
+        self.mdt.remove(&fid);
         let x = self.inodes.get_mut(&fid).expect("checked above");
         x.ctime = now;
         Ok(Applied {
@@ -977,6 +989,99 @@ impl Namespace {
             removed: vec![],
             reserved: None,
         })
+    }
+
+    /// Writes into the bytes the MDS keeps of `fid` (Data-on-MDT).
+    fn write_mdt(
+        &mut self,
+        fid: Fid,
+        offset: u64,
+        data: &[u8],
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        let i = self.require(fid, who, 2)?;
+        if i.kind != Kind::File {
+            return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
+        }
+        let Some(mdt_end) = i.layout.as_ref().and_then(|l| l.mdt_end()) else {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} has no Data-on-MDT component"),
+            );
+        };
+        if data.len() > proto::md::MAX_MDT_WRITE {
+            return err(
+                FsErrorKind::TooBig,
+                format!(
+                    "a write to the MDS carries at most {} bytes",
+                    proto::md::MAX_MDT_WRITE
+                ),
+            );
+        }
+        let end = offset.saturating_add(data.len() as u64);
+        if end > mdt_end {
+            return err(
+                FsErrorKind::Invalid,
+                format!(
+                    "[{offset}, {end}) is not inside the MDS's part of {fid} (up to {mdt_end})"
+                ),
+            );
+        }
+        // Past what the vector holds, the file reads as zeros (a hole, or never written).
+        let bytes = self.mdt.entry(fid).or_default();
+        if (bytes.len() as u64) < end {
+            bytes.resize(end as usize, 0);
+        }
+        bytes[offset as usize..end as usize].copy_from_slice(data);
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        if end > x.size {
+            x.size = end;
+        }
+        x.mtime = now;
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// The bytes `offset..offset+len` the MDS keeps of `fid`, cut at the file's size and at
+    /// the end of its Data-on-MDT component; what was never written reads as zeros.
+    pub fn read_mdt(&self, fid: Fid, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let i = self.inode(fid)?;
+        if i.kind != Kind::File {
+            return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
+        }
+        let Some(mdt_end) = i.layout.as_ref().and_then(|l| l.mdt_end()) else {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} has no Data-on-MDT component"),
+            );
+        };
+        let end = offset.saturating_add(len).min(i.size).min(mdt_end);
+        if offset >= end {
+            return Ok(vec![]);
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        if let Some(d) = self.mdt.get(&fid) {
+            let have = (d.len() as u64).min(end);
+            if offset < have {
+                out[..(have - offset) as usize].copy_from_slice(&d[offset as usize..have as usize]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The bytes the MDS keeps of every file with a Data-on-MDT component, for a snapshot.
+    pub(crate) fn mdt_bytes(&self) -> &HashMap<Fid, Vec<u8>> {
+        &self.mdt
+    }
+
+    /// Takes in the bytes a snapshot kept.
+    pub(crate) fn set_mdt_bytes(&mut self, mdt: HashMap<Fid, Vec<u8>>) {
+        self.mdt = mdt;
     }
 
     /// How many times `fid`'s size was set in this run.
@@ -1302,6 +1407,9 @@ impl Namespace {
         if let Some(s) = a.size {
             x.size = s;
             x.mtime = now;
+            if let Some(d) = self.mdt.get_mut(&fid) {
+                d.truncate(usize::try_from(s).unwrap_or(usize::MAX));
+            }
         }
         if let Some(t) = a.atime {
             x.atime = t;
@@ -1415,6 +1523,19 @@ impl Namespace {
                 problems.push(format!("{fid} is an orphan (no entry names it)"));
             }
         }
+        for (fid, d) in &self.mdt {
+            match self.inodes.get(fid) {
+                Some(i)
+                    if i.layout
+                        .as_ref()
+                        .and_then(|l| l.mdt_end())
+                        .is_some_and(|e| d.len() as u64 <= e.min(i.size)) => {}
+                _ => problems.push(format!(
+                    "{fid} has {} bytes on the MDS but no Data-on-MDT component holding them",
+                    d.len()
+                )),
+            }
+        }
         // Every object belongs to one file, or waits in the destroy queue: never two.
         let mut owners: HashMap<Fid, Fid> = HashMap::new();
         for i in self.inodes.values() {
@@ -1459,7 +1580,7 @@ fn check_new_inode(kind: Kind, target: &[u8], layout: Option<&Layout>) -> Result
             kind: FsErrorKind::Invalid,
             what: e.to_string(),
         })?;
-        if kind != Kind::File && l.components.iter().any(|c| c.is_instantiated()) {
+        if kind != Kind::File && l.components.iter().any(|c| !c.objects.is_empty()) {
             return err(
                 FsErrorKind::Invalid,
                 "only a file's layout has objects; a directory's is a template",

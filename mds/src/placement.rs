@@ -54,6 +54,8 @@ pub fn place(
     let n = match c.stripe_count {
         StripeCount::All => targets.len(),
         StripeCount::Count(n) => (n as usize).min(targets.len()),
+        // The MDS keeps the component's bytes: no target.
+        StripeCount::Mdt => return Ok(vec![]),
     };
     let start = match c.stripe_offset {
         Some(o) => targets

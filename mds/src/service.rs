@@ -253,6 +253,7 @@ impl MdsService {
             ),
             // Writers' size reports and the MDS's own bookkeeping.
             Mutation::GrowSize { .. }
+            | Mutation::WriteMdt { .. }
             | Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => None,
@@ -349,7 +350,7 @@ impl MdsService {
     /// file, or of an empty file getting a layout. A layout from the network must not name
     /// objects: only the MDS hands them out.
     async fn prepare(&self, m: &mut Mutation) -> Result<Vec<StripeObject>, RemoteError> {
-        let forged = |l: &Layout| l.components.iter().any(|c| c.is_instantiated());
+        let forged = |l: &Layout| l.components.iter().any(|c| !c.objects.is_empty());
         let refuse = |kind, what: &str| {
             Err(ns_error(NsError {
                 kind,
@@ -575,10 +576,21 @@ impl MdsService {
                     };
                     self.record(&req, &creds, what, None, &Ok::<(), RemoteError>(()));
                 }
+                // A small file's bytes come with its open (Data-on-MDT).
+                let mdt = if grant.rights & proto::capa::READ != 0
+                    && inode.layout.as_ref().is_some_and(|l| l.mdt_end().is_some())
+                {
+                    self.store
+                        .read(|ns| ns.read_mdt(r.fid, 0, proto::layout::MAX_MDT_SIZE))
+                        .map_err(ns_error)?
+                } else {
+                    vec![]
+                };
                 reply::<MdsOpen>(&MdsOpened {
                     inode,
                     size_gen,
                     grant,
+                    mdt,
                 })
             }
             opcodes::MDS_CLOSE => {
@@ -720,6 +732,43 @@ impl MdsService {
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
                 reply::<MdsGetattr>(&MdsInode { inode, leased })
+            }
+            opcodes::MDS_READ_MDT => {
+                let mut r: MdsReadMdt = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
+                if r.len as u64 > proto::layout::MAX_MDT_SIZE {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::Invalid),
+                        format!(
+                            "a read of the MDS's part is at most {} bytes",
+                            proto::layout::MAX_MDT_SIZE
+                        ),
+                    ));
+                }
+                // Through an open handle, the open was the check; otherwise the caller's read
+                // permission.
+                let by_handle = r.handle.is_some_and(|h| self.alloc.open.holds(r.fid, h));
+                let leased = self
+                    .lessee(r.lease)
+                    .is_some_and(|c| self.leases.grant(c, &[r.fid]));
+                let (data, inode) = self
+                    .store
+                    .read(|ns| {
+                        let inode = ns.inode(r.fid)?.clone();
+                        if !by_handle && !inode.permits(&r.creds, 4) {
+                            return Err(NsError {
+                                kind: FsErrorKind::AccessDenied,
+                                what: format!("permission denied on {}", r.fid),
+                            });
+                        }
+                        Ok((ns.read_mdt(r.fid, r.offset, u64::from(r.len))?, inode))
+                    })
+                    .map_err(ns_error)?;
+                reply::<MdsReadMdt>(&MdsMdtData {
+                    data,
+                    inode,
+                    leased,
+                })
             }
             opcodes::MDS_READDIR => {
                 let mut r: MdsReaddir = req.decode()?;
@@ -964,6 +1013,7 @@ impl MdsService {
         // mtime the writer's page cache kept for its writes (never an atime of its choosing).
         let by_handle = match (&r.mutation, r.open) {
             (Mutation::GrowSize { fid, .. }, Some(h))
+            | (Mutation::WriteMdt { fid, .. }, Some(h))
             | (Mutation::MirrorState { fid, .. }, Some(h))
             | (Mutation::PlaceMirror { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
             (Mutation::Setattr { fid, attr }, Some(h)) => {
@@ -985,6 +1035,7 @@ impl MdsService {
                 r.mutation,
                 Mutation::Setattr { .. }
                     | Mutation::GrowSize { .. }
+                    | Mutation::WriteMdt { .. }
                     | Mutation::MirrorState { .. }
                     | Mutation::PlaceMirror { .. }
             )

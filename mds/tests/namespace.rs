@@ -890,3 +890,99 @@ fn a_writer_who_is_not_the_owner_may_clear_set_id_bits_and_nothing_else() {
     fs.run(mode(0o6744), &root).unwrap();
     assert_eq!(fs.errno(mode(0o0744), &bob), libc::EPERM);
 }
+
+#[test]
+fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot() {
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let mdt = Component {
+        end: 64 << 10,
+        ..Component::raid0(StripeCount::Mdt, 64 << 10)
+    };
+    let layout = Layout::new(vec![mdt]).unwrap();
+    let f = fs
+        .run(
+            Mutation::Create {
+                parent: ROOT,
+                name: "small".into(),
+                kind: Kind::File,
+                mode: 0o644,
+                exclusive: true,
+                target: vec![],
+                layout: Some(layout),
+            },
+            &root,
+        )
+        .unwrap()
+        .inode
+        .unwrap();
+    let write = |offset: u64, data: &[u8]| Mutation::WriteMdt {
+        fid: f.fid,
+        offset,
+        data: data.to_vec(),
+    };
+    fs.run(write(10, b"hello"), &root).unwrap();
+    assert_eq!(fs.ns.inode(f.fid).unwrap().size, 15);
+    // What was never written reads as zeros; a read stops at the size.
+    assert_eq!(
+        fs.ns.read_mdt(f.fid, 0, 100).unwrap(),
+        b"\0\0\0\0\0\0\0\0\0\0hello"
+    );
+    // A truncate drops what is past it, and growing again brings zeros back, not old bytes.
+    let size = |s| Mutation::Setattr {
+        fid: f.fid,
+        attr: SetAttr {
+            size: Some(s),
+            ..Default::default()
+        },
+    };
+    fs.run(size(12), &root).unwrap();
+    fs.run(size(20), &root).unwrap();
+    assert_eq!(
+        fs.ns.read_mdt(f.fid, 10, 100).unwrap(),
+        b"he\0\0\0\0\0\0\0\0"
+    );
+    // Past the MDS's part, too large, by someone who may not write, or on another file.
+    assert_eq!(fs.errno(write(64 << 10, b"x"), &root), libc::EINVAL);
+    let big = vec![1u8; proto::md::MAX_MDT_WRITE + 1];
+    assert_eq!(fs.errno(write(0, &big), &root), libc::E2BIG);
+    assert_eq!(fs.errno(write(0, b"x"), &user(1000)), libc::EACCES);
+    let plain = fs.create(ROOT, "plain", Kind::File, &root).unwrap();
+    let m = Mutation::WriteMdt {
+        fid: plain.fid,
+        offset: 0,
+        data: b"x".to_vec(),
+    };
+    assert_eq!(fs.errno(m, &root), libc::EINVAL);
+
+    // A snapshot keeps the bytes; one written before they existed still reads.
+    let disk = mds::disk::MemDisk::new();
+    mds::journal::write_snapshot(&disk, &fs.ns, 7).unwrap();
+    let raw = mds::disk::MetaDisk::read(&disk, "snapshot")
+        .unwrap()
+        .unwrap();
+    let (back, seq) = mds::journal::decode_snapshot(&raw).unwrap();
+    assert_eq!(seq, 7);
+    assert_eq!(back, fs.ns);
+    assert_eq!(back.read_mdt(f.fid, 10, 2).unwrap(), b"he");
+    let mut damaged = raw.clone();
+    let at = damaged.len() - 1;
+    damaged[at] ^= 1;
+    assert!(mds::journal::decode_snapshot(&damaged).is_err());
+
+    // The bytes go with the file's last name.
+    fs.run(
+        Mutation::Unlink {
+            parent: ROOT,
+            name: "small".into(),
+            dir: false,
+        },
+        &root,
+    )
+    .unwrap();
+    assert_eq!(
+        fs.ns.read_mdt(f.fid, 0, 1).unwrap_err().errno(),
+        libc::ESTALE
+    );
+    assert_eq!(fs.ns.check(), Vec::<String>::new());
+}

@@ -42,6 +42,9 @@ pub const MAX_COMPONENTS: usize = 64;
 pub const EOF: u64 = u64::MAX;
 /// Most mirrors of one file.
 pub const MAX_MIRRORS: u16 = 4;
+/// Largest Data-on-MDT component: the bytes of a file the MDS may keep (Lustre's default
+/// `dom_stripesize` limit).
+pub const MAX_MDT_SIZE: u64 = 1 << 20;
 
 /// How many targets a component stripes over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +52,10 @@ pub enum StripeCount {
     /// Every available target (`-1` in Lustre's tools).
     All,
     Count(u32),
+    /// Data-on-MDT: the metadata server keeps the component's bytes itself (no objects). Only
+    /// a file's first component may be one, up to [`MAX_MDT_SIZE`], with its stripe size its
+    /// end, in a file with one mirror.
+    Mdt,
 }
 
 /// One stripe's object: where it lives and what it is called.
@@ -120,6 +127,10 @@ pub enum LayoutError {
     Mirrors,
     #[error("no mirror of the file is in sync")]
     AllStale,
+    #[error("a Data-on-MDT component must be the first, of a file with one mirror, end at a multiple of 64 KiB up to {} KiB and have its end as stripe size", MAX_MDT_SIZE >> 10)]
+    Mdt,
+    #[error("offset {0} is kept by the MDS (Data-on-MDT), not by objects")]
+    OnMdt(u64),
 }
 
 impl Component {
@@ -142,8 +153,14 @@ impl Component {
         self.start <= offset && offset < self.end
     }
 
+    /// The component has its objects (a Data-on-MDT component needs none).
     pub fn is_instantiated(&self) -> bool {
-        !self.objects.is_empty()
+        !self.objects.is_empty() || self.on_mdt()
+    }
+
+    /// The MDS keeps this component's bytes (Data-on-MDT).
+    pub fn on_mdt(&self) -> bool {
+        self.stripe_count == StripeCount::Mdt
     }
 
     /// Stripes of an instantiated component.
@@ -236,6 +253,18 @@ impl Layout {
                 StripeCount::Count(n) if n == 0 || n > MAX_STRIPE_COUNT => {
                     return Err(LayoutError::StripeCount(n))
                 }
+                StripeCount::Mdt
+                    if index != 0
+                        || c.end == EOF
+                        || c.end > MAX_MDT_SIZE
+                        || c.stripe_size != c.end
+                        || !c.targets.is_empty()
+                        || !c.objects.is_empty()
+                        || c.stripe_offset.is_some()
+                        || self.components.iter().any(|x| x.mirror != 0) =>
+                {
+                    return Err(LayoutError::Mdt)
+                }
                 _ => {}
             }
             if c.targets.len() > MAX_STRIPE_COUNT as usize {
@@ -253,18 +282,22 @@ impl Layout {
                 });
             }
             let aligned = |x: u64| x == EOF || x % c.stripe_size == 0;
-            if c.end <= c.start || !aligned(c.start) || !aligned(c.end) {
+            // After the MDS's part (a multiple of 64 KiB), a component starts where it ends,
+            // whatever its stripe size: its first stripe unit is cut short, as in Lustre.
+            let after_mdt = index > 0 && self.components[index - 1].on_mdt();
+            if c.end <= c.start || !(aligned(c.start) || after_mdt) || !aligned(c.end) {
                 return Err(LayoutError::Extent {
                     index,
                     start: c.start,
                     end: c.end,
                 });
             }
-            if c.is_instantiated() {
+            if !c.objects.is_empty() {
                 let want = match (c.targets.len(), c.stripe_count) {
                     (n, _) if n > 0 => Some(n),
                     (_, StripeCount::Count(n)) => Some(n as usize),
                     (_, StripeCount::All) => None,
+                    (_, StripeCount::Mdt) => Some(0),
                 };
                 if want.is_some_and(|w| w != c.objects.len())
                     || c.objects.len() > MAX_STRIPE_COUNT as usize
@@ -290,6 +323,14 @@ impl Layout {
             expected = c.end;
         }
         Ok(())
+    }
+
+    /// Where the bytes the MDS keeps end: the end of a Data-on-MDT first component.
+    pub fn mdt_end(&self) -> Option<u64> {
+        self.components
+            .first()
+            .filter(|c| c.on_mdt())
+            .map(|c| c.end)
     }
 
     /// How many mirrors the file has (1 when it is not mirrored).
@@ -380,6 +421,9 @@ impl Layout {
         while at < end {
             let ci = self.component_at(at)?;
             let c = &self.components[ci];
+            if c.on_mdt() {
+                return Err(LayoutError::OnMdt(at));
+            }
             let unit_end = (at / c.stripe_size + 1).saturating_mul(c.stripe_size);
             let piece_end = end.min(unit_end).min(c.end);
             let (stripe, object_offset) = c.map(at);
@@ -453,6 +497,59 @@ mod tests {
                 target: 3
             })
         );
+    }
+
+    #[test]
+    fn a_data_on_mdt_component_is_first_bounded_and_maps_to_no_object() {
+        let mdt = |end| Component {
+            stripe_count: StripeCount::Mdt,
+            stripe_size: end,
+            end,
+            ..Component::raid0(StripeCount::Mdt, end)
+        };
+        let mut rest = Component::raid0(StripeCount::Count(1), 64 << 10);
+        rest.start = 64 << 10;
+        let l = Layout::new(vec![mdt(64 << 10), rest.clone()]).unwrap();
+        assert_eq!(l.mdt_end(), Some(64 << 10));
+        assert!(l.components[0].is_instantiated());
+        assert_eq!(l.pieces(100, 10), Err(LayoutError::OnMdt(100)));
+        // Past the MDS's part, the offset math is the objects' as before.
+        let mut l2 = l.clone();
+        l2.components[1].objects = vec![StripeObject {
+            target: 0,
+            fid: Fid::new(crate::fid::OST_SEQ_BASE, 1, 0),
+        }];
+        assert_eq!(l2.pieces(64 << 10, 10).unwrap()[0].object_offset, 64 << 10);
+        // Alone, to a bounded file.
+        assert!(Layout::new(vec![mdt(1 << 20)]).is_ok());
+        // Too large, not first, open-ended, mirrored, or a stripe size other than its end.
+        assert_eq!(Layout::new(vec![mdt(2 << 20)]), Err(LayoutError::Mdt));
+        let mut second = mdt(128 << 10);
+        second.start = 64 << 10;
+        assert_eq!(
+            Layout::new(vec![rest_at(0, 64 << 10), second]),
+            Err(LayoutError::Mdt)
+        );
+        let mut open_ended = mdt(64 << 10);
+        open_ended.end = EOF;
+        assert_eq!(Layout::new(vec![open_ended]), Err(LayoutError::Mdt));
+        let mut odd = mdt(128 << 10);
+        odd.stripe_size = 64 << 10;
+        assert_eq!(Layout::new(vec![odd]), Err(LayoutError::Mdt));
+        let mut copy = rest.clone();
+        copy.start = 0;
+        copy.mirror = 1;
+        assert_eq!(
+            Layout::new(vec![mdt(64 << 10), rest, copy]),
+            Err(LayoutError::Mdt)
+        );
+    }
+
+    fn rest_at(start: u64, end: u64) -> Component {
+        let mut c = Component::raid0(StripeCount::Count(1), 64 << 10);
+        c.start = start;
+        c.end = end;
+        c
     }
     use proptest::prelude::*;
     use std::collections::HashSet;

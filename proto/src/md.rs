@@ -304,7 +304,19 @@ pub enum Mutation {
     ReserveInodes {
         count: u32,
     },
+    /// Writes `data` at `offset` into the bytes the MDS keeps of a file with a Data-on-MDT
+    /// first component (the whole write inside it, at most [`MAX_MDT_WRITE`] bytes); the
+    /// size grows to the write's end, as a write's would.
+    WriteMdt {
+        fid: Fid,
+        offset: u64,
+        #[serde(with = "crate::msg::bytes_field")]
+        data: Vec<u8>,
+    },
 }
+
+/// Most bytes one [`Mutation::WriteMdt`] carries (a journal record holds at most 1 MiB).
+pub const MAX_MDT_WRITE: usize = 256 << 10;
 
 /// Bits of a mode an inode keeps (permissions, setuid, setgid, sticky).
 pub const PERM_MASK: u32 = 0o7777;
@@ -556,6 +568,10 @@ pub struct MdsOpened {
     /// Capabilities for the file's objects, with the access the credentials have. Sending
     /// the same open again renews them.
     pub grant: Grant,
+    /// For a file with a Data-on-MDT component, opened with read access: the bytes the MDS
+    /// keeps, up to the file's size (so a small file is opened and read in one round trip).
+    #[serde(with = "crate::msg::bytes_field")]
+    pub mdt: Vec<u8>,
 }
 
 /// The matching close.
@@ -829,6 +845,35 @@ pub struct MdsReserved {
 impl Rpc for MdsReserve {
     const OPCODE: Opcode = opcodes::MDS_RESERVE;
     type Reply = MdsReserved;
+}
+
+/// Reads `len` bytes at `offset` of the part of a file the MDS keeps (Data-on-MDT), through
+/// the open `handle` (or, without one, with the read permission of `creds`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsReadMdt {
+    pub fid: Fid,
+    pub handle: Option<OpenHandle>,
+    pub creds: Creds,
+    pub offset: u64,
+    pub len: u32,
+    /// The client asking, when it wants a lease on the file (the bytes then hold until it is
+    /// recalled).
+    pub lease: Option<u128>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsMdtData {
+    /// The bytes, cut at the file's size (and at the end of what the MDS keeps).
+    #[serde(with = "crate::msg::bytes_field")]
+    pub data: Vec<u8>,
+    /// The file's attributes as the bytes were read.
+    pub inode: Inode,
+    pub leased: bool,
+}
+
+impl Rpc for MdsReadMdt {
+    const OPCODE: Opcode = opcodes::MDS_READ_MDT;
+    type Reply = MdsMdtData;
 }
 
 /// What the identities a client claims become at the MDS.

@@ -48,6 +48,7 @@ pub mod opcodes {
     pub const MDS_LEASE_WAIT: Opcode = Opcode(0x0120);
     pub const MDS_BATCH: Opcode = Opcode(0x0121);
     pub const MDS_RESERVE: Opcode = Opcode(0x0122);
+    pub const MDS_READ_MDT: Opcode = Opcode(0x0123);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -88,6 +89,7 @@ pub mod opcodes {
         MDS_LEASE_WAIT,
         MDS_BATCH,
         MDS_RESERVE,
+        MDS_READ_MDT,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,

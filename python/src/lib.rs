@@ -473,8 +473,10 @@ impl Filesystem {
             let count: i64 = match c.stripe_count {
                 StripeCount::All => -1,
                 StripeCount::Count(n) => n.into(),
+                StripeCount::Mdt => 0,
             };
             cd.set_item("stripe_count", count)?;
+            cd.set_item("pattern", if c.on_mdt() { "mdt" } else { "raid0" })?;
             let objs = PyList::empty(py);
             for o in &c.objects {
                 objs.append((o.target, o.fid.to_string()))?;
@@ -489,6 +491,7 @@ impl Filesystem {
                 match c.stripe_count {
                     StripeCount::All => -1i64,
                     StripeCount::Count(n) => n.into(),
+                    StripeCount::Mdt => 0,
                 },
             )?;
         }

@@ -531,7 +531,10 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
         let count = match c.stripe_count {
             StripeCount::All => -1,
             StripeCount::Count(n) => i64::from(n),
+            // As lfs shows a Data-on-MDT component.
+            StripeCount::Mdt => 0,
         };
+        let pattern = if c.on_mdt() { "mdt" } else { "raid0" };
         let end = if c.end == EOF {
             "EOF".to_string()
         } else {
@@ -555,7 +558,7 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
             out!("      sub_layout:");
             out!("        lmm_stripe_count:  {count}");
             out!("        lmm_stripe_size:   {}", c.stripe_size);
-            out!("        lmm_pattern:       raid0");
+            out!("        lmm_pattern:       {pattern}");
             out!("        lmm_layout_gen:    {}", layout.generation);
             out!("        lmm_stripe_offset: {offset}");
             if !c.objects.is_empty() {
@@ -579,7 +582,7 @@ async fn getstripe(client: &Client, path: &str, yaml: bool) -> Result<()> {
             }
             out!("lmm_stripe_count:  {count}");
             out!("lmm_stripe_size:   {}", c.stripe_size);
-            out!("lmm_pattern:       raid0");
+            out!("lmm_pattern:       {pattern}");
             out!("lmm_layout_gen:    {}", layout.generation);
             out!("lmm_stripe_offset: {offset}");
             if !c.objects.is_empty() {
