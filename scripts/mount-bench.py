@@ -2,11 +2,14 @@
 """fio on a lode mount against a local directory, in the same run.
 
     scripts/mount-bench.py --mount /mnt/lode --local /var/tmp/fio-local [--rounds 3] [--size 2g]
-                           [--files 20000] [--meta-only]
+                           [--files 20000] [--meta-only] [--small-files 20000]
 
 Each round runs every job on both directories in rotated order; the report gives medians,
 lode's ratio to local, and CPU seconds per GB (fio's own plus every lode process's, read from
 /proc, so the FUSE daemon and the servers are counted). Data jobs use O_DIRECT (direct=1).
+With --small-files N, N files of 8 KiB are written, the page cache dropped, and each is opened,
+read whole and closed; on lode twice: in a directory whose files keep their first 64 KiB on the
+MDS (Data-on-MDT, set through the lode.layout xattr) and in a plain one.
 """
 import argparse
 import json
@@ -113,6 +116,43 @@ def run_meta(directory, n):
     return out
 
 
+DOM = b"-E 64K -L mdt -E -1 -c -1"
+
+
+def run_small(directory, n, layout=None):
+    """Writes n files of 8 KiB (with `layout` as the directory's default), drops the caches,
+    then times open + read + close of each, one process, one call at a time."""
+    import time
+    sub = os.path.join(directory, f"small.{os.getpid()}")
+    shutil.rmtree(sub, ignore_errors=True)
+    os.makedirs(sub)
+    if layout:
+        os.setxattr(sub, "lode.layout", layout)
+    data = os.urandom(8192)
+    names = [os.path.join(sub, f"f{i:06}") for i in range(n)]
+    for p in names:
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+    time.sleep(1.5)
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    except OSError:
+        print("cannot drop the page cache (not root?): reads may be warm", file=sys.stderr)
+    t = time.perf_counter()
+    for p in names:
+        fd = os.open(p, os.O_RDONLY)
+        got = os.read(fd, 16384)
+        os.close(fd)
+        if got != data:
+            sys.exit(f"{p}: read back {len(got)} bytes that differ from those written")
+    rate = n / (time.perf_counter() - t)
+    shutil.rmtree(sub)
+    return rate
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mount", required=True)
@@ -121,6 +161,8 @@ def main():
     p.add_argument("--size", default="2g")
     p.add_argument("--files", type=int, default=20000)
     p.add_argument("--meta-only", action="store_true", help="only create, stat and unlink")
+    p.add_argument("--small-files", type=int, default=0,
+                   help="also read this many 8 KiB files (open, read, close)")
     a = p.parse_args()
     dirs = {"lode": os.path.join(a.mount, "fio"), "local": a.local}
     for d in dirs.values():
@@ -135,6 +177,14 @@ def main():
                 results.setdefault((label, name), []).append(r)
                 print(f"round {rnd + 1} {name:5} {label:18} {r['GB/s']:.3f} GB/s "
                       f"{r['IOPS']:.0f} IOPS {r['cpu_s_per_GB']:.2f} CPU s/GB", file=sys.stderr)
+        for name in sides if a.small_files else []:
+            runs = [("small read", None)]
+            if name == "lode":
+                runs.append(("small read, on MDS", DOM))
+            for label, layout in runs:
+                v = run_small(dirs[name], a.small_files, layout)
+                results.setdefault((f"{label} {a.small_files}", name), []).append({"ops/s": v})
+                print(f"round {rnd + 1} {name:5} {label:18} {v:.0f} files/s", file=sys.stderr)
         for name in sides:
             for k, v in run_meta(dirs[name], a.files).items():
                 results.setdefault((f"{k} {a.files} files", name), []).append({"ops/s": v})
@@ -146,6 +196,14 @@ def main():
         if job not in jobs:
             jobs.append(job)
     for job in jobs:
+        if (job, "local") not in results:
+            # lode alone (the MDS-kept variant): against lode's plain run and local.
+            x = statistics.median(r["ops/s"] for r in results[(job, "lode")])
+            plain = job.replace(", on MDS", "")
+            y = statistics.median(r["ops/s"] for r in results[(plain, "local")])
+            z = statistics.median(r["ops/s"] for r in results[(plain, "lode")])
+            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}  ({x / z:.2f}x lode plain)")
+            continue
         lo, lc = results[(job, "lode")], results[(job, "local")]
         if "ops/s" in lo[0]:
             x = statistics.median(r["ops/s"] for r in lo)

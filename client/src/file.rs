@@ -737,7 +737,7 @@ impl File {
         let fid = self.inode.lock().fid;
         let leases = &self.client.inner.leases;
         if let Some(c) = &*self.mdt.lock() {
-            if c.stamp == leases.stamp() && leases.holds_attr(fid) {
+            if c.stamp == leases.stamp() && leases.holds(fid) {
                 return Ok(cut(&c.bytes));
             }
         }

@@ -319,6 +319,13 @@ impl Leases {
         })
     }
 
+    /// Whether the lease on `fid`'s attributes is held, even if this client's own changes
+    /// moved them since (another client's change would have recalled it).
+    pub fn holds(&self, fid: Fid) -> bool {
+        self.live_state()
+            .is_some_and(|s| s.held.get(&fid).is_some_and(|h| h.attr.is_some()))
+    }
+
     /// Whether the entry `name` of `parent` is cached, found or absent.
     pub fn holds_name(&self, parent: Fid, name: &[u8]) -> bool {
         self.live_state().is_some_and(|s| {
