@@ -71,11 +71,10 @@ pub struct ClientConfig {
     /// changes it, so lookups, getattr and readdir are answered from the cache meanwhile.
     pub leases: bool,
     /// Changes answered ahead (with leases): creates and unlinks in a directory this client
-    /// holds whole are answered at once and sent in batches behind ([`crate::pending`]).
-    /// Off by default: another client that reads the directory without a lease may not see
-    /// such a change until its batch arrives (milliseconds), which close-to-open and the
-    /// "seen at once" of leases do not allow; for a single writer of its directories (a
-    /// data loader's or a checkpointer's own tree) it is safe.
+    /// holds whole, and alone, are answered at once and sent in batches behind
+    /// ([`crate::pending`]). The MDS recalls a lease held alone before any other client reads
+    /// the directory, and the client sends what it queued before acknowledging, so every
+    /// other client sees the changes at once.
     pub ahead: bool,
 }
 
@@ -101,7 +100,7 @@ impl Default for ClientConfig {
             mirror_failover: Duration::from_secs(3),
             commit_behind: true,
             leases: true,
-            ahead: false,
+            ahead: true,
         }
     }
 }
@@ -160,6 +159,7 @@ const NOT_AFTER_QUEUED: &[proto::Opcode] = &[
     proto::msg::opcodes::MDS_REPLAY_DONE,
     proto::msg::opcodes::MDS_REOPEN,
     proto::msg::opcodes::MDS_LEASE_WAIT,
+    proto::msg::opcodes::MDS_LEASE_ALONE,
 ];
 
 /// How long a target that did not answer is read from last.
@@ -630,10 +630,10 @@ impl Client {
         }
         if inner.leases.may_create(parent, name, &self.creds).is_none() {
             // The first create in a directory held without its listing: read it once.
-            if !inner.leases.wants_listing(parent) {
-                return None;
+            if inner.leases.wants_listing(parent) {
+                let _ = self.readdir_pages(parent, false).await;
             }
-            let _ = self.readdir_pages(parent, false).await;
+            self.hold_alone(parent).await;
             inner.leases.may_create(parent, name, &self.creds)?;
         }
         inner.pending.room().await;
@@ -677,7 +677,10 @@ impl Client {
             return false;
         }
         if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
-            return false;
+            self.hold_alone(parent).await;
+            if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
+                return false;
+            }
         }
         inner.pending.room().await;
         let _gate = inner.pending.gate.lock();
@@ -703,6 +706,26 @@ impl Client {
             .pending
             .push(BatchOp::Reint(r), named, Some(victim.fid));
         true
+    }
+
+    /// Asks the MDS to let this client hold `dir`'s lease alone, so that changes there may be
+    /// answered ahead while every other client still sees them at once (see
+    /// [`proto::md::MdsLeaseAlone`]); not asked again a moment after a refusal.
+    async fn hold_alone(&self, dir: Fid) {
+        let leases = &self.inner.leases;
+        if !leases.may_ask_alone(dir) {
+            return;
+        }
+        let recalls = leases.recalls();
+        let r = MdsLeaseAlone {
+            client: self.inner.client_id,
+            dir,
+        };
+        let granted = self
+            .rpc(&self.inner.mds.clone(), &r)
+            .await
+            .is_ok_and(|a| a.granted);
+        leases.learn_alone(recalls, dir, granted);
     }
 
     /// Closes an open counted at the MDS without waiting for the answer (nothing was done
@@ -809,6 +832,12 @@ impl Client {
     /// long timeout for them, and hears when they are dropped).
     pub fn leased_attr(&self, fid: Fid) -> bool {
         self.inner.leases.holds_attr(fid)
+    }
+
+    /// Whether root on this node is root at the MDS too (not squashed or mapped), as the
+    /// MDS last said: root's supplementary groups then decide nothing. False without leases.
+    pub fn root_stays_root(&self) -> bool {
+        self.inner.leases.root_stays_root()
     }
 
     /// Whether the entry `name` of `parent` (found or absent) is answered from the cache now.

@@ -38,6 +38,8 @@ pub const MAX_LISTING: usize = 65_536;
 /// Longest a recall's acknowledgement waits for whoever mirrors the cache (a mount: the
 /// kernel) to drop its copy.
 const BARRIER_WAIT: Duration = Duration::from_secs(1);
+/// How long after the MDS refused to let a directory's lease be held alone it is asked again.
+const ASK_ALONE_AGAIN: Duration = Duration::from_millis(50);
 /// How long before the MDS's term the client stops trusting its leases (clocks drift).
 const MARGIN: Duration = Duration::from_millis(LEASE_TERM_MS / 10);
 
@@ -97,6 +99,11 @@ struct Held {
     complete: bool,
     /// A listing was asked for under this lease (it may have been too long to keep).
     listed: bool,
+    /// The MDS lets this client hold the directory's lease alone (it recalls it before any
+    /// other client reads the directory): changes there may be answered ahead.
+    alone: bool,
+    /// When the MDS last refused to let it hold the lease alone.
+    refused: Option<Instant>,
     used: u64,
 }
 
@@ -351,6 +358,49 @@ impl Leases {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Whether root on this node stays root at the MDS (as the MDS's identity map, last sent
+    /// with the leases, says): its supplementary groups then decide nothing.
+    pub fn root_stays_root(&self) -> bool {
+        self.live_state().is_some_and(|s| {
+            s.idmap
+                .map(Creds {
+                    uid: 0,
+                    gid: 0,
+                    groups: vec![],
+                })
+                .uid
+                == 0
+        })
+    }
+
+    /// Whether asking to hold `dir`'s lease alone is worth a round trip: it is held, not alone
+    /// yet, and the MDS did not refuse a moment ago.
+    pub fn may_ask_alone(&self, dir: Fid) -> bool {
+        self.live_state().is_some_and(|s| {
+            s.held.get(&dir).is_some_and(|h| {
+                h.attr.as_ref().is_some_and(|a| a.kind == Kind::Dir)
+                    && !h.alone
+                    && h.refused.is_none_or(|t| t.elapsed() >= ASK_ALONE_AGAIN)
+            })
+        })
+    }
+
+    /// The MDS's answer to holding `dir`'s lease alone, asked when the recalls stood at
+    /// `recalls` (a recall since may have taken the lease: the grant is then not kept).
+    pub fn learn_alone(&self, recalls: u64, dir: Fid, granted: bool) {
+        let Some(mut s) = self.live_state() else {
+            return;
+        };
+        let same = self.recalls.load(Ordering::SeqCst) == recalls;
+        if let Some(h) = s.held.get_mut(&dir) {
+            if granted && same {
+                h.alone = true;
+            } else {
+                h.refused = Some(Instant::now());
+            }
         }
     }
 
@@ -622,7 +672,7 @@ impl Leases {
         }
         let s = self.live_state()?;
         let who = s.idmap.map(creds.clone());
-        let h = s.held.get(&parent)?;
+        let h = s.held.get(&parent).filter(|h| h.alone)?;
         let attr = h.attr.as_ref()?;
         let absent = match h.names.get(name) {
             Some(n) => n.entry.is_none(),
@@ -641,7 +691,7 @@ impl Leases {
         }
         let s = self.live_state()?;
         let who = s.idmap.map(creds.clone());
-        let h = s.held.get(&parent)?;
+        let h = s.held.get(&parent).filter(|h| h.alone)?;
         let dir = h.attr.as_ref()?;
         let (fid, kind) = h.names.get(name)?.entry?;
         if !matches!(kind, Kind::File | Kind::Symlink) || dir.kind != Kind::Dir {

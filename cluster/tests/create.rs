@@ -170,3 +170,71 @@ async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() 
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_answered_ahead_are_seen_at_once_by_a_client_without_leases() {
+    let dir = std::env::temp_dir().join(format!("lode-cluster-alone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fabric = Fabric::new(4);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .start()
+        .await
+        .unwrap();
+    let a = cluster.client("a", ClientConfig::default()).await.unwrap();
+    // No cache at all: every lookup and listing is the MDS's answer.
+    let plain = ClientConfig {
+        leases: false,
+        ..ClientConfig::default()
+    };
+    let b = cluster.client("b", plain).await.unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    a.mkdir("/d", 0o755).await.unwrap();
+    let up = tokio::time::Instant::now();
+    while a.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
+        let _ = a.stat("/d").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let create = OpenOptions::new().write(true).create_new(true);
+    create
+        .open(&a, "/d/first")
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    a.settle_ahead().await.unwrap();
+    // Alone in the directory, A answers creates itself and sends them in batches...
+    let before = requests_to_mds(&fabric);
+    for i in 0..100 {
+        let f = create.open(&a, &format!("/d/f{i}")).await.unwrap();
+        f.close().await.unwrap();
+    }
+    let sent = requests_to_mds(&fabric) - before;
+    assert!(sent < 50, "100 creates and closes took {sent} requests");
+    // ...and B, asking the MDS with no lease of its own, sees every one at once: the MDS
+    // recalls A's lease first, and A sends what it queued before acknowledging.
+    assert_eq!(b.readdir("/d").await.unwrap().len(), 101);
+    // Each change, read by B the moment A answered it, in turn.
+    for i in 0..20 {
+        let name = format!("/d/g{i}");
+        create.open(&a, &name).await.unwrap().close().await.unwrap();
+        b.stat(&name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}, answered to A, not seen by B: {e}"));
+        a.unlink(&name).await.unwrap();
+        let gone = b.stat(&name).await.unwrap_err();
+        assert!(
+            gone.is(FsErrorKind::NotFound),
+            "{name} after A's unlink: {gone}"
+        );
+        a.unlink(&format!("/d/f{i}")).await.unwrap();
+        let listed = b.readdir("/d").await.unwrap().len();
+        assert_eq!(listed, 100 - i, "B's listing after A's unlink of f{i}");
+    }
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

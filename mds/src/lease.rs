@@ -12,6 +12,12 @@
 //! a lease granted after the recall, or on an inode the recall did not know, sends the change
 //! round again.
 //!
+//! A client holding the only lease on a directory may ask to hold it **alone**
+//! ([`Leases::grant_alone`]): it then answers creates and unlinks there before sending them,
+//! and the MDS recalls that lease before it serves another client anything that reads the
+//! directory (a lookup in it, its listing, its attributes), not only before a change. The
+//! holder sends what it queued before it acknowledges, so the other client sees it.
+//!
 //! A grant is made before the state it covers is read, so a change either sees the grant and
 //! recalls it, or was applied before the read. Grants are bounded per client and in all, and
 //! refused while the inode is being recalled or the client has not confirmed its epoch. Leases
@@ -51,6 +57,8 @@ struct State {
     holders: HashMap<Fid, Vec<u128>>,
     /// Changes under way on each inode: no grants meanwhile.
     recalling: HashMap<Fid, u32>,
+    /// Directories held alone, and by whom (while that client still holds the lease).
+    alone: HashMap<Fid, u128>,
     clients: HashMap<u128, Holder>,
     total: usize,
     last_tidy: Option<Instant>,
@@ -129,6 +137,12 @@ impl Leases {
         if fids.iter().any(|f| s.recalling.contains_key(f)) {
             return false;
         }
+        if fids
+            .iter()
+            .any(|f| Self::alone_by(&s, *f).is_some_and(|c| c != client))
+        {
+            return false;
+        }
         let total = s.total;
         let Some(h) = s.clients.get_mut(&client) else {
             return false;
@@ -150,8 +164,66 @@ impl Leases {
         s.total += new.len();
         for f in new {
             s.holders.entry(f).or_default().push(client);
+            // A lease given back and granted again is shared until asked for alone again.
+            if s.alone.get(&f) == Some(&client) {
+                s.alone.remove(&f);
+            }
         }
         true
+    }
+
+    /// Who holds the lease on `f` alone, if anyone still does.
+    fn alone_by(s: &State, f: Fid) -> Option<u128> {
+        let c = *s.alone.get(&f)?;
+        s.holders
+            .get(&f)
+            .is_some_and(|hs| hs.contains(&c))
+            .then_some(c)
+    }
+
+    /// Lets `client`, which holds the only lease on `dir`, hold it alone (see the module's
+    /// text): false when another client holds one too, it is being recalled, or the client
+    /// holds none.
+    pub fn grant_alone(&self, client: u128, dir: Fid) -> bool {
+        let mut s = self.state.lock();
+        if s.recalling.contains_key(&dir) {
+            return false;
+        }
+        let live = s
+            .clients
+            .get(&client)
+            .is_some_and(|h| h.knows_epoch && h.confirmed_until > Instant::now());
+        if !live
+            || s.holders
+                .get(&dir)
+                .is_none_or(|hs| hs.as_slice() != [client])
+        {
+            return false;
+        }
+        s.alone.insert(dir, client);
+        true
+    }
+
+    /// Before another client than `asker` is served a read of `fids`: recalls the leases on
+    /// those held alone by someone else, and waits as [`Leases::recall`] does.
+    pub async fn recall_alone(&self, fids: &[Fid], asker: Option<u128>) {
+        let held: Vec<Fid> = {
+            let s = self.state.lock();
+            fids.iter()
+                .copied()
+                .filter(|f| Self::alone_by(&s, *f).is_some_and(|c| Some(c) != asker))
+                .collect()
+        };
+        if !held.is_empty() {
+            drop(self.recall(&held, asker).await);
+        }
+    }
+
+    /// Whether any of `fids` is held alone by a client other than `asker`.
+    pub fn held_alone(&self, fids: &[Fid], asker: Option<u128>) -> bool {
+        let s = self.state.lock();
+        fids.iter()
+            .any(|f| Self::alone_by(&s, *f).is_some_and(|c| Some(c) != asker))
     }
 
     /// Recalls every lease on `fids` held by a client other than `except`, and waits until
@@ -174,6 +246,9 @@ impl Leases {
                 holders.retain(|c| Some(*c) == except);
                 if holders.is_empty() {
                     s.holders.remove(f);
+                }
+                if s.alone.get(f).is_some_and(|c| Some(*c) != except) {
+                    s.alone.remove(f);
                 }
                 for c in others {
                     let Some(h) = s.clients.get_mut(&c) else {
@@ -241,6 +316,9 @@ impl Leases {
         let held: Vec<Fid> = h.held.drain().collect();
         s.total -= held.len();
         for f in held {
+            if s.alone.get(&f) == Some(&client) {
+                s.alone.remove(&f);
+            }
             if let Some(hs) = s.holders.get_mut(&f) {
                 hs.retain(|c| *c != client);
                 if hs.is_empty() {

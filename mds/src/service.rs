@@ -673,6 +673,8 @@ impl MdsService {
             opcodes::MDS_LOOKUP => {
                 let mut r: MdsLookup = req.decode()?;
                 r.creds = self.nodemap.map(&req, r.creds);
+                // A directory another client holds alone: what it answered ahead comes first.
+                self.leases.recall_alone(&[r.parent], r.lease).await;
                 // Granted before the state is read: a change after the grant recalls it.
                 let client = self.lessee(r.lease);
                 let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.parent]));
@@ -704,26 +706,45 @@ impl MdsService {
                         ),
                     ));
                 }
-                let inodes = self
-                    .store
-                    .read(|ns| {
+                // The inodes walked, and every directory looked in (a failed lookup too).
+                let walk = || {
+                    self.store.read(|ns| {
                         let mut out: Vec<Inode> = vec![];
+                        let mut dirs = vec![r.dir];
                         let mut dir = r.dir;
                         for n in &r.names {
-                            let i = ns.lookup(dir, &n.0, &r.creds)?;
+                            let i = match ns.lookup(dir, &n.0, &r.creds) {
+                                Ok(i) => i,
+                                Err(e) => return (dirs, Err(e)),
+                            };
                             dir = i.fid;
                             out.push(i.clone());
                             if i.kind == Kind::Symlink {
                                 break; // the client follows it
                             }
+                            if i.kind == Kind::Dir {
+                                dirs.push(i.fid);
+                            }
                         }
-                        Ok(out)
+                        (dirs, Ok(out))
                     })
-                    .map_err(ns_error)?;
+                };
+                // A directory held alone by a client is recalled first (what it answered ahead
+                // comes first), and the walk made again.
+                let (mut dirs, mut walked) = walk();
+                for _ in 0..MAX_PATH_NAMES {
+                    if !self.leases.held_alone(&dirs, None) {
+                        break;
+                    }
+                    self.leases.recall_alone(&dirs, None).await;
+                    (dirs, walked) = walk();
+                }
+                let inodes = walked.map_err(ns_error)?;
                 reply::<MdsLookupPath>(&MdsPath { inodes })
             }
             opcodes::MDS_GETATTR => {
                 let r: MdsGetattr = req.decode()?;
+                self.leases.recall_alone(&[r.fid], r.lease).await;
                 let leased = self
                     .lessee(r.lease)
                     .is_some_and(|c| self.leases.grant(c, &[r.fid]));
@@ -773,7 +794,15 @@ impl MdsService {
             opcodes::MDS_READDIR => {
                 let mut r: MdsReaddir = req.decode()?;
                 r.creds = self.nodemap.map(&req, r.creds);
+                self.leases.recall_alone(&[r.dir], r.lease).await;
                 self.readdir(r)
+            }
+            opcodes::MDS_LEASE_ALONE => {
+                let r: MdsLeaseAlone = req.decode()?;
+                let granted = self
+                    .lessee(Some(r.client))
+                    .is_some_and(|c| self.leases.grant_alone(c, r.dir));
+                reply::<MdsLeaseAlone>(&MdsLeaseAloneReply { granted })
             }
             other => Err(RemoteError::new(
                 StatusCode::NoService,

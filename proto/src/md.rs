@@ -876,6 +876,29 @@ impl Rpc for MdsReadMdt {
     type Reply = MdsMdtData;
 }
 
+/// Asks that `client`, holding the only lease on directory `dir`, hold it alone: until it is
+/// recalled, the MDS recalls it before serving any other client a lookup in the directory,
+/// its listing or its attributes, as well as before any other client's change there. The
+/// holder may then answer creates and unlinks in it before sending them (it sends them before
+/// it acknowledges a recall), and every other client still sees them at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLeaseAlone {
+    pub client: u128,
+    pub dir: Fid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdsLeaseAloneReply {
+    /// False when another client holds a lease on the directory too, it is being recalled,
+    /// or the asker holds none.
+    pub granted: bool,
+}
+
+impl Rpc for MdsLeaseAlone {
+    const OPCODE: Opcode = opcodes::MDS_LEASE_ALONE;
+    type Reply = MdsLeaseAloneReply;
+}
+
 /// What the identities a client claims become at the MDS.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMap {

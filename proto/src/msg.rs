@@ -49,6 +49,7 @@ pub mod opcodes {
     pub const MDS_BATCH: Opcode = Opcode(0x0121);
     pub const MDS_RESERVE: Opcode = Opcode(0x0122);
     pub const MDS_READ_MDT: Opcode = Opcode(0x0123);
+    pub const MDS_LEASE_ALONE: Opcode = Opcode(0x0124);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -90,6 +91,7 @@ pub mod opcodes {
         MDS_BATCH,
         MDS_RESERVE,
         MDS_READ_MDT,
+        MDS_LEASE_ALONE,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
