@@ -765,6 +765,17 @@ impl Client {
     }
 
     /// The entry `name` of the directory `parent`: from the cache while leased.
+    /// The entry `name` of `parent` if the lease cache answers for it now (found or absent),
+    /// without waiting: `None` when only the MDS can tell.
+    pub fn lookup_cached(&self, parent: Fid, name: &[u8]) -> Option<Result<Inode>> {
+        self.inner.leases.lookup(parent, name, &self.creds)
+    }
+
+    /// An inode's attributes if the lease cache holds them now, without waiting.
+    pub fn getattr_cached(&self, fid: Fid) -> Option<Inode> {
+        self.inner.leases.getattr(fid)
+    }
+
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.lookup(parent, name, &self.creds) {
@@ -1316,7 +1327,14 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
             Ok(r) => {
                 let (dropped, upto) = {
                     let _gate = strong.pending.gate.lock();
-                    (strong.leases.answered(sent, &r), strong.pending.queued())
+                    // Every change queued, when every lease is lost; otherwise those that
+                    // touch what is recalled (another directory's wait for no one here).
+                    let upto = if strong.leases.loses_all(&r) {
+                        strong.pending.queued()
+                    } else {
+                        strong.pending.last_touching(&r.fids)
+                    };
+                    (strong.leases.answered(sent, &r), upto)
                 };
                 if dropped {
                     // What this client answered ahead reaches the MDS before the recall is

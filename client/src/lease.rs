@@ -565,6 +565,13 @@ impl Leases {
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
         };
+        // The change recalled every other client's lease on the directories it named: holding
+        // them alone is worth asking again.
+        for (p, _) in &named {
+            if let Some(h) = s.held.get_mut(p) {
+                h.refused = None;
+            }
+        }
         // The entries named, as cached before the change.
         let before: Vec<Option<(Fid, Kind)>> = named
             .iter()
@@ -817,6 +824,12 @@ impl Leases {
 
     /// A wait sent at `sent` was answered: recalls are applied first, then the leases held
     /// are good for a term from `sent`.
+    /// Whether `r` takes every lease (a new run of the MDS, or this client lost them there).
+    pub fn loses_all(&self, r: &MdsLeaseRecall) -> bool {
+        let s = self.state.lock();
+        r.instance != s.instance || r.epoch != s.epoch
+    }
+
     pub fn answered(&self, sent: Instant, r: &MdsLeaseRecall) -> bool {
         let mut s = self.state.lock();
         let dropped = r.instance != s.instance || r.epoch != s.epoch || !r.fids.is_empty();

@@ -102,6 +102,9 @@ pub(crate) struct Pending {
     fids: Mutex<VecDeque<(u32, u32)>>,
     reserving: tokio::sync::Mutex<()>,
     errors: Mutex<VecDeque<Failed>>,
+    /// For each inode a change queued (or on its way) touches (its directory, the inode
+    /// named): the last such change, until answered.
+    touching: Mutex<std::collections::HashMap<Fid, u64>>,
 }
 
 impl Pending {
@@ -124,6 +127,17 @@ impl Pending {
         let _ = rx.wait_for(|a| *a >= upto).await;
     }
 
+    /// The last change queued or on its way that touches one of `fids` (0: none): what a
+    /// recall of leases on them waits for.
+    pub fn last_touching(&self, fids: &[Fid]) -> u64 {
+        let t = self.touching.lock();
+        fids.iter()
+            .filter_map(|f| t.get(f))
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Waits for room in the queue.
     pub async fn room(&self) {
         loop {
@@ -141,6 +155,11 @@ impl Pending {
         {
             let mut q = self.queue.lock();
             let seq = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut t = self.touching.lock();
+            for f in named.iter().map(|(d, _)| *d).chain(fid) {
+                t.insert(f, seq);
+            }
+            drop(t);
             q.push_back(Queued {
                 seq,
                 op,
@@ -310,5 +329,6 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
             let _ = tx.send(Some(out));
         }
     }
+    inner.pending.touching.lock().retain(|_, seq| *seq > last);
     inner.pending.answered.send_replace(last);
 }

@@ -229,6 +229,8 @@ async fn the_audit_log_says_who_opened_replaced_and_removed_a_checkpoint() {
         .unwrap();
     r.close().await.unwrap();
     user.unlink("/ckpt/step-1").await.unwrap();
+    // The unlink may have been answered ahead: it reaches the MDS before the servers stop.
+    user.sync().await.unwrap();
     c.stop().await;
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()

@@ -112,6 +112,13 @@ async fn uncommitted_changes_of_two_clients_are_replayed_in_order_after_kill_9_a
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     a.mkdir("/shared", 0o755).await.unwrap();
+    // B's first create answered ahead sets inode numbers aside, which the MDS commits (with
+    // everything before it): done here, so that what follows stays uncommitted.
+    b.mkdir("/b", 0o755).await.unwrap();
+    for i in 0..2 {
+        create(&b, &format!("/b/setup{i}")).await;
+    }
+    b.settle_ahead().await.unwrap();
     a.sync().await.unwrap(); // the setup is durable; what follows is not
     let committed_before = a.uncommitted();
     assert_eq!(committed_before, 0);
@@ -145,11 +152,19 @@ async fn uncommitted_changes_of_two_clients_are_replayed_in_order_after_kill_9_a
     create(&b, "/lost/child").await;
     let fid = create(&a, "/a/after").await;
     want.insert("/a/after".into(), fid);
+    // Changes answered ahead are in the MDS's hands (and held as tickets) once settled.
+    a.settle_ahead().await.unwrap();
+    b.settle_ahead().await.unwrap();
     assert!(
         a.uncommitted() > 40,
         "A's changes are answered before they commit"
     );
     assert!(b.uncommitted() > 4, "so are B's");
+    // And some not yet sent or answered when the MDS dies: sent again once it is back.
+    for i in 0..30 {
+        let fid = create(&a, &format!("/a/q{i}")).await;
+        want.insert(format!("/a/q{i}"), fid);
+    }
     drop(gone);
 
     m.kill();

@@ -108,13 +108,26 @@ impl LodeFs {
         i.size.max(local)
     }
 
+    /// Runs a request's work on this thread as far as it goes without waiting (an answer from
+    /// the lease cache, a change answered ahead: no hand-off to another thread, no wake-up),
+    /// and hands the rest to the runtime.
+    fn inline(&self, f: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut f = Box::pin(f);
+        let _in = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // A future polled again takes the waker of that poll: the runtime's, from then on.
+        if f.as_mut().poll(&mut cx).is_pending() {
+            self.rt.spawn(f);
+        }
+    }
+
     fn entry(
         &self,
         reply: ReplyEntry,
         f: impl std::future::Future<Output = Result<Inode, ClientError>> + Send + 'static,
     ) {
         let files = self.files.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             match f.await {
                 Ok(i) => reply.entry(&TTL, &attr(&i, Self::size_of(&files, &i)), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -127,7 +140,7 @@ impl LodeFs {
         reply: ReplyEmpty,
         f: impl std::future::Future<Output = Result<(), ClientError>> + Send + 'static,
     ) {
-        self.rt.spawn(async move {
+        self.inline(async move {
             match f.await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -198,13 +211,34 @@ impl Filesystem for LodeFs {
     // answer was on its way drops the kernel's copy again after it.
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let (c, n) = (self.as_caller(req), name(n));
+        // What the lease cache answers is answered on this thread, with no hand-off.
+        match c.lookup_cached(fid_of(parent), &n) {
+            Some(Ok(i)) => {
+                let a = attr(&i, Self::size_of(&self.files, &i));
+                return reply.entry(&TTL, &a, Generation(0));
+            }
+            Some(Err(e)) => return reply.error(errno(&e)),
+            None => {}
+        }
         self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (c, files) = (self.client.clone(), self.files.clone());
         let notifier = self.notifier.clone();
-        self.rt.spawn(async move {
+        let fid = fid_of(ino);
+        let before = c.lease_recalls();
+        if let Some(i) = c.getattr_cached(fid) {
+            reply.attr(&LEASED_TTL, &attr(&i, Self::size_of(&files, &i)));
+            if c.lease_recalls() != before {
+                // Dropped while on its way: the kernel must not keep it.
+                if let Some(n) = notifier.get() {
+                    let _ = n.inval_inode(ino, -1, 0);
+                }
+            }
+            return;
+        }
+        self.inline(async move {
             let fid = fid_of(ino);
             let before = c.lease_recalls();
             match c.getattr(fid).await {
@@ -273,7 +307,7 @@ impl Filesystem for LodeFs {
             _ => None,
         };
         if let (Some(t), Some(f)) = (kept_mtime, open.clone()) {
-            self.rt.spawn(async move {
+            self.inline(async move {
                 match f.set_mtime(t).await {
                     Ok(i) => reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i))),
                     Err(e) => reply.error(errno(&e)),
@@ -298,7 +332,7 @@ impl Filesystem for LodeFs {
         let times_now = is_now(&atime) && is_now(&mtime);
         let (atime, mtime) = (atime.map(t), mtime.map(t));
         let streams = self.streams.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             let fid = fid_of(ino);
             let result = async {
                 if let Some(size) = size {
@@ -344,7 +378,7 @@ impl Filesystem for LodeFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             match c.getattr(fid_of(ino)).await {
                 Ok(i) if i.kind == Kind::Symlink => reply.data(&i.target),
                 Ok(_) => reply.error(Errno::EINVAL),
@@ -511,7 +545,7 @@ impl Filesystem for LodeFs {
         let notifier = self.notifier.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let writeback = self.writeback;
-        self.rt.spawn(async move {
+        self.inline(async move {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
             let fopen = if raw & libc::O_DIRECT != 0 {
@@ -573,7 +607,7 @@ impl Filesystem for LodeFs {
         // through this handle: it reads too where the caller may (its creator may whatever
         // the mode; a file that was already there, as its mode says).
         let writeback = self.writeback;
-        self.rt.spawn(async move {
+        self.inline(async move {
             let opts = |read: bool| {
                 OpenOptions::new()
                     .read(read)
@@ -622,7 +656,7 @@ impl Filesystem for LodeFs {
         };
         let window = self.windows.lock().entry(fh.0).or_default().clone();
         let streams = self.streams.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             match streams.read(&f, &window, offset, size as usize).await {
                 Ok(data) => reply.data(data.as_slice()),
                 Err(e) => reply.error(errno(&e)),
@@ -648,7 +682,7 @@ impl Filesystem for LodeFs {
         };
         let data = data.to_vec();
         let streams = self.streams.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             let n = data.len() as u32;
             let r = if f.appends() {
                 // Appends land in order, each at the end the one before left.
@@ -824,7 +858,7 @@ impl Filesystem for LodeFs {
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.rt.spawn(async move {
+        self.inline(async move {
             let listing = async {
                 let dir = c.getattr(fid_of(ino)).await?;
                 if dir.kind != Kind::Dir {
@@ -929,7 +963,7 @@ impl Filesystem for LodeFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             match c.statfs().await {
                 Ok(s) => {
                     let bsize = 4096u64;
@@ -992,7 +1026,7 @@ impl Filesystem for LodeFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
-        self.rt.spawn(async move {
+        self.inline(async move {
             match c.getattr(fid_of(ino)).await {
                 Ok(i) => match (n == LAYOUT_XATTR)
                     .then(|| {
@@ -1016,7 +1050,7 @@ impl Filesystem for LodeFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.inline(async move {
             match c.getattr(fid_of(ino)).await {
                 Ok(i) => {
                     let mut list = vec![];
