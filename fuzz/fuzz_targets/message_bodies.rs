@@ -49,6 +49,14 @@ fuzz_target!(|data: &[u8]| {
     body::<MdsLeaseRecall>(data);
     body::<MdsPath>(data);
     body::<MdsPong>(data);
+    body::<MdsBatch>(data);
+    body::<MdsBatched>(data);
+    body::<MdsReserve>(data);
+    body::<MdsReserved>(data);
+    body::<MdsReadMdt>(data);
+    body::<MdsMdtData>(data);
+    body::<MdsLeaseAlone>(data);
+    body::<MdsLeaseAloneReply>(data);
     body::<FsStats>(data);
     body::<RegisterTargets>(data);
     body::<Registered>(data);
