@@ -170,3 +170,53 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("scratch directory");
     d
 }
+
+/// An MDS that commits only when a client waits for it (every change is answered while only
+/// in its memory), with a short recovery window: for kill -9 and replay.
+pub fn mds_committing_late(root: &Path, listen: &str) -> Server {
+    Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().expect("a UTF-8 path"),
+            "--listen",
+            listen,
+            "--commit-interval-ms",
+            "600000",
+            "--recovery-window-s",
+            "4",
+        ],
+    )
+    .expect("starting lode-mds")
+}
+
+/// A storage server with its data in `dir`, heartbeating every second to `mds`.
+pub fn oss_of(dir: &Path, mds: &Nid) -> Server {
+    Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            dir.to_str().expect("a UTF-8 path"),
+            "--mds",
+            &mds.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--heartbeat",
+            "1",
+        ],
+    )
+    .expect("starting lode-oss")
+}
+
+/// A client that waits out an MDS restart (30 s) and pings twice a second.
+pub async fn client_riding_restarts(mds: &Nid) -> client::Client {
+    let cfg = client::ClientConfig {
+        security: Some(client_security()),
+        retry_for: std::time::Duration::from_secs(30),
+        ping_every: std::time::Duration::from_millis(500),
+        ..Default::default()
+    };
+    client::Client::connect_with(&mds.to_string(), cfg)
+        .await
+        .expect("connecting a client")
+}

@@ -5,55 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use client::{Client, ClientConfig, OpenOptions};
-use lode_tests::{scratch, Server};
+use client::{Client, OpenOptions};
+use lode_tests::{
+    client_riding_restarts as connect, mds_committing_late as mds, oss_of as oss, scratch, Server,
+};
 use proto::Fid;
-
-fn mds(root: &std::path::Path, listen: &str) -> Server {
-    Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            listen,
-            // Nothing is committed unless a client waits for it: every change below is
-            // answered while only in the MDS's memory.
-            "--commit-interval-ms",
-            "600000",
-            "--recovery-window-s",
-            "4",
-        ],
-    )
-    .unwrap()
-}
-
-fn oss(dir: &std::path::Path, mds: &proto::Nid) -> Server {
-    Server::start(
-        "lode-oss",
-        &[
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--mds",
-            &mds.to_string(),
-            "--listen",
-            "127.0.0.1:0",
-            "--heartbeat",
-            "1",
-        ],
-    )
-    .unwrap()
-}
-
-async fn connect(mds: &proto::Nid) -> Client {
-    let cfg = ClientConfig {
-        security: Some(lode_tests::client_security()),
-        retry_for: Duration::from_secs(30),
-        ping_every: Duration::from_millis(500),
-        ..Default::default()
-    };
-    Client::connect_with(&mds.to_string(), cfg).await.unwrap()
-}
 
 async fn create(c: &Client, path: &str) -> Fid {
     let f = OpenOptions::new()
