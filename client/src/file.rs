@@ -472,6 +472,13 @@ impl File {
         self.inode.lock().clone()
     }
 
+    /// Whether the MDS has answered for the file: false for a file created ahead until its
+    /// create's answer was taken in. Until then its times are this client's clock, not yet
+    /// the MDS's.
+    pub fn answered(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
     /// Waits, for a file created ahead, for the MDS's answer and takes in the file's objects
     /// and capabilities; the create's failure, if it failed.
     async fn ready(&self) -> Result<()> {

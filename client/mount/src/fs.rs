@@ -631,8 +631,11 @@ impl Filesystem for LodeFs {
                 Ok(f) => {
                     let i = f.inode();
                     let a = attr(&i, i.size);
+                    // A file created ahead has this client's times until the MDS answers with
+                    // its own: the kernel keeps neither, so the next stat sees the MDS's.
+                    let ttl = if f.answered() { TTL } else { Duration::ZERO };
                     files.lock().insert(fh, Arc::new(f));
-                    reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                    reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
                 Err(e) => reply.error(errno(&e)),
             }
