@@ -78,14 +78,15 @@ def run_data(directory, label, side, args):
     return {"GB/s": gb / secs if secs else 0, "IOPS": r["iops"], "cpu_s_per_GB": cpu / gb if gb else 0}
 
 
-def drop_caches():
-    """Drops the kernel's dentry and inode caches (root only; otherwise the stats may be warm)."""
+def drop_caches(pages=False):
+    """Drops the kernel's dentry and inode caches, and with `pages` the page cache too (root
+    only; otherwise what follows may be warm)."""
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2")
+            f.write("3" if pages else "2")
     except OSError:
-        print("cannot drop the kernel's caches (not root?): stats may be warm", file=sys.stderr)
+        print("cannot drop the kernel's caches (not root?): results may be warm", file=sys.stderr)
 
 
 def run_meta(directory, n):
@@ -135,12 +136,7 @@ def run_small(directory, n, layout=None):
         os.write(fd, data)
         os.close(fd)
     time.sleep(1.5)
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-    except OSError:
-        print("cannot drop the page cache (not root?): reads may be warm", file=sys.stderr)
+    drop_caches(pages=True)
     t = time.perf_counter()
     for p in names:
         fd = os.open(p, os.O_RDONLY)

@@ -1000,16 +1000,7 @@ impl Namespace {
         who: &Creds,
         now: Time,
     ) -> Result<Applied> {
-        let i = self.require(fid, who, 2)?;
-        if i.kind != Kind::File {
-            return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
-        }
-        let Some(mdt_end) = i.layout.as_ref().and_then(|l| l.mdt_end()) else {
-            return err(
-                FsErrorKind::Invalid,
-                format!("{fid} has no Data-on-MDT component"),
-            );
-        };
+        let mdt_end = Self::mdt_end(self.require(fid, who, 2)?)?;
         if data.len() > proto::md::MAX_MDT_WRITE {
             return err(
                 FsErrorKind::TooBig,
@@ -1051,15 +1042,7 @@ impl Namespace {
     /// the end of its Data-on-MDT component; what was never written reads as zeros.
     pub fn read_mdt(&self, fid: Fid, offset: u64, len: u64) -> Result<Vec<u8>> {
         let i = self.inode(fid)?;
-        if i.kind != Kind::File {
-            return err(FsErrorKind::Invalid, format!("{fid} is not a regular file"));
-        }
-        let Some(mdt_end) = i.layout.as_ref().and_then(|l| l.mdt_end()) else {
-            return err(
-                FsErrorKind::Invalid,
-                format!("{fid} has no Data-on-MDT component"),
-            );
-        };
+        let mdt_end = Self::mdt_end(i)?;
         let end = offset.saturating_add(len).min(i.size).min(mdt_end);
         if offset >= end {
             return Ok(vec![]);
@@ -1072,6 +1055,23 @@ impl Namespace {
             }
         }
         Ok(out)
+    }
+
+    /// Where the part the MDS keeps of regular file `i` ends.
+    fn mdt_end(i: &Inode) -> Result<u64> {
+        if i.kind != Kind::File {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{} is not a regular file", i.fid),
+            );
+        }
+        match i.layout.as_ref().and_then(|l| l.mdt_end()) {
+            Some(end) => Ok(end),
+            None => err(
+                FsErrorKind::Invalid,
+                format!("{} has no Data-on-MDT component", i.fid),
+            ),
+        }
     }
 
     /// The bytes the MDS keeps of every file with a Data-on-MDT component, for a snapshot.
