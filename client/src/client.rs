@@ -366,6 +366,12 @@ impl Client {
         self.inner.uncommitted.len()
     }
 
+    /// Whether every change this client acknowledged is known committed: none answered ahead
+    /// is still unanswered, and none answered is still uncommitted.
+    pub fn all_committed(&self) -> bool {
+        self.inner.pending.unanswered() == 0 && self.inner.uncommitted.len() == 0
+    }
+
     /// Leaves the filesystem cleanly: waits for the MDS to commit this client's changes and
     /// leaves its table of clients (an MDS restart then waits for nothing of this client).
     pub async fn close(&self) -> Result<()> {
@@ -1308,11 +1314,12 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
         if !strong.joined.load(Ordering::SeqCst) {
             return;
         }
-        let (acked, epoch, cancel) = strong.leases.next_wait();
+        let (nr, acked, epoch, cancel) = strong.leases.next_wait();
         let req = MdsLeaseWait {
             client: strong.client_id,
             acked,
             epoch,
+            nr,
             cancel,
         };
         let (net, mds) = (strong.net.clone(), strong.mds.clone());
@@ -1334,7 +1341,7 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
                     } else {
                         strong.pending.last_touching(&r.fids)
                     };
-                    (strong.leases.answered(sent, &r), upto)
+                    (strong.leases.answered(nr, sent, &r), upto)
                 };
                 if dropped {
                     // What this client answered ahead reaches the MDS before the recall is

@@ -85,6 +85,12 @@ struct State {
     held: HashMap<Fid, Held>,
     /// Leases to give back with the next wait.
     cancel: Vec<Fid>,
+    /// The number of the last wait sent ([`proto::md::MdsLeaseWait::nr`]).
+    wait_nr: u64,
+    /// Leases given back by waits not yet answered, with the wait's number: the MDS may take
+    /// the cancel after it granted one of them again, so a grant of one is not kept until a
+    /// wait as new is answered.
+    cancelling: Vec<(u64, Fid)>,
     tick: u64,
 }
 
@@ -416,14 +422,19 @@ impl Leases {
         let Some(mut s) = self.live_state() else {
             return;
         };
-        if self.stamp() != stamp {
+        let given_back = granted
+            .iter()
+            .any(|g| s.cancelling.iter().any(|(_, c)| c == g));
+        if self.stamp() != stamp || given_back {
             for g in granted {
-                if !s.held.contains_key(g) {
+                if !s.held.contains_key(g) && !s.cancel.contains(g) {
                     s.cancel.push(*g);
                 }
             }
             return;
         }
+        // Granted again before the wait giving them back was sent: they stay.
+        s.cancel.retain(|c| !granted.contains(c));
         s.tick += 1;
         f(&mut s);
         self.bound(&mut s);
@@ -791,6 +802,7 @@ impl Leases {
             self.drop_one(s, f, false);
         }
         s.cancel.clear();
+        s.cancelling.clear();
     }
 
     /// Gives back the least recently used leases past the bound.
@@ -813,25 +825,35 @@ impl Leases {
         self.drop_all(&mut s);
     }
 
-    /// What the next wait carries: the last recall applied, the epoch known, and the leases
-    /// given back.
-    pub fn next_wait(&self) -> (u64, u64, Vec<Fid>) {
+    /// What the next wait carries: its number, the last recall applied, the epoch known, and
+    /// the leases given back.
+    pub fn next_wait(&self) -> (u64, u64, u64, Vec<Fid>) {
         let mut s = self.state.lock();
         let n = s.cancel.len().min(proto::md::MAX_RECALL);
-        let cancel = s.cancel.drain(..n).collect();
-        (s.acked, s.epoch, cancel)
+        let cancel: Vec<Fid> = s.cancel.drain(..n).collect();
+        s.wait_nr += 1;
+        let nr = s.wait_nr;
+        s.cancelling.extend(cancel.iter().map(|f| (nr, *f)));
+        (nr, s.acked, s.epoch, cancel)
     }
 
-    /// A wait sent at `sent` was answered: recalls are applied first, then the leases held
-    /// are good for a term from `sent`.
     /// Whether `r` takes every lease (a new run of the MDS, or this client lost them there).
     pub fn loses_all(&self, r: &MdsLeaseRecall) -> bool {
         let s = self.state.lock();
         r.instance != s.instance || r.epoch != s.epoch
     }
 
-    pub fn answered(&self, sent: Instant, r: &MdsLeaseRecall) -> bool {
+    /// Wait `nr`, sent at `sent`, was answered: recalls are applied first, then the leases
+    /// held are good for a term from `sent`.
+    pub fn answered(&self, nr: u64, sent: Instant, r: &MdsLeaseRecall) -> bool {
         let mut s = self.state.lock();
+        // The MDS has taken every cancel up to this wait, or never will. Answers to requests
+        // sent before now may carry grants it made before it took them: none is kept.
+        let before = s.cancelling.len();
+        s.cancelling.retain(|(n, _)| *n > nr);
+        if s.cancelling.len() != before {
+            self.recalls.fetch_add(1, Ordering::SeqCst);
+        }
         let dropped = r.instance != s.instance || r.epoch != s.epoch || !r.fids.is_empty();
         if r.instance != s.instance || r.epoch != s.epoch {
             // A new run of the MDS, or this client lost its leases there.
@@ -895,7 +917,7 @@ mod tests {
                 ..IdMap::default()
             },
         };
-        l.answered(Instant::now(), &r);
+        l.answered(0, Instant::now(), &r);
         l
     }
 
@@ -957,14 +979,59 @@ mod tests {
                 ..IdMap::default()
             },
         };
-        l.answered(Instant::now(), &recall);
+        l.answered(0, Instant::now(), &recall);
         l.learn_attr(st, &inode(dir, Kind::Dir), true);
         assert!(l.getattr(dir).is_none());
         assert_eq!(
             l.next_wait(),
-            (1, 3, vec![dir]),
+            (1, 1, 3, vec![dir]),
             "given back, and the recall acked"
         );
+    }
+
+    #[test]
+    fn a_lease_given_back_is_not_kept_from_a_grant_until_the_wait_is_answered() {
+        let l = live();
+        let dir = fid(6);
+        // An answer read across a recall is not kept: its grant goes back.
+        let old = l.stamp();
+        l.answered(0, Instant::now(), &recall_of(fid(99), 1));
+        l.learn_attr(old, &inode(dir, Kind::Dir), true);
+        let (nr, _, _, cancel) = l.next_wait();
+        assert_eq!(cancel, vec![dir]);
+        // While that wait is on its way, the MDS may take its cancel after granting the lease
+        // again: a grant now is not kept.
+        l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
+        assert!(
+            l.getattr(dir).is_none(),
+            "kept while its cancel was on its way"
+        );
+        // Once the wait is answered, an answer sent before that is not kept either; one sent
+        // after is.
+        let before = l.stamp();
+        l.answered(nr, Instant::now(), &recall_of(fid(98), 2));
+        l.learn_attr(before, &inode(dir, Kind::Dir), true);
+        assert!(l.getattr(dir).is_none());
+        // That grant goes back too; once its wait is answered, a new answer is kept.
+        let (nr, _, _, cancel) = l.next_wait();
+        assert_eq!(cancel, vec![dir]);
+        l.answered(nr, Instant::now(), &recall_of(fid(97), 3));
+        l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
+        assert!(l.getattr(dir).is_some());
+    }
+
+    /// A recall of `f` (number `seq`) in the run and epoch [`live`] knows.
+    fn recall_of(f: Fid, seq: u64) -> MdsLeaseRecall {
+        MdsLeaseRecall {
+            instance: 1,
+            epoch: 3,
+            seq,
+            fids: vec![f],
+            idmap: IdMap {
+                identity: true,
+                ..IdMap::default()
+            },
+        }
     }
 
     #[test]
@@ -984,7 +1051,7 @@ mod tests {
             fids: vec![dir],
             idmap: IdMap::default(),
         };
-        l.answered(Instant::now(), &recall);
+        l.answered(0, Instant::now(), &recall);
         assert!(l.getattr(dir).is_none());
         assert_eq!(*seen.lock(), vec![dir]);
     }
@@ -1004,6 +1071,7 @@ mod tests {
     fn the_cache_is_bounded() {
         let l = Leases::new(16);
         l.answered(
+            0,
             Instant::now(),
             &MdsLeaseRecall {
                 instance: 1,

@@ -118,6 +118,11 @@ impl Pending {
         self.queued.load(Ordering::SeqCst)
     }
 
+    /// Changes queued and not answered yet.
+    pub fn unanswered(&self) -> u64 {
+        self.queued().saturating_sub(*self.answered.borrow())
+    }
+
     /// Waits until the first `upto` changes queued have been answered.
     pub async fn settle_to(&self, upto: u64) {
         if *self.answered.borrow() >= upto {

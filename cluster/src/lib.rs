@@ -188,6 +188,14 @@ impl ClusterBuilder {
         self
     }
 
+    /// As [`ClusterBuilder::inline_commit`], but the MDS commits only when a caller waits for
+    /// durability or [`mds::store::Store::commit_queued`] is called: changes are answered
+    /// before they are durable, and an MDS crash loses them unless their clients replay them.
+    pub fn deferred_commit(mut self) -> ClusterBuilder {
+        self.commit = mds::store::CommitMode::Deferred;
+        self
+    }
+
     /// Names the MDS's runs `first`, `first + 1`, ... instead of at random (a simulation that
     /// must replay exactly).
     pub fn mds_instances(mut self, first: u64) -> ClusterBuilder {
@@ -304,6 +312,11 @@ impl Cluster {
         self.mds.as_ref().expect("the MDS is running")
     }
 
+    /// The MDS, if it runs.
+    pub fn mds_running(&self) -> Option<&MdsServer> {
+        self.mds.as_ref()
+    }
+
     /// Storage server `i`, if it runs.
     pub fn oss(&self, i: usize) -> Option<&OssServer> {
         self.oss.get(i).and_then(Option::as_ref)
@@ -334,7 +347,7 @@ impl Cluster {
     /// Stops the MDS as kill -9 would (its journal holds what was committed).
     pub async fn kill_mds(&mut self) {
         if let Some(m) = self.mds.take() {
-            m.stop().await;
+            m.kill().await;
         }
     }
 

@@ -9,8 +9,14 @@
 //! restarted; one that loses power, losing everything not synced; the MDS killed; the MDS
 //! losing power with its last journal write torn; a storage server's disk full for a while;
 //! the MDS's disk full, then room made and the MDS restarted; a client cut off from a server
-//! for a while)
+//! for a while; a client dying together with the MDS, and a new client in its place)
 //! and the network's own faults (loss, duplication, reordering on every link).
+//!
+//! The MDS commits behind, as the real one does: it answers changes before they are durable
+//! and commits them when the seed says so or a caller waits for durability
+//! ([`mds::store::CommitMode::Deferred`]), so an MDS crash loses what its clients must replay.
+//! The clients run as the library does by default: commit-behind with replay, leases, and
+//! creates and unlinks answered ahead in directories they hold alone.
 //!
 //! The checkers live here, apart from the code they check, and know only what the client was
 //! told: every checkpoint whose rename was acknowledged holds exactly the acknowledged bytes
@@ -19,11 +25,14 @@
 //! however the MDS restarts; every range an fsync acknowledged reads back exactly, never as
 //! zeros; the copies of a mirrored checkpoint whose layout calls both in sync hold the same
 //! bytes; after the faults stop, the cluster makes progress (a new checkpoint commits); the
-//! namespace passes `fsck` and every target passes `scrub`.
+//! namespace passes `fsck` and every target passes `scrub`. A change is held to this until its
+//! client knows it committed; a client dying with the MDS may take back its changes not yet
+//! committed and, with them, changes other clients made after them (recovery.md: lode has no
+//! commit-on-sharing yet), and nothing else.
 //!
 //! Run it on one thread under tokio's paused clock (`start_paused`), as the tests and the
 //! `simulate` example do: the MDS then journals on the caller's thread
-//! ([`mds::store::CommitMode::Inline`]), clients and MDS runs are named from the seed, and a
+//! ([`mds::store::CommitMode::Deferred`]), clients and MDS runs are named from the seed, and a
 //! seed replays exactly: the same messages at the same virtual times with the same fates
 //! ([`Report::fingerprint`]). Waits cost no real time, so a seed takes a fraction of a second.
 
@@ -78,6 +87,57 @@ struct Model {
     checkpoints: BTreeMap<String, Versions>,
     /// Plain files: per byte, what an acknowledged fsync put there (`None`: not promised).
     files: BTreeMap<String, Vec<Option<u8>>>,
+    /// Acknowledged changes not yet known committed, in the order they were made: a crash of
+    /// their client together with the MDS may take them back, and with them the changes of
+    /// other clients made after them (which may have depended on them; see recovery.md).
+    uncertain: Vec<Uncertain>,
+}
+
+/// An acknowledged change that a crash of its client and the MDS together may take back.
+struct Uncertain {
+    /// The client's slot.
+    client: usize,
+    undo: Undo,
+}
+
+/// What may be there again if a change is taken back.
+enum Undo {
+    /// A checkpoint name renamed over or unlinked: it may hold what it held before.
+    Checkpoint { name: String, before: Versions },
+    /// A plain file cut or extended between the two sizes: those bytes are not promised.
+    Truncate { name: String, from: u64, to: u64 },
+}
+
+impl Model {
+    /// A crash of `client` together with the MDS: its changes not known committed may be
+    /// lost, and so may every change made after the first of them.
+    fn client_lost(&mut self, client: usize) {
+        let Some(first) = self.uncertain.iter().position(|u| u.client == client) else {
+            return;
+        };
+        for u in self.uncertain.split_off(first) {
+            match u.undo {
+                Undo::Checkpoint { name, before } => {
+                    let now = self.checkpoints.entry(name).or_insert(vec![None]);
+                    for v in before {
+                        if !now.contains(&v) {
+                            now.push(v);
+                        }
+                    }
+                }
+                Undo::Truncate { name, from, to } => {
+                    let Some(bytes) = self.files.get_mut(&name) else {
+                        continue;
+                    };
+                    let (from, to) = (from as usize, to as usize);
+                    if bytes.len() < to {
+                        bytes.resize(to, None);
+                    }
+                    bytes[from..to].fill(None);
+                }
+            }
+        }
+    }
 }
 
 struct Sim {
@@ -92,9 +152,12 @@ struct Sim {
     report: Report,
     /// The latest error an operation met, for a liveness failure's message.
     last_error: String,
-    /// Checkpoints a reader holds open, with the bytes it read when it opened them: they must
-    /// read the same until closed, whatever is renamed over them and however the MDS restarts.
-    held: Vec<(client::File, String, Vec<u8>)>,
+    /// Checkpoints a reader holds open (with its client's slot), with the bytes it read when
+    /// it opened them: they must read the same until closed, whatever is renamed over them
+    /// and however the MDS restarts.
+    held: Vec<(client::File, usize, String, Vec<u8>)>,
+    /// Clients started so far (each crash starts one in the crashed one's slot).
+    started: u64,
 }
 
 fn client_config() -> ClientConfig {
@@ -103,9 +166,6 @@ fn client_config() -> ClientConfig {
         retry_for: Duration::from_secs(8),
         ping_every: Duration::from_millis(200),
         creds: proto::md::Creds::root(),
-        // The simulated MDS commits each change as it applies it (inline): nothing is ever
-        // uncommitted at a crash, so its clients take durable answers and join no table.
-        commit_behind: false,
         ..ClientConfig::default()
     }
 }
@@ -147,7 +207,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
         .maintain_every(Duration::from_millis(50))
         .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
-        .inline_commit()
+        .deferred_commit()
         .mds_instances(seed << 16 | 1)
         .mds_clock(virtual_clock());
     for e in &engines {
@@ -186,6 +246,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         },
         last_error: String::new(),
         held: vec![],
+        started: 2,
     };
     let result = sim.drive(operations).await;
     let Sim {
@@ -246,6 +307,13 @@ impl Sim {
 
     async fn drive(&mut self, operations: usize) -> Result<(), Failure> {
         for _ in 0..operations {
+            // The MDS commits behind, when it gets to it.
+            if self.rng.gen_bool(0.3) {
+                if let Some(mds) = self.cluster.mds_running() {
+                    mds.commit_queued();
+                }
+            }
+            self.forget_committed();
             if self.rng.gen_bool(0.15) {
                 self.fault().await?;
             }
@@ -276,7 +344,7 @@ impl Sim {
     async fn fault(&mut self) -> Result<(), Failure> {
         self.report.faults += 1;
         let server = self.rng.gen_range(0..SERVERS);
-        let kind = self.rng.gen_range(0..7);
+        let kind = self.rng.gen_range(0..8);
         self.note(|| {
             let what = [
                 "kill",
@@ -286,6 +354,7 @@ impl Sim {
                 "disk full",
                 "MDS disk full",
                 "partition",
+                "client and MDS crash",
             ];
             format!("fault: {} (storage server {server})", what[kind])
         });
@@ -333,6 +402,31 @@ impl Sim {
                 self.cluster.kill_mds().await;
                 self.restart_mds().await
             }
+            7 => {
+                // A client dies with changes the MDS has not committed, and the MDS dies
+                // before committing them: those may be lost (and what depended on them), and
+                // nothing else.
+                let slot = self.rng.gen_range(0..2);
+                self.held.retain(|(_, c, ..)| *c != slot);
+                let id = u128::from(self.seed) << 64 | u128::from(self.started + 1);
+                let name = format!("c{slot}-{}", self.started);
+                self.started += 1;
+                // Its slot holds the other client until the MDS is back.
+                let other = self.clients[1 - slot].clone();
+                drop(std::mem::replace(&mut self.clients[slot], other));
+                self.cluster.kill_mds().await;
+                if self.rng.gen_bool(0.5) {
+                    self.disk.crash(Some(self.rng.gen()));
+                }
+                self.model.client_lost(slot);
+                self.restart_mds().await?;
+                let cfg = ClientConfig {
+                    id: Some(id),
+                    ..client_config()
+                };
+                self.clients[slot] = self.connect(&name, cfg).await?;
+                Ok(())
+            }
             _ => {
                 let client = format!("c{}", self.rng.gen_range(0..2));
                 self.fabric.partition(&client, &format!("oss{server}"));
@@ -343,6 +437,27 @@ impl Sim {
                     fabric.heal();
                 });
                 Ok(())
+            }
+        }
+    }
+
+    /// Forgets the uncertainty of changes whose client knows them committed.
+    fn forget_committed(&mut self) {
+        let done: Vec<bool> = self.clients.iter().map(Client::all_committed).collect();
+        self.model.uncertain.retain(|u| !done[u.client]);
+    }
+
+    /// A new client: while the MDS waits for the clients of its last run, connecting is
+    /// refused for a while.
+    async fn connect(&mut self, name: &str, cfg: ClientConfig) -> Result<Client, Failure> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.cluster.client(name, cfg.clone()).await {
+                Ok(c) => return Ok(c),
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(self.fail(format!("client {name} cannot connect: {e}")))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
             }
         }
     }
@@ -365,10 +480,11 @@ impl Sim {
     }
 
     async fn operation(&mut self) -> Result<(), Failure> {
-        let c = self.clients[self.rng.gen_range(0..2)].clone();
+        let slot = self.rng.gen_range(0..2);
+        let c = self.clients[slot].clone();
         let k = self.rng.gen_range(0..NAMES);
         if self.rng.gen_bool(0.1) {
-            self.hold(&c, k).await;
+            self.hold(slot, k).await;
         }
         if self.rng.gen_bool(0.1) {
             self.check_held().await?;
@@ -377,7 +493,7 @@ impl Sim {
             0..=3 => {
                 let data = self.bytes(MAX_BYTES);
                 let chunk = self.rng.gen_range(1..=64) << 10;
-                self.checkpoint(&c, k, data, chunk).await
+                self.checkpoint(slot, k, data, chunk).await
             }
             4..=6 => {
                 let data = self.bytes(64 << 10);
@@ -386,14 +502,24 @@ impl Sim {
             }
             7 => {
                 let size = self.rng.gen_range(0..MAX_BYTES as u64);
-                self.truncate_file(&c, k, size).await
+                self.truncate_file(slot, k, size).await
             }
             8 => {
                 let name = format!("/ck{k}");
                 let done = c.unlink(&name).await;
-                let versions = self.model.checkpoints.entry(name).or_insert(vec![None]);
+                let versions = self
+                    .model
+                    .checkpoints
+                    .entry(name.clone())
+                    .or_insert(vec![None]);
                 match done {
-                    Ok(()) => *versions = vec![None],
+                    Ok(()) => {
+                        let before = std::mem::replace(versions, vec![None]);
+                        self.model.uncertain.push(Uncertain {
+                            client: slot,
+                            undo: Undo::Checkpoint { name, before },
+                        });
+                    }
                     Err(_) => {
                         self.report.refused += 1;
                         versions.push(None);
@@ -422,11 +548,12 @@ impl Sim {
     /// Writes a whole new version under a temporary name, fsyncs it and renames it into place.
     async fn checkpoint(
         &mut self,
-        c: &Client,
+        slot: usize,
         k: u32,
         data: Vec<u8>,
         chunk: usize,
     ) -> Result<(), Failure> {
+        let c = &self.clients[slot].clone();
         let (tmp, name) = (format!("/ck{k}.tmp"), format!("/ck{k}"));
         let written = async {
             let mut o = OpenOptions::new().write(true).create(true).truncate(true);
@@ -456,9 +583,19 @@ impl Sim {
                 renamed.as_ref().map_err(|e| e.to_string())
             )
         });
-        let versions = self.model.checkpoints.entry(name).or_insert(vec![None]);
+        let versions = self
+            .model
+            .checkpoints
+            .entry(name.clone())
+            .or_insert(vec![None]);
         match renamed {
-            Ok(()) => *versions = vec![Some(data)],
+            Ok(()) => {
+                let before = std::mem::replace(versions, vec![Some(data)]);
+                self.model.uncertain.push(Uncertain {
+                    client: slot,
+                    undo: Undo::Checkpoint { name, before },
+                });
+            }
             Err(e) => {
                 self.last_error = e.to_string();
                 self.report.refused += 1;
@@ -469,7 +606,8 @@ impl Sim {
     }
 
     /// A reader opens checkpoint `k` and keeps it open (at most two at once).
-    async fn hold(&mut self, c: &Client, k: u32) {
+    async fn hold(&mut self, slot: usize, k: u32) {
+        let c = &self.clients[slot].clone();
         if self.held.len() >= 2 {
             let (f, ..) = self.held.remove(0);
             let _ = f.close().await;
@@ -479,7 +617,7 @@ impl Sim {
             return;
         };
         match read_all(&f).await {
-            Ok(bytes) => self.held.push((f, name, bytes)),
+            Ok(bytes) => self.held.push((f, slot, name, bytes)),
             Err(e) => {
                 self.last_error = e;
                 self.report.refused += 1;
@@ -489,7 +627,7 @@ impl Sim {
 
     /// Every checkpoint held open reads as it did when it was opened.
     async fn check_held(&mut self) -> Result<(), Failure> {
-        for (f, name, bytes) in &self.held {
+        for (f, _, name, bytes) in &self.held {
             match read_all(f).await {
                 Ok(now) if now == *bytes => {}
                 Ok(now) => {
@@ -545,7 +683,8 @@ impl Sim {
         Ok(())
     }
 
-    async fn truncate_file(&mut self, c: &Client, k: u32, size: u64) -> Result<(), Failure> {
+    async fn truncate_file(&mut self, slot: usize, k: u32, size: u64) -> Result<(), Failure> {
+        let c = &self.clients[slot].clone();
         let name = format!("/f{k}");
         if !self.model.files.contains_key(&name) {
             return Ok(());
@@ -556,9 +695,20 @@ impl Sim {
             f.close().await
         }
         .await;
-        let bytes = self.model.files.entry(name).or_default();
+        let bytes = self.model.files.entry(name.clone()).or_default();
         match done {
-            Ok(()) => bytes.resize(size as usize, Some(0)),
+            Ok(()) => {
+                let len = bytes.len() as u64;
+                bytes.resize(size as usize, Some(0));
+                self.model.uncertain.push(Uncertain {
+                    client: slot,
+                    undo: Undo::Truncate {
+                        name,
+                        from: len.min(size),
+                        to: len.max(size),
+                    },
+                });
+            }
             Err(_) => {
                 self.report.refused += 1;
                 // Cut or not: the bytes past `size` are no longer promised.
@@ -571,12 +721,11 @@ impl Sim {
 
     /// Liveness: with the faults over, a new checkpoint commits.
     async fn check_progress(&mut self) -> Result<(), Failure> {
-        let c = self.clients[0].clone();
         let data = self.bytes(64 << 10);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let before = self.report.refused;
-            self.checkpoint(&c, NAMES, data.clone(), 16 << 10).await?;
+            self.checkpoint(0, NAMES, data.clone(), 16 << 10).await?;
             let committed = self
                 .model
                 .checkpoints

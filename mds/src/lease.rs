@@ -59,9 +59,22 @@ struct State {
     recalling: HashMap<Fid, u32>,
     /// Directories held alone, and by whom (while that client still holds the lease).
     alone: HashMap<Fid, u128>,
+    /// Recalls sent and not yet acknowledged, on each inode: (client, recall number). A
+    /// change on the inode waits for them too, not only for the recalls it sends itself.
+    outstanding: HashMap<Fid, Vec<(u128, u64)>>,
     clients: HashMap<u128, Holder>,
     total: usize,
     last_tidy: Option<Instant>,
+    /// The last epoch given out: every holder and every loss takes a new one, so no client
+    /// sees an epoch it knew before in this run.
+    last_epoch: u64,
+}
+
+impl State {
+    fn next_epoch(&mut self) -> u64 {
+        self.last_epoch = self.last_epoch.wrapping_add(2);
+        self.last_epoch
+    }
 }
 
 struct Holder {
@@ -72,6 +85,8 @@ struct Holder {
     knows_epoch: bool,
     /// The number of the last recall.
     seq: u64,
+    /// The newest wait whose cancels were taken ([`proto::md::MdsLeaseWait::nr`]).
+    last_wait: u64,
     /// Recalls not yet acknowledged, in order.
     pending: VecDeque<(u64, Fid)>,
     acked: watch::Sender<u64>,
@@ -81,12 +96,13 @@ struct Holder {
 }
 
 impl Holder {
-    fn new() -> Holder {
+    fn new(epoch: u64) -> Holder {
         Holder {
             held: HashSet::new(),
-            epoch: rand::random::<u64>() | 1,
+            epoch,
             knows_epoch: false,
             seq: 0,
+            last_wait: 0,
             pending: VecDeque::new(),
             acked: watch::channel(0).0,
             wake: Arc::new(Notify::new()),
@@ -124,10 +140,20 @@ impl Default for Leases {
 impl Leases {
     pub fn new(term: Duration, hold: Duration) -> Leases {
         Leases {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                last_epoch: rand::random::<u64>() | 1,
+                ..State::default()
+            }),
             term,
             hold,
         }
+    }
+
+    /// Numbers epochs from `seed` rather than at random (a simulation that must replay
+    /// exactly names it).
+    pub fn epochs_from(self, seed: u64) -> Leases {
+        self.state.lock().last_epoch = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        self
     }
 
     /// Grants `client` leases on all of `fids`, or on none: false when the client has no
@@ -235,18 +261,21 @@ impl Leases {
             let s = &mut *s;
             for f in fids {
                 *s.recalling.entry(*f).or_default() += 1;
-                let Some(holders) = s.holders.get_mut(f) else {
-                    continue;
+                let others: Vec<u128> = match s.holders.get_mut(f) {
+                    Some(holders) => {
+                        let others = holders
+                            .iter()
+                            .copied()
+                            .filter(|c| Some(*c) != except)
+                            .collect();
+                        holders.retain(|c| Some(*c) == except);
+                        if holders.is_empty() {
+                            s.holders.remove(f);
+                        }
+                        others
+                    }
+                    None => vec![],
                 };
-                let others: Vec<u128> = holders
-                    .iter()
-                    .copied()
-                    .filter(|c| Some(*c) != except)
-                    .collect();
-                holders.retain(|c| Some(*c) == except);
-                if holders.is_empty() {
-                    s.holders.remove(f);
-                }
                 if s.alone.get(f).is_some_and(|c| Some(*c) != except) {
                     s.alone.remove(f);
                 }
@@ -260,7 +289,24 @@ impl Leases {
                     h.seq += 1;
                     h.pending.push_back((h.seq, *f));
                     h.wake.notify_one();
-                    waits.push((c, h.seq, h.acked.subscribe(), h.confirmed_until));
+                    s.outstanding.entry(*f).or_default().push((c, h.seq));
+                }
+                // Every recall of this inode not yet acknowledged, this change's and those
+                // of changes before it: a holder that has not dropped its copy yet may still
+                // answer from it.
+                let clients = &s.clients;
+                if let Some(out) = s.outstanding.get_mut(f) {
+                    out.retain(|(c, seq)| clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq));
+                    for (c, seq) in out.iter() {
+                        if Some(*c) == except {
+                            continue;
+                        }
+                        let h = &clients[c];
+                        waits.push((*c, *seq, h.acked.subscribe(), h.confirmed_until));
+                    }
+                    if out.is_empty() {
+                        s.outstanding.remove(f);
+                    }
                 }
             }
         }
@@ -281,9 +327,16 @@ impl Leases {
     pub fn clear(&self, fids: &[Fid], except: Option<u128>) -> bool {
         let s = self.state.lock();
         fids.iter().all(|f| {
-            s.holders
+            let held = s
+                .holders
                 .get(f)
-                .is_none_or(|hs| hs.iter().all(|c| Some(*c) == except))
+                .is_some_and(|hs| hs.iter().any(|c| Some(*c) != except));
+            let unacknowledged = s.outstanding.get(f).is_some_and(|out| {
+                out.iter().any(|(c, seq)| {
+                    Some(*c) != except && s.clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq)
+                })
+            });
+            !held && !unacknowledged
         })
     }
 
@@ -301,10 +354,13 @@ impl Leases {
             "a client did not acknowledge a lease recall in time: it loses all its leases"
         );
         Self::drop_all(&mut s, client);
+        let epoch = s.next_epoch();
         if let Some(h) = s.clients.get_mut(&client) {
-            h.epoch = h.epoch.wrapping_add(2);
+            h.epoch = epoch;
             h.knows_epoch = false;
             h.pending.clear();
+            // Every recall so far is settled: the client holds nothing of this epoch.
+            h.acked.send_replace(h.seq);
             h.wake.notify_one();
         }
     }
@@ -351,11 +407,14 @@ impl Leases {
         self.state.lock().total
     }
 
-    /// One lease wait of `client`: takes its acknowledgements and cancels, then answers with
-    /// the recalls pending, at once or when one comes, or empty after the hold.
+    /// One lease wait of `client`, number `nr`: takes its acknowledgements and (if it is the
+    /// newest wait yet) its cancels, then answers with the recalls pending, at once or when
+    /// one comes, or empty after the hold.
+    #[allow(clippy::too_many_arguments)]
     pub async fn wait(
         &self,
         client: u128,
+        nr: u64,
         acked: u64,
         epoch: u64,
         cancel: &[Fid],
@@ -366,7 +425,11 @@ impl Leases {
             let mut s = self.state.lock();
             let s = &mut *s;
             self.tidy(s);
-            let h = s.clients.entry(client).or_insert_with(Holder::new);
+            if !s.clients.contains_key(&client) {
+                let e = s.next_epoch();
+                s.clients.insert(client, Holder::new(e));
+            }
+            let h = s.clients.get_mut(&client).expect("inserted above");
             if epoch == h.epoch {
                 h.knows_epoch = true;
             }
@@ -378,6 +441,14 @@ impl Leases {
                 }
                 up
             });
+            // A late copy of an older wait gives back nothing: the client may have been
+            // granted those leases again since it sent it.
+            let cancel = if nr > h.last_wait {
+                h.last_wait = nr;
+                cancel
+            } else {
+                &[]
+            };
             for f in cancel {
                 if h.held.remove(f) {
                     s.total -= 1;
@@ -395,7 +466,11 @@ impl Leases {
             let _ = tokio::time::timeout(self.hold, wake.notified()).await;
         }
         let mut s = self.state.lock();
-        let h = s.clients.entry(client).or_insert_with(Holder::new);
+        if !s.clients.contains_key(&client) {
+            let e = s.next_epoch();
+            s.clients.insert(client, Holder::new(e));
+        }
+        let h = s.clients.get_mut(&client).expect("inserted above");
         let fids: Vec<(u64, Fid)> = h.pending.iter().take(MAX_RECALL).copied().collect();
         h.confirmed_until = h.confirmed_until.max(Instant::now() + self.term);
         MdsLeaseRecall {
@@ -429,6 +504,11 @@ impl Leases {
                 h.acked.send_replace(u64::MAX);
             }
         }
+        let clients = &s.clients;
+        s.outstanding.retain(|_, out| {
+            out.retain(|(c, seq)| clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq));
+            !out.is_empty()
+        });
     }
 }
 
@@ -445,9 +525,9 @@ mod tests {
     async fn a_grant_needs_a_live_channel_and_a_known_epoch() {
         let l = Leases::new(Duration::from_secs(5), Duration::from_millis(10));
         assert!(!l.grant(7, &[ROOT]), "no channel yet");
-        let r = l.wait(7, 0, 0, &[], 1, IdMap::default()).await;
+        let r = l.wait(7, 1, 0, 0, &[], 1, IdMap::default()).await;
         assert!(!l.grant(7, &[ROOT]), "the epoch is not known yet");
-        l.wait(7, 0, r.epoch, &[], 1, IdMap::default()).await;
+        l.wait(7, 2, 0, r.epoch, &[], 1, IdMap::default()).await;
         assert!(l.grant(7, &[ROOT, fid(5)]));
         assert_eq!(l.held_by(7), 2);
         assert!(!l.clear(&[ROOT], None));
@@ -457,8 +537,8 @@ mod tests {
     #[tokio::test]
     async fn a_recall_waits_for_the_acknowledgement_and_blocks_grants_meanwhile() {
         let l = Arc::new(Leases::new(Duration::from_secs(5), Duration::from_secs(1)));
-        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
-        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        let e = l.wait(1, 3, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 4, 0, e, &[], 1, IdMap::default()).await;
         assert!(l.grant(1, &[fid(9)]));
         let l2 = l.clone();
         let changer = tokio::spawn(async move {
@@ -466,13 +546,13 @@ mod tests {
             assert!(!l2.grant(1, &[fid(9)]), "no grant while recalling");
             assert!(l2.clear(&[fid(9)], Some(2)));
         });
-        let got = l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        let got = l.wait(1, 5, 0, e, &[], 1, IdMap::default()).await;
         assert_eq!(got.fids, vec![fid(9)]);
         assert_eq!(l.held_by(1), 0);
         // The acknowledgement lets the change go on.
         let acked = l.clone();
         let seq = got.seq;
-        tokio::spawn(async move { acked.wait(1, seq, e, &[], 1, IdMap::default()).await });
+        tokio::spawn(async move { acked.wait(1, 6, seq, e, &[], 1, IdMap::default()).await });
         tokio::time::timeout(Duration::from_secs(2), changer)
             .await
             .expect("the change went ahead once acknowledged")
@@ -486,8 +566,8 @@ mod tests {
     #[tokio::test]
     async fn a_holder_that_never_acknowledges_loses_every_lease_after_the_term() {
         let l = Leases::new(Duration::from_millis(300), Duration::from_millis(50));
-        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
-        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        let e = l.wait(1, 7, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 8, 0, e, &[], 1, IdMap::default()).await;
         assert!(l.grant(1, &[fid(1), fid(2)]));
         let t = Instant::now();
         drop(l.recall(&[fid(1)], None).await);
@@ -498,22 +578,68 @@ mod tests {
             !l.grant(1, &[fid(3)]),
             "no grants until it sees the new epoch"
         );
-        let r = l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        let r = l.wait(1, 9, 0, e, &[], 1, IdMap::default()).await;
         assert_ne!(r.epoch, e);
-        l.wait(1, r.seq, r.epoch, &[], 1, IdMap::default()).await;
+        l.wait(1, 10, r.seq, r.epoch, &[], 1, IdMap::default())
+            .await;
         assert!(l.grant(1, &[fid(3)]));
     }
 
     #[tokio::test]
     async fn cancelled_leases_are_not_recalled() {
         let l = Leases::new(Duration::from_secs(5), Duration::from_millis(10));
-        let e = l.wait(1, 0, 0, &[], 1, IdMap::default()).await.epoch;
-        l.wait(1, 0, e, &[], 1, IdMap::default()).await;
+        let e = l.wait(1, 11, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 12, 0, e, &[], 1, IdMap::default()).await;
         assert!(l.grant(1, &[fid(4)]));
-        l.wait(1, 0, e, &[fid(4)], 1, IdMap::default()).await;
+        l.wait(1, 13, 0, e, &[fid(4)], 1, IdMap::default()).await;
         assert_eq!(l.total(), 0);
         let t = Instant::now();
         drop(l.recall(&[fid(4)], None).await);
         assert!(t.elapsed() < Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn a_late_copy_of_an_old_wait_gives_back_nothing() {
+        let l = Leases::new(Duration::from_secs(5), Duration::from_millis(10));
+        let e = l.wait(1, 1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 2, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(4)]));
+        l.wait(1, 3, 0, e, &[fid(4)], 1, IdMap::default()).await;
+        assert_eq!(l.held_by(1), 0);
+        // Granted again; then a copy of wait 3 arrives late.
+        assert!(l.grant(1, &[fid(4)]));
+        l.wait(1, 3, 0, e, &[fid(4)], 1, IdMap::default()).await;
+        assert_eq!(l.held_by(1), 1, "the grant made after wait 3 stands");
+        assert!(!l.clear(&[fid(4)], None));
+    }
+
+    #[tokio::test]
+    async fn a_change_waits_for_a_recall_another_change_sent() {
+        let l = Arc::new(Leases::new(Duration::from_secs(5), Duration::from_secs(1)));
+        let e = l.wait(1, 1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 2, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(9)]));
+        // A first change recalls the lease and waits (its caller gave up, say).
+        let l2 = l.clone();
+        let first = tokio::spawn(async move { drop(l2.recall(&[fid(9)], Some(2)).await) });
+        tokio::task::yield_now().await;
+        // A second change on the same inode finds no holder, but the holder has not dropped
+        // its copy yet: it is not clear, and its recall waits too.
+        assert!(!l.clear(&[fid(9)], Some(2)));
+        let l3 = l.clone();
+        let second = tokio::spawn(async move { drop(l3.recall(&[fid(9)], Some(2)).await) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !second.is_finished(),
+            "went ahead before the holder acknowledged"
+        );
+        let got = l.wait(1, 3, 0, e, &[], 1, IdMap::default()).await;
+        l.wait(1, 4, got.seq, e, &[], 1, IdMap::default()).await;
+        tokio::time::timeout(Duration::from_secs(2), second)
+            .await
+            .expect("acknowledged: the second change goes on")
+            .unwrap();
+        first.await.unwrap();
+        assert!(l.clear(&[fid(9)], Some(2)));
     }
 }

@@ -290,17 +290,21 @@ impl Clients {
             // Progress keeps the window open for the rest.
             r.ends = r.ends.max(Instant::now() + Duration::from_secs(2));
         }
+        // The next in line, and resends of this one, go on.
+        self.changed.send_modify(|n| *n += 1);
         self.advance(&mut s);
         out
     }
 
     /// Moves recovery on: past transactions no client still expected can replay, and to its
     /// end when every expected client is done.
+    /// Replays waiting are told only when it moved on: a waiter that calls it again finding
+    /// nothing new wakes no one (two resends of one replay would otherwise wake each other
+    /// for ever).
     fn advance(&self, s: &mut State) {
         let Some(r) = s.recovery.as_mut() else {
             return;
         };
-        self.changed.send_modify(|n| *n += 1);
         if r.applying.is_some() || r.waiting.contains_key(&r.next) {
             return;
         }
@@ -309,11 +313,15 @@ impl Clients {
             return;
         }
         if let Some((&t, _)) = r.waiting.first_key_value() {
-            r.lost += t.saturating_sub(r.next);
-            r.next = r.next.max(t);
+            if t > r.next {
+                r.lost += t - r.next;
+                r.next = t;
+                self.changed.send_modify(|n| *n += 1);
+            }
             return;
         }
         self.end(s);
+        self.changed.send_modify(|n| *n += 1);
     }
 
     fn end(&self, s: &mut State) {

@@ -233,9 +233,22 @@ impl MdsServer {
         &self.registry
     }
 
+    /// Without a committer thread, writes what the journal has queued now (a simulation's
+    /// MDS committing behind chooses when); with one, nothing.
+    pub fn commit_queued(&self) {
+        self.store.commit_queued();
+    }
+
     /// The namespace's invariants that do not hold now (empty when sound), as `fsck` checks.
     pub fn fsck(&self) -> Vec<String> {
         self.store.read(|ns| ns.check())
+    }
+
+    /// Stops as kill -9 would: the store writes nothing more (what was not committed is lost),
+    /// then the server stops serving.
+    pub async fn kill(self) {
+        self.store.halt();
+        self.stop().await;
     }
 
     /// Stops serving and closes the store (its committed journal is on disk).

@@ -114,7 +114,8 @@ impl MdsService {
             granter: policy.granter,
             audit: policy.audit,
             clients,
-            leases: Arc::new(Leases::default()),
+            // Epochs follow the run's instance: random, unless a simulation named it.
+            leases: Arc::new(Leases::default().epochs_from(instance)),
         })
     }
 
@@ -653,7 +654,15 @@ impl MdsService {
                 let idmap = self.nodemap.idmap(&req);
                 let recall = self
                     .leases
-                    .wait(r.client, r.acked, r.epoch, &r.cancel, self.instance, idmap)
+                    .wait(
+                        r.client,
+                        r.nr,
+                        r.acked,
+                        r.epoch,
+                        &r.cancel,
+                        self.instance,
+                        idmap,
+                    )
                     .await;
                 reply::<MdsLeaseWait>(&recall)
             }

@@ -54,6 +54,8 @@ struct Shared {
     interval_ns: std::sync::atomic::AtomicU64,
     /// Set by a caller waiting for durability; cuts the interval short.
     hurry: (std::sync::Mutex<bool>, std::sync::Condvar),
+    /// Set by [`Store::halt`]: nothing more is written, as after a kill -9.
+    halted: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -107,14 +109,20 @@ pub enum CommitMode {
     /// The caller that queued a change writes the queue at once, on its own thread: for a
     /// simulated cluster on one thread and a virtual clock, where no other thread may run.
     Inline,
+    /// As `Inline`, but changes stay queued (answered before they are durable) until a caller
+    /// waits for durability or [`Store::commit_queued`] is called: a simulated cluster whose
+    /// MDS commits behind, so that a crash loses what its clients must replay.
+    Deferred,
 }
 
 pub struct Store {
     shared: Arc<Shared>,
     disk: Arc<dyn MetaDisk>,
     committer: Option<std::thread::JoinHandle<()>>,
-    /// With [`CommitMode::Inline`], the committer callers run.
+    /// With [`CommitMode::Inline`] or [`CommitMode::Deferred`], the committer callers run.
     inline: Option<Mutex<Committer>>,
+    /// [`CommitMode::Deferred`]: callers commit only when they wait for durability.
+    deferred: bool,
     pub recovered_records: u64,
     pub torn_bytes: u64,
     /// The filesystem was made by this open: no earlier run, no client of one.
@@ -188,6 +196,7 @@ impl Store {
             durable: tx,
             interval_ns: Default::default(),
             hurry: Default::default(),
+            halted: Default::default(),
         });
         let committer = Committer {
             shared: shared.clone(),
@@ -206,13 +215,14 @@ impl Store {
                     })?;
                 (Some(t), None)
             }
-            CommitMode::Inline => (None, Some(Mutex::new(committer))),
+            CommitMode::Inline | CommitMode::Deferred => (None, Some(Mutex::new(committer))),
         };
         Ok(Store {
             shared,
             disk,
             committer: thread,
             inline,
+            deferred: mode == CommitMode::Deferred,
             recovered_records: rec.replayed,
             torn_bytes: rec.torn,
             fresh,
@@ -317,8 +327,8 @@ impl Store {
                 touched,
             }
         };
-        if let Some(c) = &self.inline {
-            c.lock().commit_queued();
+        if !self.deferred {
+            self.commit_queued();
         }
         Ok(done)
     }
@@ -374,10 +384,27 @@ impl Store {
             let (applied, _) = Self::append(ns, seq, &mut queue, &rec)?;
             (applied, *seq)
         };
+        self.commit_queued();
+        self.wait_durable(seq.1, seq.0).await
+    }
+
+    /// Without a committer thread ([`CommitMode::Inline`], [`CommitMode::Deferred`]): writes
+    /// what is queued now, on the calling thread. With one, nothing (it commits by itself).
+    pub fn commit_queued(&self) {
         if let Some(c) = &self.inline {
             c.lock().commit_queued();
         }
-        self.wait_durable(seq.1, seq.0).await
+    }
+
+    /// Stops as a process killed with kill -9 does: nothing queued is written, and nothing
+    /// more is applied or written (callers are told the store failed). What a run in this
+    /// process may still do with the store then changes nothing on disk.
+    pub fn halt(&self) {
+        self.shared
+            .halted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.shared.durable.send_replace(Err(()));
+        self.shared.queue.stop();
     }
 
     /// Commits at most once per `interval` (larger groups, fewer syncs) unless a caller waits
@@ -484,6 +511,9 @@ impl Store {
         let mut rx = self.shared.durable.subscribe();
         if rx.borrow().is_ok_and(|d| d < seq) {
             self.shared.hurry();
+            if self.deferred {
+                self.commit_queued();
+            }
         }
         let durable = matches!(
             rx.wait_for(|d| d.map_or(true, |d| d >= seq))
@@ -550,7 +580,7 @@ impl Committer {
     /// Writes `batch` and a snapshot when one is due; false once the journal failed.
     fn commit(&mut self, batch: Option<Batch>) -> bool {
         let s = &self.shared;
-        if s.durable.borrow().is_err() {
+        if s.durable.borrow().is_err() || s.halted.load(std::sync::atomic::Ordering::SeqCst) {
             return false;
         }
         if let Some(b) = batch {

@@ -753,6 +753,10 @@ pub struct MdsLeaseWait {
     pub acked: u64,
     /// The lease epoch the client knows (see [`MdsLeaseRecall::epoch`]).
     pub epoch: u64,
+    /// This wait's number, counting up: the MDS takes a wait's cancels only if it is newer
+    /// than every wait it took them from before, so a late copy of an old wait gives back
+    /// nothing granted since.
+    pub nr: u64,
     /// Leases the client gives back (its cache is full, or it did not keep an answer).
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub cancel: Vec<Fid>,

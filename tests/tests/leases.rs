@@ -148,6 +148,7 @@ async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for
         client: id,
         acked,
         epoch,
+        nr: 0,
         cancel: vec![],
     };
     let getattr = || {
