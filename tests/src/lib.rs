@@ -55,6 +55,11 @@ pub fn client_security() -> Security {
     Security::client(Arc::new(Keyring::new(&keys().cluster.client_key())), false)
 }
 
+/// The path of this build's binary `name` (`lode`, `lode-mds`, ...).
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
 /// The directory holding this build's binaries (`target/<profile>`).
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

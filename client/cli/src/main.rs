@@ -144,25 +144,22 @@ enum Cmd {
         #[arg(long, action = clap::ArgAction::Help)]
         help: Option<bool>,
     },
-    /// List a directory.
+    /// List a directory (or name a file), as `ls` does.
     Ls {
+        /// Long listing: mode, links, owner, group, size, modification time, name.
         #[arg(short = 'l')]
         long: bool,
+        #[arg(default_value = "/")]
         path: String,
     },
     /// Print a file.
-    Cat {
-        path: String,
-    },
+    Cat { path: String },
     /// Check a checkpoint saved by `lode.torch.save` against its manifest of SHA-256 digests.
-    Verify {
-        path: String,
-    },
-    /// Copy a file; prefix local paths with `local:`.
-    Cp {
-        from: String,
-        to: String,
-    },
+    Verify { path: String },
+    /// Copy a file into, out of or within lode. Paths are lode paths; a path on this
+    /// machine's own filesystem is written `local:PATH` (`local:-` is stdin or stdout):
+    /// `lode cp local:/data/a.bin /shards/a.bin`, `lode cp /shards/a.bin local:a.bin`.
+    Cp { from: String, to: String },
     Mkdir {
         #[arg(short = 'p')]
         parents: bool,
@@ -175,13 +172,9 @@ enum Cmd {
         paths: Vec<String>,
     },
     /// Rename atomically.
-    Mv {
-        from: String,
-        to: String,
-    },
-    Stat {
-        path: String,
-    },
+    Mv { from: String, to: String },
+    /// Show a file's attributes, as `stat` does, with its FID.
+    Stat { path: String },
     /// Sequential write then read of N files by N tasks, against the local disk.
     Bench(bench::BenchArgs),
     /// Mount the filesystem through FUSE (foreground; --daemon to detach). SIGTERM unmounts.
@@ -195,9 +188,7 @@ enum Cmd {
         daemon: bool,
     },
     /// Unmount a lode mount.
-    Umount {
-        mountpoint: std::path::PathBuf,
-    },
+    Umount { mountpoint: std::path::PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -267,8 +258,81 @@ fn main() {
     if broken_pipe {
         std::process::exit(141);
     }
+    if let Some(p) = e.downcast_ref::<PosixError>() {
+        eprintln!("lode: {p}");
+        std::process::exit(p.exit);
+    }
+    if let Some(ExitOnly(code)) = e.downcast_ref::<ExitOnly>() {
+        std::process::exit(*code);
+    }
     eprintln!("lode: {e:#}");
     std::process::exit(1);
+}
+
+/// A filesystem call that failed on a path, printed as coreutils print it
+/// (`cannot access '/x': No such file or directory`), with their exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {}: {}{}", quoted(what, path), strerror(*errno), detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+struct PosixError {
+    what: String,
+    path: String,
+    errno: i32,
+    /// What lode knows beyond the errno, for errors a user cannot act on from the errno
+    /// alone (an I/O error: which server, what failed).
+    detail: Option<String>,
+    exit: i32,
+}
+
+/// A failure already reported on stderr: only the exit status is left to give.
+#[derive(Debug, thiserror::Error)]
+#[error("exit status {0}")]
+struct ExitOnly(i32);
+
+/// `'path'`, as coreutils quote an operand, or bare after a command's name (`cat: x`).
+fn quoted(what: &str, path: &str) -> String {
+    if what.ends_with(':') {
+        path.to_string()
+    } else {
+        format!("'{path}'")
+    }
+}
+
+/// The text `strerror` gives for `errno`.
+fn strerror(errno: i32) -> &'static str {
+    nix::errno::Errno::from_raw(errno).desc()
+}
+
+/// Maps a client error on `path` to what coreutils print for `what` ("cannot access", ...).
+fn posix(
+    what: impl Into<String>,
+    path: &str,
+    exit: i32,
+) -> impl FnOnce(client::ClientError) -> anyhow::Error {
+    let (what, path) = (what.into(), path.to_string());
+    move |e| {
+        let errno = e.errno();
+        let plain = [
+            libc::ENOENT,
+            libc::EEXIST,
+            libc::EACCES,
+            libc::EPERM,
+            libc::ENOTDIR,
+            libc::EISDIR,
+            libc::ENOTEMPTY,
+            libc::ENAMETOOLONG,
+            libc::ELOOP,
+            libc::EXDEV,
+        ];
+        let detail = (!plain.contains(&errno)).then(|| e.to_string());
+        PosixError {
+            what,
+            path,
+            errno,
+            detail,
+            exit,
+        }
+        .into()
+    }
 }
 
 fn run() -> Result<()> {
@@ -357,24 +421,52 @@ fn run() -> Result<()> {
             Cmd::Mirror(MirrorCmd::Rebuild { target }) => rebuild(&client, target).await,
             Cmd::Df { human, .. } => df(&client, human).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
-            Cmd::Cat { path } => cp(&client, &path, "local:-").await,
+            Cmd::Cat { path } => {
+                // `cat: X: No such file or directory`
+                let i = client.stat(&path).await.map_err(posix("cat:", &path, 1))?;
+                if i.kind == Kind::Dir {
+                    return Err(PosixError {
+                        what: "cat:".into(),
+                        path,
+                        errno: libc::EISDIR,
+                        detail: None,
+                        exit: 1,
+                    }
+                    .into());
+                }
+                cp(&client, &path, "local:-").await
+            }
             Cmd::Verify { path } => verify::run(&client, &path).await,
             Cmd::Cp { from, to } => cp(&client, &from, &to).await,
             Cmd::Mkdir { parents, path } => {
+                let err = posix("cannot create directory", &path, 1);
                 if parents {
-                    client.mkdir_all(&path, 0o755).await?;
+                    client.mkdir_all(&path, 0o755).await.map_err(err)?;
                 } else {
-                    client.mkdir(&path, 0o755).await?;
+                    client.mkdir(&path, 0o755).await.map_err(err)?;
                 }
                 Ok(())
             }
             Cmd::Rm { recursive, paths } => {
+                // As `rm`: each operand that fails is reported, the others still removed.
+                let mut status = Ok(());
                 for p in paths {
-                    rm(&client, &p, recursive).await?;
+                    if let Err(e) = rm(&client, &p, recursive).await {
+                        match e.downcast::<PosixError>() {
+                            Ok(p) => {
+                                eprintln!("lode: {p}");
+                                status = Err(anyhow::Error::from(ExitOnly(1)));
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
                 }
-                Ok(())
+                status
             }
-            Cmd::Mv { from, to } => Ok(client.rename(&from, &to).await?),
+            Cmd::Mv { from, to } => {
+                let what = format!("cannot move '{from}' to");
+                client.rename(&from, &to).await.map_err(posix(what, &to, 1))
+            }
             Cmd::Stat { path } => stat(&client, &path).await,
             Cmd::Bench(args) if args.meta => {
                 let out = metabench::run(
@@ -657,59 +749,208 @@ async fn df(client: &Client, h: bool) -> Result<()> {
     Ok(())
 }
 
+/// `ls [-l]`: names sorted bytewise (as `LC_ALL=C ls`); a missing operand is status 2.
 async fn ls(client: &Client, path: &str, long: bool) -> Result<()> {
-    let i = client.stat(path).await?;
+    let i = client
+        .lstat(path)
+        .await
+        .map_err(posix("cannot access", path, 2))?;
     if i.kind != Kind::Dir {
-        out!("{path}");
+        if long {
+            let target = link_target(client, path, &i).await;
+            print_long(&[(path.to_string(), i, target)]);
+        } else {
+            out!("{path}");
+        }
         return Ok(());
     }
-    for e in client.readdir(path).await? {
-        let name = String::from_utf8_lossy(&e.name);
-        if long {
-            let full = format!("{}/{name}", path.trim_end_matches('/'));
-            let st = client.lstat(&full).await?;
-            let kind = match st.kind {
-                Kind::Dir => 'd',
-                Kind::File => '-',
-                Kind::Symlink => 'l',
-                Kind::Fifo => 'p',
-                Kind::Socket => 's',
-                Kind::CharDev(_) => 'c',
-                Kind::BlockDev(_) => 'b',
-            };
-            out!(
-                "{kind}{:o} {:>3} {:>5} {:>5} {:>12} {name}",
-                st.mode,
-                st.nlink,
-                st.uid,
-                st.gid,
-                st.size
-            );
-        } else {
-            out!("{name}");
+    let mut entries =
+        client
+            .readdir(path)
+            .await
+            .map_err(posix("cannot open directory", path, 2))?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    if !long {
+        for e in entries {
+            out!("{}", String::from_utf8_lossy(&e.name));
         }
+        return Ok(());
     }
+    let mut rows = vec![];
+    for e in entries {
+        let name = String::from_utf8_lossy(&e.name).into_owned();
+        let full = format!("{}/{name}", path.trim_end_matches('/'));
+        // Removed meanwhile: left out, as `ls` leaves it out.
+        let Ok(st) = client.lstat(&full).await else {
+            continue;
+        };
+        let target = link_target(client, &full, &st).await;
+        rows.push((name, st, target));
+    }
+    print_long(&rows);
     Ok(())
 }
 
-async fn stat(client: &Client, path: &str) -> Result<()> {
-    let i = client.lstat(path).await?;
-    out!("  File: {path}");
-    out!(
-        "   FID: {}  Kind: {:?}  Size: {}  Links: {}",
-        i.fid,
-        i.kind,
-        i.size,
-        i.nlink
-    );
-    out!("Access: {:o}  Uid: {}  Gid: {}", i.mode, i.uid, i.gid);
-    for (n, t) in [
-        ("Access", i.atime),
-        ("Modify", i.mtime),
-        ("Change", i.ctime),
-    ] {
-        out!("{n}: {}.{:09}", t.sec, t.nsec);
+async fn link_target(client: &Client, path: &str, i: &proto::md::Inode) -> Option<String> {
+    if i.kind != Kind::Symlink {
+        return None;
     }
+    client.readlink(path).await.ok()
+}
+
+/// `ls -l`'s lines, columns as wide as their widest entry.
+fn print_long(rows: &[(String, proto::md::Inode, Option<String>)]) {
+    let now = jiff::Timestamp::now();
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|(name, st, target)| {
+            let size = match st.kind {
+                Kind::CharDev(d) | Kind::BlockDev(d) => {
+                    format!(
+                        "{}, {}",
+                        libc::major(d as libc::dev_t),
+                        libc::minor(d as libc::dev_t)
+                    )
+                }
+                _ => st.size.to_string(),
+            };
+            let name = match target {
+                Some(t) => format!("{name} -> {t}"),
+                None => name.clone(),
+            };
+            [
+                st.nlink.to_string(),
+                user_name(st.uid),
+                group_name(st.gid),
+                size,
+                ls_time(st.mtime, now),
+                name,
+            ]
+        })
+        .collect();
+    let width = |k: usize| cells.iter().map(|c| c[k].len()).max().unwrap_or(0);
+    let (w0, w1, w2, w3) = (width(0), width(1), width(2), width(3));
+    for ((_, st, _), c) in rows.iter().zip(&cells) {
+        out!(
+            "{} {:>w0$} {:<w1$} {:<w2$} {:>w3$} {} {}",
+            mode_string(st.kind, st.mode),
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5]
+        );
+    }
+}
+
+/// `drwxr-xr-x`, with the setuid, setgid and sticky bits as `ls` shows them.
+fn mode_string(kind: Kind, mode: u32) -> String {
+    let t = match kind {
+        Kind::Dir => 'd',
+        Kind::File => '-',
+        Kind::Symlink => 'l',
+        Kind::Fifo => 'p',
+        Kind::Socket => 's',
+        Kind::CharDev(_) => 'c',
+        Kind::BlockDev(_) => 'b',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(t);
+    for (shift, special, set, unset) in [
+        (6, 0o4000, 's', 'S'),
+        (3, 0o2000, 's', 'S'),
+        (0, 0o1000, 't', 'T'),
+    ] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & special != 0) {
+            (true, true) => set,
+            (false, true) => unset,
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// `Nov 24 09:13` within six months of now, `Nov 24  2025` otherwise, in local time.
+fn ls_time(t: proto::md::Time, now: jiff::Timestamp) -> String {
+    let Ok(ts) = jiff::Timestamp::new(t.sec, t.nsec as i32) else {
+        return t.sec.to_string();
+    };
+    let half_year = jiff::SignedDuration::from_secs(183 * 24 * 3600);
+    let recent =
+        ts <= now + jiff::SignedDuration::from_secs(3600) && now.duration_since(ts) < half_year;
+    let zoned = ts.to_zoned(jiff::tz::TimeZone::system());
+    if recent {
+        zoned.strftime("%b %e %H:%M").to_string()
+    } else {
+        zoned.strftime("%b %e  %Y").to_string()
+    }
+}
+
+/// `2026-11-24 09:13:02.123456789 +0000`, as `stat` prints times.
+fn stat_time(t: proto::md::Time) -> String {
+    match jiff::Timestamp::new(t.sec, t.nsec as i32) {
+        Ok(ts) => ts
+            .to_zoned(jiff::tz::TimeZone::system())
+            .strftime("%Y-%m-%d %H:%M:%S.%f %z")
+            .to_string(),
+        Err(_) => format!("{}.{:09}", t.sec, t.nsec),
+    }
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => uid.to_string(),
+    }
+}
+
+fn group_name(gid: u32) -> String {
+    match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+        Ok(Some(g)) => g.name,
+        _ => gid.to_string(),
+    }
+}
+
+/// `stat`: coreutils' layout, with the file's FID where `stat` shows device and inode.
+async fn stat(client: &Client, path: &str) -> Result<()> {
+    let i = client
+        .lstat(path)
+        .await
+        .map_err(posix("cannot stat", path, 1))?;
+    let kind = match i.kind {
+        Kind::File if i.size == 0 => "regular empty file",
+        Kind::File => "regular file",
+        Kind::Dir => "directory",
+        Kind::Symlink => "symbolic link",
+        Kind::Fifo => "fifo",
+        Kind::Socket => "socket",
+        Kind::CharDev(_) => "character special file",
+        Kind::BlockDev(_) => "block special file",
+    };
+    match link_target(client, path, &i).await {
+        Some(t) => out!("  File: {path} -> {t}"),
+        None => out!("  File: {path}"),
+    }
+    out!("  Size: {:<15} Links: {:<6} {kind}", i.size, i.nlink);
+    out!("   FID: {}", i.fid);
+    out!(
+        "Access: ({:04o}/{})  Uid: ({:5}/{:>8})   Gid: ({:5}/{:>8})",
+        i.mode & 0o7777,
+        mode_string(i.kind, i.mode),
+        i.uid,
+        user_name(i.uid),
+        i.gid,
+        group_name(i.gid)
+    );
+    out!("Access: {}", stat_time(i.atime));
+    out!("Modify: {}", stat_time(i.mtime));
+    out!("Change: {}", stat_time(i.ctime));
+    out!(" Birth: -");
     Ok(())
 }
 
@@ -729,7 +970,8 @@ async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
                     .create(true)
                     .truncate(true)
                     .open(client, dst)
-                    .await?,
+                    .await
+                    .map_err(posix("cannot create regular file", dst, 1))?,
             );
             // Write-behind: 16 MiB transfers, two on their way while the next is read.
             let mut w = f.writer(0, COPY_CHUNK, 2)?;
@@ -749,7 +991,11 @@ async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
                 .await?;
         }
         ((Place::Lode, src), (Place::Local, dst)) => {
-            let f = Arc::new(OpenOptions::new().open(client, src).await?);
+            let f = Arc::new(OpenOptions::new().open(client, src).await.map_err(posix(
+                "cannot stat",
+                src,
+                1,
+            ))?);
             let mut out: Box<dyn Write> = if dst == "-" {
                 Box::new(std::io::stdout().lock())
             } else {
@@ -762,13 +1008,18 @@ async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
             out.flush()?;
         }
         ((Place::Lode, src), (Place::Lode, dst)) => {
-            let f = Arc::new(OpenOptions::new().open(client, src).await?);
+            let f = Arc::new(OpenOptions::new().open(client, src).await.map_err(posix(
+                "cannot stat",
+                src,
+                1,
+            ))?);
             let g = OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .open(client, dst)
-                .await?;
+                .await
+                .map_err(posix("cannot create regular file", dst, 1))?;
             let mut r = f.reader(0, COPY_CHUNK, 4);
             let mut at = 0;
             while let Some(chunk) = r.next_chunk().await? {
@@ -786,14 +1037,22 @@ async fn cp(client: &Client, from: &str, to: &str) -> Result<()> {
 }
 
 async fn rm(client: &Client, path: &str, recursive: bool) -> Result<()> {
-    let i = client.lstat(path).await?;
+    let err = || posix("cannot remove", path, 1);
+    let i = client.lstat(path).await.map_err(err())?;
     if i.kind != Kind::Dir {
-        return Ok(client.unlink(path).await?);
+        return client.unlink(path).await.map_err(err());
     }
     if !recursive {
-        bail!("{path} is a directory (use -r)");
+        return Err(PosixError {
+            what: "cannot remove".into(),
+            path: path.into(),
+            errno: libc::EISDIR,
+            detail: None,
+            exit: 1,
+        }
+        .into());
     }
-    for e in client.readdir(path).await? {
+    for e in client.readdir(path).await.map_err(err())? {
         let child = format!(
             "{}/{}",
             path.trim_end_matches('/'),
@@ -801,7 +1060,7 @@ async fn rm(client: &Client, path: &str, recursive: bool) -> Result<()> {
         );
         Box::pin(rm(client, &child, true)).await?;
     }
-    Ok(client.rmdir(path).await?)
+    client.rmdir(path).await.map_err(err())
 }
 
 #[cfg(test)]

@@ -1,0 +1,148 @@
+//! The `lode` command against a running cluster, as a new user meets it: its output and its
+//! errors read as `ls`, `stat`, `rm`, `mkdir` and `cat` print theirs, with their exit status.
+
+use std::process::Command;
+
+use lode_tests::{bin, scratch};
+
+struct Cluster {
+    dir: std::path::PathBuf,
+    port: String,
+}
+
+impl Cluster {
+    fn up(name: &str, port: u16) -> Cluster {
+        let dir = scratch(name);
+        let c = Cluster {
+            dir,
+            port: port.to_string(),
+        };
+        let (ok, out, code) = c.lode_raw(&[
+            "cluster",
+            "up",
+            "--dir",
+            c.dir.to_str().unwrap(),
+            "--port",
+            &c.port,
+        ]);
+        assert!(ok, "cluster up ({code}): {out}");
+        c
+    }
+
+    fn lode_raw(&self, args: &[&str]) -> (bool, String, i32) {
+        let out = Command::new(bin("lode"))
+            .args(args)
+            .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
+            .env("LODE_KEY", self.dir.join("client.key"))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            out.status.code().unwrap_or(-1),
+        )
+    }
+
+    /// Status, stdout, stderr.
+    fn lode(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(bin("lode"))
+            .args(args)
+            .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
+            .env("LODE_KEY", self.dir.join("client.key"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.lode_raw(&["cluster", "down", "--dir", self.dir.to_str().unwrap()]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn the_command_prints_and_fails_as_coreutils_do() {
+    let c = Cluster::up("cli", 9731);
+    assert_eq!(c.lode(&["mkdir", "/d"]).0, 0);
+    let local = c.dir.join("hello.txt");
+    std::fs::write(&local, b"hello\n").unwrap();
+    let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), "/d/f"]);
+    assert_eq!(code, 0, "{err}");
+
+    // ls -l: mode letters, owner names, a date, sorted names.
+    assert_eq!(c.lode(&["mkdir", "/d/a"]).0, 0);
+    let (code, out, err) = c.lode(&["ls", "-l", "/d"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].starts_with("drwxr-xr-x "), "{out}");
+    assert!(lines[0].ends_with(" a"), "{out}");
+    assert!(lines[1].starts_with("-rw-r--r-- 1 root root 6 "), "{out}");
+    assert!(lines[1].ends_with(" f"), "{out}");
+    let month = lines[1].split_whitespace().nth(5).unwrap();
+    assert!(
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+            .contains(&month),
+        "no month in {out}"
+    );
+
+    // stat: octal and letters, named owner, dated times.
+    let (code, out, _) = c.lode(&["stat", "/d/f"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Access: (0644/-rw-r--r--)"), "{out}");
+    assert!(out.contains("Uid: (    0/    root)"), "{out}");
+    assert!(out.contains("regular file"), "{out}");
+    let modify = out.lines().find(|l| l.starts_with("Modify: ")).unwrap();
+    assert_eq!(modify.matches('-').count(), 2, "a date: {modify}");
+    assert_eq!(modify.matches(':').count(), 3, "a time: {modify}");
+
+    // Errors: one line, as coreutils word them, and their status.
+    let (code, out, err) = c.lode(&["ls", "/nonexistent"]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert_eq!(
+        err,
+        "lode: cannot access '/nonexistent': No such file or directory\n"
+    );
+    let (code, _, err) = c.lode(&["stat", "/nope"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "lode: cannot stat '/nope': No such file or directory\n"
+    );
+    let (code, _, err) = c.lode(&["mkdir", "/d"]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "lode: cannot create directory '/d': File exists\n");
+    let (code, _, err) = c.lode(&["rm", "/d"]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "lode: cannot remove '/d': Is a directory\n");
+    let (code, _, err) = c.lode(&["cat", "/nope"]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "lode: cat: /nope: No such file or directory\n");
+    // rm goes on past an operand it cannot remove, and fails at the end.
+    let (code, _, err) = c.lode(&["rm", "/missing", "/d/f"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "lode: cannot remove '/missing': No such file or directory\n"
+    );
+    assert_eq!(c.lode(&["ls", "/d"]).1, "a\n");
+
+    // df ends its last line, so the prompt starts on its own.
+    let (code, out, _) = c.lode(&["df"]);
+    assert_eq!(code, 0);
+    assert!(out.ends_with("lode\n"), "{out:?}");
+
+    // cp's help says how to name a local file.
+    let (_, out, _) = c.lode(&["cp", "--help"]);
+    assert!(out.contains("local:"), "{out}");
+}
