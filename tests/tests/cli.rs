@@ -17,7 +17,7 @@ impl Cluster {
             dir,
             port: port.to_string(),
         };
-        let (ok, out, code) = c.lode_raw(&[
+        let (code, out, err) = c.lode(&[
             "cluster",
             "up",
             "--dir",
@@ -25,26 +25,8 @@ impl Cluster {
             "--port",
             &c.port,
         ]);
-        assert!(ok, "cluster up ({code}): {out}");
+        assert_eq!(code, 0, "cluster up: {out}{err}");
         c
-    }
-
-    fn lode_raw(&self, args: &[&str]) -> (bool, String, i32) {
-        let out = Command::new(bin("lode"))
-            .args(args)
-            .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
-            .env("LODE_KEY", self.dir.join("client.key"))
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            out.status.code().unwrap_or(-1),
-        )
     }
 
     /// Status, stdout, stderr.
@@ -65,7 +47,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = self.lode_raw(&["cluster", "down", "--dir", self.dir.to_str().unwrap()]);
+        let _ = self.lode(&["cluster", "down", "--dir", self.dir.to_str().unwrap()]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
