@@ -111,6 +111,13 @@ impl Holder {
     }
 }
 
+/// Whether `client` still has recall `seq` to acknowledge (a client forgotten has none).
+fn unacknowledged(clients: &HashMap<u128, Holder>, client: u128, seq: u64) -> bool {
+    clients
+        .get(&client)
+        .is_some_and(|h| *h.acked.borrow() < seq)
+}
+
 /// A change's recall: while it lives, no lease on its inodes is granted.
 pub struct Recall<'l> {
     leases: &'l Leases,
@@ -296,7 +303,7 @@ impl Leases {
                 // answer from it.
                 let clients = &s.clients;
                 if let Some(out) = s.outstanding.get_mut(f) {
-                    out.retain(|(c, seq)| clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq));
+                    out.retain(|&(c, seq)| unacknowledged(clients, c, seq));
                     for (c, seq) in out.iter() {
                         if Some(*c) == except {
                             continue;
@@ -332,9 +339,8 @@ impl Leases {
                 .get(f)
                 .is_some_and(|hs| hs.iter().any(|c| Some(*c) != except));
             let unacknowledged = s.outstanding.get(f).is_some_and(|out| {
-                out.iter().any(|(c, seq)| {
-                    Some(*c) != except && s.clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq)
-                })
+                out.iter()
+                    .any(|(c, seq)| Some(*c) != except && unacknowledged(&s.clients, *c, *seq))
             });
             !held && !unacknowledged
         })
@@ -506,7 +512,7 @@ impl Leases {
         }
         let clients = &s.clients;
         s.outstanding.retain(|_, out| {
-            out.retain(|(c, seq)| clients.get(c).is_some_and(|h| *h.acked.borrow() < *seq));
+            out.retain(|&(c, seq)| unacknowledged(clients, c, seq));
             !out.is_empty()
         });
     }
