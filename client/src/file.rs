@@ -246,6 +246,7 @@ impl OpenOptions {
             unpublished: AtomicBool::new(false),
             ahead: Some(sent),
             ready: AtomicBool::new(false),
+            taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
         }))
     }
@@ -399,6 +400,7 @@ impl OpenOptions {
             unpublished: AtomicBool::new(false),
             ahead: None,
             ready: AtomicBool::new(true),
+            taking_in: Mutex::new(()),
             mdt: Mutex::new(mdt),
         };
         client.inner.writes.opened(file.inode.lock().fid);
@@ -450,6 +452,8 @@ pub struct File {
     ahead: Option<crate::pending::Sent>,
     /// The answer came and was taken in (or the file was not created ahead).
     ready: AtomicBool,
+    /// Held while the answer is taken in.
+    taking_in: Mutex<()>,
     /// The bytes the MDS keeps of the file (Data-on-MDT), as last read.
     mdt: Mutex<Option<MdtCopy>>,
 }
@@ -492,18 +496,23 @@ impl File {
         let inode = reply
             .inode
             .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
-        if !self.ready.swap(true, Ordering::SeqCst) {
-            // Counted again after an MDS restart from now on.
-            self.client
-                .inner
-                .opens
-                .insert(self.handle.handle, inode.fid);
-            *self.inode.lock() = inode;
-            self.size_gen.store(reply.size_gen, Ordering::SeqCst);
-            if let Some(g) = reply.grant {
-                self.caps.set(g);
-            }
+        // Taken in once, and `ready` set only after: a caller that sees it set also sees the
+        // objects and capabilities (another write of the file may be looking at that moment).
+        let _once = self.taking_in.lock();
+        if self.ready.load(Ordering::SeqCst) {
+            return Ok(());
         }
+        // Counted again after an MDS restart from now on.
+        self.client
+            .inner
+            .opens
+            .insert(self.handle.handle, inode.fid);
+        *self.inode.lock() = inode;
+        self.size_gen.store(reply.size_gen, Ordering::SeqCst);
+        if let Some(g) = reply.grant {
+            self.caps.set(g);
+        }
+        self.ready.store(true, Ordering::SeqCst);
         Ok(())
     }
 

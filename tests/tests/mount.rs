@@ -524,8 +524,10 @@ fn streams_beyond_the_readahead_budget_still_read_every_byte() {
     let len = 9 << 20 | 12345;
     for seed in 0..3u8 {
         let p = mnt.join(format!("f{seed}"));
-        fs::write(&p, pattern(seed, len)).unwrap();
-        let f = fs::File::open(&p).unwrap();
+        // Written and synced, so that a failed write is seen here and not as a bad read.
+        let mut f = fs::File::create(&p).unwrap();
+        f.write_all(&pattern(seed, len)).unwrap();
+        f.sync_all().unwrap();
         // SAFETY: a valid descriptor; the advice only drops clean cached pages.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
@@ -550,7 +552,15 @@ fn streams_beyond_the_readahead_budget_still_read_every_byte() {
     for r in readers {
         let (seed, got) = r.join().unwrap();
         assert_eq!(got.len(), len, "file {seed}: length");
-        assert!(got == pattern(seed, len), "file {seed}: bytes differ");
+        let want = pattern(seed, len);
+        if let Some(at) = (0..len).find(|&i| got[i] != want[i]) {
+            let bad = (at..len).filter(|&i| got[i] != want[i]).count();
+            let again = fs::read(mnt.join(format!("f{seed}"))).unwrap() == want;
+            panic!(
+                "file {seed}: {bad} bytes differ from offset {at} on; read again whole: {}",
+                if again { "right" } else { "still wrong" }
+            );
+        }
     }
     assert!(mount.terminate().success());
 }
