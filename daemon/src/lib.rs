@@ -2,6 +2,8 @@
 //! exclusive lock on its data directory, logging set up from the environment, and a future
 //! that completes on SIGTERM or SIGINT.
 
+pub mod metrics;
+
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;

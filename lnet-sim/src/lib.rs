@@ -14,6 +14,7 @@ pub mod anynet;
 pub mod auth;
 pub mod device;
 pub mod error;
+pub mod metrics;
 pub mod region;
 pub mod selftest;
 pub mod service;

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Role;
 use crate::error::NetError;
+use crate::metrics::ServiceMetrics;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -74,6 +75,7 @@ pub const DEFAULT_QUEUE_SLOTS: usize = 512;
 pub struct Dispatcher {
     service: Arc<dyn Service>,
     slots: Arc<Semaphore>,
+    metrics: Option<Arc<ServiceMetrics>>,
 }
 
 impl Dispatcher {
@@ -81,15 +83,28 @@ impl Dispatcher {
         Dispatcher {
             service,
             slots: Arc::new(Semaphore::new(slots.max(1))),
+            metrics: None,
         }
+    }
+
+    /// Counts what the queue and the handlers do into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<ServiceMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Takes a slot for a request, or `None` when the queue is full.
     pub fn admit(&self) -> Option<Admitted> {
-        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            if let Some(m) = &self.metrics {
+                m.refused_busy();
+            }
+            return None;
+        };
         Some(Admitted {
             service: self.service.clone(),
             _permit: permit,
+            metrics: self.metrics.clone(),
         })
     }
 }
@@ -98,12 +113,17 @@ impl Dispatcher {
 pub struct Admitted {
     service: Arc<dyn Service>,
     _permit: OwnedSemaphorePermit,
+    metrics: Option<Arc<ServiceMetrics>>,
 }
 
 impl Admitted {
     /// Runs the handler; the caller sends what it returns as the reply.
     pub async fn run(self, req: Incoming, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
         let opcode = req.opcode;
+        let started = self.metrics.as_ref().map(|m| {
+            m.admitted(req.body.len());
+            std::time::Instant::now()
+        });
         let mut out = self.service.clone().handle(req, bulk).await;
         if out
             .as_ref()
@@ -116,6 +136,9 @@ impl Admitted {
         }
         if let Err(e) = &out {
             tracing::debug!(?opcode, error = %e, "request failed");
+        }
+        if let (Some(m), Some(t)) = (&self.metrics, started) {
+            m.answered(opcode, &out, t.elapsed());
         }
         out
     }

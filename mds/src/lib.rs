@@ -10,6 +10,7 @@ pub mod disk;
 pub mod identity;
 pub mod journal;
 pub mod lease;
+pub mod metrics;
 pub mod namespace;
 pub mod open;
 pub mod placement;

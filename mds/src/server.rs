@@ -55,6 +55,8 @@ pub struct MdsConfig {
     pub capability_lifetime: Duration,
     /// Where the audit log goes, if anywhere.
     pub audit: Option<crate::audit::AuditConfig>,
+    /// Where changes and journal commits are counted, for the metrics endpoint.
+    pub metrics: Option<Arc<crate::metrics::MdsMetrics>>,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -101,6 +103,7 @@ impl MdsConfig {
             nodemap: crate::identity::Nodemap::default(),
             capability_lifetime: crate::identity::CAPABILITY_LIFETIME,
             audit: None,
+            metrics: None,
         }
     }
 }
@@ -134,6 +137,8 @@ pub struct MdsServer {
     watcher: JoinHandle<()>,
     registry: Arc<Registry>,
     store: Arc<Store>,
+    clients: Arc<crate::recovery::Clients>,
+    metrics: Option<Arc<crate::metrics::MdsMetrics>>,
     _lock: daemon::DataDirLock,
 }
 
@@ -199,8 +204,9 @@ impl MdsServer {
                 nodemap: cfg.nodemap.clone(),
                 granter,
                 audit,
+                metrics: cfg.metrics.clone(),
             },
-            clients,
+            clients.clone(),
         );
         let net = match at.serve(service).await {
             Ok(net) => net,
@@ -219,6 +225,8 @@ impl MdsServer {
             watcher,
             registry,
             store,
+            clients,
+            metrics: cfg.metrics.clone(),
             _lock: lock,
         })
     }
@@ -235,6 +243,22 @@ impl MdsServer {
 
     /// Without a committer thread, writes what the journal has queued now (a simulation's
     /// MDS committing behind chooses when); with one, nothing.
+    /// Brings the gauges of the metrics endpoint up to date: run before each scrape.
+    pub fn metrics_refresh(&self) -> Option<daemon::metrics::Refresh> {
+        let m = self.metrics.clone()?;
+        let (store, clients, registry) = (
+            self.store.clone(),
+            self.clients.clone(),
+            self.registry.clone(),
+        );
+        Some(Arc::new(move || {
+            m.clients.set(clients.count() as i64);
+            m.inodes.set(store.read(|ns| ns.len()) as i64);
+            m.targets
+                .set(registry.list().iter().filter(|t| t.up).count() as i64);
+        }))
+    }
+
     pub fn commit_queued(&self) {
         self.store.commit_queued();
     }

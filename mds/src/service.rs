@@ -40,6 +40,7 @@ pub struct MdsService {
     nodemap: Nodemap,
     granter: Granter,
     audit: Option<Arc<Audit>>,
+    metrics: Option<Arc<crate::metrics::MdsMetrics>>,
     /// Clients that keep uncommitted changes, and the recovery after a restart.
     clients: Arc<Clients>,
     /// What clients may answer from their caches.
@@ -52,6 +53,8 @@ pub struct Policy {
     pub nodemap: Nodemap,
     pub granter: Granter,
     pub audit: Option<Arc<Audit>>,
+    /// Where changes and journal commits are counted, for the metrics endpoint.
+    pub metrics: Option<Arc<crate::metrics::MdsMetrics>>,
 }
 
 /// What a replay ticket's seal covers besides the ticket: its purpose and its client.
@@ -105,6 +108,9 @@ impl MdsService {
         policy: Policy,
         clients: Arc<Clients>,
     ) -> Arc<Self> {
+        if let Some(m) = &policy.metrics {
+            store.set_metrics(m.clone());
+        }
         Arc::new(MdsService {
             registry,
             store,
@@ -113,6 +119,7 @@ impl MdsService {
             nodemap: policy.nodemap,
             granter: policy.granter,
             audit: policy.audit,
+            metrics: policy.metrics,
             clients,
             // Epochs follow the run's instance: random, unless a simulation named it.
             leases: Arc::new(Leases::default().epochs_from(instance)),
@@ -1253,6 +1260,7 @@ impl MdsService {
         // Other clients' leases on what the change touches are recalled first; the check is
         // made again as it applies, and the change goes round again if one was granted since.
         let except = req.map(|q| q.client);
+        let kind = m.name();
         let mut result = loop {
             let touched = self.store.read(|ns| ns.touched(&m));
             let _recall = self.leases.recall(&touched, except).await;
@@ -1273,6 +1281,9 @@ impl MdsService {
                     result = Err(e);
                 }
             }
+        }
+        if let (Some(metrics), Ok(_)) = (&self.metrics, &result) {
+            metrics.applied(kind);
         }
         let used = match &result {
             Ok(d) => d

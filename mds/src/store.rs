@@ -56,6 +56,8 @@ struct Shared {
     hurry: (std::sync::Mutex<bool>, std::sync::Condvar),
     /// Set by [`Store::halt`]: nothing more is written, as after a kill -9.
     halted: std::sync::atomic::AtomicBool,
+    /// Where group commits are counted, once the server has metrics.
+    metrics: std::sync::OnceLock<Arc<crate::metrics::MdsMetrics>>,
 }
 
 impl Shared {
@@ -197,6 +199,7 @@ impl Store {
             interval_ns: Default::default(),
             hurry: Default::default(),
             halted: Default::default(),
+            metrics: Default::default(),
         });
         let committer = Committer {
             shared: shared.clone(),
@@ -390,6 +393,11 @@ impl Store {
 
     /// Without a committer thread ([`CommitMode::Inline`], [`CommitMode::Deferred`]): writes
     /// what is queued now, on the calling thread. With one, nothing (it commits by itself).
+    /// Counts group commits into `metrics` from now on.
+    pub fn set_metrics(&self, metrics: Arc<crate::metrics::MdsMetrics>) {
+        let _ = self.shared.metrics.set(metrics);
+    }
+
     pub fn commit_queued(&self) {
         if let Some(c) = &self.inline {
             c.lock().commit_queued();
@@ -585,7 +593,13 @@ impl Committer {
         }
         if let Some(b) = batch {
             let encoded = encode_batch(b.first_seq, b.count, &b.bytes);
-            if let Err(e) = self.writer.append(&encoded) {
+            let started = std::time::Instant::now();
+            let appended = self.writer.append(&encoded);
+            if let Some(m) = s.metrics.get() {
+                m.commit_seconds.observe(started.elapsed().as_secs_f64());
+                m.group_records.observe(f64::from(b.count));
+            }
+            if let Err(e) = appended {
                 tracing::error!(error = %e, "journal write failed; refusing further changes");
                 let _ = s.durable.send_replace(Err(()));
                 return false;

@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod metrics;
 pub mod object;
 pub mod server;
 pub mod service;

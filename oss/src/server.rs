@@ -40,6 +40,8 @@ pub struct OssConfig {
     pub heartbeat_every: Duration,
     /// How long to keep trying to reach the MDS at start before giving up.
     pub mds_timeout: Duration,
+    /// Where reads, writes and space are counted, for the metrics endpoint.
+    pub metrics: Option<Arc<crate::metrics::OssMetrics>>,
 }
 
 impl OssConfig {
@@ -48,6 +50,7 @@ impl OssConfig {
             mds,
             heartbeat_every: Duration::from_secs(5),
             mds_timeout: Duration::from_secs(60),
+            metrics: None,
         }
     }
 }
@@ -78,6 +81,7 @@ pub struct OssServer {
     caller: AnyNet,
     targets: Vec<Arc<Target>>,
     heartbeat: JoinHandle<()>,
+    metrics: Option<Arc<crate::metrics::OssMetrics>>,
 }
 
 impl OssServer {
@@ -114,6 +118,7 @@ impl OssServer {
         slot.set(OssService::new(
             targets.iter().cloned(),
             at.capability_key(),
+            cfg.metrics.clone(),
         ));
         let indices: Vec<u32> = targets.iter().map(|t| t.index()).collect();
         tracing::info!(nid = %net.nid(), ?indices, "storage server serving");
@@ -122,6 +127,7 @@ impl OssServer {
             caller,
             targets,
             heartbeat,
+            metrics: cfg.metrics,
         })
     }
 
@@ -181,6 +187,13 @@ impl OssServer {
     }
 
     /// The indices of the targets it serves.
+    /// Brings the gauges of the metrics endpoint up to date: run before each scrape.
+    pub fn metrics_refresh(&self) -> Option<daemon::metrics::Refresh> {
+        let m = self.metrics.clone()?;
+        let targets = self.targets.clone();
+        Some(Arc::new(move || m.refresh(&targets)))
+    }
+
     pub fn indices(&self) -> Vec<u32> {
         self.targets.iter().map(|t| t.index()).collect()
     }

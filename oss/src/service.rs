@@ -20,16 +20,19 @@ pub struct OssService {
     targets: BTreeMap<u32, Arc<Target>>,
     /// Checks clients' capabilities; `None` when authentication is off.
     capability: Option<CapabilityKey>,
+    metrics: Option<Arc<crate::metrics::OssMetrics>>,
 }
 
 impl OssService {
     pub fn new(
         targets: impl IntoIterator<Item = Arc<Target>>,
         capability: Option<CapabilityKey>,
+        metrics: Option<Arc<crate::metrics::OssMetrics>>,
     ) -> Arc<Self> {
         Arc::new(OssService {
             targets: targets.into_iter().map(|t| (t.index(), t)).collect(),
             capability,
+            metrics,
         })
     }
 
@@ -91,6 +94,9 @@ impl OssService {
         let size = target
             .write(r.fid, r.offset, &data, r.sync, r.stamp)
             .await?;
+        if let Some(m) = &self.metrics {
+            m.written(r.target, data.len() as u64);
+        }
         reply::<OstWrite>(&OstWritten {
             size,
             epoch: target.epoch(),
@@ -110,6 +116,9 @@ impl OssService {
                 ..r.desc
             };
             bulk.put(&desc, data).await.map_err(bulk_error)?;
+        }
+        if let Some(m) = &self.metrics {
+            m.read(r.target, u64::from(bytes));
         }
         reply::<OstRead>(&OstReadDone {
             bytes,

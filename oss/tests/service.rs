@@ -28,7 +28,7 @@ async fn oss_with(key: &KeyFile) -> (TcpEndpoint, Nid, TcpEndpoint) {
     let keys = Arc::new(Keyring::new(key));
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse().unwrap(),
-        OssService::new([target], CapabilityKey::of(&keys)),
+        OssService::new([target], CapabilityKey::of(&keys), None),
         TcpConfig {
             security: Security::server(keys.clone(), false).unwrap(),
             ..TcpConfig::default()

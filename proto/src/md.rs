@@ -315,6 +315,30 @@ pub enum Mutation {
     },
 }
 
+impl Mutation {
+    /// The change's kind, as metrics and logs name it ("create", "rename", "setattr").
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mutation::Create { .. } => "create",
+            Mutation::Link { .. } => "link",
+            Mutation::Unlink { .. } => "unlink",
+            Mutation::Rename { .. } => "rename",
+            Mutation::Setattr { .. } => "setattr",
+            Mutation::SetXattr { .. } => "set_xattr",
+            Mutation::RemoveXattr { .. } => "remove_xattr",
+            Mutation::GrowSize { .. } => "grow_size",
+            Mutation::SetLayout { .. } => "set_layout",
+            Mutation::MirrorState { .. } => "mirror_state",
+            Mutation::PlaceMirror { .. } => "place_mirror",
+            Mutation::Destroyed { .. } => "destroyed",
+            Mutation::SkipInodes { .. } => "skip_inodes",
+            Mutation::CreateAt { .. } => "create",
+            Mutation::ReserveInodes { .. } => "reserve_inodes",
+            Mutation::WriteMdt { .. } => "write_mdt",
+        }
+    }
+}
+
 /// Most bytes one [`Mutation::WriteMdt`] carries (a journal record holds at most 1 MiB).
 pub const MAX_MDT_WRITE: usize = 256 << 10;
 

@@ -110,6 +110,51 @@ impl Opcode {
     pub fn known(v: u16) -> Option<Opcode> {
         opcodes::ALL.iter().copied().find(|o| o.0 == v)
     }
+
+    /// The opcode's name, as metrics and logs show it ("mds_reint", "ost_write").
+    pub fn name(self) -> &'static str {
+        match self {
+            opcodes::PING => "ping",
+            opcodes::ECHO => "echo",
+            opcodes::BULK_READ => "bulk_read",
+            opcodes::BULK_WRITE => "bulk_write",
+            opcodes::MDS_REGISTER_TARGETS => "mds_register_targets",
+            opcodes::MDS_HEARTBEAT => "mds_heartbeat",
+            opcodes::MDS_LIST_TARGETS => "mds_list_targets",
+            opcodes::MDS_REINT => "mds_reint",
+            opcodes::MDS_LOOKUP => "mds_lookup",
+            opcodes::MDS_GETATTR => "mds_getattr",
+            opcodes::MDS_READDIR => "mds_readdir",
+            opcodes::MDS_STATFS => "mds_statfs",
+            opcodes::MDS_OPEN => "mds_open",
+            opcodes::MDS_CLOSE => "mds_close",
+            opcodes::MDS_REOPEN => "mds_reopen",
+            opcodes::MDS_PING => "mds_ping",
+            opcodes::MDS_MIRROR_SCAN => "mds_mirror_scan",
+            opcodes::MDS_CONNECT => "mds_connect",
+            opcodes::MDS_REPLAY => "mds_replay",
+            opcodes::MDS_REPLAY_DONE => "mds_replay_done",
+            opcodes::MDS_SYNC => "mds_sync",
+            opcodes::MDS_DISCONNECT => "mds_disconnect",
+            opcodes::MDS_LOOKUP_PATH => "mds_lookup_path",
+            opcodes::MDS_LEASE_WAIT => "mds_lease_wait",
+            opcodes::MDS_BATCH => "mds_batch",
+            opcodes::MDS_RESERVE => "mds_reserve",
+            opcodes::MDS_READ_MDT => "mds_read_mdt",
+            opcodes::MDS_LEASE_ALONE => "mds_lease_alone",
+            opcodes::OST_PRECREATE => "ost_precreate",
+            opcodes::OST_WRITE => "ost_write",
+            opcodes::OST_READ => "ost_read",
+            opcodes::OST_TRUNCATE => "ost_truncate",
+            opcodes::OST_PUNCH => "ost_punch",
+            opcodes::OST_DESTROY => "ost_destroy",
+            opcodes::OST_GETATTR => "ost_getattr",
+            opcodes::OST_SYNC => "ost_sync",
+            opcodes::OST_STATFS => "ost_statfs",
+            opcodes::OST_DESTROY_ABOVE => "ost_destroy_above",
+            _ => "unknown",
+        }
+    }
 }
 
 /// A request type: its opcode and the type of its reply.

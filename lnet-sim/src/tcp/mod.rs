@@ -62,6 +62,8 @@ pub struct TcpConfig {
     pub handshake_timeout: Duration,
     /// Authentication and frame protection.
     pub security: Security,
+    /// Where a server counts its requests, for its metrics endpoint.
+    pub metrics: Option<Arc<crate::metrics::ServiceMetrics>>,
 }
 
 impl Default for TcpConfig {
@@ -78,6 +80,7 @@ impl Default for TcpConfig {
             max_per_peer: 1024,
             handshake_timeout: Duration::from_secs(10),
             security: Security::Off,
+            metrics: None,
         }
     }
 }
@@ -118,7 +121,8 @@ impl TcpEndpoint {
     ) -> Result<Self, NetError> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let dispatcher = Dispatcher::new(service, cfg.queue_slots);
+        let dispatcher =
+            Dispatcher::new(service, cfg.queue_slots).with_metrics(cfg.metrics.clone());
         let ep = Self::new(Nid::Tcp(local), Some(dispatcher), cfg);
         let weak = Arc::downgrade(&ep.inner);
         let task = tokio::spawn(accept_loop(listener, weak));

@@ -32,6 +32,9 @@ pub struct BenchArgs {
     /// Rounds; the report gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Count into the metrics a server with `--metrics` keeps (to measure what they cost).
+    #[arg(long)]
+    metrics: bool,
 }
 
 use proto::fid::ROOT;
@@ -82,6 +85,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let alloc = mds::alloc::Allocator::new(registry.clone());
     let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
     let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
+    let mut registry_m = prometheus_client::registry::Registry::default();
+    let rpc_metrics = args
+        .metrics
+        .then(|| lnet::metrics::ServiceMetrics::register(&mut registry_m));
     let service = MdsService::new(
         registry,
         store,
@@ -95,6 +102,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 lifetime: mds::identity::CAPABILITY_LIFETIME,
             },
             audit: None,
+            metrics: args
+                .metrics
+                .then(|| mds::metrics::MdsMetrics::register(&mut registry_m)),
         },
         clients,
     );
@@ -103,7 +113,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let open = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
         service.clone(),
-        TcpConfig::default(),
+        TcpConfig {
+            metrics: rpc_metrics.clone(),
+            ..TcpConfig::default()
+        },
     )
     .await?;
     let keyed = TcpEndpoint::bind(
@@ -111,6 +124,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         service,
         TcpConfig {
             security: Security::server(keys.clone(), false)?,
+            metrics: rpc_metrics,
             ..TcpConfig::default()
         },
     )

@@ -7,6 +7,7 @@ mod bench;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -47,8 +48,8 @@ struct ServeArgs {
     /// `recovery_window_s`,
     /// `evict_after_s`, `key_file`, `auth`, `privacy`, `trusted_nodes`, `squash_uid`,
     /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib`,
-    /// `audit_keep`, `auto_resync`, `resync_rate_mib` and `resync_move_after_s`; flags override
-    /// it.
+    /// `audit_keep`, `auto_resync`, `resync_rate_mib`, `resync_move_after_s` and `metrics`;
+    /// flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the MDS keeps its state.
@@ -81,6 +82,9 @@ struct ServeArgs {
     /// Do not resync stale mirrors in the background (`lode mirror resync` still does).
     #[arg(long)]
     no_auto_resync: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 /// The configuration file.
@@ -125,6 +129,8 @@ struct Config {
     /// Seconds a stale mirror waits for its servers to return before it is placed on
     /// others [default: 600].
     resync_move_after_s: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    metrics: Option<SocketAddr>,
 }
 
 #[derive(serde::Deserialize)]
@@ -159,6 +165,7 @@ struct Settings {
     capability_lifetime: Duration,
     audit: Option<mds::audit::AuditConfig>,
     heal: Option<client::mirrors::HealConfig>,
+    metrics: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -172,6 +179,7 @@ impl ServeArgs {
             None => Config::default(),
         };
         Ok(Settings {
+            metrics: self.metrics.or(file.metrics),
             data_dir: self
                 .data_dir
                 .or(file.data_dir)
@@ -299,11 +307,31 @@ fn serve(args: ServeArgs) -> Result<()> {
         audit: args.audit,
         ..MdsConfig::new(args.data_dir)
     };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut attach = Attach::tcp(args.listen, args.security.clone());
+    let mut cfg = cfg;
+    if args.metrics.is_some() {
+        cfg.metrics = Some(mds::metrics::MdsMetrics::register(&mut registry));
+        if let Attach::Tcp { cfg, .. } = &mut attach {
+            cfg.metrics = Some(lnet::metrics::ServiceMetrics::register(&mut registry));
+        }
+    }
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let server = MdsServer::start(cfg, &Attach::tcp(args.listen, args.security.clone()))
+        let server = MdsServer::start(cfg, &attach)
             .await
             .with_context(|| format!("starting the MDS on {}", args.listen))?;
+        let _metrics = match args.metrics {
+            Some(addr) => Some(
+                daemon::metrics::MetricsServer::start(
+                    addr,
+                    Arc::new(registry),
+                    server.metrics_refresh(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         println!("lode-mds serving at {}", server.nid());
         match args.heal {
             Some(heal) => {

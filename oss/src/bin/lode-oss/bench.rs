@@ -148,7 +148,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let grant = capability.grant([(1, fid)], READ | WRITE, u64::MAX);
     let server = TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
-        OssService::new([net_target], Some(capability)),
+        OssService::new([net_target], Some(capability), None),
         TcpConfig {
             security: Security::server(keys.clone(), false)?,
             ..TcpConfig::default()

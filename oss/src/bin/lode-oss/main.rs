@@ -44,35 +44,68 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
+    /// A TOML file with any of `data_dir`, `mds`, `listen`, `targets`, `engine`, `threads`,
+    /// `queue_depth`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy` and
+    /// `metrics`; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Where the targets live (one subdirectory each).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// The MDS, as IP:PORT or a NID.
     #[arg(long)]
     mds: Option<String>,
-    /// Address to serve on.
-    #[arg(long, default_value = "127.0.0.1:9500")]
-    listen: SocketAddr,
-    /// Targets to serve; missing ones are formatted.
-    #[arg(long, default_value_t = 1)]
-    targets: u32,
-    /// I/O engine: auto (io_uring, else psync), uring or psync.
-    #[arg(long, default_value = "auto")]
-    engine: EngineKind,
-    /// Engine threads.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// Operations in flight per engine thread.
-    #[arg(long, default_value_t = 64)]
-    queue_depth: usize,
-    /// Seconds between heartbeats to the MDS.
-    #[arg(long, default_value_t = 5)]
-    heartbeat: u64,
-    /// Seconds to keep trying to reach the MDS at start before giving up.
-    #[arg(long, default_value_t = 60)]
-    mds_timeout: u64,
+    /// Address to serve on [default: 127.0.0.1:9500].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Targets to serve; missing ones are formatted [default: 1].
+    #[arg(long)]
+    targets: Option<u32>,
+    /// I/O engine: auto (io_uring, else psync), uring or psync [default: auto].
+    #[arg(long)]
+    engine: Option<EngineKind>,
+    /// Engine threads [default: 2].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Operations in flight per engine thread [default: 64].
+    #[arg(long)]
+    queue_depth: Option<usize>,
+    /// Seconds between heartbeats to the MDS [default: 5].
+    #[arg(long)]
+    heartbeat: Option<u64>,
+    /// Seconds to keep trying to reach the MDS at start before giving up [default: 60].
+    #[arg(long)]
+    mds_timeout: Option<u64>,
     #[command(flatten)]
     auth: daemon::AuthArgs,
+    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+}
+
+/// The configuration file.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    data_dir: Option<PathBuf>,
+    /// The MDS, as IP:PORT or a NID.
+    mds: Option<String>,
+    listen: Option<SocketAddr>,
+    targets: Option<u32>,
+    /// "auto", "uring" or "psync".
+    engine: Option<String>,
+    threads: Option<usize>,
+    queue_depth: Option<usize>,
+    heartbeat_s: Option<u64>,
+    mds_timeout_s: Option<u64>,
+    /// The cluster key file.
+    key_file: Option<PathBuf>,
+    /// `false` runs without authentication (anyone who can reach the port gets in).
+    auth: Option<bool>,
+    /// Encrypt every connection.
+    privacy: Option<bool>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    metrics: Option<SocketAddr>,
 }
 
 fn main() -> Result<()> {
@@ -96,26 +129,82 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let data_dir = args.data_dir.context("--data-dir is required")?;
-    let mds = parse_nid(args.mds.as_deref().context("--mds is required")?)?;
-    let security = args.auth.security(None, None, None)?;
+    let file: Config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .context("--data-dir (or data_dir in the config) is required")?;
+    let mds = parse_nid(
+        args.mds
+            .as_deref()
+            .or(file.mds.as_deref())
+            .context("--mds (or mds in the config) is required")?,
+    )?;
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9500)));
+    let engine_kind = match (args.engine, file.engine) {
+        (Some(e), _) => e,
+        (None, Some(name)) => name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("engine in the config: {e}"))?,
+        (None, None) => EngineKind::Auto,
+    };
+    let metrics = args.metrics.or(file.metrics);
+    let security = args
+        .auth
+        .security(file.key_file.as_deref(), file.auth, file.privacy)?;
     let _lock = daemon::DataDirLock::acquire(&data_dir)?;
     let engine = engine::start(
-        args.engine,
+        engine_kind,
         EngineConfig {
-            threads: args.threads,
-            queue_depth: args.queue_depth,
+            threads: args.threads.or(file.threads).unwrap_or(2),
+            queue_depth: args.queue_depth.or(file.queue_depth).unwrap_or(64),
         },
     )?;
-    let homes = local_targets(&engine, &data_dir, args.targets).await?;
-    let cfg = OssConfig {
-        heartbeat_every: Duration::from_secs(args.heartbeat.max(1)),
-        mds_timeout: Duration::from_secs(args.mds_timeout),
+    let homes = local_targets(
+        &engine,
+        &data_dir,
+        args.targets.or(file.targets).unwrap_or(1),
+    )
+    .await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut attach = Attach::tcp(listen, security);
+    let mut cfg = OssConfig {
+        heartbeat_every: Duration::from_secs(
+            args.heartbeat.or(file.heartbeat_s).unwrap_or(5).max(1),
+        ),
+        mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
         ..OssConfig::new(mds)
     };
-    let server = OssServer::start(cfg, homes, &Attach::tcp(args.listen, security))
+    if metrics.is_some() {
+        cfg.metrics = Some(oss::metrics::OssMetrics::register(&mut registry));
+        if let Attach::Tcp { cfg, .. } = &mut attach {
+            cfg.metrics = Some(lnet::metrics::ServiceMetrics::register(&mut registry));
+        }
+    }
+    let server = OssServer::start(cfg, homes, &attach)
         .await
-        .with_context(|| format!("starting the storage server on {}", args.listen))?;
+        .with_context(|| format!("starting the storage server on {listen}"))?;
+    let _metrics = match metrics {
+        Some(addr) => Some(
+            daemon::metrics::MetricsServer::start(
+                addr,
+                std::sync::Arc::new(registry),
+                server.metrics_refresh(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     println!(
         "lode-oss serving targets {:?} at {}",
         server.indices(),

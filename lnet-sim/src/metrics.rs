@@ -1,0 +1,163 @@
+//! What a server's RPC layer counts, for its metrics endpoint: requests and their latency by
+//! operation, errors by kind, requests answered `Busy`, requests being served, and bytes of
+//! request and reply bodies. A server registers one [`ServiceMetrics`] and hands it to its
+//! endpoint ([`crate::tcp::TcpConfig::metrics`]); a server without one counts nothing.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use proto::{Opcode, RemoteError, StatusCode};
+
+/// One operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: &'static str,
+}
+
+/// One operation failing one way.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub op: &'static str,
+    pub kind: String,
+}
+
+/// Latency buckets: 50 µs to about 6.5 s, doubling.
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(50e-6, 2.0, 18))
+}
+
+type Latencies = Family<OpLabel, Histogram, fn() -> Histogram>;
+
+/// The RPC layer's counters of one server.
+pub struct ServiceMetrics {
+    requests: Family<OpLabel, Counter>,
+    latency: Latencies,
+    errors: Family<ErrorLabel, Counter>,
+    busy: Counter,
+    serving: Gauge,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+impl std::fmt::Debug for ServiceMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceMetrics").finish_non_exhaustive()
+    }
+}
+
+impl ServiceMetrics {
+    /// Counters registered in `registry` under `lode_rpc_*`.
+    pub fn register(registry: &mut Registry) -> Arc<ServiceMetrics> {
+        let m = ServiceMetrics {
+            requests: Family::default(),
+            latency: Latencies::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+            busy: Counter::default(),
+            serving: Gauge::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("lode_rpc");
+        r.register(
+            "requests",
+            "Requests served, by operation",
+            m.requests.clone(),
+        );
+        r.register(
+            "latency_seconds",
+            "Time from a request's admission to its reply, by operation",
+            m.latency.clone(),
+        );
+        r.register(
+            "errors",
+            "Requests answered with an error, by operation and kind",
+            m.errors.clone(),
+        );
+        r.register(
+            "busy",
+            "Requests refused with Busy because the queue was full",
+            m.busy.clone(),
+        );
+        r.register(
+            "serving",
+            "Requests admitted and not yet answered (the queue's depth)",
+            m.serving.clone(),
+        );
+        r.register(
+            "request_body_bytes",
+            "Bytes of request bodies received (bulk data is counted by the service)",
+            m.bytes_in.clone(),
+        );
+        r.register(
+            "reply_body_bytes",
+            "Bytes of reply bodies sent",
+            m.bytes_out.clone(),
+        );
+        Arc::new(m)
+    }
+
+    pub(crate) fn admitted(&self, body: usize) {
+        self.serving.inc();
+        self.bytes_in.inc_by(body as u64);
+    }
+
+    pub(crate) fn answered(
+        &self,
+        op: Opcode,
+        out: &Result<Vec<u8>, RemoteError>,
+        took: std::time::Duration,
+    ) {
+        self.serving.dec();
+        let label = OpLabel { op: op.name() };
+        self.requests.get_or_create(&label).inc();
+        self.latency
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
+        match out {
+            Ok(body) => {
+                self.bytes_out.inc_by(body.len() as u64);
+            }
+            Err(e) => {
+                self.errors
+                    .get_or_create(&ErrorLabel {
+                        op: label.op,
+                        kind: kind_name(&e.code),
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    pub(crate) fn refused_busy(&self) {
+        self.busy.inc();
+    }
+}
+
+/// An error's kind as a label value: "busy", "not_found", "fs_access"...
+fn kind_name(code: &StatusCode) -> String {
+    let debug = format!("{code:?}");
+    let mut out = String::with_capacity(debug.len() + 4);
+    for (i, c) in debug.chars().filter(|c| c.is_alphanumeric()).enumerate() {
+        if c.is_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_read_as_labels() {
+        assert_eq!(kind_name(&StatusCode::NotFound), "not_found");
+        assert_eq!(kind_name(&StatusCode::Busy), "busy");
+    }
+}

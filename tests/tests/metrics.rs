@@ -1,0 +1,154 @@
+//! The servers' metrics endpoints: what they serve parses as Prometheus text, and their
+//! counters move exactly with the work done (a known number of creates and bytes).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+
+use client::{Client, ClientConfig, OpenOptions};
+use lode_tests::{client_security, scratch, Server};
+
+/// A port free now on loopback.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// One scrape, checked line by line against the text format: `# HELP`, `# TYPE`, `# UNIT`
+/// and `# EOF` comments, and samples `name{labels} value`. Returns the samples by their
+/// name and labels as written.
+fn scrape(addr: &str) -> HashMap<String, f64> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lode\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("a header and a body");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "the body ends the exposition");
+    let mut samples = HashMap::new();
+    for line in body.lines() {
+        if let Some(c) = line.strip_prefix("# ") {
+            let word = c.split(' ').next().unwrap();
+            assert!(
+                ["HELP", "TYPE", "UNIT", "EOF"].contains(&word),
+                "comment {line:?}"
+            );
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').expect("a sample has a value");
+        let name_end = key.find('{').unwrap_or(key.len());
+        let name = &key[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name in {line:?}"
+        );
+        if name_end < key.len() {
+            assert!(key.ends_with('}'), "labels in {line:?}");
+        }
+        let v: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value in {line:?}")),
+        };
+        samples.insert(key.to_owned(), v);
+    }
+    samples
+}
+
+fn get(samples: &HashMap<String, f64>, key: &str) -> f64 {
+    samples.get(key).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_move_exactly_with_the_creates_and_bytes_done() {
+    let root = scratch("metrics");
+    let (mds_metrics, oss_metrics) = (free_addr(), free_addr());
+    let mds = Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            &mds_metrics,
+        ],
+    )
+    .unwrap();
+    // The storage server reads its settings from a config file, as a deployed one does.
+    let config = root.join("oss.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nmds = \"{}\"\nlisten = \"127.0.0.1:0\"\nmetrics = \"{oss_metrics}\"\nheartbeat_s = 1\n",
+            root.join("oss").to_str().unwrap(),
+            mds.nid
+        ),
+    )
+    .unwrap();
+    let _oss = Server::start("lode-oss", &["--config", config.to_str().unwrap()]).unwrap();
+
+    let before_mds = scrape(&mds_metrics);
+    let before_oss = scrape(&oss_metrics);
+    let c = Client::connect_with(
+        &mds.nid.to_string(),
+        ClientConfig {
+            security: Some(client_security()),
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let files = 25u64;
+    let mut written = 0u64;
+    for i in 0..files {
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .stripe_count(1)
+            .open(&c, &format!("/m{i}"))
+            .await
+            .unwrap();
+        let data = vec![i as u8; 100_000 + i as usize];
+        f.write_at(0, &data).await.unwrap();
+        written += data.len() as u64;
+        f.fsync().await.unwrap();
+        f.close().await.unwrap();
+    }
+    let after_mds = scrape(&mds_metrics);
+    let after_oss = scrape(&oss_metrics);
+
+    let creates = r#"lode_mds_changes_total{op="create"}"#;
+    assert_eq!(
+        get(&after_mds, creates) - get(&before_mds, creates),
+        files as f64,
+        "creates counted"
+    );
+    let bytes = r#"lode_oss_write_bytes_total{target="0"}"#;
+    assert_eq!(
+        get(&after_oss, bytes) - get(&before_oss, bytes),
+        written as f64,
+        "bytes written counted"
+    );
+    let writes = r#"lode_oss_writes_total{target="0"}"#;
+    assert!(get(&after_oss, writes) - get(&before_oss, writes) >= files as f64);
+    let ost_write = r#"lode_rpc_requests_total{op="ost_write"}"#;
+    assert_eq!(
+        get(&after_oss, ost_write) - get(&before_oss, ost_write),
+        get(&after_oss, writes) - get(&before_oss, writes),
+        "each write request applied once"
+    );
+    assert!(get(&after_mds, "lode_mds_journal_commit_seconds_count") > 0.0);
+    assert!(get(&after_mds, "lode_mds_clients") >= 1.0);
+    assert_eq!(get(&after_mds, "lode_mds_targets_in_service"), 1.0);
+    assert!(get(&after_mds, "lode_mds_inodes") >= (files + 1) as f64);
+    assert!(get(&after_oss, r#"lode_oss_space_total_bytes{target="0"}"#) > 0.0);
+    // Objects are counted by a walk at most every 30 s: the first scrape's count stands.
+    assert!(after_oss.contains_key(r#"lode_oss_objects{target="0"}"#));
+}
