@@ -76,6 +76,10 @@ pub struct ClientConfig {
     /// the directory, and the client sends what it queued before acknowledging, so every
     /// other client sees the changes at once.
     pub ahead: bool,
+    /// The job this client's requests work for, as servers count them (`lode jobstats`);
+    /// found in the environment as `$LODE_JOBID_VAR` says ([`lnet::job`]). A task may run
+    /// under another job with [`lnet::job::scope`].
+    pub job: Option<proto::JobId>,
 }
 
 impl Default for ClientConfig {
@@ -101,6 +105,7 @@ impl Default for ClientConfig {
             commit_behind: true,
             leases: true,
             ahead: true,
+            job: lnet::job::from_env(),
         }
     }
 }
@@ -201,6 +206,7 @@ impl Client {
         };
         let tcp = TcpConfig {
             security,
+            job: cfg.job.clone(),
             ..TcpConfig::default()
         };
         Self::connect_on(TcpEndpoint::client(tcp).into(), mds, cfg).await
@@ -1269,6 +1275,25 @@ impl Client {
         found.ok_or_else(|| {
             ClientError::fs(FsErrorKind::Io, "a target of this file is not registered")
         })
+    }
+
+    /// The MDS this client talks to.
+    pub fn mds(&self) -> &Nid {
+        &self.inner.mds
+    }
+
+    /// What a server (the MDS, or the storage server at `server`) says of itself: its clock,
+    /// what it has served, its targets or its journal, and with `jobs` each job's work (for
+    /// administrators: refused without the cluster key). Gives up after `limit`.
+    pub async fn server_status(
+        &self,
+        server: Option<&Nid>,
+        jobs: bool,
+        limit: Duration,
+    ) -> Result<proto::stats::ServerStatus> {
+        let peer = server.unwrap_or(&self.inner.mds).clone();
+        self.rpc_within(&peer, &proto::stats::ServerStats { jobs }, Some(limit))
+            .await
     }
 
     /// The storage targets, for `lode df`.

@@ -3,6 +3,7 @@
 //! that completes on SIGTERM or SIGINT.
 
 pub mod metrics;
+pub mod telemetry;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};

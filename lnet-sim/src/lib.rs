@@ -14,6 +14,8 @@ pub mod anynet;
 pub mod auth;
 pub mod device;
 pub mod error;
+pub mod job;
+pub mod jobstats;
 pub mod metrics;
 pub mod region;
 pub mod selftest;

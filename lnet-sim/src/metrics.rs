@@ -3,6 +3,7 @@
 //! request and reply bodies. A server registers one [`ServiceMetrics`] and hands it to its
 //! endpoint ([`crate::tcp::TcpConfig::metrics`]); a server without one counts nothing.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -42,6 +43,10 @@ pub struct ServiceMetrics {
     serving: Gauge,
     bytes_in: Counter,
     bytes_out: Counter,
+    /// Requests by operation again, indexed as [`proto::msg::opcodes::ALL`], for the
+    /// server's own status answer (a family cannot be walked).
+    by_op: [AtomicU64; proto::msg::opcodes::ALL.len()],
+    failed: AtomicU64,
 }
 
 impl std::fmt::Debug for ServiceMetrics {
@@ -61,6 +66,8 @@ impl ServiceMetrics {
             serving: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
+            by_op: std::array::from_fn(|_| AtomicU64::new(0)),
+            failed: AtomicU64::new(0),
         };
         let r = registry.sub_registry_with_prefix("lode_rpc");
         r.register(
@@ -115,6 +122,9 @@ impl ServiceMetrics {
         self.serving.dec();
         let label = OpLabel { op: op.name() };
         self.requests.get_or_create(&label).inc();
+        if let Some(i) = op.index() {
+            self.by_op[i].fetch_add(1, Ordering::Relaxed);
+        }
         self.latency
             .get_or_create(&label)
             .observe(took.as_secs_f64());
@@ -123,6 +133,7 @@ impl ServiceMetrics {
                 self.bytes_out.inc_by(body.len() as u64);
             }
             Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
                 self.errors
                     .get_or_create(&ErrorLabel {
                         op: label.op,
@@ -135,6 +146,27 @@ impl ServiceMetrics {
 
     pub(crate) fn refused_busy(&self) {
         self.busy.inc();
+    }
+
+    /// Requests served by operation (those served at least once), errors, `Busy` answers and
+    /// requests being served, for the server's status answer.
+    pub fn counts(&self) -> (Vec<proto::stats::OpCount>, u64, u64, u64) {
+        let ops = proto::msg::opcodes::ALL
+            .iter()
+            .zip(&self.by_op)
+            .map(|(op, n)| (op, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .map(|(op, count)| proto::stats::OpCount {
+                op: op.name().to_owned(),
+                count,
+            })
+            .collect();
+        (
+            ops,
+            self.failed.load(Ordering::Relaxed),
+            self.busy.get(),
+            self.serving.get().max(0) as u64,
+        )
     }
 }
 

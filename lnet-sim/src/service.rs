@@ -11,11 +11,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use proto::msg::{decode_body, encode_body};
-use proto::{BulkDesc, Nid, Opcode, RemoteError, Rpc, StatusCode};
+use proto::stats::{ServerStats, ServerStatus, ServiceStatus};
+use proto::{BulkDesc, FsErrorKind, Nid, Opcode, RemoteError, Rpc, StatusCode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Role;
 use crate::error::NetError;
+use crate::jobstats::JobTable;
 use crate::metrics::ServiceMetrics;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -31,6 +33,8 @@ pub struct Incoming {
     pub to: Nid,
     pub opcode: Opcode,
     pub xid: u64,
+    /// The job the caller works for, when it said ([`crate::job`]).
+    pub job: Option<proto::JobId>,
     pub body: Vec<u8>,
 }
 
@@ -65,6 +69,12 @@ pub trait Service: Send + Sync + 'static {
         req: Incoming,
         bulk: Arc<dyn BulkPeer>,
     ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>>;
+
+    /// What only the service can say of itself in the server's status answer (its targets,
+    /// its journal); the RPC layer adds its own counts.
+    fn status(&self) -> ServiceStatus {
+        ServiceStatus::default()
+    }
 }
 
 /// Default number of requests a server holds at once (running or waiting for a thread).
@@ -76,6 +86,8 @@ pub struct Dispatcher {
     service: Arc<dyn Service>,
     slots: Arc<Semaphore>,
     metrics: Option<Arc<ServiceMetrics>>,
+    jobs: Option<Arc<JobTable>>,
+    started: std::time::Instant,
 }
 
 impl Dispatcher {
@@ -84,12 +96,20 @@ impl Dispatcher {
             service,
             slots: Arc::new(Semaphore::new(slots.max(1))),
             metrics: None,
+            jobs: None,
+            started: std::time::Instant::now(),
         }
     }
 
     /// Counts what the queue and the handlers do into `metrics`.
     pub fn with_metrics(mut self, metrics: Option<Arc<ServiceMetrics>>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Counts each job's requests and bulk bytes into `jobs`.
+    pub fn with_jobs(mut self, jobs: Option<Arc<JobTable>>) -> Self {
+        self.jobs = jobs;
         self
     }
 
@@ -102,29 +122,73 @@ impl Dispatcher {
             return None;
         };
         Some(Admitted {
-            service: self.service.clone(),
+            dispatcher: self.clone(),
             _permit: permit,
-            metrics: self.metrics.clone(),
         })
+    }
+
+    /// The answer to [`ServerStats`]: the RPC layer's counts and the service's own status.
+    fn status(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let ask: ServerStats = req.decode()?;
+        if ask.jobs && req.role != Role::Server {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "job statistics are for administrators (the cluster key)",
+            ));
+        }
+        let (ops, errors, busy, serving) = self
+            .metrics
+            .as_ref()
+            .map_or((vec![], 0, 0, 0), |m| m.counts());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let status = ServerStatus {
+            now_unix_ms: now.as_millis() as u64,
+            uptime_s: self.started.elapsed().as_secs(),
+            counting: self.metrics.is_some(),
+            ops,
+            errors,
+            busy,
+            serving,
+            service: self.service.status(),
+            jobs: match (&self.jobs, ask.jobs) {
+                (Some(jobs), true) => jobs.snapshot(),
+                _ => vec![],
+            },
+        };
+        reply::<ServerStats>(&status)
     }
 }
 
 /// A request's place in the queue; the slot is freed when the handler is done.
 pub struct Admitted {
-    service: Arc<dyn Service>,
+    dispatcher: Dispatcher,
     _permit: OwnedSemaphorePermit,
-    metrics: Option<Arc<ServiceMetrics>>,
 }
 
 impl Admitted {
     /// Runs the handler; the caller sends what it returns as the reply.
     pub async fn run(self, req: Incoming, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
+        let d = &self.dispatcher;
         let opcode = req.opcode;
-        let started = self.metrics.as_ref().map(|m| {
+        let started = d.metrics.as_ref().map(|m| {
             m.admitted(req.body.len());
             std::time::Instant::now()
         });
-        let mut out = self.service.clone().handle(req, bulk).await;
+        let job = req.job.clone().filter(|_| d.jobs.is_some());
+        let counted = job
+            .as_ref()
+            .map(|_| Arc::new(CountingBulk::new(bulk.clone())));
+        let bulk = match &counted {
+            Some(c) => c.clone() as Arc<dyn BulkPeer>,
+            None => bulk,
+        };
+        let mut out = if opcode == proto::msg::opcodes::SERVER_STATS {
+            d.status(&req)
+        } else {
+            d.service.clone().handle(req, bulk).await
+        };
         if out
             .as_ref()
             .is_ok_and(|b| b.len() > proto::MAX_BODY as usize)
@@ -137,10 +201,63 @@ impl Admitted {
         if let Err(e) = &out {
             tracing::debug!(?opcode, error = %e, "request failed");
         }
-        if let (Some(m), Some(t)) = (&self.metrics, started) {
+        if let (Some(m), Some(t)) = (&d.metrics, started) {
             m.answered(opcode, &out, t.elapsed());
         }
+        if let (Some(jobs), Some(job), Some(c)) = (&d.jobs, &job, &counted) {
+            let (put, got) = c.bytes();
+            jobs.record(job, opcode, put, got);
+        }
         out
+    }
+}
+
+/// A bulk peer that counts the bytes moved through it: those put are the caller's reads,
+/// those got its writes.
+struct CountingBulk {
+    inner: Arc<dyn BulkPeer>,
+    put: Arc<std::sync::atomic::AtomicU64>,
+    got: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl CountingBulk {
+    fn new(inner: Arc<dyn BulkPeer>) -> Self {
+        CountingBulk {
+            inner,
+            put: Default::default(),
+            got: Default::default(),
+        }
+    }
+
+    fn bytes(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.put.load(Relaxed), self.got.load(Relaxed))
+    }
+}
+
+impl BulkPeer for CountingBulk {
+    fn put(&self, desc: &BulkDesc, data: Bytes) -> BoxFuture<'static, Result<(), NetError>> {
+        let (n, counter) = (data.len() as u64, self.put.clone());
+        let fut = self.inner.put(desc, data);
+        Box::pin(async move {
+            let out = fut.await;
+            if out.is_ok() {
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
+            out
+        })
+    }
+
+    fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>> {
+        let counter = self.got.clone();
+        let fut = self.inner.get(desc);
+        Box::pin(async move {
+            let out = fut.await;
+            if let Ok(data) = &out {
+                counter.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            out
+        })
     }
 }
 

@@ -218,6 +218,7 @@ mod tests {
             to: Nid::Tcp("127.0.0.1:9400".parse().unwrap()),
             opcode: proto::msg::opcodes::MDS_LOOKUP,
             xid: 1,
+            job: None,
             body: vec![],
         }
     }

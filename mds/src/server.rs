@@ -241,8 +241,6 @@ impl MdsServer {
         &self.registry
     }
 
-    /// Without a committer thread, writes what the journal has queued now (a simulation's
-    /// MDS committing behind chooses when); with one, nothing.
     /// Brings the gauges of the metrics endpoint up to date: run before each scrape.
     pub fn metrics_refresh(&self) -> Option<daemon::metrics::Refresh> {
         let m = self.metrics.clone()?;
@@ -259,6 +257,8 @@ impl MdsServer {
         }))
     }
 
+    /// Without a committer thread, writes what the journal has queued now (a simulation's
+    /// MDS committing behind chooses when); with one, nothing.
     pub fn commit_queued(&self) {
         self.store.commit_queued();
     }

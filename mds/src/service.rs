@@ -1324,4 +1324,18 @@ impl Service for MdsService {
     ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
         Box::pin(async move { self.dispatch(req).await })
     }
+
+    fn status(&self) -> proto::stats::ServiceStatus {
+        proto::stats::ServiceStatus {
+            kind: "mds".into(),
+            targets: vec![],
+            journal: Some(proto::stats::JournalStatus {
+                applied: self.store.last_applied(),
+                committed: self.store.committed(),
+                failed: self.store.failed(),
+            }),
+            clients: self.clients.count() as u64,
+            inodes: self.store.read(|ns| ns.len()) as u64,
+        }
+    }
 }

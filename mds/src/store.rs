@@ -434,6 +434,11 @@ impl Store {
         self.shared.durable.borrow().unwrap_or(0)
     }
 
+    /// Whether a journal write failed: the store takes no more changes until reopened.
+    pub fn failed(&self) -> bool {
+        self.shared.durable.borrow().is_err()
+    }
+
     /// The last transaction number applied.
     pub fn last_applied(&self) -> u64 {
         self.shared.ns.lock().1

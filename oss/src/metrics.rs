@@ -96,6 +96,17 @@ impl OssMetrics {
         self.write_bytes.get_or_create(&t).inc_by(bytes);
     }
 
+    /// A target's bytes read and written, and its reads and writes, so far.
+    pub fn counts(&self, target: u32) -> (u64, u64, u64, u64) {
+        let t = TargetLabel { target };
+        (
+            self.read_bytes.get_or_create(&t).get(),
+            self.write_bytes.get_or_create(&t).get(),
+            self.reads.get_or_create(&t).get(),
+            self.writes.get_or_create(&t).get(),
+        )
+    }
+
     /// Sets the gauges from the targets (before a scrape).
     pub fn refresh(&self, targets: &[Arc<Target>]) {
         let count = {

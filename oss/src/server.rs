@@ -186,7 +186,6 @@ impl OssServer {
         self.net.nid()
     }
 
-    /// The indices of the targets it serves.
     /// Brings the gauges of the metrics endpoint up to date: run before each scrape.
     pub fn metrics_refresh(&self) -> Option<daemon::metrics::Refresh> {
         let m = self.metrics.clone()?;
@@ -194,6 +193,7 @@ impl OssServer {
         Some(Arc::new(move || m.refresh(&targets)))
     }
 
+    /// The indices of the targets it serves.
     pub fn indices(&self) -> Vec<u32> {
         self.targets.iter().map(|t| t.index()).collect()
     }

@@ -234,6 +234,32 @@ impl Service for OssService {
     ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
         Box::pin(async move { self.dispatch(req, bulk).await })
     }
+
+    fn status(&self) -> proto::stats::ServiceStatus {
+        let targets = self
+            .targets
+            .values()
+            .map(|t| {
+                let mut s = proto::stats::TargetStatus {
+                    index: t.index(),
+                    ..Default::default()
+                };
+                match t.space() {
+                    Ok(space) => (s.total, s.free) = (space.total, space.free),
+                    Err(e) => s.error = Some(e.to_string()),
+                }
+                if let Some(m) = &self.metrics {
+                    (s.read_bytes, s.write_bytes, s.reads, s.writes) = m.counts(t.index());
+                }
+                s
+            })
+            .collect();
+        proto::stats::ServiceStatus {
+            kind: "oss".into(),
+            targets,
+            ..Default::default()
+        }
+    }
 }
 
 /// A service bound before its targets are known: requests are answered Busy until
@@ -262,6 +288,16 @@ impl Service for ServiceSlot {
             None => {
                 Box::pin(async { Err(RemoteError::new(StatusCode::Busy, "targets are starting")) })
             }
+        }
+    }
+
+    fn status(&self) -> proto::stats::ServiceStatus {
+        match self.0.get() {
+            Some(s) => s.status(),
+            None => proto::stats::ServiceStatus {
+                kind: "oss".into(),
+                ..Default::default()
+            },
         }
     }
 }

@@ -25,7 +25,9 @@ pub const MAX_BULK: u32 = 16 << 20;
 const KIND_MASK: u32 = 0xff;
 /// A reply whose body is a [`crate::RemoteError`] instead of the expected reply.
 pub const FLAG_ERROR: u32 = 1 << 8;
-const KNOWN_FLAGS: u32 = KIND_MASK | FLAG_ERROR;
+/// A request whose body starts with the job it works for ([`crate::job`]).
+pub const FLAG_JOB: u32 = 1 << 9;
+const KNOWN_FLAGS: u32 = KIND_MASK | FLAG_ERROR | FLAG_JOB;
 
 /// What a frame is for; the low byte of `flags`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,8 +90,10 @@ pub enum FrameError {
 pub struct Header {
     pub opcode: Opcode,
     pub kind: FrameKind,
-    /// Only [`FLAG_ERROR`] is defined beyond the kind.
+    /// [`FLAG_ERROR`]: replies only.
     pub error: bool,
+    /// [`FLAG_JOB`]: requests only.
+    pub job: bool,
     pub xid: u64,
     pub body_len: u32,
     pub bulk_len: u32,
@@ -102,6 +106,7 @@ impl Header {
             opcode,
             kind,
             error: false,
+            job: false,
             xid,
             body_len: 0,
             bulk_len: 0,
@@ -110,7 +115,9 @@ impl Header {
     }
 
     fn flags(&self) -> u32 {
-        self.kind as u32 | if self.error { FLAG_ERROR } else { 0 }
+        self.kind as u32
+            | if self.error { FLAG_ERROR } else { 0 }
+            | if self.job { FLAG_JOB } else { 0 }
     }
 
     fn first_28(&self) -> [u8; 28] {
@@ -162,6 +169,10 @@ impl Header {
         if error && kind != FrameKind::Reply {
             return Err(FrameError::BadFlags(flags));
         }
+        let job = flags & FLAG_JOB != 0;
+        if job && kind != FrameKind::Request {
+            return Err(FrameError::BadFlags(flags));
+        }
         let body_len = u32_at(12);
         if body_len > MAX_BODY {
             return Err(FrameError::BodyTooLarge { len: body_len });
@@ -179,6 +190,7 @@ impl Header {
             opcode,
             kind,
             error,
+            job,
             xid: u64::from_le_bytes(xid),
             body_len,
             bulk_len,
@@ -205,6 +217,35 @@ pub fn encode_frame(mut header: Header, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&header.encode(body));
     out.extend_from_slice(body);
     out
+}
+
+/// Encodes a request, with the job it works for in front of its body when there is one.
+pub fn encode_request(
+    opcode: crate::Opcode,
+    xid: u64,
+    job: Option<&crate::job::JobId>,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut header = Header::new(FrameKind::Request, opcode, xid);
+    match job {
+        Some(job) => {
+            header.job = true;
+            encode_frame(header, &crate::job::prefix(job, body))
+        }
+        None => encode_frame(header, body),
+    }
+}
+
+/// A request's job and message body, taken apart as [`encode_request`] put them together.
+pub fn request_job(
+    header: &Header,
+    body: Vec<u8>,
+) -> Result<(Option<crate::job::JobId>, Vec<u8>), FrameError> {
+    if !header.job {
+        return Ok((None, body));
+    }
+    let (job, body) = crate::job::split(body)?;
+    Ok((Some(job), body))
 }
 
 /// Decodes one frame (header and body, not the bulk payload) from the front of `buf`.
@@ -276,6 +317,8 @@ mod tests {
         ));
         assert!(matches!(with(8, &[0x77, 0, 0, 0]), FrameError::BadFlags(_)));
         assert!(matches!(with(10, &[1, 0]), FrameError::BadFlags(_)));
+        // A job rides on requests only.
+        assert!(matches!(with(8, &[2, 2, 0, 0]), FrameError::BadFlags(_)));
         assert!(matches!(
             with(12, &[0, 0, 0x20, 0]),
             FrameError::BodyTooLarge { .. }
@@ -315,6 +358,21 @@ mod tests {
                     prop_assert_eq!(decode_frame(&frame[..cut]), Ok(None));
                 }
             }
+        }
+
+        #[test]
+        fn requests_carry_their_job(job in "[!-~]{1,31}", xid: u64,
+                                    body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let job = crate::job::JobId::new(&job).unwrap();
+            let frame = encode_request(opcodes::ECHO, xid, Some(&job), &body);
+            let (h, b) = decode_frame(&frame).unwrap().unwrap();
+            prop_assert!(h.job);
+            let (got, rest) = request_job(&h, b.to_vec()).unwrap();
+            prop_assert_eq!(got, Some(job));
+            prop_assert_eq!(rest, body.clone());
+            let plain = encode_request(opcodes::ECHO, xid, None, &body);
+            let (h, b) = decode_frame(&plain).unwrap().unwrap();
+            prop_assert_eq!(request_job(&h, b.to_vec()).unwrap(), (None, body));
         }
 
         #[test]

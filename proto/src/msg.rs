@@ -24,6 +24,8 @@ pub mod opcodes {
     pub const ECHO: Opcode = Opcode(0x0002);
     pub const BULK_READ: Opcode = Opcode(0x0003);
     pub const BULK_WRITE: Opcode = Opcode(0x0004);
+    /// Answered by every server: its status ([`crate::stats`]).
+    pub const SERVER_STATS: Opcode = Opcode(0x0005);
 
     // 0x01xx: the metadata server.
     pub const MDS_REGISTER_TARGETS: Opcode = Opcode(0x0101);
@@ -68,6 +70,7 @@ pub mod opcodes {
         ECHO,
         BULK_READ,
         BULK_WRITE,
+        SERVER_STATS,
         MDS_REGISTER_TARGETS,
         MDS_HEARTBEAT,
         MDS_LIST_TARGETS,
@@ -111,6 +114,11 @@ impl Opcode {
         opcodes::ALL.iter().copied().find(|o| o.0 == v)
     }
 
+    /// The opcode's place in [`opcodes::ALL`], for tables indexed by operation.
+    pub fn index(self) -> Option<usize> {
+        opcodes::ALL.iter().position(|o| *o == self)
+    }
+
     /// The opcode's name, as metrics and logs show it ("mds_reint", "ost_write").
     pub fn name(self) -> &'static str {
         match self {
@@ -118,6 +126,7 @@ impl Opcode {
             opcodes::ECHO => "echo",
             opcodes::BULK_READ => "bulk_read",
             opcodes::BULK_WRITE => "bulk_write",
+            opcodes::SERVER_STATS => "server_stats",
             opcodes::MDS_REGISTER_TARGETS => "mds_register_targets",
             opcodes::MDS_HEARTBEAT => "mds_heartbeat",
             opcodes::MDS_LIST_TARGETS => "mds_list_targets",

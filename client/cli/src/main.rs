@@ -14,9 +14,13 @@ macro_rules! out {
 
 mod bench;
 mod cluster;
+mod health;
+mod jobstats;
 mod metabench;
+mod monitor;
 mod mount;
 mod sim;
+mod top;
 mod verify;
 
 use std::io::{Read, Write};
@@ -189,6 +193,27 @@ enum Cmd {
     },
     /// Unmount a lode mount.
     Umount { mountpoint: std::path::PathBuf },
+    /// A live view of the cluster: bandwidth and operations per target, MDS operations by
+    /// type, the busiest jobs, space, servers down.
+    Top {
+        /// Print one frame as text and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between frames (and, with --once, the time the rates are taken over).
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+    },
+    /// Whether every server is up, every target in service with room, the journal writing
+    /// and the clocks agreeing. Exit status 0: healthy, 1: warnings, 2: failures.
+    Health,
+    /// Each job's requests and bytes on every server, as `lctl get_param *.job_stats`
+    /// prints them (needs the cluster key). Clients name their job from $LODE_JOBID_VAR's
+    /// variable (default LODE_JOBID), else the process name and uid.
+    Jobstats {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -393,20 +418,45 @@ fn run() -> Result<()> {
         // A one-shot command exits at once: its changes are answered durable. The mount and
         // the benchmark run long, keep what is uncommitted and leave cleanly.
         let long_running = matches!(cmd, Cmd::Mount { .. } | Cmd::Bench(_));
+        // Watching the cluster with the cluster key is an administrator's work.
+        let admin = matches!(cmd, Cmd::Top { .. } | Cmd::Health | Cmd::Jobstats { .. });
+        let security = auth.security()?;
         let cfg = client::ClientConfig {
             retry_for: std::time::Duration::from_secs(15),
-            security: Some(auth.security()?),
+            security: Some(if admin { security.admin() } else { security }),
             commit_behind: long_running,
             ..Default::default()
         };
         let cfg_again = cfg.clone();
+        if let Cmd::Health = cmd {
+            let client = Client::connect_with(&mds, cfg)
+                .await
+                .map_err(|e| e.to_string());
+            let status = health::run(client, &mds).await;
+            if status != 0 {
+                return Err(ExitOnly(status).into());
+            }
+            return Ok(());
+        }
         let client = Client::connect_with(&mds, cfg)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
         match cmd {
-            Cmd::Cluster(_) | Cmd::Sim(_) | Cmd::Key(_) | Cmd::Umount { .. } => {
+            Cmd::Cluster(_) | Cmd::Sim(_) | Cmd::Key(_) | Cmd::Umount { .. } | Cmd::Health => {
                 unreachable!("handled above")
             }
+            Cmd::Top { once, interval } => {
+                if !(0.1..=3600.0).contains(&interval) {
+                    bail!("top: the interval is 0.1 to 3600 seconds, not {interval}");
+                }
+                let interval = std::time::Duration::from_secs_f64(interval);
+                if once {
+                    top::once(&client, interval).await
+                } else {
+                    top::live(&client, interval).await
+                }
+            }
+            Cmd::Jobstats { job } => jobstats::run(&client, job.as_deref()).await,
             Cmd::Mount {
                 mountpoint,
                 options,

@@ -118,6 +118,19 @@ impl Security {
         }
     }
 
+    /// These settings, acting as an administrator where the key is the cluster key (the
+    /// server role: what `lode jobstats` needs); a client key stays a client.
+    pub fn admin(self) -> Security {
+        match self {
+            Security::Keyed { keys, privacy, .. } if keys.is_cluster() => Security::Keyed {
+                keys,
+                role: Role::Server,
+                privacy,
+            },
+            other => other,
+        }
+    }
+
     /// The keyring, when there is one.
     pub fn keys(&self) -> Option<&Arc<Keyring>> {
         match self {

@@ -171,6 +171,7 @@ fn on_request(
     body: Vec<u8>,
 ) {
     let (xid, opcode) = (header.xid, header.opcode);
+    let request_job = proto::frame::request_job(&header, body);
     let reply_to = move |out: Result<Vec<u8>, RemoteError>,
                          fabric: &Arc<FabricInner>,
                          node: &NodeInner,
@@ -193,6 +194,13 @@ fn on_request(
             encode_frame(h, &body),
         );
     };
+    let (job, body) = match request_job {
+        Ok(v) => v,
+        Err(e) => {
+            let e = RemoteError::new(proto::StatusCode::BadRequest, e.to_string());
+            return reply_to(Err(e), fabric, node, &from);
+        }
+    };
     let admitted = match &node.dispatcher {
         None => {
             let e = RemoteError::new(proto::StatusCode::NoService, "this node serves no requests");
@@ -212,6 +220,7 @@ fn on_request(
             to: node.nid.clone(),
             opcode,
             xid,
+            job,
             body,
         };
         let bulk: Arc<dyn BulkPeer> = Arc::new(SimBulk {
@@ -314,7 +323,8 @@ impl Transport for SimEndpoint {
                     bulk,
                 },
             );
-            let frame = encode_frame(Header::new(FrameKind::Request, opcode, xid), &body);
+            let job = crate::job::current(None);
+            let frame = proto::frame::encode_request(opcode, xid, job.as_ref(), &body);
             if let Err(e) = send(&self.fabric, &self.node, to, FrameKind::Request, xid, frame) {
                 self.node.pending.lock().remove(&xid);
                 return Err(e);

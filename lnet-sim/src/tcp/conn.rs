@@ -371,6 +371,14 @@ impl Conn {
 
     async fn on_request(self: &Arc<Self>, header: Header, body: Vec<u8>) {
         let (xid, opcode) = (header.xid, header.opcode);
+        let (job, body) = match proto::frame::request_job(&header, body) {
+            Ok(v) => v,
+            Err(e) => {
+                let err = RemoteError::new(StatusCode::BadRequest, e.to_string());
+                let _ = self.send_reply(xid, opcode, Err(err)).await;
+                return;
+            }
+        };
         let Some(dispatcher) = &self.dispatcher else {
             let err = RemoteError::new(StatusCode::NoService, "this node serves no requests");
             let _ = self.send_reply(xid, opcode, Err(err)).await;
@@ -389,6 +397,7 @@ impl Conn {
                 to: conn.local.clone(),
                 opcode,
                 xid,
+                job,
                 body,
             };
             let bulk: Arc<dyn BulkPeer> = Arc::new(TcpBulk {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use proto::frame::{encode_frame, FrameKind, Header};
+use proto::frame::encode_request;
 use proto::{Nid, Opcode};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
@@ -64,6 +64,11 @@ pub struct TcpConfig {
     pub security: Security,
     /// Where a server counts its requests, for its metrics endpoint.
     pub metrics: Option<Arc<crate::metrics::ServiceMetrics>>,
+    /// Where a server counts each job's work.
+    pub jobs: Option<Arc<crate::jobstats::JobTable>>,
+    /// The job this endpoint's requests work for, unless their task says otherwise
+    /// ([`crate::job`]).
+    pub job: Option<proto::JobId>,
 }
 
 impl Default for TcpConfig {
@@ -81,6 +86,8 @@ impl Default for TcpConfig {
             handshake_timeout: Duration::from_secs(10),
             security: Security::Off,
             metrics: None,
+            jobs: None,
+            job: None,
         }
     }
 }
@@ -121,8 +128,9 @@ impl TcpEndpoint {
     ) -> Result<Self, NetError> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let dispatcher =
-            Dispatcher::new(service, cfg.queue_slots).with_metrics(cfg.metrics.clone());
+        let dispatcher = Dispatcher::new(service, cfg.queue_slots)
+            .with_metrics(cfg.metrics.clone())
+            .with_jobs(cfg.jobs.clone());
         let ep = Self::new(Nid::Tcp(local), Some(dispatcher), cfg);
         let weak = Arc::downgrade(&ep.inner);
         let task = tokio::spawn(accept_loop(listener, weak));
@@ -375,6 +383,7 @@ impl Transport for TcpEndpoint {
                 });
             };
             check_body(peer, &body)?;
+            let job = crate::job::current(self.inner.cfg.job.as_ref());
             let attempt = async {
                 let conn = self.conn_to(*addr).await?;
                 let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
@@ -383,7 +392,7 @@ impl Transport for TcpEndpoint {
                     conn: conn.clone(),
                     xid,
                 };
-                let frame = encode_frame(Header::new(FrameKind::Request, opcode, xid), &body);
+                let frame = encode_request(opcode, xid, job.as_ref(), &body);
                 conn.send(frame, None).await?;
                 reply.await.map_err(|_| NetError::Closed {
                     peer: peer.clone(),

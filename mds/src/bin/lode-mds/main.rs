@@ -7,7 +7,6 @@ mod bench;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -48,8 +47,8 @@ struct ServeArgs {
     /// `recovery_window_s`,
     /// `evict_after_s`, `key_file`, `auth`, `privacy`, `trusted_nodes`, `squash_uid`,
     /// `squash_gid`, `[[nodemap]]`, `capability_lifetime_s`, `audit_log`, `audit_max_mib`,
-    /// `audit_keep`, `auto_resync`, `resync_rate_mib`, `resync_move_after_s` and `metrics`;
-    /// flags override it.
+    /// `audit_keep`, `auto_resync`, `resync_rate_mib`, `resync_move_after_s`, `metrics`,
+    /// `stats` and `job_stats`; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the MDS keeps its state.
@@ -82,9 +81,8 @@ struct ServeArgs {
     /// Do not resync stale mirrors in the background (`lode mirror resync` still does).
     #[arg(long)]
     no_auto_resync: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<SocketAddr>,
+    #[command(flatten)]
+    stats: daemon::telemetry::StatsArgs,
 }
 
 /// The configuration file.
@@ -131,6 +129,10 @@ struct Config {
     resync_move_after_s: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     metrics: Option<SocketAddr>,
+    /// `false` counts nothing (no metrics, job statistics or counts for `lode top`).
+    stats: Option<bool>,
+    /// `false` keeps no job statistics.
+    job_stats: Option<bool>,
 }
 
 #[derive(serde::Deserialize)]
@@ -165,21 +167,16 @@ struct Settings {
     capability_lifetime: Duration,
     audit: Option<mds::audit::AuditConfig>,
     heal: Option<client::mirrors::HealConfig>,
-    metrics: Option<SocketAddr>,
+    telemetry: daemon::telemetry::Telemetry,
 }
 
 impl ServeArgs {
     fn settings(self) -> Result<Settings> {
-        let file: Config = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
-            }
-            None => Config::default(),
-        };
+        let file: Config = daemon::telemetry::load_config(self.config.as_deref())?;
         Ok(Settings {
-            metrics: self.metrics.or(file.metrics),
+            telemetry: self
+                .stats
+                .telemetry(file.metrics, file.stats, file.job_stats),
             data_dir: self
                 .data_dir
                 .or(file.data_dir)
@@ -307,31 +304,19 @@ fn serve(args: ServeArgs) -> Result<()> {
         audit: args.audit,
         ..MdsConfig::new(args.data_dir)
     };
-    let mut registry = prometheus_client::registry::Registry::default();
+    let mut telemetry = args.telemetry;
     let mut attach = Attach::tcp(args.listen, args.security.clone());
+    telemetry.attach(&mut attach);
     let mut cfg = cfg;
-    if args.metrics.is_some() {
-        cfg.metrics = Some(mds::metrics::MdsMetrics::register(&mut registry));
-        if let Attach::Tcp { cfg, .. } = &mut attach {
-            cfg.metrics = Some(lnet::metrics::ServiceMetrics::register(&mut registry));
-        }
+    if telemetry.counting() {
+        cfg.metrics = Some(mds::metrics::MdsMetrics::register(&mut telemetry.registry));
     }
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
         let server = MdsServer::start(cfg, &attach)
             .await
             .with_context(|| format!("starting the MDS on {}", args.listen))?;
-        let _metrics = match args.metrics {
-            Some(addr) => Some(
-                daemon::metrics::MetricsServer::start(
-                    addr,
-                    Arc::new(registry),
-                    server.metrics_refresh(),
-                )
-                .await?,
-            ),
-            None => None,
-        };
+        let _metrics = telemetry.serve(server.metrics_refresh()).await?;
         println!("lode-mds serving at {}", server.nid());
         match args.heal {
             Some(heal) => {

@@ -45,8 +45,8 @@ enum Cmd {
 #[derive(Args)]
 struct ServeArgs {
     /// A TOML file with any of `data_dir`, `mds`, `listen`, `targets`, `engine`, `threads`,
-    /// `queue_depth`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy` and
-    /// `metrics`; flags override it.
+    /// `queue_depth`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy`,
+    /// `metrics`, `stats` and `job_stats`; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the targets live (one subdirectory each).
@@ -78,9 +78,8 @@ struct ServeArgs {
     mds_timeout: Option<u64>,
     #[command(flatten)]
     auth: daemon::AuthArgs,
-    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<SocketAddr>,
+    #[command(flatten)]
+    stats: daemon::telemetry::StatsArgs,
 }
 
 /// The configuration file.
@@ -106,6 +105,10 @@ struct Config {
     privacy: Option<bool>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     metrics: Option<SocketAddr>,
+    /// `false` counts nothing (no metrics, job statistics or counts for `lode top`).
+    stats: Option<bool>,
+    /// `false` keeps no job statistics.
+    job_stats: Option<bool>,
 }
 
 fn main() -> Result<()> {
@@ -129,14 +132,7 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let file: Config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
-        }
-        None => Config::default(),
-    };
+    let file: Config = daemon::telemetry::load_config(args.config.as_deref())?;
     let data_dir = args
         .data_dir
         .or(file.data_dir)
@@ -158,7 +154,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("engine in the config: {e}"))?,
         (None, None) => EngineKind::Auto,
     };
-    let metrics = args.metrics.or(file.metrics);
+    let telemetry = args
+        .stats
+        .telemetry(file.metrics, file.stats, file.job_stats);
     let security = args
         .auth
         .security(file.key_file.as_deref(), file.auth, file.privacy)?;
@@ -176,8 +174,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         args.targets.or(file.targets).unwrap_or(1),
     )
     .await?;
-    let mut registry = prometheus_client::registry::Registry::default();
+    let mut telemetry = telemetry;
     let mut attach = Attach::tcp(listen, security);
+    telemetry.attach(&mut attach);
     let mut cfg = OssConfig {
         heartbeat_every: Duration::from_secs(
             args.heartbeat.or(file.heartbeat_s).unwrap_or(5).max(1),
@@ -185,26 +184,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
         ..OssConfig::new(mds)
     };
-    if metrics.is_some() {
-        cfg.metrics = Some(oss::metrics::OssMetrics::register(&mut registry));
-        if let Attach::Tcp { cfg, .. } = &mut attach {
-            cfg.metrics = Some(lnet::metrics::ServiceMetrics::register(&mut registry));
-        }
+    if telemetry.counting() {
+        cfg.metrics = Some(oss::metrics::OssMetrics::register(&mut telemetry.registry));
     }
     let server = OssServer::start(cfg, homes, &attach)
         .await
         .with_context(|| format!("starting the storage server on {listen}"))?;
-    let _metrics = match metrics {
-        Some(addr) => Some(
-            daemon::metrics::MetricsServer::start(
-                addr,
-                std::sync::Arc::new(registry),
-                server.metrics_refresh(),
-            )
-            .await?,
-        ),
-        None => None,
-    };
+    let _metrics = telemetry.serve(server.metrics_refresh()).await?;
     println!(
         "lode-oss serving targets {:?} at {}",
         server.indices(),
