@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# lode across hosts: the MDS, two storage servers and two clients, each in its own network
+# namespace with its own address on a bridge (in a namespace of its own, so the machine's own
+# network is left alone). Client one writes with the command, client two reads it back with
+# the command, through a mount and through the Python package; `lode health` and
+# `lode jobstats` are run from a client host; then one storage server's link is taken down:
+# `lode health` names that server and only it, the namespace still answers, and once the
+# link returns the cluster is healthy and the file reads back whole.
+# Everything made here is torn down on exit, whatever happens.
+#
+# Needs root, `ip` (iproute2), FUSE, and the binaries in BIN (default target/debug). With
+# PYTHON=0 the Python part is skipped (the package must be installed for it).
+#
+#   tests/netns/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-$PWD/target/debug}
+PYTHON=${PYTHON:-1}
+net=10.77.0
+tag=lode$$
+work=$(mktemp -d)
+hosts=(mds oss1 oss2 c1 c2)
+declare -A addr=([mds]=$net.1 [oss1]=$net.11 [oss2]=$net.12 [c1]=$net.21 [c2]=$net.22)
+
+say() { printf '== %s\n' "$*"; }
+ns() { echo "$tag-$1"; }
+on() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
+
+cleanup() {
+  set +e
+  on c2 bash -c "fusermount3 -u -z $work/mnt" 2>/dev/null
+  for p in "$work"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
+  sleep 0.5
+  for p in "$work"/*.pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done
+  for h in "${hosts[@]}" br; do ip netns del "$(ns "$h")" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+say "network: a bridge and five hosts on $net.0/24"
+ip netns add "$(ns br)"
+on br ip link add br0 type bridge
+on br ip link set br0 up
+i=0
+for h in "${hosts[@]}"; do
+  i=$((i + 1))
+  ip netns add "$(ns "$h")"
+  ip link add "v$tag$i" type veth peer name "b$tag$i"
+  ip link set "v$tag$i" netns "$(ns "$h")"
+  ip link set "b$tag$i" netns "$(ns br)"
+  on br ip link set "b$tag$i" master br0 up
+  on "$h" ip link set lo up
+  on "$h" ip link set "v$tag$i" name eth0
+  on "$h" ip addr add "${addr[$h]}/24" dev eth0
+  on "$h" ip link set eth0 up
+  echo "b$tag$i" > "$work/$h.port"
+done
+
+say "keys and servers"
+"$BIN/lode" key new "$work/cluster.key" >/dev/null
+"$BIN/lode" key client --from "$work/cluster.key" "$work/client.key" >/dev/null
+start() {
+  local h=$1; shift
+  on "$h" "$@" > "$work/$h.out" 2> "$work/$h.log" &
+  echo $! > "$work/$h.pid"
+  for _ in $(seq 100); do
+    grep -q serving "$work/$h.out" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$h did not start:"; cat "$work/$h.log"; exit 1
+}
+start mds "$BIN/lode-mds" --data-dir "$work/mds" --listen "${addr[mds]}:9400" \
+  --key "$work/cluster.key" --trust "$net.0/24"
+for h in oss1 oss2; do
+  start "$h" "$BIN/lode-oss" --data-dir "$work/$h" --mds "${addr[mds]}:9400" \
+    --listen "${addr[$h]}:9500" --key "$work/cluster.key" --heartbeat 1
+done
+
+export LODE_MDS=${addr[mds]}:9400 LODE_KEY=$work/client.key
+lode() { local h=$1; shift; on "$h" "$BIN/lode" "$@"; }
+for _ in $(seq 50); do
+  [ "$(lode c1 health 2>/dev/null | grep -c "in service")" = 2 ] && break
+  sleep 0.2
+done
+lode c1 health | tee "$work/health.up"
+grep -q "OK   oss ${addr[oss1]}:9500@tcp: up" "$work/health.up"
+grep -q "OK   oss ${addr[oss2]}:9500@tcp: up" "$work/health.up"
+
+say "client one writes a file striped over both servers; client two reads it back"
+head -c 5000000 /dev/urandom > "$work/data.bin"
+lode c1 mkdir /x
+lode c1 setstripe -c -1 -S 1M /x
+LODE_JOBID=writer.1 lode c1 cp "local:$work/data.bin" /x/data.bin
+lode c1 getstripe /x/data.bin | grep -q "lmm_stripe_count:  2"
+LODE_JOBID=reader.2 lode c2 cat /x/data.bin | cmp - "$work/data.bin"
+
+say "client two through a mount"
+mkdir -p "$work/mnt"
+on c2 bash -c "
+  set -e
+  '$BIN/lode' mount --daemon '$work/mnt'
+  cmp '$work/mnt/x/data.bin' '$work/data.bin'
+  cp '$work/data.bin' '$work/mnt/x/from-mount.bin'
+  sync '$work/mnt/x/from-mount.bin'
+  '$BIN/lode' umount '$work/mnt'
+"
+lode c1 cat /x/from-mount.bin | cmp - "$work/data.bin"
+
+if [ "$PYTHON" = 1 ]; then
+  say "client one through the Python package"
+  on c1 python3 - "$work/data.bin" <<PY
+import sys, lode
+fs = lode.connect("${addr[mds]}:9400", key="$work/client.key")
+want = open(sys.argv[1], "rb").read()
+assert fs.read_bytes("/x/data.bin") == want
+fs.write_bytes("/x/from-python.bin", want[::-1])
+names = sorted(fs.ls("/x"))
+assert names == ["/x/data.bin", "/x/from-mount.bin", "/x/from-python.bin"], names
+PY
+  python3 -c 'import sys; open(sys.argv[2], "wb").write(open(sys.argv[1], "rb").read()[::-1])' \
+    "$work/data.bin" "$work/reversed.bin"
+  lode c2 cat /x/from-python.bin | cmp - "$work/reversed.bin"
+fi
+
+say "job statistics from a client host"
+LODE_KEY=$work/cluster.key lode c1 jobstats > "$work/jobs.yaml"
+grep -q "^oss.${addr[oss1]}:9500@tcp.job_stats=" "$work/jobs.yaml"
+grep -q "job_id: *writer.1" "$work/jobs.yaml"
+grep -q "job_id: *reader.2" "$work/jobs.yaml"
+
+say "one storage server's link down: health names that server and only it"
+on br ip link set "$(cat "$work/oss2.port")" down
+set +e
+lode c2 health > "$work/health.down"
+status=$?
+set -e
+cat "$work/health.down"
+[ "$status" = 2 ]
+grep -q "FAIL oss ${addr[oss2]}:9500@tcp: not answering" "$work/health.down"
+grep -q "OK   oss ${addr[oss1]}:9500@tcp: up" "$work/health.down"
+lode c2 ls /x > /dev/null
+on br ip link set "$(cat "$work/oss2.port")" up
+for _ in $(seq 50); do
+  lode c2 health >/dev/null && break
+  sleep 0.2
+done
+lode c2 health
+LODE_JOBID=reader.2 lode c2 cat /x/data.bin | cmp - "$work/data.bin"
+say "passed"
