@@ -195,6 +195,20 @@ pub fn mds_committing_late(root: &Path, listen: &str) -> Server {
     .expect("starting lode-mds")
 }
 
+/// An MDS with its data in `root/mds`, on a free port of loopback.
+pub fn mds_of(root: &Path) -> Server {
+    Server::start(
+        "lode-mds",
+        &[
+            "--data-dir",
+            root.join("mds").to_str().expect("a UTF-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .expect("starting lode-mds")
+}
+
 /// A storage server with its data in `dir`, heartbeating every second to `mds`.
 pub fn oss_of(dir: &Path, mds: &Nid) -> Server {
     Server::start(

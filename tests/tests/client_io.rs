@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client::{Client, ClientConfig, OpenOptions};
-use lode_tests::{scratch, Server};
+use lode_tests::{mds_of, scratch, Server};
 use proto::layout::{Component, Layout, StripeCount, EOF};
 
 struct Cluster {
@@ -19,16 +19,7 @@ struct Cluster {
 impl Cluster {
     fn start(name: &str) -> Cluster {
         let root = scratch(name);
-        let mds = Server::start(
-            "lode-mds",
-            &[
-                "--data-dir",
-                root.join("mds").to_str().unwrap(),
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        )
-        .unwrap();
+        let mds = mds_of(&root);
         let oss = (0..2)
             .map(|i| Some(Self::oss(&root, &mds, i, "127.0.0.1:0")))
             .collect();

@@ -11,21 +11,12 @@ use std::time::{Duration, Instant};
 use client::{Client, ClientConfig, OpenOptions};
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
-use lode_tests::{scratch, Server};
+use lode_tests::{mds_of, scratch, Server};
 use proto::md::*;
 
 fn cluster(name: &str) -> (std::path::PathBuf, Server, Server) {
     let root = scratch(name);
-    let mds = Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
+    let mds = mds_of(&root);
     let oss = Server::start(
         "lode-oss",
         &[

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use client::{Client, ClientConfig, OpenOptions};
-use lode_tests::{scratch, Server};
+use lode_tests::{mds_of, scratch, Server};
 use proto::layout::Layout;
 use proto::Nid;
 
@@ -238,16 +238,7 @@ struct Cluster {
 impl Cluster {
     async fn start(name: &str) -> Cluster {
         let root = scratch(name);
-        let mds = Server::start(
-            "lode-mds",
-            &[
-                "--data-dir",
-                root.join("mds").to_str().unwrap(),
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        )
-        .unwrap();
+        let mds = mds_of(&root);
         let servers: Vec<Option<Server>> = (0..4)
             .map(|i| Some(oss(&root.join(format!("oss{i}")), &mds.nid, "127.0.0.1:0")))
             .collect();

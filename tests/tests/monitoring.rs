@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use lode_tests::{bin, client_key_file, cluster_key_file, oss_of, scratch, Server};
+use lode_tests::{bin, client_key_file, cluster_key_file, mds_of, oss_of, scratch};
 
 /// Runs `lode` against `mds` with `key` and extra environment; status, stdout, stderr.
 fn lode(
@@ -55,16 +55,7 @@ fn job_sum(text: &str, job: &str, field: &str) -> (u64, usize) {
 #[test]
 fn job_statistics_name_the_job_that_did_the_work_and_top_and_health_see_a_server_stop() {
     let root = scratch("monitoring");
-    let mds = Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
+    let mds = mds_of(&root);
     let a = oss_of(&root.join("oss-a"), &mds.nid);
     let b = oss_of(&root.join("oss-b"), &mds.nid);
     let m = mds.nid.to_string();

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use lode_tests::{scratch, Server};
+use lode_tests::{mds_of, scratch, Server};
 
 fn mounted(p: &Path) -> bool {
     fs::read_to_string("/proc/self/mountinfo")
@@ -50,16 +50,7 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
         return;
     }
     let root = scratch("mount");
-    let mds = Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
+    let mds = mds_of(&root);
     let _oss = Server::start(
         "lode-oss",
         &[
@@ -369,16 +360,7 @@ fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, 
         return None;
     }
     let root = scratch(name);
-    let mds = Server::start(
-        "lode-mds",
-        &[
-            "--data-dir",
-            root.join("mds").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
+    let mds = mds_of(&root);
     let oss = Server::start(
         "lode-oss",
         &[
