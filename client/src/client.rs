@@ -180,21 +180,12 @@ pub struct Client {
 
 /// Parses `IP:PORT` or a NID.
 pub fn parse_nid(s: &str) -> Result<Nid> {
-    if s.contains('@') {
-        return s
-            .parse()
-            .map_err(|e: proto::NidError| ClientError::fs(FsErrorKind::Invalid, e.to_string()));
-    }
-    s.parse().map(Nid::Tcp).map_err(|_| {
-        ClientError::fs(
-            FsErrorKind::Invalid,
-            format!("{s:?} is neither IP:PORT nor a NID"),
-        )
-    })
+    Nid::parse_loose(s).map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))
 }
 
 impl Client {
-    /// Connects to the filesystem whose MDS is at `mds` (IP:PORT or a NID).
+    /// Connects to the filesystem whose MDS is at `mds` (IP:PORT or a NID; several,
+    /// comma-separated, for an MDS on several interfaces: the first names it).
     pub async fn connect(mds: &str) -> Result<Client> {
         Self::connect_with(mds, ClientConfig::default()).await
     }
@@ -217,9 +208,12 @@ impl Client {
         let creds = cfg.creds.clone();
         let id: u128 = cfg.id.unwrap_or_else(rand::random);
         let cfg_staging = (cfg.staging_chunk, cfg.staging_chunks);
+        let (mds, rails) = Nid::parse_rails(mds)
+            .map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))?;
+        net.set_peer_rails(&mds, &rails);
         let client = Client {
             inner: Arc::new(Inner {
-                mds: parse_nid(mds)?,
+                mds,
                 net,
                 cfg,
                 servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
@@ -1296,12 +1290,17 @@ impl Client {
             .await
     }
 
-    /// The storage targets, for `lode df`.
+    /// Every registered target (for `lode df`, among others). Their servers' other addresses are taken in on the way:
+    /// calls to a server go over any of its addresses that answers.
     pub async fn targets(&self) -> Result<Vec<TargetInfo>> {
-        Ok(self
+        let targets = self
             .rpc(&self.inner.mds.clone(), &ListTargets {})
             .await?
-            .targets)
+            .targets;
+        for t in &targets {
+            self.inner.net.set_peer_rails(&t.oss, &t.rails);
+        }
+        Ok(targets)
     }
 
     /// Sets the layout of a directory (its default for new entries) or of an empty file; a

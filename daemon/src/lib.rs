@@ -101,6 +101,24 @@ mod tests {
     }
 }
 
+/// Where a server listens, as a configuration file gives it: one address, or a list of them
+/// (one per interface: multi-rail, the first naming the server).
+#[derive(serde::Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Addrs {
+    One(std::net::SocketAddr),
+    Many(Vec<std::net::SocketAddr>),
+}
+
+impl Addrs {
+    pub fn into_vec(self) -> Vec<std::net::SocketAddr> {
+        match self {
+            Addrs::One(a) => vec![a],
+            Addrs::Many(v) => v,
+        }
+    }
+}
+
 /// How a server authenticates its peers: the flags `lode-mds` and `lode-oss` share.
 #[derive(clap::Args, Debug, Default)]
 pub struct AuthArgs {

@@ -63,6 +63,20 @@ impl Transport for AnyNet {
         }
     }
 
+    fn rails(&self) -> Vec<Nid> {
+        match self {
+            AnyNet::Tcp(e) => e.rails(),
+            AnyNet::Sim(e) => e.rails(),
+        }
+    }
+
+    fn set_peer_rails(&self, peer: &Nid, rails: &[Nid]) {
+        match self {
+            AnyNet::Tcp(e) => e.set_peer_rails(peer, rails),
+            AnyNet::Sim(e) => e.set_peer_rails(peer, rails),
+        }
+    }
+
     fn register_device(
         &self,
         mem: crate::device::DeviceMemory,
@@ -89,8 +103,16 @@ impl AnyNet {
 /// simulated fabric. The same server code runs on both.
 #[derive(Clone)]
 pub enum Attach {
-    Tcp { listen: SocketAddr, cfg: TcpConfig },
-    Sim { fabric: Fabric, node: String },
+    Tcp {
+        listen: SocketAddr,
+        /// Further addresses it listens on (multi-rail).
+        rails: Vec<SocketAddr>,
+        cfg: TcpConfig,
+    },
+    Sim {
+        fabric: Fabric,
+        node: String,
+    },
 }
 
 impl Attach {
@@ -98,11 +120,20 @@ impl Attach {
     pub fn tcp(listen: SocketAddr, security: Security) -> Attach {
         Attach::Tcp {
             listen,
+            rails: vec![],
             cfg: TcpConfig {
                 security,
                 ..TcpConfig::default()
             },
         }
+    }
+
+    /// Listens on `rails` too, one address per interface; peers are told of them.
+    pub fn with_rails(mut self, more: Vec<SocketAddr>) -> Attach {
+        if let Attach::Tcp { rails, .. } = &mut self {
+            *rails = more;
+        }
+        self
     }
 
     /// The key that signs and checks capabilities, when connections are authenticated.
@@ -123,9 +154,13 @@ impl Attach {
     /// Serves `service` here.
     pub async fn serve(&self, service: Arc<dyn Service>) -> Result<AnyNet, NetError> {
         Ok(match self {
-            Attach::Tcp { listen, cfg } => TcpEndpoint::bind(*listen, service, cfg.clone())
-                .await?
-                .into(),
+            Attach::Tcp { listen, rails, cfg } => {
+                let mut all = vec![*listen];
+                all.extend(rails);
+                TcpEndpoint::bind_rails(&all, service, cfg.clone())
+                    .await?
+                    .into()
+            }
             Attach::Sim { fabric, node } => fabric.start_node(node, Some(service))?.into(),
         })
     }

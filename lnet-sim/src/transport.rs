@@ -34,6 +34,19 @@ pub trait Transport: Send + Sync + 'static {
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Vec<u8>, NetError>>;
 
+    /// This node's addresses after the first, where it is reached too (multi-rail). A server
+    /// tells its peers, and they spread their calls over every address that answers.
+    fn rails(&self) -> Vec<Nid> {
+        vec![]
+    }
+
+    /// Tells this node that `peer` is reached at `rails` too: calls to `peer` go over any of
+    /// its addresses that answers. An empty list forgets them. Networks without addresses of
+    /// their own (the simulated fabric) ignore it.
+    fn set_peer_rails(&self, peer: &Nid, rails: &[Nid]) {
+        let _ = (peer, rails);
+    }
+
     /// Registers `buf` so that peers can move bulk data in and out of it.
     fn register<B: DmaBuffer>(&self, buf: B) -> Result<Registered<B>, NetError>
     where

@@ -698,3 +698,84 @@ async fn a_bulk_transfer_outside_its_requests_buffer_is_refused() {
         .iter()
         .all(|&b| b == 2));
 }
+
+/// A server on two addresses: a client told of both spreads its calls over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_two_addresses_takes_calls_on_both() {
+    let addrs = [
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.2:0".parse().unwrap(),
+    ];
+    let srv = TcpEndpoint::bind_rails(&addrs, SelfTest::new(), srv_cfg())
+        .await
+        .unwrap();
+    let nid = srv.nid();
+    let rails = srv.rails();
+    assert_eq!(rails.len(), 1);
+    assert_ne!(rails[0], nid);
+    let client = TcpEndpoint::client(TcpConfig {
+        conns_per_peer: 1,
+        ..cli_cfg()
+    });
+    client.set_peer_rails(&nid, &rails);
+    let mut answered_at = std::collections::HashSet::new();
+    for nonce in 0..10 {
+        let pong = call(&client, &nid, &Ping { nonce }, T).await.unwrap();
+        assert_eq!(pong.nonce, nonce);
+        answered_at.insert(pong.nid);
+    }
+    // Each address carried calls, over one connection each.
+    assert_eq!(answered_at, [nid, rails[0].clone()].into_iter().collect());
+    assert_eq!(srv.accepted_connections(), 2);
+}
+
+/// Two servers standing for two paths to one peer: when one path goes (its endpoint shut
+/// down), calls carry on over the other; an address that refuses connections is passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_carry_on_over_the_rail_left_when_one_goes_down() {
+    let (a, nid) = selftest_server().await;
+    let b = TcpEndpoint::bind("127.0.0.3:0".parse().unwrap(), SelfTest::new(), srv_cfg())
+        .await
+        .unwrap();
+    let client = TcpEndpoint::client(cli_cfg());
+    client.set_peer_rails(&nid, &[b.nid()]);
+    for nonce in 0..4 {
+        call(&client, &nid, &Ping { nonce }, T).await.unwrap();
+    }
+    a.shutdown();
+    drop(a);
+    let mut served_by = std::collections::HashSet::new();
+    for nonce in 0..20 {
+        // A call in flight when the path went may fail, and is resent; none fails twice.
+        let pong = match call(&client, &nid, &Ping { nonce }, T).await {
+            Ok(p) => p,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                call(&client, &nid, &Ping { nonce }, T).await.unwrap()
+            }
+        };
+        served_by.insert(pong.nid);
+    }
+    assert_eq!(served_by, [b.nid()].into_iter().collect());
+}
+
+/// A path that takes requests and never answers (a link gone dead under an open connection):
+/// the call on it times out, the rail is set aside, and the next calls go over the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rail_that_stops_answering_is_set_aside() {
+    let gate = Gate::closed();
+    let (_hung, nid) = server(gate.clone(), srv_cfg()).await;
+    let (_good, good) = server(Gate::open(), srv_cfg()).await;
+    let client = TcpEndpoint::client(cli_cfg());
+    client.set_peer_rails(&nid, &[good]);
+    let short = Duration::from_millis(300);
+    let mut timeouts = 0;
+    for i in 0..10u64 {
+        match call(&client, &nid, &echo(i), short).await {
+            Ok(_) => {}
+            Err(NetError::Timeout { .. }) => timeouts += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(timeouts, 1, "only the first call on the dead rail is lost");
+}

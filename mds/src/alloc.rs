@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use lnet::call;
 use lnet::tcp::{TcpConfig, TcpEndpoint};
-use lnet::AnyNet;
+use lnet::{AnyNet, Transport};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
@@ -70,6 +70,11 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// A storage server's other addresses: the allocator's calls to it use any that answers.
+    pub fn peer_rails(&self, oss: &Nid, rails: &[Nid]) {
+        self.net.set_peer_rails(oss, rails);
+    }
+
     pub fn new(registry: Arc<Registry>) -> Arc<Allocator> {
         Self::with_net(registry, TcpEndpoint::client(TcpConfig::default()).into())
     }
@@ -385,7 +390,7 @@ impl Allocator {
                     total: space.total,
                     free: space.free,
                 };
-                self.registry.heartbeat(&t.oss, &[report]);
+                self.registry.heartbeat(&t.oss, &t.rails, &[report]);
             }
         }
     }

@@ -355,6 +355,11 @@ impl Leases {
         if *h.acked.borrow() >= seq {
             return; // acknowledged after all
         }
+        if seq > h.seq {
+            // Sent to an earlier holder of this client, forgotten since: nothing to lose.
+            Self::settle(&mut s, client);
+            return;
+        }
         tracing::warn!(
             client = format!("{client:032x}"),
             "a client did not acknowledge a lease recall in time: it loses all its leases"
@@ -390,13 +395,35 @@ impl Leases {
         }
     }
 
-    /// A client left or was evicted: its leases are gone.
+    /// A client left or was evicted: its leases are gone, and no change waits on a recall
+    /// sent to it.
     pub fn forget(&self, client: u128) {
         let mut s = self.state.lock();
         Self::drop_all(&mut s, client);
         if let Some(h) = s.clients.remove(&client) {
             h.acked.send_replace(u64::MAX);
         }
+        Self::settle(&mut s, client);
+    }
+
+    /// Takes `client`'s recalls off the list changes wait on: it holds nothing they recalled
+    /// (it was forgotten, or lost every lease). Its recall numbers start again when it comes
+    /// back, so a recall left listed from before would never be acknowledged.
+    fn settle(s: &mut State, client: u128) {
+        s.outstanding.retain(|_, out| {
+            out.retain(|(c, _)| *c != client);
+            !out.is_empty()
+        });
+    }
+
+    /// `client`'s holder, made anew (holding nothing) if it has none.
+    fn holder(s: &mut State, client: u128) -> &mut Holder {
+        if !s.clients.contains_key(&client) {
+            Self::settle(s, client);
+            let e = s.next_epoch();
+            s.clients.insert(client, Holder::new(e));
+        }
+        s.clients.get_mut(&client).expect("inserted above")
     }
 
     /// Leases `client` holds now.
@@ -431,11 +458,8 @@ impl Leases {
             let mut s = self.state.lock();
             let s = &mut *s;
             self.tidy(s);
-            if !s.clients.contains_key(&client) {
-                let e = s.next_epoch();
-                s.clients.insert(client, Holder::new(e));
-            }
-            let h = s.clients.get_mut(&client).expect("inserted above");
+            Self::holder(s, client);
+            let h = s.clients.get_mut(&client).expect("made above");
             if epoch == h.epoch {
                 h.knows_epoch = true;
             }
@@ -472,11 +496,7 @@ impl Leases {
             let _ = tokio::time::timeout(self.hold, wake.notified()).await;
         }
         let mut s = self.state.lock();
-        if !s.clients.contains_key(&client) {
-            let e = s.next_epoch();
-            s.clients.insert(client, Holder::new(e));
-        }
-        let h = s.clients.get_mut(&client).expect("inserted above");
+        let h = Self::holder(&mut s, client);
         let fids: Vec<(u64, Fid)> = h.pending.iter().take(MAX_RECALL).copied().collect();
         h.confirmed_until = h.confirmed_until.max(Instant::now() + self.term);
         MdsLeaseRecall {
@@ -589,6 +609,41 @@ mod tests {
         l.wait(1, 10, r.seq, r.epoch, &[], 1, IdMap::default())
             .await;
         assert!(l.grant(1, &[fid(3)]));
+    }
+
+    #[tokio::test]
+    async fn a_recall_sent_before_the_holder_was_forgotten_holds_up_no_change() {
+        let l = Leases::new(Duration::from_millis(300), Duration::from_millis(50));
+        let e = l.wait(1, 1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        l.wait(1, 2, 0, e, &[], 1, IdMap::default()).await;
+        assert!(l.grant(1, &[fid(1)]));
+        // A recall goes out; the holder is forgotten before it answers, then comes back
+        // (a new channel) with its recall numbers starting again.
+        {
+            let mut s = l.state.lock();
+            let s = &mut *s;
+            let h = s.clients.get_mut(&1).unwrap();
+            h.held.remove(&fid(1));
+            h.seq += 1;
+            s.outstanding.entry(fid(1)).or_default().push((1, h.seq));
+            s.holders.remove(&fid(1));
+            s.total -= 1;
+        }
+        l.forget(1);
+        l.wait(1, 1, 0, 0, &[], 1, IdMap::default()).await;
+        assert!(l.clear(&[fid(1)], None), "nothing is held or owed on it");
+        let t = Instant::now();
+        drop(l.recall(&[fid(1)], None).await);
+        assert!(t.elapsed() < Duration::from_millis(100));
+        // Even if a stale recall is listed when the holder comes back, it settles at once.
+        l.state
+            .lock()
+            .outstanding
+            .entry(fid(2))
+            .or_default()
+            .push((1, 5));
+        drop(l.recall(&[fid(2)], None).await);
+        assert!(l.clear(&[fid(2)], None), "a stale recall settles");
     }
 
     #[tokio::test]

@@ -46,6 +46,9 @@ pub enum RegistryError {
 struct Entry {
     uuid: u128,
     oss: Nid,
+    /// The server's other addresses, as it last said (kept in memory: every heartbeat
+    /// carries them).
+    rails: Vec<Nid>,
     total: u64,
     free: u64,
     last_seen: Option<Instant>,
@@ -112,6 +115,7 @@ impl Registry {
                         Entry {
                             uuid,
                             oss,
+                            rails: vec![],
                             total: 0,
                             free: 0,
                             last_seen: None,
@@ -166,7 +170,13 @@ impl Registry {
     /// Registers a server's targets and returns their indices in order. A target without an
     /// index gets the lowest free one; a target with an index keeps it, unless another target
     /// (another uuid) holds it.
-    pub fn register(&self, oss: &Nid, targets: &[TargetReport]) -> Result<Vec<u32>, RegistryError> {
+    pub fn register(
+        &self,
+        oss: &Nid,
+        rails: &[Nid],
+        targets: &[TargetReport],
+    ) -> Result<Vec<u32>, RegistryError> {
+        let rails = bounded(rails);
         let mut entries = self.entries.lock();
         let mut next = entries.clone();
         let mut out = Vec::with_capacity(targets.len());
@@ -191,6 +201,7 @@ impl Registry {
                 Entry {
                     uuid: t.uuid,
                     oss: oss.clone(),
+                    rails: rails.clone(),
                     total: t.total,
                     free: t.free,
                     last_seen: Some(now),
@@ -220,7 +231,8 @@ impl Registry {
     }
 
     /// Records a heartbeat: the server is up and its targets have this much space.
-    pub fn heartbeat(&self, oss: &Nid, targets: &[TargetReport]) {
+    pub fn heartbeat(&self, oss: &Nid, rails: &[Nid], targets: &[TargetReport]) {
+        let rails = bounded(rails);
         let mut entries = self.entries.lock();
         let now = Instant::now();
         for t in targets {
@@ -229,6 +241,9 @@ impl Registry {
                     e.total = t.total;
                     e.free = t.free;
                     e.last_seen = Some(now);
+                    if e.rails != rails {
+                        e.rails = rails.clone();
+                    }
                 }
             }
         }
@@ -242,6 +257,7 @@ impl Registry {
                 index,
                 uuid: e.uuid,
                 oss: e.oss.clone(),
+                rails: e.rails.clone(),
                 total: e.total,
                 free: e.free,
                 up: e
@@ -250,6 +266,15 @@ impl Registry {
             })
             .collect()
     }
+}
+
+/// A server's other addresses as kept: at most [`lnet::tcp::rails::MAX_RAILS`].
+fn bounded(rails: &[Nid]) -> Vec<Nid> {
+    rails
+        .iter()
+        .take(lnet::tcp::rails::MAX_RAILS)
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -273,14 +298,14 @@ mod tests {
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
         let r = Registry::open(&dir).unwrap();
         assert_eq!(
-            r.register(&oss, &[report(None, 1), report(None, 2)])
+            r.register(&oss, &[], &[report(None, 1), report(None, 2)])
                 .unwrap(),
             vec![0, 1]
         );
         // Asking again for the same target gives the same index.
-        assert_eq!(r.register(&oss, &[report(None, 2)]).unwrap(), vec![1]);
+        assert_eq!(r.register(&oss, &[], &[report(None, 2)]).unwrap(), vec![1]);
         assert!(matches!(
-            r.register(&oss, &[report(Some(0), 9)]),
+            r.register(&oss, &[], &[report(Some(0), 9)]),
             Err(RegistryError::IndexTaken { index: 0 })
         ));
         drop(r);
@@ -294,11 +319,11 @@ mod tests {
             list.iter().all(|t| !t.up),
             "liveness comes back with heartbeats, not from disk"
         );
-        r.heartbeat(&oss, &[report(Some(1), 2)]);
+        r.heartbeat(&oss, &[], &[report(Some(1), 2)]);
         assert!(r.list()[1].up);
         // The server comes back with a new target only (its disk wiped): the old ones at its
         // address are down at once, not after the heartbeat timeout.
-        assert_eq!(r.register(&oss, &[report(None, 3)]).unwrap(), vec![2]);
+        assert_eq!(r.register(&oss, &[], &[report(None, 3)]).unwrap(), vec![2]);
         let up: Vec<u32> = r.list().iter().filter(|t| t.up).map(|t| t.index).collect();
         assert_eq!(up, vec![2]);
         fs::remove_dir_all(&dir).unwrap();
@@ -312,7 +337,7 @@ mod tests {
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
         Registry::open(&dir)
             .unwrap()
-            .register(&oss, &[report(None, 1)])
+            .register(&oss, &[], &[report(None, 1)])
             .unwrap();
         let path = dir.join("targets");
         let mut raw = fs::read(&path).unwrap();

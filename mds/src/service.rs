@@ -516,7 +516,8 @@ impl MdsService {
             opcodes::MDS_HEARTBEAT => {
                 self.server_only(&req)?;
                 let r: Heartbeat = req.decode()?;
-                self.registry.heartbeat(&r.oss, &r.targets);
+                self.registry.heartbeat(&r.oss, &r.rails, &r.targets);
+                self.alloc.peer_rails(&r.oss, &r.rails);
                 reply::<Heartbeat>(&HeartbeatAck {})
             }
             opcodes::MDS_LIST_TARGETS => {
@@ -831,14 +832,18 @@ impl MdsService {
 impl MdsService {
     /// A storage server's targets, registered: their indices (durable before the answer).
     fn register(&self, r: RegisterTargets) -> Result<Vec<u8>, RemoteError> {
-        let indices = self.registry.register(&r.oss, &r.targets).map_err(|e| {
-            let code = match e {
-                RegistryError::IndexTaken { .. } => StatusCode::Exists,
-                RegistryError::Full => StatusCode::NoSpace,
-                _ => StatusCode::Io,
-            };
-            RemoteError::new(code, e.to_string())
-        })?;
+        self.alloc.peer_rails(&r.oss, &r.rails);
+        let indices = self
+            .registry
+            .register(&r.oss, &r.rails, &r.targets)
+            .map_err(|e| {
+                let code = match e {
+                    RegistryError::IndexTaken { .. } => StatusCode::Exists,
+                    RegistryError::Full => StatusCode::NoSpace,
+                    _ => StatusCode::Io,
+                };
+                RemoteError::new(code, e.to_string())
+            })?;
         reply::<RegisterTargets>(&Registered { indices })
     }
 

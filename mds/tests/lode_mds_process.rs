@@ -79,12 +79,14 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     };
     let hijack = RegisterTargets {
         oss: "127.0.0.1:6666@tcp".parse().unwrap(),
+        rails: vec![],
         targets: vec![forged.clone()],
     };
     let err = call(&as_client, &nid, &hijack, t).await.unwrap_err();
     assert!(err.to_string().contains("servers only"), "{err}");
     let beat = Heartbeat {
         oss: "127.0.0.1:6666@tcp".parse().unwrap(),
+        rails: vec![],
         targets: vec![forged],
     };
     let err = call(&as_client, &nid, &beat, t).await.unwrap_err();
@@ -112,6 +114,7 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
         &nid,
         &RegisterTargets {
             oss: oss.clone(),
+            rails: vec![],
             targets: reports,
         },
         t,

@@ -36,6 +36,8 @@ pub struct TargetHome {
 pub struct OssConfig {
     /// The MDS to register with and heartbeat to.
     pub mds: Nid,
+    /// The MDS's other addresses (multi-rail).
+    pub mds_rails: Vec<Nid>,
     /// Time between heartbeats.
     pub heartbeat_every: Duration,
     /// How long to keep trying to reach the MDS at start before giving up.
@@ -48,6 +50,7 @@ impl OssConfig {
     pub fn new(mds: Nid) -> OssConfig {
         OssConfig {
             mds,
+            mds_rails: vec![],
             heartbeat_every: Duration::from_secs(5),
             mds_timeout: Duration::from_secs(60),
             metrics: None,
@@ -138,8 +141,10 @@ impl OssServer {
         net: &AnyNet,
         caller: &AnyNet,
     ) -> Result<(Vec<Arc<Target>>, JoinHandle<()>), ServerError> {
+        caller.set_peer_rails(&cfg.mds, &cfg.mds_rails);
         let register = RegisterTargets {
             oss: net.nid(),
+            rails: net.rails(),
             targets: reports(&homes).await?,
         };
         let deadline = tokio::time::Instant::now() + cfg.mds_timeout;
@@ -175,6 +180,7 @@ impl OssServer {
             caller.clone(),
             cfg.mds.clone(),
             net.nid(),
+            net.rails(),
             homes,
             cfg.heartbeat_every.max(Duration::from_millis(10)),
         ));
@@ -247,7 +253,14 @@ async fn reports(homes: &[TargetHome]) -> Result<Vec<TargetReport>, TargetError>
 }
 
 /// Tells the MDS every `every` that this server is up and how much space its targets have.
-async fn heartbeat(caller: AnyNet, mds: Nid, me: Nid, homes: Vec<TargetHome>, every: Duration) {
+async fn heartbeat(
+    caller: AnyNet,
+    mds: Nid,
+    me: Nid,
+    rails: Vec<Nid>,
+    homes: Vec<TargetHome>,
+    every: Duration,
+) {
     loop {
         tokio::time::sleep(every).await;
         let targets = match reports(&homes).await {
@@ -259,6 +272,7 @@ async fn heartbeat(caller: AnyNet, mds: Nid, me: Nid, homes: Vec<TargetHome>, ev
         };
         let hb = Heartbeat {
             oss: me.clone(),
+            rails: rails.clone(),
             targets,
         };
         if let Err(e) = call(&caller, &mds, &hb, every.max(MDS_CALL_TIMEOUT)).await {

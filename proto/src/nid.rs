@@ -113,6 +113,30 @@ impl FromStr for Nid {
     }
 }
 
+impl Nid {
+    /// A NID, or a bare `IP:PORT` taken as a TCP NID: what users type.
+    pub fn parse_loose(s: &str) -> Result<Nid, NidError> {
+        let s = s.trim();
+        if s.contains('@') {
+            return s.parse();
+        }
+        s.parse()
+            .map(Nid::Tcp)
+            .map_err(|_| NidError::BadAddress(s.to_owned()))
+    }
+
+    /// A server given by all its addresses, comma-separated (`10.0.0.1:9400,10.1.0.1:9400`,
+    /// one per interface: multi-rail): the first names it, the rest are its other rails.
+    pub fn parse_rails(s: &str) -> Result<(Nid, Vec<Nid>), NidError> {
+        let mut all = s.split(',').map(Nid::parse_loose);
+        let first = all
+            .next()
+            .ok_or_else(|| NidError::BadAddress(s.to_owned()))??;
+        let rails = all.collect::<Result<Vec<_>, _>>()?;
+        Ok((first, rails))
+    }
+}
+
 impl TryFrom<String> for Nid {
     type Error = NidError;
     fn try_from(s: String) -> Result<Self, Self::Error> {
@@ -130,6 +154,24 @@ impl From<Nid> for String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn bare_addresses_and_lists_of_rails_parse() {
+        let tcp = |s: &str| Nid::Tcp(s.parse().unwrap());
+        assert_eq!(
+            Nid::parse_loose("10.0.0.1:9400").unwrap(),
+            tcp("10.0.0.1:9400")
+        );
+        assert_eq!(Nid::parse_loose("x@sim").unwrap(), Nid::Sim("x".into()));
+        assert_eq!(
+            Nid::parse_rails("10.0.0.1:9400, 10.1.0.1:9400@tcp").unwrap(),
+            (tcp("10.0.0.1:9400"), vec![tcp("10.1.0.1:9400")])
+        );
+        assert_eq!(Nid::parse_rails("10.0.0.1:9400").unwrap().1, vec![]);
+        assert!(Nid::parse_rails("10.0.0.1:9400,").is_err());
+        assert!(Nid::parse_rails("").is_err());
+        assert!(Nid::parse_loose("node3").is_err());
+    }
 
     #[test]
     fn parses_the_three_networks() {

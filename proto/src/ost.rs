@@ -248,11 +248,11 @@ mod tests {
             round_trips(TargetSpace { index: target, total, free });
             let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
             let reports: Vec<_> = (0..n).map(|i| TargetReport { index: (i % 2 == 0).then_some(i as u32), uuid, total, free }).collect();
-            round_trips(RegisterTargets { oss: oss.clone(), targets: reports.clone() });
+            round_trips(RegisterTargets { oss: oss.clone(), rails: vec![oss.clone()], targets: reports.clone() });
             round_trips(Registered { indices: (0..n as u32).collect() });
-            round_trips(Heartbeat { oss: oss.clone(), targets: reports });
+            round_trips(Heartbeat { oss: oss.clone(), rails: vec![], targets: reports });
             round_trips(ListTargets {});
-            round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), total, free, up: sync }).collect() });
+            round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), rails: vec![oss.clone()], total, free, up: sync }).collect() });
         }
     }
 }

@@ -20,8 +20,11 @@ pub struct TargetReport {
 /// Registers a server's targets; the reply gives every target's index, in the same order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterTargets {
-    /// Where the server is reached.
+    /// Where the server is reached; it names the server.
     pub oss: Nid,
+    /// Its other addresses (multi-rail): clients use any that answers.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub rails: Vec<Nid>,
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub targets: Vec<TargetReport>,
 }
@@ -36,6 +39,8 @@ pub struct Registered {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub oss: Nid,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub rails: Vec<Nid>,
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub targets: Vec<TargetReport>,
 }
@@ -52,6 +57,9 @@ pub struct TargetInfo {
     pub index: u32,
     pub uuid: u128,
     pub oss: Nid,
+    /// The server's other addresses, as it last told them.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub rails: Vec<Nid>,
     pub total: u64,
     pub free: u64,
     /// Heard from within the heartbeat timeout.

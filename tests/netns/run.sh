@@ -3,9 +3,16 @@
 # namespace with its own address on a bridge (in a namespace of its own, so the machine's own
 # network is left alone). Client one writes with the command, client two reads it back with
 # the command, through a mount and through the Python package; `lode health` and
-# `lode jobstats` are run from a client host; then one storage server's link is taken down:
-# `lode health` names that server and only it, the namespace still answers, and once the
-# link returns the cluster is healthy and the file reads back whole.
+# `lode jobstats` are run from a client host.
+#
+# The MDS, the first storage server and the clients have a second interface on a second
+# bridge (multi-rail): the MDS and that server listen on both, and clients are given both of
+# the MDS's addresses. The server's first path is taken down: the cluster stays healthy, a
+# new file is written across both servers, and a mount that was already running reads it back
+# over the path left; with the MDS's first path down too, the namespace answers over its second.
+# Then the second storage server (one path only) has its link taken down:
+# `lode health` names that server and only it, the namespace still answers, and once the link
+# returns the cluster is healthy and the file reads back whole.
 # Everything made here is torn down on exit, whatever happens.
 #
 # Needs root, `ip` (iproute2), FUSE, and the binaries in BIN (default target/debug). With
@@ -17,10 +24,14 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-$PWD/target/debug}
 PYTHON=${PYTHON:-1}
 net=10.77.0
+net2=10.78.0
 tag=lode$$
 work=$(mktemp -d)
 hosts=(mds oss1 oss2 c1 c2)
 declare -A addr=([mds]=$net.1 [oss1]=$net.11 [oss2]=$net.12 [c1]=$net.21 [c2]=$net.22)
+# The hosts on the second network, and their addresses there.
+rail2=(mds oss1 c1 c2)
+declare -A addr2=([mds]=$net2.1 [oss1]=$net2.11 [c1]=$net2.21 [c2]=$net2.22)
 
 say() { printf '== %s\n' "$*"; }
 ns() { echo "$tag-$1"; }
@@ -37,10 +48,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "network: a bridge and five hosts on $net.0/24"
+say "network: five hosts on $net.0/24, and four of them on $net2.0/24 too"
 ip netns add "$(ns br)"
 on br ip link add br0 type bridge
 on br ip link set br0 up
+on br ip link add br1 type bridge
+on br ip link set br1 up
 i=0
 for h in "${hosts[@]}"; do
   i=$((i + 1))
@@ -54,6 +67,16 @@ for h in "${hosts[@]}"; do
   on "$h" ip addr add "${addr[$h]}/24" dev eth0
   on "$h" ip link set eth0 up
   echo "b$tag$i" > "$work/$h.port"
+done
+for h in "${rail2[@]}"; do
+  i=$((i + 1))
+  ip link add "v$tag$i" type veth peer name "b$tag$i"
+  ip link set "v$tag$i" netns "$(ns "$h")"
+  ip link set "b$tag$i" netns "$(ns br)"
+  on br ip link set "b$tag$i" master br1 up
+  on "$h" ip link set "v$tag$i" name eth1
+  on "$h" ip addr add "${addr2[$h]}/24" dev eth1
+  on "$h" ip link set eth1 up
 done
 
 say "keys and servers"
@@ -70,13 +93,15 @@ start() {
   echo "$h did not start:"; cat "$work/$h.log"; exit 1
 }
 start mds "$BIN/lode-mds" --data-dir "$work/mds" --listen "${addr[mds]}:9400" \
-  --key "$work/cluster.key" --trust "$net.0/24"
-for h in oss1 oss2; do
-  start "$h" "$BIN/lode-oss" --data-dir "$work/$h" --mds "${addr[mds]}:9400" \
-    --listen "${addr[$h]}:9500" --key "$work/cluster.key" --heartbeat 1
-done
+  --listen "${addr2[mds]}:9400" --key "$work/cluster.key" --trust "$net.0/24" \
+  --trust "$net2.0/24"
+start oss1 "$BIN/lode-oss" --data-dir "$work/oss1" --mds "${addr[mds]}:9400,${addr2[mds]}:9400" \
+  --listen "${addr[oss1]}:9500" --listen "${addr2[oss1]}:9500" --key "$work/cluster.key" \
+  --heartbeat 1
+start oss2 "$BIN/lode-oss" --data-dir "$work/oss2" --mds "${addr[mds]}:9400" \
+  --listen "${addr[oss2]}:9500" --key "$work/cluster.key" --heartbeat 1
 
-export LODE_MDS=${addr[mds]}:9400 LODE_KEY=$work/client.key
+export LODE_MDS=${addr[mds]}:9400,${addr2[mds]}:9400 LODE_KEY=$work/client.key
 lode() { local h=$1; shift; on "$h" "$BIN/lode" "$@"; }
 for _ in $(seq 50); do
   [ "$(lode c1 health 2>/dev/null | grep -c "in service")" = 2 ] && break
@@ -127,6 +152,38 @@ LODE_KEY=$work/cluster.key lode c1 jobstats > "$work/jobs.yaml"
 grep -q "^oss.${addr[oss1]}:9500@tcp.job_stats=" "$work/jobs.yaml"
 grep -q "job_id: *writer.1" "$work/jobs.yaml"
 grep -q "job_id: *reader.2" "$work/jobs.yaml"
+
+say "multi-rail: storage server one's first path taken down"
+# A mount is seen only inside the `ip netns exec` that made it: this one runs in the
+# background, reads once with both paths up, then waits for the file written with one down.
+on c2 bash -c "
+  set -e
+  '$BIN/lode' mount --daemon '$work/mnt'
+  trap \"'$BIN/lode' umount '$work/mnt'\" EXIT
+  cmp '$work/mnt/x/data.bin' '$work/data.bin'
+  touch '$work/mounted'
+  for _ in \$(seq 600); do [ -f '$work/written' ] && break; sleep 0.1; done
+  cmp '$work/mnt/x/after.bin' '$work/after.bin'
+" &
+mount_session=$!
+for _ in $(seq 100); do [ -f "$work/mounted" ] && break; sleep 0.1; done
+[ -f "$work/mounted" ]
+on br ip link set "$(cat "$work/oss1.port")" down
+lode c1 health | tee "$work/health.rail"
+grep -q "OK   oss ${addr[oss1]}:9500@tcp: up" "$work/health.rail"
+head -c 3000000 /dev/urandom > "$work/after.bin"
+lode c1 cp "local:$work/after.bin" /x/after.bin
+lode c1 getstripe /x/after.bin | grep -q "lmm_stripe_count:  2"
+lode c1 cat /x/after.bin | cmp - "$work/after.bin"
+# The mount's connections over the dead path fail and its calls go over the other.
+touch "$work/written"
+wait "$mount_session"
+say "multi-rail: the MDS's first path taken down too"
+on br ip link set "$(cat "$work/mds.port")" down
+lode c1 ls /x | grep -q after.bin
+lode c1 cat /x/data.bin | cmp - "$work/data.bin"
+on br ip link set "$(cat "$work/mds.port")" up
+on br ip link set "$(cat "$work/oss1.port")" up
 
 say "one storage server's link down: health names that server and only it"
 on br ip link set "$(cat "$work/oss2.port")" down

@@ -10,8 +10,10 @@ use proto::registry::TargetInfo;
 use proto::stats::ServerStatus;
 use proto::Nid;
 
-/// How long one server has to answer before it counts as down.
-pub const ANSWER_WITHIN: Duration = Duration::from_secs(3);
+/// How long one server has to answer before it counts as down: time enough for a server on
+/// several addresses to be reached over its second after the first gives no connection
+/// ([`lnet::tcp::rails::RAIL_CONNECT`]).
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// One server's answer, or why there was none.
 pub struct Answer {

@@ -10,8 +10,13 @@
 //! `handshake_timeout`); a peer that fails it gets a refusal and nothing else, logged once per
 //! address. One address may hold at most `max_per_peer` accepted connections, and at most
 //! `max_connections` handshakes may be under way (the oldest gives way to a new one).
+//!
+//! A server may listen on several addresses (one per interface), and a caller told a peer's
+//! other addresses ([`Transport::set_peer_rails`]) spreads its calls over them and turns away
+//! from one that fails ([`rails`]).
 
 mod conn;
+pub mod rails;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,6 +36,7 @@ use crate::region::RegionTable;
 use crate::service::{BoxFuture, Dispatcher, Service, DEFAULT_QUEUE_SLOTS};
 use crate::transport::{check_body, Transport};
 use conn::Conn;
+use rails::{Rails, RAIL_CONNECT, RAIL_DEAD};
 
 /// Limits and timeouts of a TCP endpoint.
 #[derive(Clone, Debug)]
@@ -98,8 +104,12 @@ struct Inner {
     regions: Arc<RegionTable>,
     dispatcher: Option<Dispatcher>,
     peers: Mutex<HashMap<SocketAddr, Arc<PeerConns>>>,
+    /// Peers reached at several addresses, by their first.
+    rails: Mutex<HashMap<SocketAddr, Arc<Rails>>>,
+    /// This endpoint's addresses after the first, where it listens too.
+    local_rails: Vec<Nid>,
     accepted: Mutex<Vec<Weak<Conn>>>,
-    accept_task: Mutex<Option<AbortHandle>>,
+    accept_tasks: Mutex<Vec<AbortHandle>>,
     /// Handshakes under way, oldest first.
     handshakes: Mutex<std::collections::VecDeque<AbortHandle>>,
     /// Addresses already logged as refused (bounded): a refusal is logged once.
@@ -126,25 +136,61 @@ impl TcpEndpoint {
         service: Arc<dyn Service>,
         cfg: TcpConfig,
     ) -> Result<Self, NetError> {
-        let listener = TcpListener::bind(addr).await?;
-        let local = listener.local_addr()?;
+        Self::bind_rails(&[addr], service, cfg).await
+    }
+
+    /// Listens on every address of `addrs` (one per interface: the rails of multi-rail) and
+    /// serves `service` on all of them. The first names this endpoint; the others are its
+    /// [`Transport::rails`], which peers are told.
+    pub async fn bind_rails(
+        addrs: &[SocketAddr],
+        service: Arc<dyn Service>,
+        cfg: TcpConfig,
+    ) -> Result<Self, NetError> {
+        if addrs.is_empty() || addrs.len() > rails::MAX_RAILS {
+            return Err(NetError::BadConfig(format!(
+                "a server listens on 1 to {} addresses, not {}",
+                rails::MAX_RAILS,
+                addrs.len()
+            )));
+        }
+        let mut listeners = Vec::with_capacity(addrs.len());
+        let mut locals = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let listener = TcpListener::bind(addr).await?;
+            locals.push(Nid::Tcp(listener.local_addr()?));
+            listeners.push(listener);
+        }
         let dispatcher = Dispatcher::new(service, cfg.queue_slots)
             .with_metrics(cfg.metrics.clone())
             .with_jobs(cfg.jobs.clone());
-        let ep = Self::new(Nid::Tcp(local), Some(dispatcher), cfg);
-        let weak = Arc::downgrade(&ep.inner);
-        let task = tokio::spawn(accept_loop(listener, weak));
-        *ep.inner.accept_task.lock() = Some(task.abort_handle());
-        tracing::info!(nid = %ep.inner.nid, "listening");
+        let nid = locals.remove(0);
+        let ep = Self::new(nid, locals, Some(dispatcher), cfg);
+        for listener in listeners {
+            let weak = Arc::downgrade(&ep.inner);
+            let task = tokio::spawn(accept_loop(listener, weak));
+            ep.inner.accept_tasks.lock().push(task.abort_handle());
+        }
+        tracing::info!(nid = %ep.inner.nid, rails = ?ep.inner.local_rails, "listening");
         Ok(ep)
     }
 
     /// An endpoint that only makes calls (and serves bulk transfers of its own memory).
     pub fn client(cfg: TcpConfig) -> Self {
-        Self::new(Nid::Tcp(SocketAddr::from(([0, 0, 0, 0], 0))), None, cfg)
+        Self::new(
+            Nid::Tcp(SocketAddr::from(([0, 0, 0, 0], 0))),
+            vec![],
+            None,
+            cfg,
+        )
     }
 
-    fn new(nid: Nid, dispatcher: Option<Dispatcher>, cfg: TcpConfig) -> Self {
+    fn new(
+        nid: Nid,
+        local_rails: Vec<Nid>,
+        dispatcher: Option<Dispatcher>,
+        cfg: TcpConfig,
+    ) -> Self {
         TcpEndpoint {
             inner: Arc::new(Inner {
                 nid,
@@ -152,8 +198,10 @@ impl TcpEndpoint {
                 regions: RegionTable::random(),
                 dispatcher,
                 peers: Mutex::new(HashMap::new()),
+                rails: Mutex::new(HashMap::new()),
+                local_rails,
                 accepted: Mutex::new(Vec::new()),
-                accept_task: Mutex::new(None),
+                accept_tasks: Mutex::new(Vec::new()),
                 handshakes: Mutex::new(std::collections::VecDeque::new()),
                 refused: Mutex::new(std::collections::HashSet::new()),
                 next_xid: AtomicU64::new(1),
@@ -173,7 +221,15 @@ impl TcpEndpoint {
         acc.len()
     }
 
-    async fn conn_to(&self, addr: SocketAddr) -> Result<Arc<Conn>, NetError> {
+    /// A connection to `addr`: one already open, or a new one. With `dead_after`, a new
+    /// connection whose sent bytes go unacknowledged that long is closed by the kernel
+    /// (`TCP_USER_TIMEOUT`): for a rail of a peer with others, a dead link is found well
+    /// before the call's deadline.
+    async fn conn_to(
+        &self,
+        addr: SocketAddr,
+        dead_after: Option<Duration>,
+    ) -> Result<Arc<Conn>, NetError> {
         let peer = {
             let mut peers = self.inner.peers.lock();
             peers
@@ -201,6 +257,9 @@ impl TcpEndpoint {
         let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|e| unreachable(e.to_string()))?;
+        if let Some(after) = dead_after {
+            set_user_timeout(&stream, after);
+        }
         let cfg = &self.inner.cfg;
         let session = crate::auth::initiate(&mut stream, &cfg.security, cfg.handshake_timeout)
             .await
@@ -228,6 +287,26 @@ impl TcpEndpoint {
         );
         *slot = Some(conn.clone());
         Ok(conn)
+    }
+}
+
+/// Sets `TCP_USER_TIMEOUT`: the kernel closes the connection once sent data has gone
+/// unacknowledged for `after`. A failure leaves the default (the call's deadline still holds).
+fn set_user_timeout(stream: &TcpStream, after: Duration) {
+    use std::os::fd::AsRawFd;
+    let ms = libc::c_uint::try_from(after.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: setsockopt on a socket this stream owns, with a c_uint option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_USER_TIMEOUT not set");
     }
 }
 
@@ -384,29 +463,153 @@ impl Transport for TcpEndpoint {
             };
             check_body(peer, &body)?;
             let job = crate::job::current(self.inner.cfg.job.as_ref());
-            let attempt = async {
-                let conn = self.conn_to(*addr).await?;
-                let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
-                let reply = conn.expect_reply(xid, bulk);
-                let _guard = PendingGuard {
-                    conn: conn.clone(),
-                    xid,
-                };
-                let frame = encode_request(opcode, xid, job.as_ref(), &body);
-                conn.send(frame, None).await?;
-                reply.await.map_err(|_| NetError::Closed {
-                    peer: peer.clone(),
-                    reason: "connection dropped the call".into(),
-                })?
+            let frame = Request {
+                opcode,
+                job: job.as_ref(),
+                body: &body,
             };
-            match tokio::time::timeout(deadline, attempt).await {
-                Ok(r) => r,
-                Err(_) => Err(NetError::Timeout {
-                    peer: peer.clone(),
-                    after: deadline,
-                }),
-            }
+            let rails = self.inner.rails.lock().get(addr).cloned();
+            let Some(rails) = rails else {
+                let attempt = async {
+                    let conn = self.conn_to(*addr, None).await?;
+                    self.exchange(&conn, peer, frame, bulk).await
+                };
+                return match tokio::time::timeout(deadline, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => Err(NetError::Timeout {
+                        peer: peer.clone(),
+                        after: deadline,
+                    }),
+                };
+            };
+            self.call_rails(&rails, peer, frame, bulk, deadline).await
         })
+    }
+
+    fn rails(&self) -> Vec<Nid> {
+        self.inner.local_rails.clone()
+    }
+
+    fn set_peer_rails(&self, peer: &Nid, rails: &[Nid]) {
+        let Nid::Tcp(first) = peer else { return };
+        let mut addrs = vec![*first];
+        addrs.extend(rails.iter().filter_map(|n| match n {
+            Nid::Tcp(a) => Some(*a),
+            _ => None,
+        }));
+        let mut table = self.inner.rails.lock();
+        if addrs.len() == 1 {
+            table.remove(first);
+            return;
+        }
+        let fresh = Rails::new(&addrs);
+        if table.get(first).is_some_and(|r| r.addrs() == fresh.addrs()) {
+            return; // the same rails: keep what is known of their health
+        }
+        tracing::debug!(%peer, rails = ?fresh.addrs(), "peer has several addresses");
+        table.insert(*first, Arc::new(fresh));
+    }
+}
+
+/// What one call sends, framed anew (with its own xid) for each connection it goes out on.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    opcode: Opcode,
+    job: Option<&'a proto::JobId>,
+    body: &'a [u8],
+}
+
+impl TcpEndpoint {
+    /// Sends one request frame on `conn` and waits for its reply.
+    async fn exchange(
+        &self,
+        conn: &Arc<Conn>,
+        peer: &Nid,
+        req: Request<'_>,
+        bulk: Option<proto::bulk::BulkGrant>,
+    ) -> Result<Vec<u8>, NetError> {
+        let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        let frame = encode_request(req.opcode, xid, req.job, req.body);
+        let reply = conn.expect_reply(xid, bulk);
+        let _guard = PendingGuard {
+            conn: conn.clone(),
+            xid,
+        };
+        conn.send(frame, None).await?;
+        reply.await.map_err(|_| NetError::Closed {
+            peer: peer.clone(),
+            reason: "connection dropped the call".into(),
+        })?
+    }
+
+    /// A call to a peer with several addresses. A rail that does not connect within
+    /// [`RAIL_CONNECT`] is set aside and the next is tried, since nothing was sent over it; a
+    /// rail that took the request and then failed (no reply in time, a dropped connection) is
+    /// set aside and its connections closed, and the call fails as it would on one address:
+    /// the caller resends, and the resend goes over another rail.
+    async fn call_rails(
+        &self,
+        rails: &Rails,
+        peer: &Nid,
+        frame: Request<'_>,
+        bulk: Option<proto::bulk::BulkGrant>,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, NetError> {
+        let start = tokio::time::Instant::now();
+        let timeout = || NetError::Timeout {
+            peer: peer.clone(),
+            after: deadline,
+        };
+        let mut last = None;
+        for rail in rails.order(std::time::Instant::now()) {
+            let left = deadline.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            let conn = match tokio::time::timeout(
+                left.min(RAIL_CONNECT),
+                self.conn_to(rail, Some(RAIL_DEAD)),
+            )
+            .await
+            {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) if !e.is_retryable() => return Err(e),
+                failed => {
+                    let reason = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no connection within {RAIL_CONNECT:?}"),
+                    };
+                    if rails.failed(rail, std::time::Instant::now()) {
+                        tracing::warn!(%peer, %rail, %reason, "rail down; using the others");
+                    }
+                    last = Some(NetError::Unreachable {
+                        peer: peer.clone(),
+                        reason: format!("every address failed; {rail}: {reason}"),
+                    });
+                    continue;
+                }
+            };
+            let left = deadline.saturating_sub(start.elapsed());
+            let outcome = tokio::time::timeout(left, self.exchange(&conn, peer, frame, bulk))
+                .await
+                .unwrap_or_else(|_| Err(timeout()));
+            match &outcome {
+                Ok(_) => {
+                    if rails.worked(rail) {
+                        tracing::info!(%peer, %rail, "rail back");
+                    }
+                }
+                Err(e @ (NetError::Timeout { .. } | NetError::Closed { .. })) => {
+                    if rails.failed(rail, std::time::Instant::now()) {
+                        tracing::warn!(%peer, %rail, error = %e, "rail failed; calls go to the others");
+                    }
+                    self.inner.close_peer(rail, "its rail failed");
+                }
+                Err(_) => {}
+            }
+            return outcome;
+        }
+        Err(last.unwrap_or_else(timeout))
     }
 }
 
@@ -425,8 +628,20 @@ impl Inner {
         });
     }
 
+    /// Closes the connections to one address (calls on them fail and are resent).
+    fn close_peer(&self, addr: SocketAddr, why: &str) {
+        let Some(peer) = self.peers.lock().get(&addr).cloned() else {
+            return;
+        };
+        for slot in &peer.slots {
+            if let Some(c) = slot.try_lock().ok().and_then(|mut s| s.take()) {
+                c.close(why);
+            }
+        }
+    }
+
     fn shutdown(&self) {
-        if let Some(t) = self.accept_task.lock().take() {
+        for t in self.accept_tasks.lock().drain(..) {
             t.abort();
         }
         for t in self.handshakes.lock().drain(..) {

@@ -54,9 +54,10 @@ struct ServeArgs {
     /// Where the MDS keeps its state.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Address to serve on [default: 127.0.0.1:9400].
+    /// Address to serve on [default: 127.0.0.1:9400]. Given again, the MDS listens on each
+    /// (one per interface) and clients given them all use any that answers (multi-rail).
     #[arg(long)]
-    listen: Option<SocketAddr>,
+    listen: Vec<SocketAddr>,
     /// Journal size, in MiB, past which a snapshot is written [default: 64].
     #[arg(long)]
     checkpoint_mib: Option<u64>,
@@ -90,7 +91,8 @@ struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct Config {
     data_dir: Option<PathBuf>,
-    listen: Option<SocketAddr>,
+    /// One address, or a list of them (one per interface).
+    listen: Option<daemon::Addrs>,
     checkpoint_mib: Option<u64>,
     /// Milliseconds between journal commits at most, unless a client waits.
     commit_interval_ms: Option<u64>,
@@ -157,7 +159,8 @@ fn ranges(nodes: &[String]) -> Result<Vec<NodeRange>> {
 /// What the server runs with: flags over the file over defaults.
 struct Settings {
     data_dir: PathBuf,
-    listen: SocketAddr,
+    /// The first names the MDS; the others are its other rails.
+    listen: Vec<SocketAddr>,
     checkpoint_mib: u64,
     commit_interval: Duration,
     recovery_window: Duration,
@@ -181,10 +184,11 @@ impl ServeArgs {
                 .data_dir
                 .or(file.data_dir)
                 .context("--data-dir (or data_dir in the config) is required")?,
-            listen: self
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9400))),
+            listen: match (self.listen, file.listen) {
+                (flags, _) if !flags.is_empty() => flags,
+                (_, Some(file)) if !file.clone().into_vec().is_empty() => file.into_vec(),
+                _ => vec![SocketAddr::from(([127, 0, 0, 1], 9400))],
+            },
             checkpoint_mib: self
                 .checkpoint_mib
                 .or(file.checkpoint_mib)
@@ -305,7 +309,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         ..MdsConfig::new(args.data_dir)
     };
     let mut telemetry = args.telemetry;
-    let mut attach = Attach::tcp(args.listen, args.security.clone());
+    let mut attach =
+        Attach::tcp(args.listen[0], args.security.clone()).with_rails(args.listen[1..].to_vec());
     telemetry.attach(&mut attach);
     let mut cfg = cfg;
     if telemetry.counting() {
@@ -315,7 +320,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     rt.block_on(async {
         let server = MdsServer::start(cfg, &attach)
             .await
-            .with_context(|| format!("starting the MDS on {}", args.listen))?;
+            .with_context(|| format!("starting the MDS on {}", args.listen[0]))?;
         let _metrics = telemetry.serve(server.metrics_refresh()).await?;
         println!("lode-mds serving at {}", server.nid());
         match args.heal {

@@ -52,12 +52,14 @@ struct ServeArgs {
     /// Where the targets live (one subdirectory each).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// The MDS, as IP:PORT or a NID.
+    /// The MDS, as IP:PORT or a NID; an MDS on several interfaces by all its addresses,
+    /// comma-separated.
     #[arg(long)]
     mds: Option<String>,
-    /// Address to serve on [default: 127.0.0.1:9500].
+    /// Address to serve on [default: 127.0.0.1:9500]. Given again, the server listens on each
+    /// (one per interface) and clients use any that answers (multi-rail); the first names it.
     #[arg(long)]
-    listen: Option<SocketAddr>,
+    listen: Vec<SocketAddr>,
     /// Targets to serve; missing ones are formatted [default: 1].
     #[arg(long)]
     targets: Option<u32>,
@@ -87,9 +89,10 @@ struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct Config {
     data_dir: Option<PathBuf>,
-    /// The MDS, as IP:PORT or a NID.
+    /// The MDS, as IP:PORT or a NID (several, comma-separated, for multi-rail).
     mds: Option<String>,
-    listen: Option<SocketAddr>,
+    /// One address, or a list of them (one per interface).
+    listen: Option<daemon::Addrs>,
     targets: Option<u32>,
     /// "auto", "uring" or "psync".
     engine: Option<String>,
@@ -122,31 +125,27 @@ fn main() -> Result<()> {
     }
 }
 
-pub fn parse_nid(s: &str) -> Result<Nid> {
-    if s.contains('@') {
-        return s.parse().with_context(|| format!("bad NID {s:?}"));
-    }
-    Ok(Nid::Tcp(s.parse().with_context(|| {
-        format!("{s:?} is neither IP:PORT nor a NID")
-    })?))
-}
-
 async fn serve(args: ServeArgs) -> Result<()> {
     let file: Config = daemon::telemetry::load_config(args.config.as_deref())?;
     let data_dir = args
         .data_dir
         .or(file.data_dir)
         .context("--data-dir (or data_dir in the config) is required")?;
-    let mds = parse_nid(
-        args.mds
-            .as_deref()
-            .or(file.mds.as_deref())
-            .context("--mds (or mds in the config) is required")?,
-    )?;
-    let listen = args
-        .listen
-        .or(file.listen)
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9500)));
+    let mds_arg = args
+        .mds
+        .as_deref()
+        .or(file.mds.as_deref())
+        .context("--mds (or mds in the config) is required")?;
+    let (mds, mds_rails) =
+        Nid::parse_rails(mds_arg).with_context(|| format!("--mds {mds_arg:?}"))?;
+    let mut listen = if args.listen.is_empty() {
+        file.listen.map(daemon::Addrs::into_vec).unwrap_or_default()
+    } else {
+        args.listen
+    };
+    if listen.is_empty() {
+        listen.push(SocketAddr::from(([127, 0, 0, 1], 9500)));
+    }
     let engine_kind = match (args.engine, file.engine) {
         (Some(e), _) => e,
         (None, Some(name)) => name
@@ -175,13 +174,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     )
     .await?;
     let mut telemetry = telemetry;
-    let mut attach = Attach::tcp(listen, security);
+    let mut attach = Attach::tcp(listen[0], security).with_rails(listen[1..].to_vec());
     telemetry.attach(&mut attach);
     let mut cfg = OssConfig {
         heartbeat_every: Duration::from_secs(
             args.heartbeat.or(file.heartbeat_s).unwrap_or(5).max(1),
         ),
         mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
+        mds_rails,
         ..OssConfig::new(mds)
     };
     if telemetry.counting() {
@@ -189,7 +189,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     let server = OssServer::start(cfg, homes, &attach)
         .await
-        .with_context(|| format!("starting the storage server on {listen}"))?;
+        .with_context(|| format!("starting the storage server on {}", listen[0]))?;
     let _metrics = telemetry.serve(server.metrics_refresh()).await?;
     println!(
         "lode-oss serving targets {:?} at {}",
