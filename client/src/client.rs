@@ -80,6 +80,8 @@ pub struct ClientConfig {
     /// found in the environment as `$LODE_JOBID_VAR` says ([`lnet::job`]). A task may run
     /// under another job with [`lnet::job::scope`].
     pub job: Option<proto::JobId>,
+    /// Where this client counts its calls to the servers (the mount's metrics endpoint).
+    pub calls: Option<Arc<lnet::metrics::CallMetrics>>,
 }
 
 impl Default for ClientConfig {
@@ -106,6 +108,7 @@ impl Default for ClientConfig {
             leases: true,
             ahead: true,
             job: lnet::job::from_env(),
+            calls: None,
         }
     }
 }
@@ -198,6 +201,7 @@ impl Client {
         let tcp = TcpConfig {
             security,
             job: cfg.job.clone(),
+            calls: cfg.calls.clone(),
             ..TcpConfig::default()
         };
         Self::connect_on(TcpEndpoint::client(tcp).into(), mds, cfg).await

@@ -827,7 +827,7 @@ impl File {
             let window = windows[&obj.target].clone();
             let (client, region) = (self.client.clone(), region.clone());
             let caps = self.caps.clone();
-            tasks.spawn(async move {
+            lnet::job::spawn_in(&mut tasks, async move {
                 let r = async {
                     // Before taking a slot of the window: a write holding one never waits for
                     // another that needs one.
@@ -1243,7 +1243,7 @@ impl File {
             let client = self.client.clone();
             let caps = self.caps.clone();
             let unit_range = (unit.file_offset, unit.len);
-            tasks.spawn(async move {
+            lnet::job::spawn_in(&mut tasks, async move {
                 let last = tries.len() - 1;
                 // Copies whose stored bytes failed their checksum: repaired once the read is done.
                 let mut corrupt = vec![];
@@ -1662,7 +1662,7 @@ impl File {
         for (o, seen) in unsynced {
             let (client, oss) = (self.client.clone(), servers[&o.target].clone());
             let caps = self.caps.clone();
-            tasks.spawn(async move {
+            lnet::job::spawn_in(&mut tasks, async move {
                 let sync = |capa| OstSync {
                     target: o.target,
                     fid: o.fid,
@@ -1997,7 +1997,7 @@ impl File {
         for (o, from, to) in extents {
             let (client, peer) = (self.client.clone(), servers[&o.target].clone());
             let caps = self.caps.clone();
-            calls.spawn(async move {
+            lnet::job::spawn_in(&mut calls, async move {
                 // A server does a bounded amount of work per request: a large hole takes several.
                 let mut at = from;
                 let mut epochs = vec![];
@@ -2102,7 +2102,7 @@ impl Drop for File {
                 self.size_gen.load(Ordering::SeqCst),
             );
             let unpublished = self.unpublished.load(Ordering::SeqCst);
-            rt.spawn(async move {
+            lnet::job::spawn_on(&rt, async move {
                 if unpublished {
                     let _ = publish(&client, &inode, &caps, handle, end, gen).await;
                 }
@@ -2219,7 +2219,7 @@ impl Reader {
     pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
         for (at, len) in self.plan.issue() {
             let file = self.file.clone();
-            let read = tokio::spawn(async move { file.read_chunk(at, len as usize).await });
+            let read = lnet::job::spawn(async move { file.read_chunk(at, len as usize).await });
             self.inflight.push_back((at, read));
         }
         let Some((at, first)) = self.inflight.pop_front() else {
@@ -2327,7 +2327,7 @@ impl Writer {
         self.next = end;
         self.plan.issued(at, end);
         let file = self.file.clone();
-        let write = tokio::spawn(async move {
+        let write = lnet::job::spawn(async move {
             file.write_from(at, buf.clone(), 0, len as u64).await?;
             Ok(buf)
         });

@@ -101,6 +101,8 @@ impl AnyNet {
 
 /// Where a server attaches to the network: an address to listen on, or a named node of a
 /// simulated fabric. The same server code runs on both.
+// Made once per server: the size of its variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Attach {
     Tcp {

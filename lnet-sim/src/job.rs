@@ -26,6 +26,45 @@ pub async fn scope<F: Future>(job: Option<JobId>, fut: F) -> F::Output {
     JOB.scope(job, fut).await
 }
 
+/// `fut`, run under the job of the task that made it (a task-local does not pass to a
+/// spawned task by itself).
+pub fn carry<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    let job = scoped();
+    async move {
+        match job {
+            Some(job) => JOB.scope(job, fut).await,
+            None => fut.await,
+        }
+    }
+}
+
+/// `tokio::spawn`, the task working for the spawner's job.
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(carry(fut))
+}
+
+/// `Handle::spawn`, the task working for the spawner's job.
+pub fn spawn_on<F>(rt: &tokio::runtime::Handle, fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    rt.spawn(carry(fut))
+}
+
+/// `JoinSet::spawn`, the task working for the spawner's job.
+pub fn spawn_in<T, F>(set: &mut tokio::task::JoinSet<T>, fut: F) -> tokio::task::AbortHandle
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    set.spawn(carry(fut))
+}
+
 /// The job of the task running now, if it runs under [`scope`]; `Some(None)` is a scope
 /// without a job.
 pub(crate) fn scoped() -> Option<Option<JobId>> {
@@ -131,6 +170,21 @@ mod tests {
         let job = of_process(&JobSource::ProcnameUid, pid, uid).unwrap();
         assert!(job.as_str().ends_with(&format!(".{uid}")), "{job}");
         assert_eq!(of_process(&JobSource::ProcnameUid, u32::MAX, 0), None);
+    }
+
+    #[tokio::test]
+    async fn spawned_tasks_carry_the_spawners_job() {
+        let mine = JobId::new("mine").unwrap();
+        let got = scope(Some(mine.clone()), async {
+            let plain = tokio::spawn(async { current(None) }).await.unwrap();
+            let carried = spawn(async { current(None) }).await.unwrap();
+            let mut set = tokio::task::JoinSet::new();
+            spawn_in(&mut set, async { current(None) });
+            (plain, carried, set.join_next().await.unwrap().unwrap())
+        })
+        .await;
+        assert_eq!(got, (None, Some(mine.clone()), Some(mine)));
+        assert_eq!(spawn(async { current(None) }).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -170,6 +170,110 @@ impl ServiceMetrics {
     }
 }
 
+/// What a caller (a client, the mount) counts of its own calls: calls and their latency by
+/// operation, and failures by operation and kind, under `lode_client_*`.
+pub struct CallMetrics {
+    calls: Family<OpLabel, Counter>,
+    latency: Latencies,
+    errors: Family<ErrorLabel, Counter>,
+    in_flight: Gauge,
+}
+
+impl std::fmt::Debug for CallMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallMetrics").finish_non_exhaustive()
+    }
+}
+
+impl CallMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<CallMetrics> {
+        let m = CallMetrics {
+            calls: Family::default(),
+            latency: Latencies::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+            in_flight: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("lode_client");
+        r.register(
+            "calls",
+            "Calls made to servers, by operation",
+            m.calls.clone(),
+        );
+        r.register(
+            "call_latency_seconds",
+            "Time from sending a call to its answer, by operation (resends are calls of their own)",
+            m.latency.clone(),
+        );
+        r.register(
+            "call_errors",
+            "Calls that failed, by operation and kind (timeout, unreachable, busy, or the server's error)",
+            m.errors.clone(),
+        );
+        r.register(
+            "calls_in_flight",
+            "Calls sent and not yet answered",
+            m.in_flight.clone(),
+        );
+        Arc::new(m)
+    }
+
+    /// A call is sent: counted in flight until the guard returned goes (answered, or the
+    /// call abandoned by its caller).
+    pub(crate) fn sent(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight {
+            m: self,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+/// One call in flight, for [`CallMetrics`].
+pub(crate) struct InFlight<'a> {
+    m: &'a CallMetrics,
+    start: std::time::Instant,
+}
+
+impl InFlight<'_> {
+    pub(crate) fn answered(self, op: Opcode, out: &Result<Vec<u8>, crate::NetError>) {
+        let m = self.m;
+        let label = OpLabel { op: op.name() };
+        m.calls.get_or_create(&label).inc();
+        m.latency
+            .get_or_create(&label)
+            .observe(self.start.elapsed().as_secs_f64());
+        if let Err(e) = out {
+            m.errors
+                .get_or_create(&ErrorLabel {
+                    op: label.op,
+                    kind: net_kind(e),
+                })
+                .inc();
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.m.in_flight.dec();
+    }
+}
+
+/// A failed call's kind as a label value.
+fn net_kind(e: &crate::NetError) -> String {
+    use crate::NetError as E;
+    match e {
+        E::Timeout { .. } => "timeout".into(),
+        E::Busy { .. } => "busy".into(),
+        E::Unreachable { .. } | E::NodeDown { .. } => "unreachable".into(),
+        E::Closed { .. } => "closed".into(),
+        E::Refused { .. } => "refused".into(),
+        E::Remote { err, .. } => kind_name(&err.code),
+        E::Frame { .. } => "bad_frame".into(),
+        _ => "other".into(),
+    }
+}
+
 /// An error's kind as a label value: "busy", "not_found", "fs_access"...
 fn kind_name(code: &StatusCode) -> String {
     let debug = format!("{code:?}");

@@ -152,3 +152,121 @@ async fn counters_move_exactly_with_the_creates_and_bytes_done() {
     // Objects are counted by a walk at most every 30 s: the first scrape's count stands.
     assert!(after_oss.contains_key(r#"lode_oss_objects{target="0"}"#));
 }
+
+/// The mount's endpoint: the kernel's creates and the bytes written through it counted
+/// exactly, open files as they are, and the client's calls to the servers by operation.
+#[test]
+fn the_mount_counts_its_requests_bytes_and_calls() {
+    // SAFETY: geteuid has no preconditions.
+    if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let root = scratch("mount-metrics");
+    let mds = lode_tests::mds_of(&root);
+    let _oss = Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            root.join("oss").to_str().unwrap(),
+            "--mds",
+            &mds.nid.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let mnt = root.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let addr = free_addr();
+    let _mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt.to_str().unwrap(),
+            "--metrics",
+            &addr,
+        ],
+    )
+    .unwrap();
+    let before = scrape(&addr);
+    let (files, size) = (25, 3000);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    for i in 0..files {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(mnt.join(format!("d/f{i}")))
+            .unwrap();
+        f.write_all(&vec![i as u8; size]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let held: Vec<std::fs::File> = (0..3)
+        .map(|i| std::fs::File::open(mnt.join(format!("d/f{i}"))).unwrap())
+        .collect();
+    let after = scrape(&addr);
+    let moved = |key: &str| get(&after, key) - get(&before, key);
+    assert_eq!(
+        moved(r#"lode_mount_requests_total{op="create"}"#),
+        files as f64
+    );
+    assert_eq!(moved(r#"lode_mount_requests_total{op="mkdir"}"#), 1.0);
+    assert_eq!(
+        moved("lode_mount_written_bytes_total"),
+        (files * size) as f64
+    );
+    assert_eq!(get(&after, "lode_mount_open_files"), 3.0);
+    assert!(after.contains_key("lode_mount_leases"));
+    assert!(after.contains_key("lode_mount_uncommitted_changes"));
+    // The client's calls: writes went to the storage server, the namespace to the MDS.
+    assert!(moved(r#"lode_client_calls_total{op="ost_write"}"#) >= files as f64);
+    let mds_calls: f64 = after
+        .iter()
+        .filter(|(k, _)| k.starts_with(r#"lode_client_calls_total{op="mds_"#))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(mds_calls > 0.0, "no MDS calls counted");
+    assert!(after
+        .keys()
+        .any(|k| k.starts_with("lode_client_call_latency_seconds_bucket")));
+    drop(held);
+
+    // Requests through the mount carry the job of the process that made them.
+    let dd = std::process::Command::new("dd")
+        .arg(format!("if={}", mnt.join("d/f5").display()))
+        .args(["of=/dev/null", "bs=4096", "iflag=direct"])
+        .env("LODE_JOBID", "reader.mnt")
+        .output()
+        .unwrap();
+    assert!(
+        dd.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dd.stderr)
+    );
+    let out = std::process::Command::new(lode_tests::bin("lode"))
+        .args(["jobstats", "--job", "reader.mnt"])
+        .env("LODE_MDS", mds.nid.to_string())
+        .env("LODE_KEY", lode_tests::cluster_key_file())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let read: u64 = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("read_bytes:"))
+        .map(|l| {
+            let n = l.rsplit_once("sum:").unwrap().1;
+            n.trim()
+                .trim_end_matches('}')
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        read, size as u64,
+        "the reader's bytes, under its job:\n{text}"
+    );
+}

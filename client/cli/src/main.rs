@@ -190,6 +190,11 @@ enum Cmd {
         /// Detach: start the mount in the background and return once it is mounted.
         #[arg(long)]
         daemon: bool,
+        /// Serve the mount's Prometheus metrics at http://ADDR/metrics: the kernel's requests,
+        /// bytes read and written, open files, leases, uncommitted changes, and the calls to
+        /// each operation of the servers with their latency and errors.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Unmount a lode mount.
     Umount { mountpoint: std::path::PathBuf },
@@ -411,7 +416,11 @@ fn run() -> Result<()> {
                 mountpoint,
                 options,
                 daemon: true,
-            } => return mount::daemonize(&mds, &auth, &mountpoint, options.as_deref()).await,
+                metrics,
+            } => {
+                return mount::daemonize(&mds, &auth, &mountpoint, options.as_deref(), metrics)
+                    .await
+            }
             other => other,
         };
         // A command line should not wait a minute for a dead server.
@@ -421,11 +430,18 @@ fn run() -> Result<()> {
         // Watching the cluster with the cluster key is an administrator's work.
         let admin = matches!(cmd, Cmd::Top { .. } | Cmd::Health | Cmd::Jobstats { .. });
         let security = auth.security()?;
-        let cfg = client::ClientConfig {
+        let mut cfg = client::ClientConfig {
             retry_for: std::time::Duration::from_secs(15),
             security: Some(if admin { security.admin() } else { security }),
             commit_behind: long_running,
             ..Default::default()
+        };
+        let mount_metrics = match &cmd {
+            Cmd::Mount {
+                metrics: Some(addr),
+                ..
+            } => Some(mount::Metrics::start(*addr, &mut cfg).await?),
+            _ => None,
         };
         let cfg_again = cfg.clone();
         if let Cmd::Health = cmd {
@@ -461,7 +477,7 @@ fn run() -> Result<()> {
                 mountpoint,
                 options,
                 ..
-            } => mount::run(client, &mds, &mountpoint, options.as_deref()).await,
+            } => mount::run(client, &mds, &mountpoint, options.as_deref(), mount_metrics).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
             Cmd::Mirror(MirrorCmd::Resync { paths }) => resync(&client, &paths, None).await,

@@ -34,8 +34,44 @@ pub fn in_mount(path: &str) -> Option<(String, String)> {
     })
 }
 
+/// The mount's metrics endpoint: its own counters and its client's calls, in one registry.
+pub struct Metrics {
+    mount: std::sync::Arc<mount::metrics::MountMetrics>,
+    _server: daemon::metrics::MetricsServer,
+}
+
+impl Metrics {
+    /// Registers the counters, has the client `cfg` describes count its calls, and serves
+    /// them at `addr`.
+    pub async fn start(
+        addr: std::net::SocketAddr,
+        cfg: &mut client::ClientConfig,
+    ) -> Result<Metrics> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        cfg.calls = Some(lnet::metrics::CallMetrics::register(&mut registry));
+        let mount = mount::metrics::MountMetrics::register(&mut registry);
+        let m = mount.clone();
+        let server = daemon::metrics::MetricsServer::start(
+            addr,
+            std::sync::Arc::new(registry),
+            Some(std::sync::Arc::new(move || m.refresh())),
+        )
+        .await?;
+        Ok(Metrics {
+            mount,
+            _server: server,
+        })
+    }
+}
+
 /// Mounts in the foreground until SIGTERM or SIGINT, then unmounts.
-pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str>) -> Result<()> {
+pub async fn run(
+    client: Client,
+    mds: &str,
+    mountpoint: &Path,
+    opts: Option<&str>,
+    metrics: Option<Metrics>,
+) -> Result<()> {
     let stop = async {
         match daemon_signal().await {
             Ok(why) => tracing::info!(signal = why, "asked to stop"),
@@ -43,7 +79,18 @@ pub async fn run(client: Client, mds: &str, mountpoint: &Path, opts: Option<&str
         }
     };
     let mounted_now = || out!("lode mounted on {} from {mds}", mountpoint.display());
-    mount::serve(client.clone(), mds, mountpoint, opts, mounted_now, stop).await?;
+    let counters = metrics.as_ref().map(|m| m.mount.clone());
+    mount::serve(
+        client.clone(),
+        mds,
+        mountpoint,
+        opts,
+        mounted_now,
+        stop,
+        counters,
+    )
+    .await?;
+    drop(metrics);
     // Unmounted: what the MDS has not committed yet is committed before the mount leaves.
     client.close().await?;
     Ok(())
@@ -65,6 +112,7 @@ pub async fn daemonize(
     auth: &crate::AuthArgs,
     mountpoint: &Path,
     opts: Option<&str>,
+    metrics: Option<std::net::SocketAddr>,
 ) -> Result<()> {
     use std::os::unix::process::CommandExt;
     mount::config(opts, mds)?; // refuse bad options here, not in a background process
@@ -81,6 +129,9 @@ pub async fn daemonize(
         .arg(mountpoint);
     if let Some(o) = opts {
         cmd.args(["-o", o]);
+    }
+    if let Some(addr) = metrics {
+        cmd.args(["--metrics", &addr.to_string()]);
     }
     let child = cmd
         .stdin(std::process::Stdio::null())

@@ -9,6 +9,7 @@
 use proto::FsErrorKind;
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::future::Future as _;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,6 +50,56 @@ pub struct LodeFs {
     /// and sends the pages in large writes of its own.
     writeback: bool,
     next_fh: AtomicU64,
+    /// What the mount counts, when it serves metrics.
+    metrics: Option<Arc<crate::metrics::MountMetrics>>,
+    /// The job of each calling process.
+    jobs: JobCache,
+}
+
+thread_local! {
+    /// The job of the request this thread is handling.
+    static CALLER_JOB: std::cell::RefCell<Option<proto::JobId>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Most processes whose job is remembered.
+const JOBS_KEPT: usize = 4096;
+/// How long a process's job is remembered before it is read again.
+const JOB_KEPT_FOR: Duration = Duration::from_secs(30);
+
+type KnownJob = (Option<proto::JobId>, std::time::Instant);
+
+/// The jobs of the processes calling the mount, read once per [`JOB_KEPT_FOR`].
+struct JobCache {
+    source: lnet::job::JobSource,
+    /// The mount's own job: for requests of no process (the kernel writing back pages), or
+    /// of one gone before its job was read.
+    own: Option<proto::JobId>,
+    /// By (pid, uid): the job, and when it was read.
+    by_pid: Mutex<HashMap<(u32, u32), KnownJob>>,
+}
+
+impl JobCache {
+    fn of(&self, pid: u32, uid: u32) -> Option<proto::JobId> {
+        if self.source == lnet::job::JobSource::Disabled {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        if let Some((job, at)) = self.by_pid.lock().get(&(pid, uid)) {
+            if now.duration_since(*at) < JOB_KEPT_FOR {
+                return job.clone();
+            }
+        }
+        let job = lnet::job::of_process(&self.source, pid, uid).or_else(|| self.own.clone());
+        let mut cache = self.by_pid.lock();
+        if cache.len() >= JOBS_KEPT {
+            cache.retain(|_, (_, at)| now.duration_since(*at) < JOB_KEPT_FOR);
+            if cache.len() >= JOBS_KEPT {
+                cache.clear();
+            }
+        }
+        cache.insert((pid, uid), (job.clone(), now));
+        job
+    }
 }
 
 impl LodeFs {
@@ -72,7 +123,40 @@ impl LodeFs {
             windows: Arc::default(),
             writeback,
             next_fh: AtomicU64::new(1),
+            metrics: None,
+            jobs: JobCache {
+                source: lnet::job::JobSource::from_env(),
+                own: lnet::job::from_env(),
+                by_pid: Mutex::new(HashMap::new()),
+            },
         }
+    }
+
+    /// Counts the mount's work in `metrics`, whose gauges are read from this mount's state.
+    pub fn with_metrics(mut self, metrics: Option<Arc<crate::metrics::MountMetrics>>) -> LodeFs {
+        if let Some(m) = &metrics {
+            let (client, files) = (self.client.clone(), self.files.clone());
+            m.watch(Box::new(move || {
+                (
+                    files.lock().len(),
+                    client.leases_held(),
+                    client.uncommitted(),
+                )
+            }));
+        }
+        self.metrics = metrics;
+        self
+    }
+
+    /// Each kernel request begins here: it is counted, and the calls it makes carry the
+    /// job of the process that made it (read from `/proc/PID`, as `$LODE_JOBID_VAR` says in the
+    /// mount's environment, and kept a while per process).
+    fn begin(&self, op: &'static str, req: &Request) {
+        if let Some(m) = &self.metrics {
+            m.request(op);
+        }
+        let job = self.jobs.of(req.pid(), req.uid());
+        CALLER_JOB.with(|j| *j.borrow_mut() = job);
     }
 
     /// Where the mount puts the session's notifier once it runs, so that opens can drop the
@@ -112,7 +196,8 @@ impl LodeFs {
     /// the lease cache, a change answered ahead: no hand-off to another thread, no wake-up),
     /// and hands the rest to the runtime.
     fn inline(&self, f: impl std::future::Future<Output = ()> + Send + 'static) {
-        let mut f = Box::pin(f);
+        let job = CALLER_JOB.with(|j| j.borrow().clone());
+        let mut f = Box::pin(lnet::job::scope(job, f));
         let _in = self.rt.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         // A future polled again takes the waker of that poll: the runtime's, from then on.
@@ -210,6 +295,7 @@ impl Filesystem for LodeFs {
     // dropped, before the recall is acknowledged, when the lease is. A lease dropped while the
     // answer was on its way drops the kernel's copy again after it.
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.begin("lookup", req);
         let (c, n) = (self.as_caller(req), name(n));
         // What the lease cache answers is answered on this thread, with no hand-off.
         match c.lookup_cached(fid_of(parent), &n) {
@@ -223,7 +309,8 @@ impl Filesystem for LodeFs {
         self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.begin("getattr", req);
         let (c, files) = (self.client.clone(), self.files.clone());
         let notifier = self.notifier.clone();
         let fid = fid_of(ino);
@@ -287,6 +374,7 @@ impl Filesystem for LodeFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.begin("setattr", req);
         let c = self.as_caller(req);
         let open = fh.and_then(|h| self.file(h).ok());
         let files = self.files.clone();
@@ -376,7 +464,8 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.begin("readlink", req);
         let c = self.client.clone();
         self.inline(async move {
             match c.getattr(fid_of(ino)).await {
@@ -397,6 +486,7 @@ impl Filesystem for LodeFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.begin("mknod", req);
         // The kernel has already checked CAP_MKNOD for device nodes.
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG => Kind::File,
@@ -431,6 +521,7 @@ impl Filesystem for LodeFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.begin("mkdir", req);
         let (c, n) = (self.as_caller(req), name(n));
         let m = Mutation::Create {
             parent: fid_of(parent),
@@ -445,6 +536,7 @@ impl Filesystem for LodeFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.begin("unlink", req);
         let (c, n) = (self.as_caller(req), name(n));
         self.empty(reply, async move {
             // Answered here when the directory's lease tells the outcome; sent behind.
@@ -462,6 +554,7 @@ impl Filesystem for LodeFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.begin("rmdir", req);
         let (c, n) = (self.as_caller(req), name(n));
         self.empty(reply, async move {
             c.reint(Mutation::Unlink {
@@ -482,6 +575,7 @@ impl Filesystem for LodeFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        self.begin("symlink", req);
         let (c, n) = (self.as_caller(req), name(link));
         let m = Mutation::Create {
             parent: fid_of(parent),
@@ -505,6 +599,7 @@ impl Filesystem for LodeFs {
         flags: FuseRename,
         reply: ReplyEmpty,
     ) {
+        self.begin("rename", req);
         let c = self.as_caller(req);
         let bits = flags.bits();
         let flags = RenameFlags {
@@ -529,6 +624,7 @@ impl Filesystem for LodeFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.begin("link", req);
         let c = self.as_caller(req);
         let m = Mutation::Link {
             fid: fid_of(ino),
@@ -539,6 +635,7 @@ impl Filesystem for LodeFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.begin("open", req);
         let c = self.as_caller(req);
         let raw = flags.0;
         let files = self.files.clone();
@@ -600,6 +697,7 @@ impl Filesystem for LodeFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.begin("create", req);
         let (c, n) = (self.as_caller(req), name(n));
         let files = self.files.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -644,7 +742,7 @@ impl Filesystem for LodeFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -653,14 +751,20 @@ impl Filesystem for LodeFs {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.begin("read", req);
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
         let window = self.windows.lock().entry(fh.0).or_default().clone();
         let streams = self.streams.clone();
+        let metrics = self.metrics.clone();
         self.inline(async move {
-            match streams.read(&f, &window, offset, size as usize).await {
+            let r = streams.read(&f, &window, offset, size as usize).await;
+            if let Some(m) = &metrics {
+                m.read(&r.as_ref().map(|d| d.as_slice().len()).map_err(|_| ()));
+            }
+            match r {
                 Ok(data) => reply.data(data.as_slice()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -669,7 +773,7 @@ impl Filesystem for LodeFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -679,12 +783,14 @@ impl Filesystem for LodeFs {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.begin("write", req);
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
         let data = data.to_vec();
         let streams = self.streams.clone();
+        let metrics = self.metrics.clone();
         self.inline(async move {
             let n = data.len() as u32;
             let r = if f.appends() {
@@ -696,6 +802,9 @@ impl Filesystem for LodeFs {
             } else {
                 streams.write(&f, offset, data).await
             };
+            if let Some(m) = &metrics {
+                m.written(&r.as_ref().map(|_| n as usize).map_err(|_| ()));
+            }
             match r {
                 Ok(()) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
@@ -705,12 +814,13 @@ impl Filesystem for LodeFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.begin("flush", req);
         match self.file(fh) {
             Ok(f) => {
                 let streams = self.streams.clone();
@@ -725,7 +835,7 @@ impl Filesystem for LodeFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -733,6 +843,7 @@ impl Filesystem for LodeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.begin("fallocate", req);
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
@@ -774,7 +885,7 @@ impl Filesystem for LodeFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         _fh_in: FileHandle,
         _offset_in: u64,
@@ -785,18 +896,20 @@ impl Filesystem for LodeFs {
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.begin("copy_file_range", req);
         // The kernel then copies through reads and writes (and stops asking).
         reply.error(Errno::ENOSYS);
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.begin("fsync", req);
         match self.file(fh) {
             Ok(f) => {
                 let streams = self.streams.clone();
@@ -813,19 +926,20 @@ impl Filesystem for LodeFs {
     /// committed them: fsync of a directory waits for that commit.
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.begin("fsyncdir", req);
         let c = self.client.clone();
         self.empty(reply, async move { c.sync_dir(fid_of(ino)).await });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -833,6 +947,7 @@ impl Filesystem for LodeFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.begin("release", req);
         let f = self.files.lock().remove(&fh.0);
         let window = self.windows.lock().remove(&fh.0);
         let streams = self.streams.clone();
@@ -858,6 +973,7 @@ impl Filesystem for LodeFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.begin("opendir", req);
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -901,12 +1017,13 @@ impl Filesystem for LodeFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.begin("readdir", req);
         let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
@@ -925,12 +1042,13 @@ impl Filesystem for LodeFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.begin("readdirplus", req);
         let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
@@ -954,17 +1072,19 @@ impl Filesystem for LodeFs {
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.begin("releasedir", req);
         self.dirs.lock().remove(&fh.0);
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.begin("statfs", req);
         let c = self.client.clone();
         self.inline(async move {
             match c.statfs().await {
@@ -996,6 +1116,7 @@ impl Filesystem for LodeFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.begin("setxattr", req);
         let c = self.as_caller(req);
         let name = n.to_string_lossy().into_owned();
         let fid = fid_of(ino);
@@ -1027,7 +1148,8 @@ impl Filesystem for LodeFs {
         self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        self.begin("getxattr", req);
         let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
         self.inline(async move {
             match c.getattr(fid_of(ino)).await {
@@ -1051,7 +1173,8 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.begin("listxattr", req);
         let c = self.client.clone();
         self.inline(async move {
             match c.getattr(fid_of(ino)).await {
@@ -1079,6 +1202,7 @@ impl Filesystem for LodeFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.begin("removexattr", req);
         let c = self.as_caller(req);
         let m = Mutation::RemoveXattr {
             fid: fid_of(ino),
@@ -1087,7 +1211,8 @@ impl Filesystem for LodeFs {
         self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.begin("access", req);
         // The MDS checks every operation with the caller's credentials.
         reply.ok();
     }

@@ -6,12 +6,14 @@
 //!   the striped engine.
 //! - `kernel`: how lode's inodes, times and errors look to the kernel (errno is made here).
 //! - [`session`]: options, mounting, serving until stopped, unmounting.
+//! - [`metrics`]: what the mount counts for its metrics endpoint.
 //!
 //! Errors from the library become errno values here and nowhere else.
 
 pub mod fs;
 mod invalidate;
 mod kernel;
+pub mod metrics;
 pub mod session;
 pub mod stream;
 

@@ -142,7 +142,7 @@ pub fn mounted(path: &Path) -> bool {
 
 /// Mounts `client`'s filesystem on `mountpoint`, calls `mounted` once it is there, and serves
 /// it until `stop` completes or the mount is taken away from outside (`fusermount3 -u`), then
-/// unmounts. Must run on a multi-threaded runtime: the filesystem's calls are carried out on it.
+/// unmounts; its work is counted in `metrics` when given. Must run on a multi-threaded runtime: the filesystem's calls are carried out on it.
 pub async fn serve(
     client: Client,
     mds: &str,
@@ -150,6 +150,7 @@ pub async fn serve(
     opts: Option<&str>,
     mounted_now: impl FnOnce(),
     stop: impl Future<Output = ()>,
+    metrics: Option<std::sync::Arc<crate::metrics::MountMetrics>>,
 ) -> Result<(), MountError> {
     let cfg = config(opts, mds)?;
     let readahead = readahead_kb(opts)?;
@@ -158,7 +159,8 @@ pub async fn serve(
         tokio::runtime::Handle::current(),
         writeback(opts),
         readahead_memory(opts)?,
-    );
+    )
+    .with_metrics(metrics);
     let notifier = fs.notifier_slot();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg).map_err(|source| MountError::Mount {
         path: mountpoint.to_owned(),

@@ -252,7 +252,7 @@ impl Streams {
         file.issued_to(end);
         b.plan.issued(offset, end);
         let f = file.clone();
-        b.tasks.spawn(async move {
+        lnet::job::spawn_in(&mut b.tasks, async move {
             // The kernel's bytes, registered as they are: no second copy.
             let len = data.len() as u64;
             let r = match f.client().register(data) {
@@ -368,7 +368,7 @@ fn top_up(file: &Arc<File>, a: &mut Ahead, budget: &Arc<Budget>) {
     for (at, len) in a.plan.issue_at_most(free) {
         let f = file.clone();
         let permit = budget.take();
-        let read = tokio::spawn(async move { f.read_chunk(at, len as usize).await });
+        let read = lnet::job::spawn(async move { f.read_chunk(at, len as usize).await });
         a.chunks.push_back((at, Pending::Reading(read), permit));
     }
 }

@@ -70,6 +70,8 @@ pub struct TcpConfig {
     pub security: Security,
     /// Where a server counts its requests, for its metrics endpoint.
     pub metrics: Option<Arc<crate::metrics::ServiceMetrics>>,
+    /// Where a caller counts its own calls (the mount's metrics endpoint).
+    pub calls: Option<Arc<crate::metrics::CallMetrics>>,
     /// Where a server counts each job's work.
     pub jobs: Option<Arc<crate::jobstats::JobTable>>,
     /// The job this endpoint's requests work for, unless their task says otherwise
@@ -92,6 +94,7 @@ impl Default for TcpConfig {
             handshake_timeout: Duration::from_secs(10),
             security: Security::Off,
             metrics: None,
+            calls: None,
             jobs: None,
             job: None,
         }
@@ -468,21 +471,28 @@ impl Transport for TcpEndpoint {
                 job: job.as_ref(),
                 body: &body,
             };
+            let counted = self.inner.cfg.calls.as_ref().map(|m| m.sent());
             let rails = self.inner.rails.lock().get(addr).cloned();
-            let Some(rails) = rails else {
-                let attempt = async {
-                    let conn = self.conn_to(*addr, None).await?;
-                    self.exchange(&conn, peer, frame, bulk).await
-                };
-                return match tokio::time::timeout(deadline, attempt).await {
-                    Ok(r) => r,
-                    Err(_) => Err(NetError::Timeout {
-                        peer: peer.clone(),
-                        after: deadline,
-                    }),
-                };
+            let out = match rails {
+                None => {
+                    let attempt = async {
+                        let conn = self.conn_to(*addr, None).await?;
+                        self.exchange(&conn, peer, frame, bulk).await
+                    };
+                    match tokio::time::timeout(deadline, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => Err(NetError::Timeout {
+                            peer: peer.clone(),
+                            after: deadline,
+                        }),
+                    }
+                }
+                Some(rails) => self.call_rails(&rails, peer, frame, bulk, deadline).await,
             };
-            self.call_rails(&rails, peer, frame, bulk, deadline).await
+            if let Some(c) = counted {
+                c.answered(opcode, &out);
+            }
+            out
         })
     }
 
