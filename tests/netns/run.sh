@@ -13,6 +13,8 @@
 # Then the second storage server (one path only) has its link taken down:
 # `lode health` names that server and only it, the namespace still answers, and once the link
 # returns the cluster is healthy and the file reads back whole.
+# Last, `lode cluster up --netns` makes a cluster of its own in namespaces: this host reaches it
+# over its bridge, and `lode cluster down` removes every namespace it made.
 # Everything made here is torn down on exit, whatever happens.
 #
 # Needs root, `ip` (iproute2), FUSE, and the binaries in BIN (default target/debug). With
@@ -39,6 +41,7 @@ on() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
 
 cleanup() {
   set +e
+  [ -d "$work/nc" ] && "$BIN/lode" cluster down --dir "$work/nc" >/dev/null 2>&1
   on c2 bash -c "fusermount3 -u -z $work/mnt" 2>/dev/null
   for p in "$work"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
   sleep 0.5
@@ -203,4 +206,19 @@ for _ in $(seq 50); do
 done
 lode c2 health
 LODE_JOBID=reader.2 lode c2 cat /x/data.bin | cmp - "$work/data.bin"
+
+say "lode cluster up --netns"
+"$BIN/lode" cluster up --netns --subnet 10.79.0 --oss 2 --port 9800 --dir "$work/nc"
+ip netns list | grep -q -- "-oss1"
+(
+  export LODE_MDS=10.79.0.1:9800 LODE_KEY=$work/nc/client.key
+  "$BIN/lode" health | grep -q "OK   oss 10.79.0.12:9901@tcp: up"
+  "$BIN/lode" mkdir /n
+  "$BIN/lode" setstripe -c -1 /n
+  "$BIN/lode" cp "local:$work/data.bin" /n/data.bin
+  "$BIN/lode" cat /n/data.bin | cmp - "$work/data.bin"
+)
+"$BIN/lode" cluster down --dir "$work/nc"
+# Only this script's own namespaces are left.
+[ "$(ip netns list | grep "^lode" | grep -vc "^$tag-")" = 0 ] || { ip netns list; exit 1; }
 say "passed"

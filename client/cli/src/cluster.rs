@@ -10,6 +10,11 @@
 //! DIR/mds/  DIR/oss<i>/ their data
 //! DIR/logs/             their logs
 //! ```
+//!
+//! With `--netns` (root, iproute2) each server runs in a network namespace of its own with its
+//! own address on a bridge (`SUBNET.1` the MDS, `SUBNET.11`... the storage servers), and this
+//! host joins the bridge as `SUBNET.254`, so clients and mounts here reach the cluster as they
+//! would reach other hosts. `down` removes the namespaces.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -53,6 +58,13 @@ pub struct UpArgs {
     /// only).
     #[arg(long)]
     no_auth: bool,
+    /// Each server in a network namespace of its own, on a bridge this host joins (root and
+    /// iproute2; the first `up` only).
+    #[arg(long)]
+    netns: bool,
+    /// With --netns: the first three numbers of the bridge's /24 network.
+    #[arg(long, default_value = "10.99.0", requires = "netns")]
+    subnet: String,
 }
 
 struct Conf {
@@ -60,6 +72,23 @@ struct Conf {
     oss: u32,
     targets: u32,
     auth: bool,
+    /// With namespaces: the bridge's /24 (its first three numbers).
+    netns: Option<String>,
+}
+
+impl Conf {
+    /// The address of the MDS (`None`) or of storage server `Some(i)`.
+    fn host(&self, server: Option<u32>) -> String {
+        match (&self.netns, server) {
+            (None, _) => "127.0.0.1".into(),
+            (Some(net), None) => format!("{net}.1"),
+            (Some(net), Some(i)) => format!("{net}.{}", 11 + i),
+        }
+    }
+
+    fn mds_addr(&self) -> String {
+        format!("{}:{}", self.host(None), self.port)
+    }
 }
 
 fn read_conf(dir: &Path) -> Option<Conf> {
@@ -74,6 +103,10 @@ fn read_conf(dir: &Path) -> Option<Conf> {
         oss: get("oss")?,
         targets: get("targets_per_oss")?,
         auth: get("auth").unwrap_or(1) != 0,
+        netns: text
+            .lines()
+            .find_map(|l| l.strip_prefix("netns = "))
+            .map(|v| v.trim().to_owned()),
     })
 }
 
@@ -120,7 +153,9 @@ fn pids(dir: &Path) -> Vec<(String, i32)> {
         .collect()
 }
 
-fn spawn(dir: &Path, role: &str, bin: &Path, args: &[String]) -> Result<i32> {
+/// Starts `bin` (in network namespace `ns` when given: `ip netns exec` becomes the server,
+/// keeping its pid).
+fn spawn(dir: &Path, role: &str, ns: Option<&str>, bin: &Path, args: &[String]) -> Result<i32> {
     use std::os::unix::process::CommandExt;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
@@ -128,7 +163,15 @@ fn spawn(dir: &Path, role: &str, bin: &Path, args: &[String]) -> Result<i32> {
         .create(true)
         .append(true)
         .open(logs.join(format!("{role}.log")))?;
-    let child = Command::new(bin)
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let child = cmd
         .args(args)
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -161,8 +204,11 @@ async fn up(a: UpArgs) -> Result<()> {
         Some(c) => c,
         None => new_conf(&dir, &a)?,
     };
-    let mds_addr = format!("127.0.0.1:{}", conf.port);
-    ports_free(&conf)?;
+    let mds_addr = conf.mds_addr();
+    match &conf.netns {
+        Some(net) => netns::create(&dir, net, conf.oss)?,
+        None => ports_free(&conf)?,
+    }
     if conf.auth {
         make_keys(&dir)?;
     }
@@ -221,22 +267,30 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
     if a.oss == 0 || a.oss > 64 || a.targets_per_oss == 0 || a.targets_per_oss > 64 {
         bail!("--oss and --targets-per-oss must be 1..=64");
     }
+    if a.netns {
+        netns::check_subnet(&a.subnet)?;
+        if a.oss > 200 {
+            bail!("--netns holds at most 200 storage servers");
+        }
+    }
     let c = Conf {
         port: a.port,
         oss: a.oss,
         targets: a.targets_per_oss,
         auth: !a.no_auth,
+        netns: a.netns.then(|| a.subnet.clone()),
     };
-    std::fs::write(
-        dir.join("cluster.conf"),
-        format!(
-            "port = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
-            c.port,
-            c.oss,
-            c.targets,
-            u8::from(c.auth)
-        ),
-    )?;
+    let mut text = format!(
+        "port = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
+        c.port,
+        c.oss,
+        c.targets,
+        u8::from(c.auth)
+    );
+    if let Some(net) = &c.netns {
+        text.push_str(&format!("netns = {net}\n"));
+    }
+    std::fs::write(dir.join("cluster.conf"), text)?;
     Ok(c)
 }
 
@@ -264,21 +318,32 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
     } else {
         vec!["--no-auth".into()]
     };
-    // A cluster on one machine trusts root on that machine.
+    // A cluster on one machine trusts root on that machine (its bridge, with namespaces).
+    let trust = match &conf.netns {
+        Some(net) => format!("{net}.0/24"),
+        None => "127.0.0.0/8".into(),
+    };
+    let names = conf.netns.as_ref().map(|_| netns::Names::of(dir));
     let mds_args: Vec<String> = [
         "--data-dir".into(),
         d("mds"),
         "--listen".into(),
         mds_addr.into(),
         "--trust".into(),
-        "127.0.0.0/8".into(),
+        trust,
     ]
     .into_iter()
     .chain(auth.iter().cloned())
     .collect();
     started.push((
         "mds".to_owned(),
-        spawn(dir, "mds", &sibling("lode-mds")?, &mds_args)?,
+        spawn(
+            dir,
+            "mds",
+            names.as_ref().map(|n| n.ns("mds")).as_deref(),
+            &sibling("lode-mds")?,
+            &mds_args,
+        )?,
     ));
     write_pids(dir, &started)?;
     for i in 0..conf.oss {
@@ -288,7 +353,7 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
             "--mds".into(),
             mds_addr.into(),
             "--listen".into(),
-            format!("127.0.0.1:{}", u32::from(conf.port) + 100 + i),
+            format!("{}:{}", conf.host(Some(i)), u32::from(conf.port) + 100 + i),
             "--targets".into(),
             conf.targets.to_string(),
         ]
@@ -298,7 +363,13 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
         let role = format!("oss{i}");
         started.push((
             role.clone(),
-            spawn(dir, &role, &sibling("lode-oss")?, &args)?,
+            spawn(
+                dir,
+                &role,
+                names.as_ref().map(|n| n.ns(&role)).as_deref(),
+                &sibling("lode-oss")?,
+                &args,
+            )?,
         ));
         write_pids(dir, &started)?;
     }
@@ -383,7 +454,7 @@ async fn status(dir: &Path) -> Result<()> {
         );
     }
     if let Some(conf) = read_conf(dir) {
-        let addr = format!("127.0.0.1:{}", conf.port);
+        let addr = conf.mds_addr();
         let cfg = client::ClientConfig {
             security: Some(security(dir, &conf)?),
             ..quick()
@@ -425,6 +496,9 @@ fn down(dir: &Path) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(dir.join("cluster.pids"));
+    if read_conf(dir).is_some_and(|c| c.netns.is_some()) {
+        netns::remove(dir);
+    }
     out!(
         "lode cluster down: {} processes stopped; data kept in {}",
         procs.len(),
@@ -438,4 +512,139 @@ fn reap(pid: i32) {
     let mut status = 0;
     // SAFETY: waitpid with WNOHANG on a pid; fails harmlessly if it is not our child.
     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
+
+/// The network namespaces of a `--netns` cluster: a bridge in a namespace of its own, one
+/// namespace per server with a veth pair to the bridge, and one veth from this host.
+mod netns {
+    use std::path::Path;
+    use std::process::Command;
+
+    use anyhow::{bail, Context, Result};
+
+    /// The names of one cluster's namespaces and links, from a tag of its directory (links
+    /// are at most 15 bytes).
+    pub struct Names {
+        tag: String,
+    }
+
+    impl Names {
+        pub fn of(dir: &Path) -> Names {
+            let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            let crc = crc32c::crc32c(canon.to_string_lossy().as_bytes());
+            Names {
+                tag: format!("{:06x}", crc & 0xff_ffff),
+            }
+        }
+
+        pub fn ns(&self, role: &str) -> String {
+            format!("lode{}-{role}", self.tag)
+        }
+
+        /// The host's link to the bridge.
+        fn host_link(&self) -> String {
+            format!("lh{}", self.tag)
+        }
+
+        /// The two ends of server `i`'s link.
+        fn link(&self, i: usize) -> (String, String) {
+            (format!("lv{}{i}", self.tag), format!("lb{}{i}", self.tag))
+        }
+    }
+
+    pub fn check_subnet(net: &str) -> Result<()> {
+        let parts: Vec<&str> = net.split('.').collect();
+        if parts.len() != 3 || parts.iter().any(|p| p.parse::<u8>().is_err()) {
+            bail!("--subnet is three numbers 0-255 (10.99.0), not {net:?}");
+        }
+        Ok(())
+    }
+
+    fn ip(args: &[&str]) -> Result<()> {
+        let out = Command::new("ip")
+            .args(args)
+            .output()
+            .context("running ip (iproute2): --netns needs it")?;
+        if !out.status.success() {
+            bail!(
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Makes the namespaces and links (again, after a `down`); removes them on failure.
+    pub fn create(dir: &Path, net: &str, oss: u32) -> Result<()> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("--netns needs root (it makes network namespaces)");
+        }
+        remove(dir);
+        let made = build(dir, net, oss);
+        if made.is_err() {
+            remove(dir);
+        }
+        made
+    }
+
+    fn build(dir: &Path, net: &str, oss: u32) -> Result<()> {
+        let n = Names::of(dir);
+        let br = n.ns("br");
+        ip(&["netns", "add", &br])?;
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &br, "link", "set", "br0", "up"])?;
+        let roles: Vec<String> = std::iter::once("mds".to_owned())
+            .chain((0..oss).map(|i| format!("oss{i}")))
+            .collect();
+        for (i, role) in roles.iter().enumerate() {
+            let ns = n.ns(role);
+            let (inside, outside) = n.link(i);
+            let host = if i == 0 { 1 } else { 10 + i };
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "link", "add", &inside, "type", "veth", "peer", "name", &outside,
+            ])?;
+            ip(&["link", "set", &inside, "netns", &ns])?;
+            ip(&["link", "set", &outside, "netns", &br])?;
+            ip(&["-n", &br, "link", "set", &outside, "master", "br0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", &ns, "link", "set", &inside, "name", "eth0"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{net}.{host}/24"),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        }
+        let (link, peer) = (n.host_link(), format!("{}b", n.host_link()));
+        ip(&["link", "add", &link, "type", "veth", "peer", "name", &peer])?;
+        ip(&["link", "set", &peer, "netns", &br])?;
+        ip(&["-n", &br, "link", "set", &peer, "master", "br0", "up"])?;
+        ip(&["addr", "add", &format!("{net}.254/24"), "dev", &link])?;
+        ip(&["link", "set", &link, "up"])?;
+        Ok(())
+    }
+
+    /// Removes whatever exists of them: the bridge's namespace takes the links with it.
+    pub fn remove(dir: &Path) {
+        let n = Names::of(dir);
+        let _ = ip(&["link", "del", &n.host_link()]);
+        let list = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let prefix = format!("lode{}-", n.tag);
+        for ns in list.lines().filter_map(|l| l.split_whitespace().next()) {
+            if ns.starts_with(&prefix) {
+                let _ = ip(&["netns", "del", ns]);
+            }
+        }
+    }
 }

@@ -35,6 +35,11 @@ pub struct BenchArgs {
     /// Count into the metrics a server with `--metrics` keeps (to measure what they cost).
     #[arg(long)]
     metrics: bool,
+    /// Measure what counting costs instead: two MDS services side by side in this process,
+    /// one counting as a server does by default (requests, metrics, job statistics, with a job
+    /// on every request) and one as with `--no-stats`, in rotated order, with the ratio.
+    #[arg(long, conflicts_with = "metrics")]
+    counting: bool,
 }
 
 use proto::fid::ROOT;
@@ -71,9 +76,132 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A service with its own store under `dir`, served with integrity on; counting as a server
+/// does by default when `counting`, else nothing.
+async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Result<TcpEndpoint> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let store = Arc::new(Store::open(dir, DEFAULT_CHECKPOINT_BYTES)?);
+    let registry = Arc::new(Registry::open(dir)?);
+    let alloc = mds::alloc::Allocator::new(registry.clone());
+    let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
+    let mut metrics = prometheus_client::registry::Registry::default();
+    let service = MdsService::new(
+        registry,
+        store,
+        alloc,
+        rand::random(),
+        Policy {
+            nodemap: Nodemap::trusting(vec!["127.0.0.0/8".parse().map_err(anyhow::Error::msg)?]),
+            granter: Granter {
+                key: CapabilityKey::of(keys),
+                lifetime: mds::identity::CAPABILITY_LIFETIME,
+            },
+            audit: None,
+            metrics: counting.then(|| mds::metrics::MdsMetrics::register(&mut metrics)),
+        },
+        clients,
+    );
+    Ok(TcpEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        service,
+        TcpConfig {
+            security: Security::server(keys.clone(), false)?,
+            metrics: counting.then(|| lnet::metrics::ServiceMetrics::register(&mut metrics)),
+            jobs: counting.then(|| Arc::new(lnet::jobstats::JobTable::default())),
+            ..TcpConfig::default()
+        },
+    )
+    .await?)
+}
+
+/// `--counting`: the same operations against a counting and a silent service, rotated.
+async fn counting_cost(args: &BenchArgs, root: &Path) -> Result<()> {
+    let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
+    let on = counted_service(&root.join("counting"), &keys, true).await?;
+    let off = counted_service(&root.join("silent"), &keys, false).await?;
+    let cfg = TcpConfig {
+        security: Security::client(keys.clone(), false),
+        job: proto::JobId::new("bench.1").ok(),
+        ..TcpConfig::default()
+    };
+    // [(clients, counting)][op] = rates per round
+    let mut results: Vec<((usize, bool), Vec<Vec<f64>>)> = vec![];
+    for clients in [1usize, 8] {
+        for counting in [true, false] {
+            results.push(((clients, counting), vec![vec![]; OPS.len()]));
+        }
+    }
+    for round in 0..args.rounds {
+        for k in 0..results.len() {
+            let i = (k + round) % results.len();
+            let ((clients, counting), _) = results[i];
+            let (nid, tag) = if counting {
+                (on.nid(), "on")
+            } else {
+                (off.nid(), "off")
+            };
+            let rates = lode_round(&nid, cfg.clone(), tag, clients, args.files, round).await?;
+            for (op, r) in rates.into_iter().enumerate() {
+                results[i].1[op].push(r);
+            }
+        }
+    }
+    println!(
+        "lode-mds bench --counting: {} files per client, {} rounds, medians, ops/s",
+        args.files, args.rounds
+    );
+    println!(
+        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
+    );
+    for ((clients, counting), per_op) in &results {
+        let name = if *counting {
+            format!("counting x{clients}")
+        } else {
+            format!("--no-stats x{clients}")
+        };
+        let row: Vec<String> = per_op
+            .iter()
+            .map(|v| format!("{:>10.0}", median(v.clone())))
+            .collect();
+        println!("  {name:<30} {}", row.join(" "));
+    }
+    for clients in [1usize, 8] {
+        let of = |counting: bool| {
+            results
+                .iter()
+                .find(|((c, k), _)| *c == clients && *k == counting)
+                .map(|(_, v)| v)
+        };
+        let (Some(with), Some(without)) = (of(true), of(false)) else {
+            continue;
+        };
+        let ratios: Vec<String> = with
+            .iter()
+            .zip(without)
+            .map(|(a, b)| format!("{:>10.3}", median(a.clone()) / median(b.clone())))
+            .collect();
+        println!(
+            "  {:<30} {}",
+            format!("counting / --no-stats x{clients}"),
+            ratios.join(" ")
+        );
+    }
+    drop((on, off));
+    Ok(())
+}
+
 pub async fn run(args: BenchArgs) -> Result<()> {
     if args.files == 0 || args.rounds == 0 {
         bail!("--files and --rounds must be positive");
+    }
+    if args.counting {
+        let root = args
+            .dir
+            .join(format!("lode-mds-bench-{}", std::process::id()));
+        let out = counting_cost(&args, &root).await;
+        let _ = std::fs::remove_dir_all(&root);
+        return out;
     }
     let root = args
         .dir
