@@ -114,6 +114,9 @@ async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Res
     .await?)
 }
 
+/// (clients, counting) and, per operation, the rate of each round.
+type CountingSeries = ((usize, bool), Vec<Vec<f64>>);
+
 /// `--counting`: the same operations against a counting and a silent service, rotated.
 async fn counting_cost(args: &BenchArgs, root: &Path) -> Result<()> {
     let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
@@ -125,7 +128,7 @@ async fn counting_cost(args: &BenchArgs, root: &Path) -> Result<()> {
         ..TcpConfig::default()
     };
     // [(clients, counting)][op] = rates per round
-    let mut results: Vec<((usize, bool), Vec<Vec<f64>>)> = vec![];
+    let mut results: Vec<CountingSeries> = vec![];
     for clients in [1usize, 8] {
         for counting in [true, false] {
             results.push(((clients, counting), vec![vec![]; OPS.len()]));
