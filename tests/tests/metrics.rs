@@ -234,9 +234,14 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     drop(held);
 
     // Requests through the mount carry the job of the process that made them.
-    let dd = std::process::Command::new("dd")
-        .arg(format!("if={}", mnt.join("d/f5").display()))
-        .args(["of=/dev/null", "bs=4096", "iflag=direct"])
+    // The shell opens the file (its job is read meanwhile), then becomes dd, same process.
+    let dd = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"exec 3<"$1"; sleep 0.5; exec dd if="$1" of=/dev/null bs=4096 iflag=direct"#,
+            "sh",
+        ])
+        .arg(mnt.join("d/f5"))
         .env("LODE_JOBID", "reader.mnt")
         .output()
         .unwrap();

@@ -69,36 +69,51 @@ const JOB_KEPT_FOR: Duration = Duration::from_secs(30);
 type KnownJob = (Option<proto::JobId>, std::time::Instant);
 
 /// The jobs of the processes calling the mount, read once per [`JOB_KEPT_FOR`].
+///
+/// A process's environment is read off the request's thread, in the background: reading
+/// `/proc/PID/environ` takes the process's memory lock, which the process may hold while it
+/// waits on this very mount (a page fault on a mapped file), so a request never waits for it.
+/// Until it is read, a process's requests carry the mount's own job.
+#[derive(Clone)]
 struct JobCache {
-    source: lnet::job::JobSource,
-    /// The mount's own job: for requests of no process (the kernel writing back pages), or
-    /// of one gone before its job was read.
+    source: Arc<lnet::job::JobSource>,
+    /// The mount's own job: for requests of no process (the kernel writing back pages), of
+    /// one whose job is being read, or of one gone before its job was read.
     own: Option<proto::JobId>,
-    /// By (pid, uid): the job, and when it was read.
-    by_pid: Mutex<HashMap<(u32, u32), KnownJob>>,
+    /// By (pid, uid): the job, and when it was read (or its reading began).
+    by_pid: Arc<Mutex<HashMap<(u32, u32), KnownJob>>>,
 }
 
 impl JobCache {
-    fn of(&self, pid: u32, uid: u32) -> Option<proto::JobId> {
-        if self.source == lnet::job::JobSource::Disabled {
+    fn of(&self, pid: u32, uid: u32, rt: &tokio::runtime::Handle) -> Option<proto::JobId> {
+        if *self.source == lnet::job::JobSource::Disabled {
             return None;
         }
         let now = std::time::Instant::now();
-        if let Some((job, at)) = self.by_pid.lock().get(&(pid, uid)) {
-            if now.duration_since(*at) < JOB_KEPT_FOR {
-                return job.clone();
-            }
-        }
-        let job = lnet::job::of_process(&self.source, pid, uid).or_else(|| self.own.clone());
         let mut cache = self.by_pid.lock();
+        let stale = match cache.get(&(pid, uid)) {
+            Some((job, at)) if now.duration_since(*at) < JOB_KEPT_FOR => return job.clone(),
+            Some((job, _)) => job.clone(),
+            None => None,
+        };
         if cache.len() >= JOBS_KEPT {
             cache.retain(|_, (_, at)| now.duration_since(*at) < JOB_KEPT_FOR);
             if cache.len() >= JOBS_KEPT {
                 cache.clear();
             }
         }
-        cache.insert((pid, uid), (job.clone(), now));
-        job
+        // Meanwhile: what was known, else the mount's own; read once, in the background.
+        let meanwhile = stale.or_else(|| self.own.clone());
+        cache.insert((pid, uid), (meanwhile.clone(), now));
+        drop(cache);
+        let me = self.clone();
+        rt.spawn_blocking(move || {
+            let job = lnet::job::of_process(&me.source, pid, uid).or_else(|| me.own.clone());
+            me.by_pid
+                .lock()
+                .insert((pid, uid), (job, std::time::Instant::now()));
+        });
+        meanwhile
     }
 }
 
@@ -125,9 +140,9 @@ impl LodeFs {
             next_fh: AtomicU64::new(1),
             metrics: None,
             jobs: JobCache {
-                source: lnet::job::JobSource::from_env(),
+                source: Arc::new(lnet::job::JobSource::from_env()),
                 own: lnet::job::from_env(),
-                by_pid: Mutex::new(HashMap::new()),
+                by_pid: Arc::default(),
             },
         }
     }
@@ -150,12 +165,12 @@ impl LodeFs {
 
     /// Each kernel request begins here: it is counted, and the calls it makes carry the
     /// job of the process that made it (read from `/proc/PID`, as `$LODE_JOBID_VAR` says in the
-    /// mount's environment, and kept a while per process).
+    /// mount's environment, in the background, and kept a while per process: [`JobCache`]).
     fn begin(&self, op: &'static str, req: &Request) {
         if let Some(m) = &self.metrics {
             m.request(op);
         }
-        let job = self.jobs.of(req.pid(), req.uid());
+        let job = self.jobs.of(req.pid(), req.uid(), &self.rt);
         CALLER_JOB.with(|j| *j.borrow_mut() = job);
     }
 
