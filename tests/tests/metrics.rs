@@ -179,7 +179,7 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     let mnt = root.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let addr = free_addr();
-    let _mount = Server::start(
+    let mut mount = Server::start(
         "lode",
         &[
             "--mds",
@@ -274,4 +274,5 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
         read, size as u64,
         "the reader's bytes, under its job:\n{text}"
     );
+    assert!(mount.terminate().success(), "the mount unmounts on SIGTERM");
 }
