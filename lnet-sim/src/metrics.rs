@@ -41,6 +41,7 @@ pub struct ServiceMetrics {
     errors: Family<ErrorLabel, Counter>,
     busy: Counter,
     serving: Gauge,
+    connections: Gauge,
     bytes_in: Counter,
     bytes_out: Counter,
     /// Requests by operation again, indexed as [`proto::msg::opcodes::ALL`], for the
@@ -64,6 +65,7 @@ impl ServiceMetrics {
             errors: Family::default(),
             busy: Counter::default(),
             serving: Gauge::default(),
+            connections: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -94,6 +96,11 @@ impl ServiceMetrics {
             "serving",
             "Requests admitted and not yet answered (the queue's depth)",
             m.serving.clone(),
+        );
+        r.register(
+            "connections",
+            "Connections from clients and servers open now (every second)",
+            m.connections.clone(),
         );
         r.register(
             "request_body_bytes",
@@ -142,6 +149,10 @@ impl ServiceMetrics {
                     .inc();
             }
         }
+    }
+
+    pub(crate) fn connections(&self, open: usize) {
+        self.connections.set(open as i64);
     }
 
     pub(crate) fn refused_busy(&self) {

@@ -148,6 +148,12 @@ async fn counters_move_exactly_with_the_creates_and_bytes_done() {
     assert!(get(&after_mds, "lode_mds_clients") >= 1.0);
     assert_eq!(get(&after_mds, "lode_mds_targets_in_service"), 1.0);
     assert!(get(&after_mds, "lode_mds_inodes") >= (files + 1) as f64);
+    // Open connections are counted every second: this client's, and the storage server's
+    // own to the MDS.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let conns = get(&scrape(&mds_metrics), "lode_rpc_connections");
+    assert!(conns >= 2.0, "{conns}");
+    assert!(get(&scrape(&oss_metrics), "lode_rpc_connections") >= 1.0);
     assert!(get(&after_oss, r#"lode_oss_space_total_bytes{target="0"}"#) > 0.0);
     // Objects are counted by a walk at most every 30 s: the first scrape's count stands.
     assert!(after_oss.contains_key(r#"lode_oss_objects{target="0"}"#));

@@ -74,6 +74,25 @@ fn job_statistics_name_the_job_that_did_the_work_and_top_and_health_see_a_server
     assert_eq!(health.0, 0, "health: {}{}", health.1, health.2);
     assert!(health.1.lines().last() == Some("healthy"), "{}", health.1);
     assert!(health.1.starts_with("OK   mds: up"), "{}", health.1);
+    // And both taken into service by the MDS's allocator: a new file gets a stripe on each.
+    let mut striped = false;
+    for i in 0..100 {
+        let probe = format!("/probe{i}");
+        assert_eq!(
+            lode(m, &client, &[], &["setstripe", "-c", "2", &probe]).0,
+            0
+        );
+        let (_, out, _) = lode(m, &client, &[], &["getstripe", &probe]);
+        if out.contains("lmm_stripe_count:  2") {
+            striped = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        striped,
+        "the allocator never took both targets into service"
+    );
 
     // A known workload under two jobs: one writes a file striped over both targets, the
     // other (named through the variable the operator chose) reads it three times.

@@ -319,12 +319,24 @@ async fn accept_loop(listener: TcpListener, ep: Weak<Inner>) {
         None => return,
     };
     let mut sweep = tokio::time::interval(sweep_every);
+    // The gauge of open connections, for a server that counts.
+    let mut count = tokio::time::interval(Duration::from_secs(1));
+    count.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = sweep.tick() => {
                 let Some(ep) = ep.upgrade() else { return };
                 ep.close_idle();
+                continue;
+            }
+            _ = count.tick() => {
+                let Some(ep) = ep.upgrade() else { return };
+                if let Some(m) = &ep.cfg.metrics {
+                    let mut acc = ep.accepted.lock();
+                    acc.retain(|w| w.upgrade().is_some_and(|c| !c.is_closed()));
+                    m.connections(acc.len());
+                }
                 continue;
             }
         };
