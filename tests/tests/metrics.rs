@@ -185,7 +185,7 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     let mnt = root.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let addr = free_addr();
-    let mut mount = Server::start(
+    let mount = Server::start(
         "lode",
         &[
             "--mds",
