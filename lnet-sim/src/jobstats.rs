@@ -26,7 +26,6 @@ struct Counts {
     write_bytes: u64,
     start: SystemTime,
     last: Instant,
-    last_wall: SystemTime,
 }
 
 /// The table of jobs.
@@ -59,40 +58,46 @@ impl JobTable {
     /// Counts one request of `job`, and the bulk bytes it moved.
     pub fn record(&self, job: &JobId, op: Opcode, read_bytes: u64, write_bytes: u64) {
         let now = Instant::now();
-        let wall = SystemTime::now();
         let mut jobs = self.jobs.lock();
-        if !jobs.contains_key(job) && jobs.len() >= self.max {
-            jobs.retain(|_, c| now.duration_since(c.last) < JOB_IDLE);
-            if jobs.len() >= self.max {
-                let oldest = jobs
-                    .iter()
-                    .min_by_key(|(_, c)| c.last)
-                    .map(|(j, _)| j.clone());
-                if let Some(j) = oldest {
-                    jobs.remove(&j);
+        // The common case, a job already counted, takes no allocation and no clock but one.
+        let c = match jobs.get_mut(job) {
+            Some(c) => c,
+            None => {
+                if jobs.len() >= self.max {
+                    jobs.retain(|_, c| now.duration_since(c.last) < JOB_IDLE);
+                    if jobs.len() >= self.max {
+                        let oldest = jobs
+                            .iter()
+                            .min_by_key(|(_, c)| c.last)
+                            .map(|(j, _)| j.clone());
+                        if let Some(j) = oldest {
+                            jobs.remove(&j);
+                        }
+                    }
                 }
+                jobs.entry(job.clone()).or_insert_with(|| Counts {
+                    ops: [0; OPS],
+                    read_bytes: 0,
+                    write_bytes: 0,
+                    start: SystemTime::now(),
+                    last: now,
+                })
             }
-        }
-        let c = jobs.entry(job.clone()).or_insert_with(|| Counts {
-            ops: [0; OPS],
-            read_bytes: 0,
-            write_bytes: 0,
-            start: wall,
-            last: now,
-            last_wall: wall,
-        });
+        };
         if let Some(i) = op.index() {
             c.ops[i] += 1;
         }
         c.read_bytes += read_bytes;
         c.write_bytes += write_bytes;
         c.last = now;
-        c.last_wall = wall;
     }
 
     /// Every job's counts, busiest (most requests) first.
     pub fn snapshot(&self) -> Vec<JobStat> {
         let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        // When a job was last seen, on the wall clock: now, less how long ago it was.
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let last_wall = |last: Instant| wall - now.duration_since(last);
         let mut out: Vec<JobStat> = self
             .jobs
             .lock()
@@ -100,7 +105,7 @@ impl JobTable {
             .map(|(job, c)| JobStat {
                 job: job.clone(),
                 start_unix_s: secs(c.start),
-                last_unix_s: secs(c.last_wall),
+                last_unix_s: secs(last_wall(c.last)),
                 ops: opcodes::ALL
                     .iter()
                     .zip(c.ops)

@@ -47,6 +47,9 @@ pub struct ServiceMetrics {
     /// Requests by operation again, indexed as [`proto::msg::opcodes::ALL`], for the
     /// server's own status answer (a family cannot be walked).
     by_op: [AtomicU64; proto::msg::opcodes::ALL.len()],
+    /// Each operation's counter and histogram of the families, found once (a family's lookup
+    /// takes a lock and a hash on every request otherwise).
+    per_op: [std::sync::OnceLock<(Counter, Histogram)>; proto::msg::opcodes::ALL.len()],
     failed: AtomicU64,
 }
 
@@ -69,6 +72,7 @@ impl ServiceMetrics {
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
+            per_op: std::array::from_fn(|_| std::sync::OnceLock::new()),
             failed: AtomicU64::new(0),
         };
         let r = registry.sub_registry_with_prefix("lode_rpc");
@@ -128,13 +132,25 @@ impl ServiceMetrics {
     ) {
         self.serving.dec();
         let label = OpLabel { op: op.name() };
-        self.requests.get_or_create(&label).inc();
-        if let Some(i) = op.index() {
-            self.by_op[i].fetch_add(1, Ordering::Relaxed);
+        match op.index() {
+            Some(i) => {
+                self.by_op[i].fetch_add(1, Ordering::Relaxed);
+                let (requests, latency) = self.per_op[i].get_or_init(|| {
+                    (
+                        self.requests.get_or_create(&label).clone(),
+                        self.latency.get_or_create(&label).clone(),
+                    )
+                });
+                requests.inc();
+                latency.observe(took.as_secs_f64());
+            }
+            None => {
+                self.requests.get_or_create(&label).inc();
+                self.latency
+                    .get_or_create(&label)
+                    .observe(took.as_secs_f64());
+            }
         }
-        self.latency
-            .get_or_create(&label)
-            .observe(took.as_secs_f64());
         match out {
             Ok(body) => {
                 self.bytes_out.inc_by(body.len() as u64);

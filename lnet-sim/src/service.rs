@@ -216,45 +216,44 @@ impl Admitted {
 /// those got its writes.
 struct CountingBulk {
     inner: Arc<dyn BulkPeer>,
-    put: Arc<std::sync::atomic::AtomicU64>,
-    got: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes put, then bytes got.
+    moved: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl CountingBulk {
     fn new(inner: Arc<dyn BulkPeer>) -> Self {
         CountingBulk {
             inner,
-            put: Default::default(),
-            got: Default::default(),
+            moved: Default::default(),
         }
     }
 
     fn bytes(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        (self.put.load(Relaxed), self.got.load(Relaxed))
+        (self.moved[0].load(Relaxed), self.moved[1].load(Relaxed))
     }
 }
 
 impl BulkPeer for CountingBulk {
     fn put(&self, desc: &BulkDesc, data: Bytes) -> BoxFuture<'static, Result<(), NetError>> {
-        let (n, counter) = (data.len() as u64, self.put.clone());
+        let (n, moved) = (data.len() as u64, self.moved.clone());
         let fut = self.inner.put(desc, data);
         Box::pin(async move {
             let out = fut.await;
             if out.is_ok() {
-                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                moved[0].fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             }
             out
         })
     }
 
     fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>> {
-        let counter = self.got.clone();
+        let moved = self.moved.clone();
         let fut = self.inner.get(desc);
         Box::pin(async move {
             let out = fut.await;
             if let Ok(data) = &out {
-                counter.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                moved[1].fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
             }
             out
         })
