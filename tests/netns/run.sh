@@ -106,6 +106,8 @@ start oss2 "$BIN/lode-oss" --data-dir "$work/oss2" --mds "${addr[mds]}:9400" \
 
 export LODE_MDS=${addr[mds]}:9400,${addr2[mds]}:9400 LODE_KEY=$work/client.key
 lode() { local h=$1; shift; on "$h" "$BIN/lode" "$@"; }
+# Pipelines below end in `grep PATTERN >/dev/null`, never `grep -q`: grep -q stops reading at
+# the first match, and the command writing into it then dies of SIGPIPE (pipefail is on).
 for _ in $(seq 50); do
   [ "$(lode c1 health 2>/dev/null | grep -c "in service")" = 2 ] && break
   sleep 0.2
@@ -119,7 +121,7 @@ head -c 5000000 /dev/urandom > "$work/data.bin"
 lode c1 mkdir /x
 lode c1 setstripe -c -1 -S 1M /x
 LODE_JOBID=writer.1 lode c1 cp "local:$work/data.bin" /x/data.bin
-lode c1 getstripe /x/data.bin | grep -q "lmm_stripe_count:  2"
+lode c1 getstripe /x/data.bin | grep "lmm_stripe_count:  2" >/dev/null
 LODE_JOBID=reader.2 lode c2 cat /x/data.bin | cmp - "$work/data.bin"
 
 say "client two through a mount"
@@ -176,14 +178,14 @@ lode c1 health | tee "$work/health.rail"
 grep -q "OK   oss ${addr[oss1]}:9500@tcp: up" "$work/health.rail"
 head -c 3000000 /dev/urandom > "$work/after.bin"
 lode c1 cp "local:$work/after.bin" /x/after.bin
-lode c1 getstripe /x/after.bin | grep -q "lmm_stripe_count:  2"
+lode c1 getstripe /x/after.bin | grep "lmm_stripe_count:  2" >/dev/null
 lode c1 cat /x/after.bin | cmp - "$work/after.bin"
 # The mount's connections over the dead path fail and its calls go over the other.
 touch "$work/written"
 wait "$mount_session"
 say "multi-rail: the MDS's first path taken down too"
 on br ip link set "$(cat "$work/mds.port")" down
-lode c1 ls /x | grep -q after.bin
+lode c1 ls /x | grep after.bin >/dev/null
 lode c1 cat /x/data.bin | cmp - "$work/data.bin"
 on br ip link set "$(cat "$work/mds.port")" up
 on br ip link set "$(cat "$work/oss1.port")" up
@@ -209,10 +211,10 @@ LODE_JOBID=reader.2 lode c2 cat /x/data.bin | cmp - "$work/data.bin"
 
 say "lode cluster up --netns"
 "$BIN/lode" cluster up --netns --subnet 10.79.0 --oss 2 --port 9800 --dir "$work/nc"
-ip netns list | grep -q -- "-oss1"
+ip netns list | grep -- "-oss1" >/dev/null
 (
   export LODE_MDS=10.79.0.1:9800 LODE_KEY=$work/nc/client.key
-  "$BIN/lode" health | grep -q "OK   oss 10.79.0.12:9901@tcp: up"
+  "$BIN/lode" health | grep "OK   oss 10.79.0.12:9901@tcp: up" >/dev/null
   "$BIN/lode" mkdir /n
   "$BIN/lode" setstripe -c -1 /n
   "$BIN/lode" cp "local:$work/data.bin" /n/data.bin
