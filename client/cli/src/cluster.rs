@@ -582,6 +582,15 @@ mod netns {
             bail!("--netns needs root (it makes network namespaces)");
         }
         remove(dir);
+        // Another cluster (or anything) on this /24 would take the host's traffic for it.
+        let addrs = Command::new("ip")
+            .args(["-o", "-4", "addr", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if addrs.contains(&format!(" inet {net}.")) {
+            bail!("{net}.0/24 is in use on this host: choose another --subnet");
+        }
         let made = build(dir, net, oss);
         if made.is_err() {
             remove(dir);
