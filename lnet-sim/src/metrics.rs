@@ -44,11 +44,9 @@ pub struct ServiceMetrics {
     connections: Gauge,
     bytes_in: Counter,
     bytes_out: Counter,
-    /// Requests by operation again, indexed as [`proto::msg::opcodes::ALL`], for the
-    /// server's own status answer (a family cannot be walked).
-    by_op: [AtomicU64; proto::msg::opcodes::ALL.len()],
-    /// Each operation's counter and histogram of the families, found once (a family's lookup
-    /// takes a lock and a hash on every request otherwise).
+    /// Each operation's counter and histogram of the families, indexed as
+    /// [`proto::msg::opcodes::ALL`] and found once: a family's lookup takes a lock and a hash
+    /// on every request otherwise, and a family cannot be walked for the status answer.
     per_op: [std::sync::OnceLock<(Counter, Histogram)>; proto::msg::opcodes::ALL.len()],
     failed: AtomicU64,
 }
@@ -71,7 +69,6 @@ impl ServiceMetrics {
             connections: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
-            by_op: std::array::from_fn(|_| AtomicU64::new(0)),
             per_op: std::array::from_fn(|_| std::sync::OnceLock::new()),
             failed: AtomicU64::new(0),
         };
@@ -134,7 +131,6 @@ impl ServiceMetrics {
         let label = OpLabel { op: op.name() };
         match op.index() {
             Some(i) => {
-                self.by_op[i].fetch_add(1, Ordering::Relaxed);
                 let (requests, latency) = self.per_op[i].get_or_init(|| {
                     (
                         self.requests.get_or_create(&label).clone(),
@@ -180,8 +176,8 @@ impl ServiceMetrics {
     pub fn counts(&self) -> (Vec<proto::stats::OpCount>, u64, u64, u64) {
         let ops = proto::msg::opcodes::ALL
             .iter()
-            .zip(&self.by_op)
-            .map(|(op, n)| (op, n.load(Ordering::Relaxed)))
+            .zip(&self.per_op)
+            .map(|(op, c)| (op, c.get().map_or(0, |(n, _)| n.get())))
             .filter(|(_, n)| *n > 0)
             .map(|(op, count)| proto::stats::OpCount {
                 op: op.name().to_owned(),

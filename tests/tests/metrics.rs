@@ -145,6 +145,24 @@ async fn counters_move_exactly_with_the_creates_and_bytes_done() {
         "each write request applied once"
     );
     assert!(get(&after_mds, "lode_mds_journal_commit_seconds_count") > 0.0);
+    // The status answer (what `lode top` reads) counts each operation as the metrics do.
+    let status = c
+        .server_status(None, false, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reints = status
+        .ops
+        .iter()
+        .find(|o| o.op == "mds_reint")
+        .map_or(0, |o| o.count);
+    assert_eq!(
+        reints as f64,
+        get(
+            &scrape(&mds_metrics),
+            r#"lode_rpc_requests_total{op="mds_reint"}"#
+        )
+    );
+    assert!(reints >= files, "{reints}");
     assert!(get(&after_mds, "lode_mds_clients") >= 1.0);
     assert_eq!(get(&after_mds, "lode_mds_targets_in_service"), 1.0);
     assert!(get(&after_mds, "lode_mds_inodes") >= (files + 1) as f64);
@@ -170,18 +188,7 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     }
     let root = scratch("mount-metrics");
     let mds = lode_tests::mds_of(&root);
-    let _oss = Server::start(
-        "lode-oss",
-        &[
-            "--data-dir",
-            root.join("oss").to_str().unwrap(),
-            "--mds",
-            &mds.nid.to_string(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    )
-    .unwrap();
+    let _oss = lode_tests::oss_of(&root.join("oss"), &mds.nid);
     let mnt = root.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let addr = free_addr();

@@ -76,16 +76,19 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// A service with its own store under `dir`, served with integrity on; counting as a server
-/// does by default when `counting`, else nothing.
-async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Result<TcpEndpoint> {
+/// An MDS service with its own store under `dir`, trusting root on this machine (the bench's
+/// clients); it counts into `metrics` when given one.
+fn bench_service(
+    dir: &Path,
+    keys: &Arc<Keyring>,
+    metrics: Option<&mut prometheus_client::registry::Registry>,
+) -> Result<Arc<MdsService>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let store = Arc::new(Store::open(dir, DEFAULT_CHECKPOINT_BYTES)?);
     let registry = Arc::new(Registry::open(dir)?);
     let alloc = mds::alloc::Allocator::new(registry.clone());
     let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
-    let mut metrics = prometheus_client::registry::Registry::default();
-    let service = MdsService::new(
+    Ok(MdsService::new(
         registry,
         store,
         alloc,
@@ -97,10 +100,17 @@ async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Res
                 lifetime: mds::identity::CAPABILITY_LIFETIME,
             },
             audit: None,
-            metrics: counting.then(|| mds::metrics::MdsMetrics::register(&mut metrics)),
+            metrics: metrics.map(mds::metrics::MdsMetrics::register),
         },
         clients,
-    );
+    ))
+}
+
+/// A service with its own store under `dir`, served with integrity on; counting as a server
+/// does by default when `counting`, else nothing.
+async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Result<TcpEndpoint> {
+    let mut metrics = prometheus_client::registry::Registry::default();
+    let service = bench_service(dir, keys, counting.then_some(&mut metrics))?;
     Ok(TcpEndpoint::bind(
         "127.0.0.1:0".parse()?,
         service,
@@ -112,6 +122,22 @@ async fn counted_service(dir: &Path, keys: &Arc<Keyring>, counting: bool) -> Res
         },
     )
     .await?)
+}
+
+/// Prints the table's head and one row of medians per series.
+fn print_medians<'a>(title: &str, rows: impl Iterator<Item = (String, &'a Vec<Vec<f64>>)>) {
+    println!("{title}");
+    println!(
+        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
+    );
+    for (name, per_op) in rows {
+        let row: Vec<String> = per_op
+            .iter()
+            .map(|v| format!("{:>10.0}", median(v.clone())))
+            .collect();
+        println!("  {name:<30} {}", row.join(" "));
+    }
 }
 
 /// (clients, counting) and, per operation, the rate of each round.
@@ -149,26 +175,16 @@ async fn counting_cost(args: &BenchArgs, root: &Path) -> Result<()> {
             }
         }
     }
-    println!(
-        "lode-mds bench --counting: {} files per client, {} rounds, medians, ops/s",
-        args.files, args.rounds
+    print_medians(
+        &format!(
+            "lode-mds bench --counting: {} files per client, {} rounds, medians, ops/s",
+            args.files, args.rounds
+        ),
+        results.iter().map(|((clients, counting), per_op)| {
+            let name = if *counting { "counting" } else { "--no-stats" };
+            (format!("{name} x{clients}"), per_op)
+        }),
     );
-    println!(
-        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
-    );
-    for ((clients, counting), per_op) in &results {
-        let name = if *counting {
-            format!("counting x{clients}")
-        } else {
-            format!("--no-stats x{clients}")
-        };
-        let row: Vec<String> = per_op
-            .iter()
-            .map(|v| format!("{:>10.0}", median(v.clone())))
-            .collect();
-        println!("  {name:<30} {}", row.join(" "));
-    }
     for clients in [1usize, 8] {
         let of = |counting: bool| {
             results
@@ -209,36 +225,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let root = args
         .dir
         .join(format!("lode-mds-bench-{}", std::process::id()));
-    let mds_dir = root.join("mds");
-    std::fs::create_dir_all(&mds_dir).with_context(|| format!("creating {}", mds_dir.display()))?;
-    let store = std::sync::Arc::new(Store::open(&mds_dir, DEFAULT_CHECKPOINT_BYTES)?);
-    let registry = std::sync::Arc::new(Registry::open(&mds_dir)?);
-    let alloc = mds::alloc::Allocator::new(registry.clone());
-    let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
     let keys = Arc::new(Keyring::new(&KeyFile::generate()?));
     let mut registry_m = prometheus_client::registry::Registry::default();
+    let service = bench_service(
+        &root.join("mds"),
+        &keys,
+        args.metrics.then_some(&mut registry_m),
+    )?;
     let rpc_metrics = args
         .metrics
         .then(|| lnet::metrics::ServiceMetrics::register(&mut registry_m));
-    let service = MdsService::new(
-        registry,
-        store,
-        alloc,
-        rand::random(),
-        Policy {
-            // The bench's clients are root on this machine.
-            nodemap: Nodemap::trusting(vec!["127.0.0.0/8".parse().map_err(anyhow::Error::msg)?]),
-            granter: Granter {
-                key: CapabilityKey::of(&keys),
-                lifetime: mds::identity::CAPABILITY_LIFETIME,
-            },
-            audit: None,
-            metrics: args
-                .metrics
-                .then(|| mds::metrics::MdsMetrics::register(&mut registry_m)),
-        },
-        clients,
-    );
     // The same service behind two listeners: one open, one authenticating; clients choose
     // integrity or privacy on the second.
     let open = TcpEndpoint::bind(
@@ -307,22 +303,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             }
         }
     }
-    println!(
-        "lode-mds bench: {} files per client, {} rounds, medians, ops/s",
-        args.files, args.rounds
-    );
-    println!(
-        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "", OPS[0], OPS[1], OPS[2], OPS[3], OPS[4]
-    );
-    for ((clients, mode), per_op) in &results {
-        let name = format!("{} x{clients}", mode.name());
-        let row: Vec<String> = per_op
+    print_medians(
+        &format!(
+            "lode-mds bench: {} files per client, {} rounds, medians, ops/s",
+            args.files, args.rounds
+        ),
+        results
             .iter()
-            .map(|v| format!("{:>10.0}", median(v.clone())))
-            .collect();
-        println!("  {name:<30} {}", row.join(" "));
-    }
+            .map(|((clients, mode), per_op)| (format!("{} x{clients}", mode.name()), per_op)),
+    );
     // The cost of authentication: each mode against no authentication, same clients.
     for ((clients, mode), per_op) in &results {
         if !matches!(mode, Mode::Integrity | Mode::Privacy) {
