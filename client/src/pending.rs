@@ -38,17 +38,46 @@ const RESERVE: u32 = proto::md::MAX_RESERVE;
 /// Most failures kept for `fsync` to report.
 const MAX_ERRORS: usize = 1024;
 
+/// How long the sender holds a short queue for more changes to join it, unless someone waits
+/// for an answer: one round trip and one wake-up of the MDS carry what a loop of creates or
+/// unlinks queues meanwhile, instead of one each.
+pub const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+/// A queue this long goes at once.
+const LINGER_BATCH: usize = 128;
+
 /// The outcome of one change sent ahead, for whoever needs it (the first read or write of a
 /// file created this way needs its objects).
 #[derive(Clone)]
-pub struct Sent(watch::Receiver<Option<Outcome>>);
+pub struct Sent {
+    rx: watch::Receiver<Option<Outcome>>,
+    seq: u64,
+    hurry: std::sync::Arc<Hurry>,
+}
+
+/// Who waits for an answer: the sender does not hold back a change at or before `upto`.
+#[derive(Default)]
+struct Hurry {
+    upto: AtomicU64,
+    wake: Notify,
+}
+
+impl Hurry {
+    fn to(&self, seq: u64) {
+        if self.upto.fetch_max(seq, Ordering::SeqCst) < seq {
+            self.wake.notify_one();
+        }
+    }
+}
 
 type Outcome = std::result::Result<MdsReintReply, (FsErrorKind, String)>;
 
 impl Sent {
     /// The MDS's reply, once it came.
     pub async fn reply(&self) -> Result<MdsReintReply> {
-        let mut rx = self.0.clone();
+        let mut rx = self.rx.clone();
+        if rx.borrow().is_none() {
+            self.hurry.to(self.seq);
+        }
         let got = rx
             .wait_for(|o| o.is_some())
             .await
@@ -61,7 +90,7 @@ impl Sent {
 
     /// The reply if it came already.
     pub fn now(&self) -> Option<Result<MdsReintReply>> {
-        self.0.borrow().as_ref().map(|o| match o {
+        self.rx.borrow().as_ref().map(|o| match o {
             Ok(r) => Ok(r.clone()),
             Err((kind, what)) => Err(ClientError::fs(*kind, what.clone())),
         })
@@ -96,7 +125,8 @@ pub(crate) struct Pending {
     /// Sequence numbers of changes queued so far, and of those answered.
     queued: AtomicU64,
     answered: watch::Sender<u64>,
-    wake: std::sync::Arc<Notify>,
+    /// Wakes the sender: the queue has something, is long, or someone waits.
+    hurry: std::sync::Arc<Hurry>,
     room: Notify,
     /// Inode numbers set aside for this client: the next and the end.
     fids: Mutex<VecDeque<(u32, u32)>>,
@@ -128,6 +158,7 @@ impl Pending {
         if *self.answered.borrow() >= upto {
             return;
         }
+        self.hurry.to(upto);
         let mut rx = self.answered.subscribe();
         let _ = rx.wait_for(|a| *a >= upto).await;
     }
@@ -157,7 +188,7 @@ impl Pending {
     /// Queues `op`; `named` is what the cache already shows of it, undone if it fails.
     pub fn push(&self, op: BatchOp, named: Option<(Fid, Vec<u8>)>, fid: Option<Fid>) -> Sent {
         let (tx, rx) = watch::channel(None);
-        {
+        let (seq, len) = {
             let mut q = self.queue.lock();
             let seq = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
             let mut t = self.touching.lock();
@@ -172,9 +203,18 @@ impl Pending {
                 fid,
                 done: Some(tx),
             });
+            (seq, q.len())
+        };
+        // The sender wakes for the first change of a queue and for a long one; in between it
+        // lingers (see [`LINGER`]).
+        if len == 1 || len == LINGER_BATCH {
+            self.hurry.wake.notify_one();
         }
-        self.wake.notify_one();
-        Sent(rx)
+        Sent {
+            rx,
+            seq,
+            hurry: self.hurry.clone(),
+        }
     }
 
     /// A FID set aside for this client, asking the MDS for more when none is left.
@@ -243,19 +283,35 @@ impl Pending {
 pub(crate) const KEPT_RANGES: usize = 3;
 
 /// Sends the queue in batches while the client lives: one batch on its way at a time, holding
-/// whatever was queued while the last one was out.
+/// whatever was queued while the last one was out. A short queue nobody waits on lingers for
+/// [`LINGER`] first.
 pub(crate) async fn flusher(inner: std::sync::Weak<Inner>) {
+    let mut lingered = false;
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let wake = strong.pending.wake.clone();
-        let wait = wake.notified();
-        let batch: Vec<Queued> = {
+        let hurry = strong.pending.hurry.clone();
+        let wait = hurry.wake.notified();
+        let batch: Option<Vec<Queued>> = {
             let mut q = strong.pending.queue.lock();
-            let n = q.len().min(MAX_BATCH);
-            q.drain(..n).collect()
+            let waited_on = q
+                .front()
+                .is_some_and(|f| hurry.upto.load(Ordering::SeqCst) >= f.seq);
+            if !q.is_empty() && q.len() < LINGER_BATCH && !waited_on && !lingered {
+                None
+            } else {
+                let n = q.len().min(MAX_BATCH);
+                Some(q.drain(..n).collect())
+            }
         };
+        let Some(batch) = batch else {
+            drop(strong);
+            lingered = true;
+            let _ = tokio::time::timeout(LINGER, wait).await;
+            continue;
+        };
+        lingered = false;
         if batch.is_empty() {
             drop(strong);
             // Woken by a push, or checks now and then whether the client is gone.

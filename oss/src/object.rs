@@ -214,6 +214,8 @@ pub struct Object {
     state: Mutex<State>,
     /// No sync yet in this run: no block's contents are known durable.
     unsynced_since_open: AtomicBool,
+    /// Made in this run, in this directory, whose entries are not known durable yet.
+    new_in: Mutex<Option<std::path::PathBuf>>,
     /// Tests: the process "dies" right after a write's checksums are written.
     #[cfg(test)]
     die_after_checksums: AtomicBool,
@@ -221,13 +223,20 @@ pub struct Object {
 }
 
 impl Object {
-    /// Creates the files of a new, empty object (not yet durable: the caller syncs the
-    /// directory; an empty checksum file reads as an empty object).
+    /// Creates the files of a new, empty object (not yet durable: see [`Object::new_in`]; an
+    /// empty checksum file reads as an empty object). The checksum file comes first, since
+    /// the data file's name says that the object exists; either may be left by a crash.
     pub fn create(engine: &Arc<dyn Engine>, fid: Fid, data: &Path, meta: &Path) -> Result<()> {
         let io = |e| TargetError::io(fid, 0, e);
-        engine.open(data, OpenMode::CreateNew, true).map_err(io)?;
-        engine.open(meta, OpenMode::CreateNew, false).map_err(io)?;
+        engine.open(meta, OpenMode::Create, false).map_err(io)?;
+        engine.open(data, OpenMode::Create, true).map_err(io)?;
         Ok(())
+    }
+
+    /// Says that the object's files were just made in `dir`: its first sync makes their
+    /// entries durable too.
+    pub fn new_in(&self, dir: std::path::PathBuf) {
+        *self.new_in.lock() = Some(dir);
     }
 
     pub async fn open(
@@ -258,6 +267,7 @@ impl Object {
                 dirty: Dirty::default(),
             }),
             unsynced_since_open: AtomicBool::new(true),
+            new_in: Mutex::new(None),
             stamps: Mutex::new(Stamps::default()),
             #[cfg(test)]
             die_after_checksums: AtomicBool::new(false),
@@ -541,6 +551,11 @@ impl Object {
     async fn sync_alone(&self) -> Result<()> {
         self.engine.sync(&self.data).await.map_err(self.io(0))?;
         self.engine.sync(&self.meta).await.map_err(self.io(0))?;
+        let dir = self.new_in.lock().clone();
+        if let Some(dir) = dir {
+            self.engine.sync_dir(&dir).map_err(self.io(0))?;
+            *self.new_in.lock() = None;
+        }
         self.state.lock().dirty = Dirty::default();
         self.unsynced_since_open.store(false, Ordering::Release);
         Ok(())

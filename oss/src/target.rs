@@ -5,14 +5,26 @@
 //! <root>/TARGET                      magic, version, index, uuid (32 bytes; index
 //!                                    0xffffffff until the MDS assigns one)
 //! <root>/LAST_ID                     the highest object id handed out (u64, little-endian)
+//! <root>/DEAD                        "LODEDEAD" | one bit per object id: destroyed
 //! <root>/EPOCH                       durability epoch (u64) | boot id length u8 | boot id
 //! <root>/O/<seq>/d<oid % 32>/<oid>     object data (hex names)
 //! <root>/O/<seq>/d<oid % 32>/<oid>.cs  its checksums and size
 //! ```
 //!
-//! Objects of target `i` have FIDs in sequence `OST_SEQ_BASE + i`. LAST_ID is made durable
-//! before any object it covers is created, so an id is never handed out twice, even across a
-//! crash.
+//! Objects of target `i` have FIDs in sequence `OST_SEQ_BASE + i`. A precreate only moves
+//! LAST_ID on, durably, so an id is never handed out twice, even across a crash. An object's
+//! files are made at its first write (or truncate), and their directory entries are durable
+//! before its first sync is answered: until then the object is empty, as a new file is. Most
+//! files are never written beyond their first component or at all, and a create costs the
+//! storage server nothing.
+//!
+//! An id is then in one of three states: handed out and not written (no files: reads as
+//! empty), written (files), or destroyed (its bit in DEAD, made durable before its files go).
+//! A destroyed object is not found, as it was when precreated objects had files, so a late
+//! write from a client holding an old layout fails instead of bringing the object back. A
+//! target made before DEAD existed gets it at its first open: every id up to LAST_ID without
+//! files was destroyed. The bitmap's magic is written last, so a crash while it is built
+//! builds it again.
 //!
 //! The durability epoch counts the machine boots under which the target was opened: it goes
 //! up when the target opens under a boot id other than the one recorded (the machine
@@ -21,7 +33,9 @@
 //! sync is answered under.
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -43,6 +57,9 @@ pub const MAX_OPEN_OBJECTS: usize = 4096;
 const FANOUT: u32 = 32;
 
 const TARGET_MAGIC: [u8; 8] = *b"LODEOST\0";
+const DEAD_MAGIC: [u8; 8] = *b"LODEDEAD";
+/// Where DEAD's bitmap starts.
+const DEAD_HEAD: u64 = 8;
 const TARGET_VERSION: u32 = 1;
 const UNASSIGNED: u32 = u32::MAX;
 
@@ -62,6 +79,13 @@ pub struct Target {
     last_id_file: FileHandle,
     /// The highest object id handed out; held across a precreate.
     last_id: tokio::sync::Mutex<u32>,
+    /// The same, for readers that must not wait on a precreate.
+    allocated: AtomicU32,
+    dead_file: FileHandle,
+    /// DEAD's bitmap: bit `oid % 8` of byte `oid / 8` is set when the object was destroyed.
+    dead: Mutex<Vec<u8>>,
+    /// One writer of DEAD at a time.
+    dead_io: tokio::sync::Mutex<()>,
     objects: Mutex<HashMap<Fid, Arc<Object>>>,
     opening: tokio::sync::Mutex<()>,
     epoch: u64,
@@ -109,6 +133,7 @@ impl Target {
             .1
             .map_err(err("write LAST_ID"))?;
         engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
+        Self::write_dead(engine, root, &[]).await?;
         // TARGET last: a directory with a TARGET file is a whole target.
         Self::write_label(
             engine,
@@ -214,12 +239,38 @@ impl Target {
             TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
         })?;
         let epoch = Self::next_epoch(&engine, root).await?;
+        let (dead_file, dead) = match Self::read_dead(&engine, root).await? {
+            Some(d) => d,
+            None => {
+                // Made before objects were created at their first write: every id handed
+                // out without files was destroyed.
+                let mut bits = vec![0u8; last as usize / 8 + 1];
+                for oid in 1..=last {
+                    bits[oid as usize / 8] |= 1 << (oid % 8);
+                }
+                let seq = OST_SEQ_BASE + u64::from(index);
+                for fid in list_objects(&engine, root, seq)? {
+                    if fid.oid <= last {
+                        bits[fid.oid as usize / 8] &= !(1 << (fid.oid % 8));
+                    }
+                }
+                tracing::info!(root = %root.display(), "recording the destroyed objects of a target made before DEAD");
+                Self::write_dead(&engine, root, &bits).await?;
+                Self::read_dead(&engine, root).await?.ok_or_else(|| {
+                    TargetError::Damaged(format!("{}/DEAD was not written", root.display()))
+                })?
+            }
+        };
         let target = Target {
             index,
             root: root.to_path_buf(),
             engine,
             last_id_file,
             last_id: tokio::sync::Mutex::new(last),
+            allocated: AtomicU32::new(last),
+            dead_file,
+            dead: Mutex::new(dead),
+            dead_io: tokio::sync::Mutex::new(()),
             objects: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             epoch,
@@ -233,6 +284,101 @@ impl Target {
                 .map_err(err("create object directories"))?;
         }
         Ok(target)
+    }
+
+    /// Writes DEAD whole: the bitmap, then (once it is durable) the magic that says it is.
+    async fn write_dead(engine: &Arc<dyn Engine>, root: &Path, bits: &[u8]) -> Result<()> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let f = engine
+            .open(&root.join("DEAD"), OpenMode::Create, false)
+            .map_err(err("open DEAD"))?;
+        engine
+            .write_at(&f, 0, AlignedBuf::zeroed(DEAD_HEAD as usize))
+            .await
+            .1
+            .map_err(err("write DEAD"))?;
+        engine
+            .set_len(&f, DEAD_HEAD + bits.len() as u64)
+            .map_err(err("size DEAD"))?;
+        if !bits.is_empty() {
+            let mut buf = AlignedBuf::zeroed(bits.len());
+            buf.copy_from_slice(bits);
+            engine
+                .write_at(&f, DEAD_HEAD, buf)
+                .await
+                .1
+                .map_err(err("write DEAD"))?;
+        }
+        engine.sync(&f).await.map_err(err("sync DEAD"))?;
+        let mut head = AlignedBuf::zeroed(DEAD_HEAD as usize);
+        head.copy_from_slice(&DEAD_MAGIC);
+        engine
+            .write_at(&f, 0, head)
+            .await
+            .1
+            .map_err(err("write DEAD"))?;
+        engine.sync(&f).await.map_err(err("sync DEAD"))?;
+        engine.sync_dir(root).map_err(err("sync"))
+    }
+
+    /// DEAD and its bitmap, or `None` if it is missing or was never finished.
+    async fn read_dead(
+        engine: &Arc<dyn Engine>,
+        root: &Path,
+    ) -> Result<Option<(FileHandle, Vec<u8>)>> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let f = match engine.open(&root.join("DEAD"), OpenMode::Existing, false) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(err("open DEAD")(e)),
+        };
+        let len = engine.len(&f).map_err(err("size DEAD"))?;
+        if len < DEAD_HEAD {
+            return Ok(None);
+        }
+        let (raw, r) = engine
+            .read_at(&f, 0, AlignedBuf::zeroed(len as usize))
+            .await;
+        if (r.map_err(err("read DEAD"))? as u64) < len || raw[..8] != DEAD_MAGIC {
+            return Ok(None);
+        }
+        Ok(Some((f, raw[DEAD_HEAD as usize..].to_vec())))
+    }
+
+    fn is_dead(&self, oid: u32) -> bool {
+        let d = self.dead.lock();
+        d.get(oid as usize / 8)
+            .is_some_and(|b| b & (1 << (oid % 8)) != 0)
+    }
+
+    /// Records the ids in `range` destroyed, durably.
+    async fn mark_dead(&self, range: RangeInclusive<u32>) -> Result<()> {
+        let _one = self.dead_io.lock().await;
+        let (first, last) = (*range.start() as usize / 8, *range.end() as usize / 8);
+        let mut buf = AlignedBuf::zeroed(last - first + 1);
+        {
+            let mut d = self.dead.lock();
+            if d.len() <= last {
+                d.resize(last + 1, 0);
+            }
+            for oid in range {
+                d[oid as usize / 8] |= 1 << (oid % 8);
+            }
+            buf.copy_from_slice(&d[first..=last]);
+        }
+        let err = |e| TargetError::target(format!("{}/DEAD", self.root.display()), e);
+        self.engine
+            .write_at(&self.dead_file, DEAD_HEAD + first as u64, buf)
+            .await
+            .1
+            .map_err(err)?;
+        self.engine.sync(&self.dead_file).await.map_err(err)
     }
 
     /// Reads the durability epoch, moving it on (durably) if the machine booted since.
@@ -290,10 +436,7 @@ impl Target {
     }
 
     fn dir_of(&self, oid: u32) -> PathBuf {
-        self.root
-            .join("O")
-            .join(format!("{:x}", self.seq()))
-            .join(format!("d{}", oid % FANOUT))
+        object_dir(&self.root, self.seq(), oid % FANOUT)
     }
 
     fn paths(&self, fid: Fid) -> (PathBuf, PathBuf) {
@@ -304,7 +447,8 @@ impl Target {
         )
     }
 
-    /// Creates `count` new objects and returns the first id; the ids are consecutive.
+    /// Hands out `count` new object ids and returns the first; the ids are consecutive. The
+    /// objects are empty, and get their files when first written.
     pub async fn precreate(&self, count: u32) -> Result<Fid> {
         if count == 0 || count > MAX_PRECREATE {
             return Err(TargetError::Invalid(format!(
@@ -327,25 +471,56 @@ impl Target {
             .map_err(err)?;
         self.engine.sync(&self.last_id_file).await.map_err(err)?;
         *last = new_last;
-        let mut dirs = vec![];
-        for oid in first..=new_last {
-            let fid = Fid::new(self.seq(), oid, 0);
-            let (data, meta) = self.paths(fid);
-            Object::create(&self.engine, fid, &data, &meta)?;
-            if dirs.len() < FANOUT as usize && !dirs.contains(&(oid % FANOUT)) {
-                dirs.push(oid % FANOUT);
-            }
-        }
-        for d in dirs {
-            self.engine
-                .sync_dir(&self.dir_of(d))
-                .map_err(|e| TargetError::target("sync object directory", e))?;
-        }
+        self.allocated.store(new_last, Ordering::SeqCst);
         Ok(Fid::new(self.seq(), first, 0))
     }
 
+    /// Whether `fid` names an object of this target that was handed out and not destroyed.
+    fn live(&self, fid: Fid) -> bool {
+        fid.seq == self.seq()
+            && fid.ver == 0
+            && fid.oid != 0
+            && fid.oid <= self.allocated.load(Ordering::SeqCst)
+            && !self.is_dead(fid.oid)
+    }
+
+    /// The object, opened; `None` for one handed out and never written (it is empty).
+    async fn existing(&self, fid: Fid) -> Result<Option<Arc<Object>>> {
+        match self.object(fid).await {
+            Ok(o) => Ok(Some(o)),
+            Err(TargetError::NotFound(_)) if self.live(fid) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The object, opened, its files made first if it was never written.
+    async fn made(&self, fid: Fid) -> Result<Arc<Object>> {
+        match self.object(fid).await {
+            Err(TargetError::NotFound(_)) => {}
+            other => return other,
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(o) = self.objects.lock().get(&fid) {
+            return Ok(o.clone());
+        }
+        // Checked under the opening lock, which a destroy takes to mark the id dead.
+        if !self.live(fid) {
+            return Err(TargetError::NotFound(fid));
+        }
+        let (data, meta) = self.paths(fid);
+        Object::create(&self.engine, fid, &data, &meta)?;
+        let obj = Object::open(self.engine.clone(), fid, &data, &meta).await?;
+        obj.new_in(self.dir_of(fid.oid));
+        let obj = Arc::new(obj);
+        let mut objects = self.objects.lock();
+        if objects.len() >= MAX_OPEN_OBJECTS {
+            objects.retain(|_, o| Arc::strong_count(o) > 1);
+        }
+        Ok(objects.entry(fid).or_insert(obj).clone())
+    }
+
     async fn object(&self, fid: Fid) -> Result<Arc<Object>> {
-        if fid.seq != self.seq() || fid.ver != 0 {
+        if fid.seq != self.seq() || fid.ver != 0 || self.is_dead(fid.oid) {
             return Err(TargetError::NotFound(fid));
         }
         if let Some(o) = self.objects.lock().get(&fid) {
@@ -385,41 +560,81 @@ impl Target {
             *f = (*f).max(stamp.oldest);
             *f
         };
-        self.object(fid)
+        crate::object::check_range(offset, data.len() as u64)?;
+        self.made(fid)
             .await?
             .write(offset, data, sync, stamp, floor)
             .await
     }
 
     pub async fn read(&self, fid: Fid, offset: u64, len: u64) -> Result<Bytes> {
-        self.object(fid).await?.read(offset, len).await
+        match self.existing(fid).await? {
+            Some(o) => o.read(offset, len).await,
+            None => crate::object::check_range(offset, len).map(|_| Bytes::new()),
+        }
     }
 
     pub async fn size(&self, fid: Fid) -> Result<u64> {
-        Ok(self.object(fid).await?.size().await)
+        match self.existing(fid).await? {
+            Some(o) => Ok(o.size().await),
+            None => Ok(0),
+        }
     }
 
     pub async fn truncate(&self, fid: Fid, size: u64) -> Result<()> {
-        self.object(fid).await?.truncate(size).await
+        crate::object::check_range(size, 0)?;
+        match self.existing(fid).await? {
+            Some(o) => o.truncate(size).await,
+            // Empty already; a longer object is made.
+            None if size == 0 => Ok(()),
+            None => self.made(fid).await?.truncate(size).await,
+        }
     }
 
     pub async fn punch(&self, fid: Fid, offset: u64, len: u64) -> Result<()> {
-        self.object(fid).await?.punch(offset, len).await
+        match self.existing(fid).await? {
+            Some(o) => o.punch(offset, len).await,
+            None => match offset.checked_add(len) {
+                Some(end) if end <= crate::object::MAX_OBJECT_SIZE => Ok(()),
+                _ => Err(TargetError::Invalid(format!(
+                    "range {offset}+{len} is past the object size limit"
+                ))),
+            },
+        }
     }
 
     pub async fn sync(&self, fid: Fid) -> Result<()> {
-        self.object(fid).await?.sync().await
+        match self.existing(fid).await? {
+            Some(o) => o.sync().await,
+            None => Ok(()),
+        }
     }
 
-    /// Removes an object; durable on return.
+    /// Destroys an object: its id is recorded dead, then its files (if it was written) go;
+    /// durable on return.
     pub async fn destroy(&self, fid: Fid) -> Result<()> {
-        self.object(fid).await?;
-        self.objects.lock().remove(&fid);
+        if !self.live(fid) {
+            return Err(TargetError::NotFound(fid));
+        }
+        {
+            // No write makes the object's files from now on.
+            let _opening = self.opening.lock().await;
+            self.mark_dead(fid.oid..=fid.oid).await?;
+            self.objects.lock().remove(&fid);
+        }
         let (data, meta) = self.paths(fid);
         let err = |e| TargetError::io(fid, 0, e);
-        self.engine.remove(&data).map_err(err)?;
-        self.engine.remove(&meta).map_err(err)?;
-        self.engine.sync_dir(&self.dir_of(fid.oid)).map_err(err)
+        let gone = |r: std::io::Result<()>| match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let had = gone(self.engine.remove(&data)).map_err(err)?;
+        gone(self.engine.remove(&meta)).map_err(err)?;
+        if had {
+            self.engine.sync_dir(&self.dir_of(fid.oid)).map_err(err)?;
+        }
+        Ok(())
     }
 
     /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
@@ -427,6 +642,11 @@ impl Target {
     /// Cleanups asked for at once run one after the other.
     pub async fn destroy_above(&self, keep_up_to: u32) -> Result<u32> {
         let _one = self.cleanup.lock().await;
+        let last = *self.last_id.lock().await;
+        if keep_up_to < last {
+            let _opening = self.opening.lock().await;
+            self.mark_dead(keep_up_to + 1..=last).await?;
+        }
         let gone = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
@@ -459,24 +679,9 @@ impl Target {
             .map_err(|e| TargetError::target(format!("{} statfs", self.root.display()), e))
     }
 
-    /// Every object id that has a data file.
+    /// Every object id that has a data file (was written and not destroyed).
     pub fn objects(&self) -> Result<Vec<Fid>> {
-        let mut out = vec![];
-        for d in 0..FANOUT {
-            let dir = self.dir_of(d);
-            let entries = self
-                .engine
-                .list(&dir)
-                .map_err(|e| TargetError::target(format!("list {}", dir.display()), e))?;
-            for p in entries {
-                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                if let Ok(oid) = u32::from_str_radix(name, 16) {
-                    out.push(Fid::new(self.seq(), oid, 0));
-                }
-            }
-        }
-        out.sort();
-        Ok(out)
+        list_objects(&self.engine, &self.root, self.seq())
     }
 
     /// Makes every write to every open object durable (a clean shutdown).
@@ -506,4 +711,29 @@ impl Target {
         }
         Ok(report)
     }
+}
+
+fn object_dir(root: &Path, seq: u64, d: u32) -> PathBuf {
+    root.join("O").join(format!("{seq:x}")).join(format!("d{d}"))
+}
+
+/// Every object id of sequence `seq` in `root` that has a data file.
+fn list_objects(engine: &Arc<dyn Engine>, root: &Path, seq: u64) -> Result<Vec<Fid>> {
+    let mut out = vec![];
+    for d in 0..FANOUT {
+        let dir = object_dir(root, seq, d);
+        let entries = match engine.list(&dir) {
+            Ok(e) => e,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(TargetError::target(format!("list {}", dir.display()), e)),
+        };
+        for p in entries {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if let Ok(oid) = u32::from_str_radix(name, 16) {
+                out.push(Fid::new(seq, oid, 0));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }

@@ -40,7 +40,18 @@ async fn precreated_objects_are_consecutive_and_empty() {
     let next = t.precreate(5).await.unwrap();
     assert_eq!(next.oid, first.oid + 10);
     assert_eq!(t.size(first).await.unwrap(), 0);
-    assert_eq!(t.objects().unwrap().len(), 15);
+    assert!(t.read(next, 0, 100).await.unwrap().is_empty());
+    t.sync(next).await.unwrap();
+    t.punch(next, 0, 100).await.unwrap();
+    t.truncate(next, 0).await.unwrap();
+    // Handed out, not written: no files yet.
+    assert!(t.objects().unwrap().is_empty());
+    t.write(first, 0, b"x", false, Default::default())
+        .await
+        .unwrap();
+    t.truncate(next, 10).await.unwrap();
+    assert_eq!(t.objects().unwrap(), vec![first, next]);
+    assert_eq!(t.size(next).await.unwrap(), 10);
     assert!(matches!(t.precreate(0).await, Err(TargetError::Invalid(_))));
     assert!(matches!(
         t.precreate(20_001).await,
@@ -131,6 +142,24 @@ async fn a_destroyed_or_unknown_object_is_not_found() {
         Err(TargetError::NotFound(_))
     ));
     assert!(matches!(t.destroy(o).await, Err(TargetError::NotFound(_))));
+    // A late write to it (a client holding an old layout) does not bring it back.
+    assert!(matches!(
+        t.write(o, 0, b"late", true, Default::default()).await,
+        Err(TargetError::NotFound(_))
+    ));
+    assert!(t.objects().unwrap().is_empty());
+    // Nor to one destroyed before it was ever written.
+    let never = t.precreate(1).await.unwrap();
+    t.destroy(never).await.unwrap();
+    for r in [
+        t.write(never, 0, b"late", false, Default::default())
+            .await
+            .map(|_| ()),
+        t.truncate(never, 5).await,
+        t.size(never).await.map(|_| ()),
+    ] {
+        assert!(matches!(r, Err(TargetError::NotFound(_))), "{r:?}");
+    }
     let stranger = Fid::new(o.seq + 1, o.oid, 0);
     assert!(matches!(
         t.write(stranger, 0, b"x", false, Default::default()).await,
@@ -388,4 +417,91 @@ async fn the_durability_epoch_moves_on_after_a_power_cut_and_not_after_a_restart
     let after = reopen(&mem).await.epoch();
     assert!(after > first, "{after} after {first}");
     assert_eq!(reopen(&mem).await.epoch(), after);
+}
+
+#[tokio::test]
+async fn an_object_made_at_its_first_write_survives_a_power_cut_once_synced() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(3).await.unwrap();
+    let (a, b, c) = (o, Fid::new(o.seq, o.oid + 1, 0), Fid::new(o.seq, o.oid + 2, 0));
+    t.write(a, 0, b"synced", true, Default::default())
+        .await
+        .unwrap();
+    t.write(b, 0, b"synced later", false, Default::default())
+        .await
+        .unwrap();
+    t.sync(b).await.unwrap();
+    t.write(c, 0, b"never synced", false, Default::default())
+        .await
+        .unwrap();
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    assert_eq!(&t.read(a, 0, 100).await.unwrap()[..], b"synced");
+    assert_eq!(&t.read(b, 0, 100).await.unwrap()[..], b"synced later");
+    // Made and written, never synced: as if never written (its writer was not told it was
+    // durable, and resends it).
+    assert_eq!(t.size(c).await.unwrap(), 0);
+    t.write(c, 0, b"again", true, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(&t.read(c, 0, 100).await.unwrap()[..], b"again");
+}
+
+#[tokio::test]
+async fn destroyed_ids_stay_dead_across_a_power_cut_and_an_orphan_cleanup() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(10).await.unwrap();
+    let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
+    t.write(id(0), 0, b"keep", true, Default::default())
+        .await
+        .unwrap();
+    t.write(id(1), 0, b"gone", true, Default::default())
+        .await
+        .unwrap();
+    t.destroy(id(1)).await.unwrap();
+    t.destroy(id(2)).await.unwrap();
+    t.write(id(7), 0, b"orphan", true, Default::default())
+        .await
+        .unwrap();
+    // Objects above id(4) were never given to a file: an orphan cleanup takes them.
+    assert_eq!(t.destroy_above(id(4).oid).await.unwrap(), 1);
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    assert_eq!(&t.read(id(0), 0, 10).await.unwrap()[..], b"keep");
+    for k in [1, 2, 5, 7, 9] {
+        assert!(
+            matches!(t.read(id(k), 0, 10).await, Err(TargetError::NotFound(_))),
+            "id {k}"
+        );
+    }
+    // Handed out, alive, never written.
+    assert_eq!(t.size(id(3)).await.unwrap(), 0);
+    assert_eq!(t.precreate(1).await.unwrap(), id(10));
+}
+
+#[tokio::test]
+async fn a_target_made_before_dead_ids_were_recorded_learns_them_from_its_files() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(4).await.unwrap();
+    let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
+    for k in [0, 2] {
+        t.write(id(k), 0, b"old", true, Default::default())
+            .await
+            .unwrap();
+    }
+    drop(t);
+    // As an older target: every precreated object had files, and a destroyed one had none.
+    mem.remove(&Path::new(ROOT).join("DEAD")).unwrap();
+    let t = reopen(&mem).await;
+    assert_eq!(&t.read(id(2), 0, 10).await.unwrap()[..], b"old");
+    for k in [1, 3] {
+        assert!(
+            matches!(t.size(id(k)).await, Err(TargetError::NotFound(_))),
+            "id {k}"
+        );
+    }
+    let new = t.precreate(1).await.unwrap();
+    assert_eq!(t.size(new).await.unwrap(), 0);
 }
