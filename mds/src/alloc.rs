@@ -23,7 +23,9 @@ use lnet::{AnyNet, Transport};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
-use proto::ost::{OstDestroy, OstDestroyAbove, OstPrecreate, OstStatfs};
+use proto::ost::{
+    OstDestroy, OstDestroyAbove, OstDestroyMany, OstPrecreate, OstStatfs, MAX_DESTROY_MANY,
+};
 use proto::registry::{TargetInfo, TargetReport};
 use proto::Nid;
 use proto::{Fid, FsErrorKind, StatusCode};
@@ -419,28 +421,32 @@ impl Allocator {
             .filter(|t| t.up)
             .map(|t| (t.index, t.oss))
             .collect();
-        let mut done = vec![];
+        let mut by_target: HashMap<u32, Vec<StripeObject>> = HashMap::new();
         for o in doomed {
-            let Some(oss) = servers.get(&o.target) else {
-                continue;
-            };
-            match call(
-                &self.net,
-                oss,
-                &OstDestroy {
-                    target: o.target,
-                    fid: o.fid,
-                },
-                RPC_DEADLINE,
-            )
-            .await
-            {
-                Ok(_) => done.push(o),
-                Err(lnet::NetError::Remote { err, .. }) if err.code == StatusCode::NotFound => {
-                    done.push(o)
-                }
-                Err(e) => {
-                    tracing::debug!(object = %o.fid, error = %e, "destroy failed; will retry")
+            if servers.contains_key(&o.target) {
+                by_target.entry(o.target).or_default().push(o);
+            }
+        }
+        let mut done = vec![];
+        for (target, objects) in by_target {
+            let oss = &servers[&target];
+            for chunk in objects.chunks(MAX_DESTROY_MANY) {
+                let r = OstDestroyMany {
+                    target,
+                    fids: chunk.iter().map(|o| o.fid).collect(),
+                };
+                match call(&self.net, oss, &r, RPC_DEADLINE).await {
+                    // Objects not there were destroyed before (a destroy answered too late).
+                    Ok(_) => done.extend_from_slice(chunk),
+                    Err(lnet::NetError::Remote { err, .. })
+                        if err.code == StatusCode::NoService =>
+                    {
+                        // A storage server older than batched destroys: one at a time.
+                        done.extend(self.destroy_each(oss, chunk).await);
+                    }
+                    Err(e) => {
+                        tracing::debug!(target, objects = chunk.len(), error = %e, "destroy failed; will retry")
+                    }
                 }
             }
         }
@@ -455,6 +461,27 @@ impl Allocator {
                 tracing::debug!(objects = n, "destroyed objects of removed files");
             }
         }
+    }
+
+    /// Destroys `objects` on `oss` one call each; returns those destroyed (or gone already).
+    async fn destroy_each(&self, oss: &Nid, objects: &[StripeObject]) -> Vec<StripeObject> {
+        let mut done = vec![];
+        for o in objects {
+            let r = OstDestroy {
+                target: o.target,
+                fid: o.fid,
+            };
+            match call(&self.net, oss, &r, RPC_DEADLINE).await {
+                Ok(_) => done.push(*o),
+                Err(lnet::NetError::Remote { err, .. }) if err.code == StatusCode::NotFound => {
+                    done.push(*o)
+                }
+                Err(e) => {
+                    tracing::debug!(object = %o.fid, error = %e, "destroy failed; will retry")
+                }
+            }
+        }
+        done
     }
 
     /// Runs maintenance every `every` until the process ends.

@@ -204,6 +204,21 @@ impl OssService {
                     free: space.free,
                 })
             }
+            opcodes::OST_DESTROY_MANY => {
+                self.server_only(&req)?;
+                let r: OstDestroyMany = req.decode()?;
+                if r.fids.len() > MAX_DESTROY_MANY {
+                    return Err(RemoteError::new(
+                        StatusCode::Invalid,
+                        format!(
+                            "a destroy names at most {MAX_DESTROY_MANY} objects, not {}",
+                            r.fids.len()
+                        ),
+                    ));
+                }
+                let missing = self.target(r.target)?.destroy_many(&r.fids).await?;
+                reply::<OstDestroyMany>(&OstDestroyedMany { missing })
+            }
             opcodes::OST_DESTROY_ABOVE => {
                 self.server_only(&req)?;
                 let r: OstDestroyAbove = req.decode()?;

@@ -33,7 +33,6 @@
 //! sync is answered under.
 
 use std::collections::HashMap;
-use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -357,27 +356,52 @@ impl Target {
             .is_some_and(|b| b & (1 << (oid % 8)) != 0)
     }
 
-    /// Records the ids in `range` destroyed, durably.
-    async fn mark_dead(&self, range: RangeInclusive<u32>) -> Result<()> {
+    /// Records the ids `oids` destroyed, durably: the bytes they touch are written in runs,
+    /// and DEAD is synced once.
+    async fn mark_dead(&self, oids: impl IntoIterator<Item = u32>) -> Result<()> {
+        /// Bytes between two touched ones that are written rather than starting a new run.
+        const GAP: usize = 512;
         let _one = self.dead_io.lock().await;
-        let (first, last) = (*range.start() as usize / 8, *range.end() as usize / 8);
-        let mut buf = AlignedBuf::zeroed(last - first + 1);
-        {
+        let runs: Vec<(usize, AlignedBuf)> = {
             let mut d = self.dead.lock();
-            if d.len() <= last {
-                d.resize(last + 1, 0);
+            let mut touched: Vec<usize> = vec![];
+            for oid in oids {
+                let at = oid as usize / 8;
+                if d.len() <= at {
+                    d.resize(at + 1, 0);
+                }
+                d[at] |= 1 << (oid % 8);
+                touched.push(at);
             }
-            for oid in range {
-                d[oid as usize / 8] |= 1 << (oid % 8);
+            touched.sort_unstable();
+            touched.dedup();
+            let mut spans: Vec<(usize, usize)> = vec![];
+            for at in touched {
+                match spans.last_mut() {
+                    Some((_, end)) if at <= *end + GAP => *end = at,
+                    _ => spans.push((at, at)),
+                }
             }
-            buf.copy_from_slice(&d[first..=last]);
+            spans
+                .into_iter()
+                .map(|(first, last)| {
+                    let mut buf = AlignedBuf::zeroed(last - first + 1);
+                    buf.copy_from_slice(&d[first..=last]);
+                    (first, buf)
+                })
+                .collect()
+        };
+        if runs.is_empty() {
+            return Ok(());
         }
         let err = |e| TargetError::target(format!("{}/DEAD", self.root.display()), e);
-        self.engine
-            .write_at(&self.dead_file, DEAD_HEAD + first as u64, buf)
-            .await
-            .1
-            .map_err(err)?;
+        for (first, buf) in runs {
+            self.engine
+                .write_at(&self.dead_file, DEAD_HEAD + first as u64, buf)
+                .await
+                .1
+                .map_err(err)?;
+        }
         self.engine.sync(&self.dead_file).await.map_err(err)
     }
 
@@ -613,28 +637,49 @@ impl Target {
     /// Destroys an object: its id is recorded dead, then its files (if it was written) go;
     /// durable on return.
     pub async fn destroy(&self, fid: Fid) -> Result<()> {
-        if !self.live(fid) {
-            return Err(TargetError::NotFound(fid));
+        match self.destroy_many(&[fid]).await?.as_slice() {
+            [] => Ok(()),
+            _ => Err(TargetError::NotFound(fid)),
+        }
+    }
+
+    /// Destroys the objects `fids` as [`Target::destroy`] does, with one sync of DEAD and one
+    /// of each directory that lost files; returns those that were not there.
+    pub async fn destroy_many(&self, fids: &[Fid]) -> Result<Vec<Fid>> {
+        let (live, missing): (Vec<Fid>, Vec<Fid>) = fids.iter().partition(|f| self.live(**f));
+        if live.is_empty() {
+            return Ok(missing);
         }
         {
-            // No write makes the object's files from now on.
+            // No write makes these objects' files from now on.
             let _opening = self.opening.lock().await;
-            self.mark_dead(fid.oid..=fid.oid).await?;
-            self.objects.lock().remove(&fid);
+            self.mark_dead(live.iter().map(|f| f.oid)).await?;
+            let mut objects = self.objects.lock();
+            for f in &live {
+                objects.remove(f);
+            }
         }
-        let (data, meta) = self.paths(fid);
-        let err = |e| TargetError::io(fid, 0, e);
         let gone = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
         };
-        let had = gone(self.engine.remove(&data)).map_err(err)?;
-        gone(self.engine.remove(&meta)).map_err(err)?;
-        if had {
-            self.engine.sync_dir(&self.dir_of(fid.oid)).map_err(err)?;
+        let mut dirs = std::collections::BTreeSet::new();
+        for &fid in &live {
+            let (data, meta) = self.paths(fid);
+            let err = |e| TargetError::io(fid, 0, e);
+            if gone(self.engine.remove(&data)).map_err(err)? {
+                dirs.insert(fid.oid % FANOUT);
+            }
+            gone(self.engine.remove(&meta)).map_err(err)?;
         }
-        Ok(())
+        for d in dirs {
+            let dir = self.dir_of(d);
+            self.engine
+                .sync_dir(&dir)
+                .map_err(|e| TargetError::target(format!("sync {}", dir.display()), e))?;
+        }
+        Ok(missing)
     }
 
     /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
@@ -714,7 +759,9 @@ impl Target {
 }
 
 fn object_dir(root: &Path, seq: u64, d: u32) -> PathBuf {
-    root.join("O").join(format!("{seq:x}")).join(format!("d{d}"))
+    root.join("O")
+        .join(format!("{seq:x}"))
+        .join(format!("d{d}"))
 }
 
 /// Every object id of sequence `seq` in `root` that has a data file.

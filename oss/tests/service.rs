@@ -179,6 +179,35 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     .await
     .unwrap_err();
     assert_eq!(code(err), StatusCode::NotFound);
+
+    // Many at once: the ones destroyed before (or never handed out) come back as missing.
+    let sibling = Fid::new(fid.seq, fid.oid + 1, 0);
+    let unknown = Fid::new(fid.seq, 999_999, 0);
+    let r = OstDestroyMany {
+        target: 7,
+        fids: vec![fid, sibling, unknown],
+    };
+    let got = call(&c, &nid, &r, T).await.unwrap();
+    assert_eq!(got.missing, vec![fid, unknown]);
+    let err = call(
+        &c,
+        &nid,
+        &OstGetattr {
+            target: 7,
+            fid: sibling,
+            capa: None,
+        },
+        T,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(err), StatusCode::NotFound);
+    let too_many = OstDestroyMany {
+        target: 7,
+        fids: vec![sibling; proto::ost::MAX_DESTROY_MANY + 1],
+    };
+    let err = call(&c, &nid, &too_many, T).await.unwrap_err();
+    assert_eq!(code(err), StatusCode::Invalid);
 }
 
 // Long by design: one table of bad requests against one server, then a check that nothing was
@@ -427,6 +456,19 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
         call(&client, &nid, &OstDestroy { target: 7, fid }, T)
             .await
             .unwrap_err(),
+    );
+    not_permitted(
+        call(
+            &client,
+            &nid,
+            &OstDestroyMany {
+                target: 7,
+                fids: vec![fid],
+            },
+            T,
+        )
+        .await
+        .unwrap_err(),
     );
     not_permitted(
         call(

@@ -423,7 +423,11 @@ async fn the_durability_epoch_moves_on_after_a_power_cut_and_not_after_a_restart
 async fn an_object_made_at_its_first_write_survives_a_power_cut_once_synced() {
     let (mem, t) = mem_target(1 << 30).await;
     let o = t.precreate(3).await.unwrap();
-    let (a, b, c) = (o, Fid::new(o.seq, o.oid + 1, 0), Fid::new(o.seq, o.oid + 2, 0));
+    let (a, b, c) = (
+        o,
+        Fid::new(o.seq, o.oid + 1, 0),
+        Fid::new(o.seq, o.oid + 2, 0),
+    );
     t.write(a, 0, b"synced", true, Default::default())
         .await
         .unwrap();

@@ -64,6 +64,7 @@ pub mod opcodes {
     pub const OST_SYNC: Opcode = Opcode(0x0208);
     pub const OST_STATFS: Opcode = Opcode(0x0209);
     pub const OST_DESTROY_ABOVE: Opcode = Opcode(0x020a);
+    pub const OST_DESTROY_MANY: Opcode = Opcode(0x020b);
 
     pub const ALL: &[Opcode] = &[
         PING,
@@ -105,6 +106,7 @@ pub mod opcodes {
         OST_SYNC,
         OST_STATFS,
         OST_DESTROY_ABOVE,
+        OST_DESTROY_MANY,
     ];
 }
 
@@ -161,6 +163,7 @@ impl Opcode {
             opcodes::OST_SYNC => "ost_sync",
             opcodes::OST_STATFS => "ost_statfs",
             opcodes::OST_DESTROY_ABOVE => "ost_destroy_above",
+            opcodes::OST_DESTROY_MANY => "ost_destroy_many",
             _ => "unknown",
         }
     }

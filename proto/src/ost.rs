@@ -120,6 +120,24 @@ pub struct OstDestroy {
     pub fid: Fid,
 }
 
+/// Most objects one [`OstDestroyMany`] names.
+pub const MAX_DESTROY_MANY: usize = 1024;
+
+/// Destroys the objects `fids` of one target (at most [`MAX_DESTROY_MANY`]), durably, with one
+/// sync of the target's record of destroyed ids for them all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDestroyMany {
+    pub target: u32,
+    pub fids: Vec<Fid>,
+}
+
+/// The objects of an [`OstDestroyMany`] that were not there (destroyed before, or never
+/// handed out); the others are destroyed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstDestroyedMany {
+    pub missing: Vec<Fid>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstGetattr {
     pub target: u32,
@@ -199,6 +217,7 @@ impl Rpc for OstRead {
 rpc!(OstTruncate, opcodes::OST_TRUNCATE, OstDone);
 rpc!(OstPunch, opcodes::OST_PUNCH, OstAck);
 rpc!(OstDestroy, opcodes::OST_DESTROY, OstDone);
+rpc!(OstDestroyMany, opcodes::OST_DESTROY_MANY, OstDestroyedMany);
 rpc!(OstGetattr, opcodes::OST_GETATTR, OstAttr);
 rpc!(OstSync, opcodes::OST_SYNC, OstAck);
 rpc!(OstStatfs, opcodes::OST_STATFS, TargetSpace);
@@ -240,6 +259,8 @@ mod tests {
             round_trips(OstTruncate { target, fid, size: offset, capa: None });
             round_trips(OstPunch { target, fid, offset, len: u64::from(len), capa: None });
             round_trips(OstDestroy { target, fid });
+            round_trips(OstDestroyMany { target, fids: vec![fid; n] });
+            round_trips(OstDestroyedMany { missing: vec![fid; n] });
             round_trips(OstGetattr { target, fid, capa: None });
             round_trips(OstAttr { size: offset });
             round_trips(OstSync { target, fid, capa: None });
