@@ -421,7 +421,9 @@ impl Allocator {
             .filter(|t| t.up)
             .map(|t| (t.index, t.oss))
             .collect();
-        let mut by_target: HashMap<u32, Vec<StripeObject>> = HashMap::new();
+        // In target order: the simulator replays a seed only if calls go out in the same order.
+        let mut by_target: std::collections::BTreeMap<u32, Vec<StripeObject>> =
+            Default::default();
         for o in doomed {
             if servers.contains_key(&o.target) {
                 by_target.entry(o.target).or_default().push(o);
