@@ -422,8 +422,7 @@ impl Allocator {
             .map(|t| (t.index, t.oss))
             .collect();
         // In target order: the simulator replays a seed only if calls go out in the same order.
-        let mut by_target: std::collections::BTreeMap<u32, Vec<StripeObject>> =
-            Default::default();
+        let mut by_target: std::collections::BTreeMap<u32, Vec<StripeObject>> = Default::default();
         for o in doomed {
             if servers.contains_key(&o.target) {
                 by_target.entry(o.target).or_default().push(o);

@@ -16,6 +16,11 @@ use mds::identity::{NodeGroup, NodeRange, Nodemap};
 use mds::store::DEFAULT_CHECKPOINT_BYTES;
 use mds::{MdsConfig, MdsServer};
 
+/// How often the journal commits by default when nobody waits for it: a few milliseconds
+/// gather the changes of a busy metadata load into one write and one sync (Lustre's journal
+/// commits every 5 s), while a change still reaches the disk long before a client could fail
+/// too. Anything that waits for durability commits at once.
+const DEFAULT_COMMIT_INTERVAL_MS: u64 = 5;
 #[derive(Parser)]
 #[command(
     name = "lode-mds",
@@ -62,8 +67,8 @@ struct ServeArgs {
     #[arg(long)]
     checkpoint_mib: Option<u64>,
     /// Commit the journal at most once per this many milliseconds, unless a client waits for
-    /// durability (fsync, sync, a tool that asks) [default: 0: as soon as possible]. Changes
-    /// are answered before they commit; clients keep them until then.
+    /// durability (fsync, sync, a tool that asks) [default: 5; 0: as soon as possible].
+    /// Changes are answered before they commit; clients keep them until then.
     #[arg(long)]
     commit_interval_ms: Option<u64>,
     /// Seconds clients have after a restart to replay their uncommitted changes and count
@@ -197,7 +202,7 @@ impl ServeArgs {
             commit_interval: Duration::from_millis(
                 self.commit_interval_ms
                     .or(file.commit_interval_ms)
-                    .unwrap_or(0),
+                    .unwrap_or(DEFAULT_COMMIT_INTERVAL_MS),
             ),
             recovery_window: self
                 .recovery_window_s
