@@ -740,7 +740,15 @@ impl Client {
 
     /// Closes an open counted at the MDS without waiting for the answer (nothing was done
     /// through it that the close must report).
-    pub(crate) fn close_ahead(&self, handle: OpenHandle, fid: Fid) {
+    pub(crate) fn close_ahead(
+        &self,
+        handle: OpenHandle,
+        fid: Fid,
+        sent: Option<&crate::pending::Sent>,
+    ) {
+        if sent.is_some_and(|s| self.inner.pending.drop_open(s.seq())) {
+            return;
+        }
         self.inner
             .pending
             .push(BatchOp::Close(MdsClose { fid, handle }), None, None);

@@ -1804,7 +1804,8 @@ impl File {
             if let Some(Err(e)) = self.ahead.as_ref().and_then(|s| s.now()) {
                 return Err(e);
             }
-            self.client.close_ahead(self.handle, fid);
+            self.client
+                .close_ahead(self.handle, fid, self.ahead.as_ref());
             return Ok(());
         }
         let published = self.publish_size().await;
@@ -2089,7 +2090,8 @@ impl Drop for File {
         self.client.inner.opens.remove(self.handle.handle);
         if !self.ready.load(Ordering::SeqCst) {
             let fid = self.inode.lock().fid;
-            self.client.close_ahead(self.handle, fid);
+            self.client
+                .close_ahead(self.handle, fid, self.ahead.as_ref());
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

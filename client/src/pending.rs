@@ -88,6 +88,11 @@ impl Sent {
         }
     }
 
+    /// Its place in the queue.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// The reply if it came already.
     pub fn now(&self) -> Option<Result<MdsReintReply>> {
         self.rx.borrow().as_ref().map(|o| match o {
@@ -214,6 +219,23 @@ impl Pending {
             rx,
             seq,
             hurry: self.hurry.clone(),
+        }
+    }
+
+    /// Takes the open off the create queued as `seq`, if it is still queued: the file was
+    /// closed before the create was sent, so the MDS need count no open (nor send the close,
+    /// nor a capability for it). False once the create is on its way.
+    pub fn drop_open(&self, seq: u64) -> bool {
+        let mut q = self.queue.lock();
+        let Ok(at) = q.binary_search_by_key(&seq, |x| x.seq) else {
+            return false;
+        };
+        match &mut q[at].op {
+            BatchOp::Reint(r) if r.open.is_some() => {
+                r.open = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -392,4 +414,58 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
     }
     inner.pending.touching.lock().retain(|_, seq| *seq > last);
     inner.pending.answered.send_replace(last);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::md::{Creds, MdsReint, Mutation, OpenHandle};
+    use proto::Fid;
+
+    fn create(open: Option<OpenHandle>) -> BatchOp {
+        BatchOp::Reint(MdsReint {
+            creds: Creds::root(),
+            mutation: Mutation::CreateAt {
+                fid: Fid::new(proto::fid::INODE_SEQ, 9, 0),
+                parent: Fid::new(proto::fid::INODE_SEQ, 1, 0),
+                name: b"x".to_vec(),
+                kind: proto::md::Kind::File,
+                mode: 0o644,
+                target: vec![],
+                layout: None,
+            },
+            req: None,
+            open,
+            size_gen: None,
+            behind: true,
+            lease: false,
+        })
+    }
+
+    #[test]
+    fn a_close_takes_the_open_off_a_create_still_queued_and_only_then() {
+        let p = Pending::default();
+        let h = OpenHandle {
+            client: 7,
+            handle: 1,
+        };
+        let first = p.push(create(Some(h)), None, None);
+        let second = p.push(create(Some(h)), None, None);
+        assert!(p.drop_open(second.seq()));
+        // Once taken off, there is nothing more to take.
+        assert!(!p.drop_open(second.seq()));
+        let queued: Vec<Option<OpenHandle>> = p
+            .queue
+            .lock()
+            .iter()
+            .map(|q| match &q.op {
+                BatchOp::Reint(r) => r.open,
+                BatchOp::Close(_) => None,
+            })
+            .collect();
+        assert_eq!(queued, vec![Some(h), None]);
+        // Sent already (no longer queued): the close must go to the MDS.
+        p.queue.lock().pop_front();
+        assert!(!p.drop_open(first.seq()));
+    }
 }

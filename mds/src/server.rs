@@ -138,6 +138,8 @@ pub struct MdsServer {
     registry: Arc<Registry>,
     store: Arc<Store>,
     clients: Arc<crate::recovery::Clients>,
+    /// Files held open by clients.
+    opens: Arc<crate::open::OpenFiles>,
     metrics: Option<Arc<crate::metrics::MdsMetrics>>,
     _lock: daemon::DataDirLock,
 }
@@ -195,6 +197,7 @@ impl MdsServer {
             )?)),
             None => None,
         };
+        let opens = alloc.open.clone();
         let service = MdsService::new(
             registry.clone(),
             store.clone(),
@@ -226,6 +229,7 @@ impl MdsServer {
             registry,
             store,
             clients,
+            opens,
             metrics: cfg.metrics.clone(),
             _lock: lock,
         })
@@ -234,6 +238,11 @@ impl MdsServer {
     /// Where clients and storage servers reach it.
     pub fn nid(&self) -> Nid {
         self.net.nid()
+    }
+
+    /// Open handles it counts (files held open by clients).
+    pub fn open_handles(&self) -> usize {
+        self.opens.handles()
     }
 
     /// The storage targets it knows, with their liveness.
