@@ -87,7 +87,9 @@ say "keys and servers"
 "$BIN/lode" key client --from "$work/cluster.key" "$work/client.key" >/dev/null
 start() {
   local h=$1; shift
-  on "$h" "$@" > "$work/$h.out" 2> "$work/$h.log" &
+  # Not through `on`: a function run in the background is a subshell, and its pid (what
+  # cleanup kills) would not be the server's. `ip netns exec` execs in place.
+  ip netns exec "$(ns "$h")" "$@" > "$work/$h.out" 2> "$work/$h.log" &
   echo $! > "$work/$h.pid"
   for _ in $(seq 100); do
     grep -q serving "$work/$h.out" 2>/dev/null && return 0
