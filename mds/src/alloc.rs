@@ -123,11 +123,16 @@ impl Allocator {
 
     /// Targets new stripes may go to: up, cleaned up, with more than 1% free.
     fn eligible(&self) -> Vec<TargetInfo> {
+        self.eligible_in(&self.registry.list())
+    }
+
+    /// The same, among `known` (the registry's list, taken once for a whole layout).
+    fn eligible_in(&self, known: &[TargetInfo]) -> Vec<TargetInfo> {
         let ready = self.ready.lock();
-        self.registry
-            .list()
-            .into_iter()
+        known
+            .iter()
             .filter(|t| t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total)
+            .cloned()
             .collect()
     }
 
@@ -141,13 +146,14 @@ impl Allocator {
     /// left: `copies_left` mirrors, this one included, still need theirs.
     fn choose(
         &self,
+        known: &[TargetInfo],
         c: &Component,
         avoid: &HashSet<Nid>,
         exclude: &HashSet<u32>,
         copies_left: u16,
     ) -> Result<Vec<u32>, NsError> {
         let eligible: Vec<TargetInfo> = self
-            .eligible()
+            .eligible_in(known)
             .into_iter()
             .filter(|t| !avoid.contains(&t.oss) && !exclude.contains(&t.index))
             .collect();
@@ -257,6 +263,8 @@ impl Allocator {
         exclude: &HashSet<u32>,
     ) -> Result<Layout, NsError> {
         let mut out = template.clone();
+        // One look at the registry for the whole layout (targets up, their servers).
+        let known = self.registry.list();
         let mut taken: Vec<StripeObject> = vec![];
         let copies = out.mirror_count();
         // The servers each mirror's stripes are on: no server holds two copies of a byte.
@@ -270,7 +278,6 @@ impl Allocator {
                 .collect();
             if c.is_instantiated() {
                 // A mirror the file already has (extending it keeps the old copies).
-                let known = self.registry.list();
                 servers_of[usize::from(c.mirror)].extend(c.objects.iter().filter_map(|o| {
                     known
                         .iter()
@@ -290,7 +297,7 @@ impl Allocator {
                             .any(|x| x.mirror == *m && !x.is_instantiated())
                     })
                     .count() as u16;
-                for target in self.choose(c, &avoid, exclude, copies_left.max(1))? {
+                for target in self.choose(&known, c, &avoid, exclude, copies_left.max(1))? {
                     objects.push(StripeObject {
                         target,
                         fid: self.take(target).await?,
@@ -301,7 +308,6 @@ impl Allocator {
             .await;
             match result {
                 Ok(objects) => {
-                    let known = self.registry.list();
                     servers_of[usize::from(c.mirror)].extend(objects.iter().filter_map(|o| {
                         known
                             .iter()
