@@ -535,12 +535,19 @@ impl Target {
         Object::create(&self.engine, fid, &data, &meta)?;
         let obj = Object::open(self.engine.clone(), fid, &data, &meta).await?;
         obj.new_in(self.dir_of(fid.oid));
-        let obj = Arc::new(obj);
+        Ok(self.keep_open(obj))
+    }
+
+    /// Keeps `obj` among the open objects (closing idle ones past the bound).
+    fn keep_open(&self, obj: Object) -> Arc<Object> {
         let mut objects = self.objects.lock();
         if objects.len() >= MAX_OPEN_OBJECTS {
             objects.retain(|_, o| Arc::strong_count(o) > 1);
         }
-        Ok(objects.entry(fid).or_insert(obj).clone())
+        objects
+            .entry(obj.fid)
+            .or_insert_with(|| Arc::new(obj))
+            .clone()
     }
 
     async fn object(&self, fid: Fid) -> Result<Arc<Object>> {
@@ -556,12 +563,8 @@ impl Target {
             return Ok(o.clone());
         }
         let (data, meta) = self.paths(fid);
-        let obj = Arc::new(Object::open(self.engine.clone(), fid, &data, &meta).await?);
-        let mut objects = self.objects.lock();
-        if objects.len() >= MAX_OPEN_OBJECTS {
-            objects.retain(|_, o| Arc::strong_count(o) > 1);
-        }
-        Ok(objects.entry(fid).or_insert(obj).clone())
+        let obj = Object::open(self.engine.clone(), fid, &data, &meta).await?;
+        Ok(self.keep_open(obj))
     }
 
     /// Writes `data` at `offset`; a write `stamp` shows to be stale is refused.
