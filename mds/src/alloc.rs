@@ -23,12 +23,10 @@ use lnet::{AnyNet, Transport};
 use parking_lot::Mutex;
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::md::{Creds, Mutation};
-use proto::ost::{
-    OstDestroy, OstDestroyAbove, OstDestroyMany, OstPrecreate, OstStatfs, MAX_DESTROY_MANY,
-};
+use proto::ost::{OstDestroyAbove, OstDestroyMany, OstPrecreate, OstStatfs, MAX_DESTROY_MANY};
 use proto::registry::{TargetInfo, TargetReport};
 use proto::Nid;
-use proto::{Fid, FsErrorKind, StatusCode};
+use proto::{Fid, FsErrorKind};
 
 use crate::namespace::NsError;
 use crate::placement::{place, Candidate};
@@ -445,12 +443,6 @@ impl Allocator {
                 match call(&self.net, oss, &r, RPC_DEADLINE).await {
                     // Objects not there were destroyed before (a destroy answered too late).
                     Ok(_) => done.extend_from_slice(chunk),
-                    Err(lnet::NetError::Remote { err, .. })
-                        if err.code == StatusCode::NoService =>
-                    {
-                        // A storage server older than batched destroys: one at a time.
-                        done.extend(self.destroy_each(oss, chunk).await);
-                    }
                     Err(e) => {
                         tracing::debug!(target, objects = chunk.len(), error = %e, "destroy failed; will retry")
                     }
@@ -468,27 +460,6 @@ impl Allocator {
                 tracing::debug!(objects = n, "destroyed objects of removed files");
             }
         }
-    }
-
-    /// Destroys `objects` on `oss` one call each; returns those destroyed (or gone already).
-    async fn destroy_each(&self, oss: &Nid, objects: &[StripeObject]) -> Vec<StripeObject> {
-        let mut done = vec![];
-        for o in objects {
-            let r = OstDestroy {
-                target: o.target,
-                fid: o.fid,
-            };
-            match call(&self.net, oss, &r, RPC_DEADLINE).await {
-                Ok(_) => done.push(*o),
-                Err(lnet::NetError::Remote { err, .. }) if err.code == StatusCode::NotFound => {
-                    done.push(*o)
-                }
-                Err(e) => {
-                    tracing::debug!(object = %o.fid, error = %e, "destroy failed; will retry")
-                }
-            }
-        }
-        done
     }
 
     /// Runs maintenance every `every` until the process ends.
