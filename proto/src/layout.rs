@@ -554,7 +554,10 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashSet;
 
+    /// A component with objects of its own: no two components (of different starts) share
+    /// an object, as the MDS never gives one object to two.
     fn instantiated(start: u64, end: u64, stripe_size: u64, count: u32) -> Component {
+        let oid = 1 + (start >> 16) as u32;
         Component {
             start,
             end,
@@ -567,7 +570,7 @@ mod tests {
             objects: (0..count)
                 .map(|i| StripeObject {
                     target: i,
-                    fid: Fid::new(crate::fid::OST_SEQ_BASE + u64::from(i), 1, 0),
+                    fid: Fid::new(crate::fid::OST_SEQ_BASE + u64::from(i), oid, 0),
                 })
                 .collect(),
         }
