@@ -546,3 +546,98 @@ fn streams_beyond_the_readahead_budget_still_read_every_byte() {
     }
     assert!(mount.terminate().success());
 }
+
+/// The threads of `pid` whose name starts with `prefix`, with the times each went to sleep
+/// (voluntary context switches: one per request a ring thread waited for and served, about).
+fn threads_named(pid: u32, prefix: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let waits = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        out.push((comm.trim().to_owned(), waits));
+    }
+    out
+}
+
+/// What a mount must do the same over FUSE rings and over /dev/fuse: many small creates, a
+/// file larger than a ring entry's payload written and read back, a long listing, an xattr
+/// whose value fills a good part of a payload, renames and unlinks.
+fn ring_workload(m: &Path) {
+    for i in 0..300 {
+        fs::write(m.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    let big: Vec<u8> = (0..3_000_007u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(m.join("big"), &big).unwrap();
+    assert!(fs::read(m.join("big")).unwrap() == big);
+    assert_eq!(fs::read_dir(m).unwrap().count(), 301);
+    let c = CString::new(m.join("big").to_str().unwrap()).unwrap();
+    let v = CString::new("user.large").unwrap();
+    let value: Vec<u8> = (0..32_768u32).map(|i| (i % 199) as u8).collect();
+    let mut back = vec![0u8; 65_536];
+    // SAFETY: valid C strings and buffers of the given lengths.
+    let got = unsafe {
+        assert_eq!(
+            libc::setxattr(c.as_ptr(), v.as_ptr(), value.as_ptr().cast(), value.len(), 0),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        libc::getxattr(c.as_ptr(), v.as_ptr(), back.as_mut_ptr().cast(), back.len())
+    };
+    assert_eq!(got, value.len() as isize);
+    assert_eq!(&back[..value.len()], &value[..]);
+    for i in 0..300 {
+        fs::rename(m.join(format!("f{i}")), m.join(format!("g{i}"))).unwrap();
+        assert_eq!(fs::read_to_string(m.join(format!("g{i}"))).unwrap(), i.to_string());
+        fs::remove_file(m.join(format!("g{i}"))).unwrap();
+    }
+    fs::remove_file(m.join("big")).unwrap();
+    assert_eq!(fs::read_dir(m).unwrap().count(), 0);
+}
+
+// A mount serves over FUSE rings where the kernel has them (turning the fuse module's switch on,
+// as root), one pinned thread per CPU, and the same calls give the same results as a mount told
+// to stay on /dev/fuse, which starts no ring.
+#[test]
+fn a_mount_serves_over_fuse_rings_where_the_kernel_has_them_and_gives_the_same_results() {
+    let Some((ring_mnt, _mds, _oss, ring_mount)) = one_server_mount("ring", "allow_other") else {
+        return;
+    };
+    let Some((dev_mnt, _mds2, _oss2, dev_mount)) = one_server_mount("no-ring", "no_uring") else {
+        return;
+    };
+    let before: u64 = threads_named(ring_mount.child.id(), "fuser-ring-")
+        .iter()
+        .map(|t| t.1)
+        .sum();
+    ring_workload(&ring_mnt);
+    ring_workload(&dev_mnt);
+
+    let rings = threads_named(ring_mount.child.id(), "fuser-ring-");
+    let kernel_has_rings = Path::new("/sys/module/fuse/parameters/enable_uring").exists();
+    if kernel_has_rings {
+        let cpus = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+        let last: usize = cpus
+            .trim()
+            .split(',')
+            .filter_map(|r| r.rsplit('-').next()?.parse().ok())
+            .max()
+            .unwrap();
+        assert_eq!(rings.len(), last + 1, "one ring thread per CPU: {rings:?}");
+        let served: u64 = rings.iter().map(|t| t.1).sum::<u64>() - before;
+        // 300 creates, 300 renames and 300 unlinks, each at least one request.
+        assert!(served >= 900, "the rings served {served} requests");
+    } else {
+        eprintln!("this kernel has no FUSE rings: the mount serves over /dev/fuse");
+        assert!(rings.is_empty());
+    }
+    assert!(threads_named(dev_mount.child.id(), "fuser-ring-").is_empty());
+}

@@ -49,6 +49,8 @@ pub struct LodeFs {
     /// The kernel's write-back cache is on: it keeps buffered writes, the size and the mtime,
     /// and sends the pages in large writes of its own.
     writeback: bool,
+    /// Ask the kernel for FUSE over io_uring at INIT.
+    uring: bool,
     next_fh: AtomicU64,
     /// What the mount counts, when it serves metrics.
     metrics: Option<Arc<crate::metrics::MountMetrics>>,
@@ -137,6 +139,7 @@ impl LodeFs {
             streams: Arc::new(Streams::new(readahead_bytes)),
             windows: Arc::default(),
             writeback,
+            uring: false,
             next_fh: AtomicU64::new(1),
             metrics: None,
             jobs: JobCache {
@@ -145,6 +148,12 @@ impl LodeFs {
                 by_pid: Arc::default(),
             },
         }
+    }
+
+    /// Serves requests over FUSE rings when the kernel offers them (see `session::uring`).
+    pub fn with_uring(mut self, uring: bool) -> LodeFs {
+        self.uring = uring;
+        self
     }
 
     /// Counts the mount's work in `metrics`, whose gauges are read from this mount's state.
@@ -299,6 +308,16 @@ impl Filesystem for LodeFs {
         {
             tracing::warn!("the kernel offers no write-back cache; buffered writes go one by one");
             self.writeback = false;
+        }
+        // Requests over per-CPU io_uring queues: each served on the core of the process that
+        // made it, with the reply and the wait for the next request in one system call.
+        if self.uring {
+            match config.add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING) {
+                Ok(()) => tracing::info!("serving requests over FUSE rings"),
+                Err(_) => tracing::info!(
+                    "the kernel offers no FUSE rings (fuse's enable_uring is off); serving over /dev/fuse"
+                ),
+            }
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use crate::fs::LodeFs;
 /// The mount options `lode mount -o` takes.
 pub const OPTIONS: &str =
     "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N, readahead_memory_mb=N, \
-     writeback, no_writeback";
+     writeback, no_writeback, uring, no_uring";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
 /// keep every stripe of a file busy from the page cache's sequential reads.
@@ -97,6 +97,36 @@ pub fn writeback(opts: Option<&str>) -> bool {
     })
 }
 
+/// Whether `opts` leave FUSE over io_uring on (`uring`, the default; `no_uring` keeps every
+/// request on /dev/fuse).
+pub fn uring(opts: Option<&str>) -> bool {
+    opts.unwrap_or("").split(',').fold(true, |on, o| match o {
+        "uring" => true,
+        "no_uring" => false,
+        _ => on,
+    })
+}
+
+/// The fuse module's switch that lets daemons ask for FUSE over io_uring (off by default in
+/// the kernels that have it). It only allows the rings: a daemon still asks for them at INIT,
+/// so other FUSE filesystems are unchanged. Turned on when it is off and this process may
+/// (root), and said so in the log; without it the mount serves over /dev/fuse.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+fn allow_uring() {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(v) if v.trim() == "Y" => {}
+        Ok(_) => match std::fs::write(ENABLE_URING, "Y") {
+            Ok(()) => tracing::info!(param = ENABLE_URING, "turned on FUSE over io_uring"),
+            Err(e) => {
+                tracing::info!(param = ENABLE_URING, error = %e, "cannot turn on FUSE over io_uring; serving over /dev/fuse")
+            }
+        },
+        // A kernel without FUSE rings.
+        Err(_) => {}
+    }
+}
+
 /// The FUSE configuration for a mount of `mds` with `opts` (comma-separated).
 pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError> {
     let mut cfg = fuser::Config::default();
@@ -118,7 +148,7 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
             "default_permissions" => MountOption::DefaultPermissions,
             "ro" => MountOption::RO,
             "rw" => MountOption::RW,
-            "writeback" | "no_writeback" => continue,
+            "writeback" | "no_writeback" | "uring" | "no_uring" => continue,
             o if o.starts_with("readahead_kb=") || o.starts_with("readahead_memory_mb=") => {
                 continue
             }
@@ -160,7 +190,11 @@ pub async fn serve(
         writeback(opts),
         readahead_memory(opts)?,
     )
+    .with_uring(uring(opts))
     .with_metrics(metrics);
+    if uring(opts) {
+        allow_uring();
+    }
     let notifier = fs.notifier_slot();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg).map_err(|source| MountError::Mount {
         path: mountpoint.to_owned(),
