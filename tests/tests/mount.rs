@@ -640,4 +640,8 @@ fn a_mount_serves_over_fuse_rings_where_the_kernel_has_them_and_gives_the_same_r
         assert!(rings.is_empty());
     }
     assert!(threads_named(dev_mount.child.id(), "fuser-ring-").is_empty());
+    // Both unmount and exit on SIGTERM: the kernel ends the ring entries with the connection.
+    assert!(ring_mount.terminate().success());
+    assert!(dev_mount.terminate().success());
+    assert!(!mounted(&ring_mnt) && !mounted(&dev_mnt));
 }
