@@ -585,7 +585,13 @@ fn ring_workload(m: &Path) {
     // SAFETY: valid C strings and buffers of the given lengths.
     let got = unsafe {
         assert_eq!(
-            libc::setxattr(c.as_ptr(), v.as_ptr(), value.as_ptr().cast(), value.len(), 0),
+            libc::setxattr(
+                c.as_ptr(),
+                v.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0
+            ),
             0,
             "{}",
             std::io::Error::last_os_error()
@@ -596,7 +602,10 @@ fn ring_workload(m: &Path) {
     assert_eq!(&back[..value.len()], &value[..]);
     for i in 0..300 {
         fs::rename(m.join(format!("f{i}")), m.join(format!("g{i}"))).unwrap();
-        assert_eq!(fs::read_to_string(m.join(format!("g{i}"))).unwrap(), i.to_string());
+        assert_eq!(
+            fs::read_to_string(m.join(format!("g{i}"))).unwrap(),
+            i.to_string()
+        );
         fs::remove_file(m.join(format!("g{i}"))).unwrap();
     }
     fs::remove_file(m.join("big")).unwrap();
