@@ -79,6 +79,7 @@ impl Caps {
                     handle: self.handle,
                     creds: self.creds.clone(),
                     path: None,
+                    lease: None,
                 },
             )
             .await?;

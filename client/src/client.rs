@@ -863,6 +863,12 @@ impl Client {
         self.inner.leases.holds_attr(fid)
     }
 
+    /// Whether the lease on `fid`'s attributes is held, even where this client's own changes
+    /// moved them since (another client's change would have recalled it first).
+    pub fn holds_lease(&self, fid: Fid) -> bool {
+        self.inner.leases.holds(fid)
+    }
+
     /// Whether root on this node is root at the MDS too (not squashed or mapped), as the
     /// MDS last said: root's supplementary groups then decide nothing. False without leases.
     pub fn root_stays_root(&self) -> bool {

@@ -273,14 +273,17 @@ impl OpenOptions {
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let mds = client.inner.mds.clone();
+        let leases = &client.inner.leases;
         let open = MdsOpen {
             fid,
             handle,
             creds: client.creds().clone(),
             path: path.map(str::to_owned),
+            lease: leases.live().then_some(client.inner.client_id()),
         };
-        let stamp = client.inner.leases.stamp();
+        let stamp = leases.stamp();
         let opened = client.rpc(&mds, &open).await?;
+        leases.learn_attr(stamp, &opened.inode, opened.leased);
         client.opened(handle, fid, replays).await?;
         let mdt = opened
             .inode

@@ -559,6 +559,15 @@ impl MdsService {
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
                 let creds = self.nodemap.map(&req, r.creds);
+                // A lease asked for is granted before the attributes are read: a change after
+                // them recalls it.
+                let leased = match self.lessee(r.lease) {
+                    Some(c) => {
+                        self.leases.recall_alone(&[r.fid], Some(c)).await;
+                        self.leases.grant(c, &[r.fid])
+                    }
+                    None => false,
+                };
                 let inode = self
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
@@ -600,6 +609,7 @@ impl MdsService {
                     size_gen,
                     grant,
                     mdt,
+                    leased,
                 })
             }
             opcodes::MDS_CLOSE => {

@@ -582,6 +582,9 @@ pub struct MdsOpen {
     /// The path the client opened, as it names it (for the audit log; the FID is what
     /// counts).
     pub path: Option<String>,
+    /// The client opening, when it wants a lease on the file's attributes (a mount keeps the
+    /// file's pages across opens while it holds one).
+    pub lease: Option<u128>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -596,6 +599,8 @@ pub struct MdsOpened {
     /// keeps, up to the file's size (so a small file is opened and read in one round trip).
     #[serde(with = "crate::msg::bytes_field")]
     pub mdt: Vec<u8>,
+    /// The file's attributes are leased to the opener (granted before `inode` was read).
+    pub leased: bool,
 }
 
 /// The matching close.

@@ -264,3 +264,57 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
     drop(mds);
     let _ = fs::remove_dir_all(&root);
 }
+
+/// The first mount keeps a file's pages across its opens while it holds the file's lease; a
+/// second mount that overwrites the file in place (same size: only the mtime changes at the
+/// MDS) and closes it recalls that lease, so the first mount's next open reads the new bytes
+/// (close-to-open), never the pages it kept.
+#[test]
+fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
+    use std::io::Write;
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let (root, mds, _oss) = cluster("leases-pages");
+    let (a, b) = (root.join("a"), root.join("b"));
+    let _ma = mount(&mds.nid, &a);
+    let _mb = mount(&mds.nid, &b);
+    let version = |v: u8| -> Vec<u8> { (0..200_000u32).map(|i| (i as u8) ^ v).collect() };
+    fs::write(a.join("p"), version(0)).unwrap();
+    for round in 1..=20u8 {
+        // Read twice through the first mount: the second open may keep the pages.
+        assert!(
+            fs::read(a.join("p")).unwrap() == version(round - 1),
+            "round {round}"
+        );
+        assert!(
+            fs::read(a.join("p")).unwrap() == version(round - 1),
+            "round {round}"
+        );
+        // An open handle on the first mount across the other mount's write and close.
+        let held = fs::File::open(a.join("p")).unwrap();
+        let mut w = fs::OpenOptions::new()
+            .write(true)
+            .open(b.join("p"))
+            .unwrap();
+        w.write_all(&version(round)).unwrap();
+        drop(w);
+        drop(held);
+        let got = fs::read(a.join("p")).unwrap();
+        assert!(
+            got == version(round),
+            "round {round}: the first mount read {} bytes of an older version",
+            got.len()
+        );
+    }
+    for m in [&a, &b] {
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(m)
+            .status();
+    }
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}

@@ -51,6 +51,12 @@ pub struct LodeFs {
     writeback: bool,
     /// Ask the kernel for FUSE over io_uring at INIT.
     uring: bool,
+    /// Which files' pages an open may keep.
+    pages: Arc<crate::pages::PageTrust>,
+    /// Directories' parents, for `..` in their listings.
+    parents: Arc<crate::pages::Parents>,
+    /// The last statfs answer, and when it came.
+    statfs: Arc<Mutex<Option<(std::time::Instant, proto::md::FsStats)>>>,
     next_fh: AtomicU64,
     /// What the mount counts, when it serves metrics.
     metrics: Option<Arc<crate::metrics::MountMetrics>>,
@@ -66,6 +72,9 @@ thread_local! {
 /// Most processes whose job is remembered.
 const JOBS_KEPT: usize = 4096;
 /// How long a process's job is remembered before it is read again.
+/// How old a statfs answer may be when given again.
+const STATFS_MAX_AGE: Duration = Duration::from_secs(1);
+
 const JOB_KEPT_FOR: Duration = Duration::from_secs(30);
 
 type KnownJob = (Option<proto::JobId>, std::time::Instant);
@@ -129,7 +138,9 @@ impl LodeFs {
         readahead_bytes: u64,
     ) -> LodeFs {
         let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> = Arc::default();
-        crate::invalidate::start(&client, notifier.clone());
+        let pages: Arc<crate::pages::PageTrust> = Arc::default();
+        let parents: Arc<crate::pages::Parents> = Arc::default();
+        crate::invalidate::start(&client, notifier.clone(), pages.clone(), parents.clone());
         LodeFs {
             client,
             rt,
@@ -140,6 +151,9 @@ impl LodeFs {
             windows: Arc::default(),
             writeback,
             uring: false,
+            pages,
+            parents,
+            statfs: Arc::default(),
             next_fh: AtomicU64::new(1),
             metrics: None,
             jobs: JobCache {
@@ -647,7 +661,18 @@ impl Filesystem for LodeFs {
             new_name: name(newname),
             flags,
         };
-        self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
+        // A directory moved to another parent has a new `..`.
+        let parents = (parent != newparent).then(|| self.parents.clone());
+        if let Some(p) = &parents {
+            p.forget_all();
+        }
+        self.empty(reply, async move {
+            let done = c.reint(m).await.map(|_| ());
+            if let Some(p) = parents {
+                p.forget_all();
+            }
+            done
+        });
     }
 
     fn link(
@@ -676,10 +701,12 @@ impl Filesystem for LodeFs {
         let notifier = self.notifier.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let writeback = self.writeback;
+        let pages = self.pages.clone();
         self.inline(async move {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
-            let fopen = if raw & libc::O_DIRECT != 0 {
+            let direct = raw & libc::O_DIRECT != 0;
+            let fopen = if direct {
                 FopenFlags::FOPEN_DIRECT_IO
             } else {
                 FopenFlags::empty()
@@ -707,12 +734,20 @@ impl Filesystem for LodeFs {
             }
             match opened {
                 Ok(f) => {
-                    // Close-to-open: another client may have changed the file since the kernel
-                    // cached its attributes; the next stat asks again (its pages are dropped
-                    // at open, as no FOPEN_KEEP_CACHE is given).
-                    if let Some(n) = notifier.get() {
-                        let _ = n.inval_inode(ino, -1, 0);
-                    }
+                    let leased = !direct && c.holds_lease(fid);
+                    let fopen = if pages.keep(fid, leased) {
+                        // Held under a lease since its pages were read: they are the file.
+                        fopen | FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        // Close-to-open: another client may have changed the file since the
+                        // kernel cached its attributes; the next stat asks again (its pages
+                        // are dropped at open, as no FOPEN_KEEP_CACHE is given).
+                        if let Some(n) = notifier.get() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                        pages.opened(fid, leased);
+                        fopen
+                    };
                     files.lock().insert(fh, Arc::new(f));
                     reply.opened(FileHandle(fh), fopen);
                 }
@@ -739,6 +774,7 @@ impl Filesystem for LodeFs {
         // through this handle: it reads too where the caller may (its creator may whatever
         // the mode; a file that was already there, as its mode says).
         let writeback = self.writeback;
+        let pages = self.pages.clone();
         self.inline(async move {
             let opts = |read: bool| {
                 OpenOptions::new()
@@ -766,6 +802,9 @@ impl Filesystem for LodeFs {
                     // A file created ahead has this client's times until the MDS answers with
                     // its own: the kernel keeps neither, so the next stat sees the MDS's.
                     let ttl = if f.answered() { TTL } else { Duration::ZERO };
+                    // The kernel has no pages of it after this (a new file has none; an old
+                    // one's are dropped, as no FOPEN_KEEP_CACHE is given).
+                    pages.opened(i.fid, c.holds_lease(i.fid));
                     files.lock().insert(fh, Arc::new(f));
                     reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
@@ -988,6 +1027,8 @@ impl Filesystem for LodeFs {
         let Some(mut f) = f else {
             return reply.ok();
         };
+        let fid = f.inode().fid;
+        self.pages.released(fid, self.client.holds_lease(fid));
         self.empty(reply, async move {
             if let Some(w) = window {
                 w.lock().await.stop().await;
@@ -1010,6 +1051,7 @@ impl Filesystem for LodeFs {
         self.begin("opendir", req);
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
+        let parents = self.parents.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.inline(async move {
             let listing = async {
@@ -1017,10 +1059,17 @@ impl Filesystem for LodeFs {
                 if dir.kind != Kind::Dir {
                     return Err(ClientError::fs(FsErrorKind::NotDir, "not a directory"));
                 }
+                let known = parents.get(dir.fid, c.holds_lease(dir.fid));
                 let parent = if dir.fid == ROOT {
                     dir.clone()
+                } else if let Some(p) = known {
+                    c.getattr(p).await?
                 } else {
-                    c.lookup(dir.fid, b"..").await?
+                    let p = c.lookup(dir.fid, b"..").await?;
+                    if c.holds_lease(dir.fid) {
+                        parents.learn(dir.fid, p.fid, || c.holds_lease(dir.fid));
+                    }
+                    p
                 };
                 let dot = |name: &[u8], i: Inode| {
                     let e = DirEntry {
@@ -1120,8 +1169,22 @@ impl Filesystem for LodeFs {
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.begin("statfs", req);
         let c = self.client.clone();
+        let cached = self.statfs.clone();
         self.inline(async move {
-            match c.statfs().await {
+            // As a Lustre client does, an answer up to a second old is answered again: df and
+            // file servers ask for every few operations.
+            let recent = cached
+                .lock()
+                .clone()
+                .filter(|(at, _)| at.elapsed() < STATFS_MAX_AGE)
+                .map(|(_, s)| s);
+            let answer = match recent {
+                Some(s) => Ok(s),
+                None => c.statfs().await.inspect(|s| {
+                    *cached.lock() = Some((std::time::Instant::now(), s.clone()));
+                }),
+            };
+            match answer {
                 Ok(s) => {
                     let bsize = 4096u64;
                     reply.statfs(

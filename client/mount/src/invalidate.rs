@@ -58,11 +58,18 @@ fn worker(name: &str, notifier: Arc<OnceLock<fuser::Notifier>>) -> mpsc::Sender<
 
 /// Starts the threads; they send through the session's notifier once there is one, and hear
 /// every lease `client` drops.
-pub(crate) fn start(client: &Client, notifier: Arc<OnceLock<fuser::Notifier>>) {
+pub(crate) fn start(
+    client: &Client,
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+    pages: Arc<crate::pages::PageTrust>,
+    parents: Arc<crate::pages::Parents>,
+) {
     let attrs = worker("lode-inval-attr", notifier.clone());
     let entries = worker("lode-inval-entry", notifier);
     let (a, e) = (attrs.clone(), entries.clone());
     client.on_lease_dropped(move |d: Dropped| {
+        pages.dropped(d.fid);
+        parents.dropped(d.fid);
         let ino = ino_of(d.fid);
         let _ = a.send(Job::Attrs(ino));
         if !d.names.is_empty() {

@@ -14,6 +14,7 @@ pub mod fs;
 mod invalidate;
 mod kernel;
 pub mod metrics;
+mod pages;
 pub mod session;
 pub mod stream;
 

@@ -1,0 +1,131 @@
+//! When the kernel may keep a file's cached pages across an open (`FOPEN_KEEP_CACHE`).
+//!
+//! Close-to-open: an open must see what any client wrote before its close. Another client's
+//! close after writing publishes the size and mtime at the MDS, which first recalls every
+//! other client's lease on the file. So the pages this mount cached stay the file's bytes as
+//! long as its lease on the file is held without a break: an open that finds the lease held
+//! since the pages were read keeps them, and saves reading them again (from a storage server,
+//! whose data files bypass its page cache).
+//!
+//! The pages are known fresh from an open that dropped them (one without `FOPEN_KEEP_CACHE`,
+//! the kernel drops them before the open returns) made while the lease was held; they are
+//! trusted from that handle's release on, and no longer from the moment the lease is dropped
+//! (the drop is heard before a recall is acknowledged).
+
+use std::collections::HashSet;
+
+use parking_lot::Mutex;
+use proto::Fid;
+
+#[derive(Default)]
+pub(crate) struct PageTrust {
+    sets: Mutex<Sets>,
+}
+
+#[derive(Default)]
+struct Sets {
+    /// Opened with their pages dropped, under a lease held since.
+    fresh: HashSet<Fid>,
+    /// Pages the next open may keep.
+    trusted: HashSet<Fid>,
+}
+
+impl PageTrust {
+    /// Whether an open of `fid` may keep its pages; `leased`: the lease on it is held now.
+    pub(crate) fn keep(&self, fid: Fid, leased: bool) -> bool {
+        leased && self.sets.lock().trusted.contains(&fid)
+    }
+
+    /// An open of `fid` that dropped its pages, with the lease held (`leased`) when it was
+    /// answered.
+    pub(crate) fn opened(&self, fid: Fid, leased: bool) {
+        if leased {
+            self.sets.lock().fresh.insert(fid);
+        }
+    }
+
+    /// A handle of `fid` released; `leased`: the lease is held now (checked before this call,
+    /// so a drop between the two is seen by [`PageTrust::dropped`] first).
+    pub(crate) fn released(&self, fid: Fid, leased: bool) {
+        let mut s = self.sets.lock();
+        if s.fresh.remove(&fid) && leased {
+            s.trusted.insert(fid);
+        }
+    }
+
+    /// The lease on `fid` was dropped: its pages are no longer known to be current.
+    pub(crate) fn dropped(&self, fid: Fid) {
+        let mut s = self.sets.lock();
+        s.fresh.remove(&fid);
+        s.trusted.remove(&fid);
+    }
+}
+
+/// The parent of each directory this mount listed, kept while it holds the directory's lease
+/// (moving the directory elsewhere changes it, and recalls the lease first; a move through
+/// this mount forgets them all): `..` in a listing without asking the MDS.
+#[derive(Default)]
+pub(crate) struct Parents {
+    of: Mutex<std::collections::HashMap<Fid, Fid>>,
+}
+
+impl Parents {
+    pub(crate) fn get(&self, dir: Fid, leased: bool) -> Option<Fid> {
+        self.of.lock().get(&dir).copied().filter(|_| leased)
+    }
+
+    /// `parent` was found as `dir`'s `..` while its lease was held; `still`: it is held now
+    /// (checked after the insert, so a drop in between is seen by [`Parents::dropped`] first,
+    /// or by this check).
+    pub(crate) fn learn(&self, dir: Fid, parent: Fid, still: impl Fn() -> bool) {
+        self.of.lock().insert(dir, parent);
+        if !still() {
+            self.of.lock().remove(&dir);
+        }
+    }
+
+    pub(crate) fn dropped(&self, dir: Fid) {
+        self.of.lock().remove(&dir);
+    }
+
+    /// A directory moved through this mount.
+    pub(crate) fn forget_all(&self) {
+        self.of.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fid(n: u32) -> Fid {
+        Fid::new(proto::fid::INODE_SEQ, n, 0)
+    }
+
+    #[test]
+    fn pages_are_kept_only_after_a_release_under_a_lease_held_throughout() {
+        let t = PageTrust::default();
+        assert!(!t.keep(fid(1), true), "nothing is trusted before an open");
+        t.opened(fid(1), true);
+        assert!(!t.keep(fid(1), true), "not before the handle is released");
+        t.released(fid(1), true);
+        assert!(t.keep(fid(1), true));
+        assert!(!t.keep(fid(1), false), "not without the lease now");
+
+        // A drop while open, or after the release, ends the trust.
+        t.opened(fid(2), true);
+        t.dropped(fid(2));
+        t.released(fid(2), true);
+        assert!(!t.keep(fid(2), true));
+        t.dropped(fid(1));
+        assert!(!t.keep(fid(1), true));
+
+        // An open without the lease, or a release without it, trusts nothing.
+        t.opened(fid(3), false);
+        t.released(fid(3), true);
+        assert!(!t.keep(fid(3), true));
+        t.opened(fid(4), true);
+        t.released(fid(4), false);
+        assert!(!t.keep(fid(4), true));
+    }
+}
