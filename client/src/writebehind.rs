@@ -46,13 +46,18 @@ impl<E> WriteBehind<E> {
     pub fn before(&self, start: u64, end: u64) -> Step {
         if self.error.is_some() {
             Step::Report
-        } else if self.ranges.iter().any(|&(s, e)| s < end && start < e) {
+        } else if self.overlaps(start, end) {
             Step::Drain
         } else if self.ranges.len() >= self.max {
             Step::WaitOne
         } else {
             Step::Issue
         }
+    }
+
+    /// Whether a write in flight overlaps `start..end` (a later write there must wait for it).
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.ranges.iter().any(|&(s, e)| s < end && start < e)
     }
 
     /// A write of `start..end` is on its way.

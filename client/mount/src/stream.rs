@@ -2,7 +2,8 @@
 //! kernel sends one request of at most 1 MiB at a time per stream, and these keep the striped
 //! engine busy behind it.
 //!
-//! Writes are acknowledged once issued; a file's writes in flight are awaited before anything
+//! Writes are acknowledged once issued (small ones that follow one another, once gathered into
+//! one write of up to 1 MiB, issued within 5 ms); a file's writes in flight are awaited before anything
 //! reads it, asks its size, truncates it, flushes or syncs it, and the first error is returned
 //! by the next of those (as NFS reports an unstable write's failure at close). Overlapping
 //! writes never run at once, so the later one always wins. Readahead starts after two
@@ -20,22 +21,76 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use client::{Access, Chunk, ClientError, File, Readahead, Result, Step, WriteBehind};
 
-/// Writes in flight for one file: the tasks, and the plan that says when the next may go.
+/// Writes in flight for one file: the tasks, the plan that says when the next may go, and
+/// small writes gathered into one.
 struct Behind {
     tasks: JoinSet<(u64, u64, Result<()>)>,
     plan: WriteBehind<ClientError>,
+    gather: Option<Gather>,
 }
+
+/// Small writes that follow one another through one handle, acknowledged and not yet issued:
+/// they go to the storage servers as one write when the next write does not follow on, when
+/// they reach `GATHER_MAX`, after `GATHER_LINGER`, or before anything that waits for the
+/// file's writes (a read, a size change, flush, fsync, release).
+struct Gather {
+    file: Arc<File>,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+/// A write this small starts or extends a gather.
+const GATHER_SMALL: usize = 128 << 10;
+/// A gather goes once it holds this much.
+const GATHER_MAX: usize = 1 << 20;
+/// And at the latest this long after it started.
+const GATHER_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl Default for Behind {
     fn default() -> Self {
         Behind {
             tasks: JoinSet::new(),
             plan: WriteBehind::new(MAX_BEHIND),
+            gather: None,
         }
     }
 }
 
 impl Behind {
+    /// Puts a write in flight.
+    fn spawn(&mut self, file: Arc<File>, offset: u64, data: Vec<u8>) {
+        let end = offset + data.len() as u64;
+        // The size shows the write at once, as the kernel expects after the reply.
+        file.issued_to(end);
+        self.plan.issued(offset, end);
+        lnet::job::spawn_in(&mut self.tasks, async move {
+            // The kernel's bytes (or the gathered ones), registered as they are: no copy.
+            let len = data.len() as u64;
+            let r = match file.client().register(data) {
+                Ok(region) => file
+                    .write_from(offset, Arc::new(region), 0, len)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            };
+            (offset, end, r)
+        });
+    }
+
+    /// Puts the gathered writes in flight, after every write in flight they overlap (and
+    /// within the limit of writes in flight). They go even after an earlier failure: the
+    /// failure is reported by the next call that waits, as it would be without the gather.
+    async fn issue_gather(&mut self) {
+        let Some(g) = self.gather.take() else {
+            return;
+        };
+        let end = g.offset + g.data.len() as u64;
+        while self.plan.overlaps(g.offset, end) || self.plan.in_flight() >= MAX_BEHIND {
+            self.land_one().await;
+        }
+        self.spawn(g.file, g.offset, g.data);
+    }
+
     /// Waits for any one write in flight.
     async fn land_one(&mut self) {
         match self.tasks.join_next().await {
@@ -47,8 +102,9 @@ impl Behind {
         }
     }
 
-    /// Waits for every write in flight.
+    /// Waits for every write, gathered or in flight.
     async fn drain(&mut self) {
+        self.issue_gather().await;
         while !self.tasks.is_empty() {
             self.land_one().await;
         }
@@ -240,6 +296,23 @@ impl Streams {
         per.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = per.behind.lock().await;
         let end = offset + data.len() as u64;
+        // Following on from the gather, through the same handle, with room: joins it.
+        let b = &mut *b;
+        if let Some(g) = &mut b.gather {
+            let follows = Arc::ptr_eq(&g.file, file)
+                && g.offset + g.data.len() as u64 == offset
+                && g.data.len() + data.len() <= GATHER_MAX
+                && matches!(b.plan.before(offset, end), Step::Issue);
+            if follows {
+                g.data.extend_from_slice(&data);
+                file.issued_to(end);
+                if g.data.len() >= GATHER_MAX {
+                    b.issue_gather().await;
+                }
+                return Ok(());
+            }
+        }
+        b.issue_gather().await;
         loop {
             match b.plan.before(offset, end) {
                 Step::Report => return Err(b.plan.take_error().expect("an error to report")),
@@ -248,21 +321,24 @@ impl Streams {
                 Step::Issue => break,
             }
         }
+        if data.len() >= GATHER_SMALL {
+            b.spawn(file.clone(), offset, data);
+            return Ok(());
+        }
         // The size shows the write at once, as the kernel expects after the reply.
         file.issued_to(end);
-        b.plan.issued(offset, end);
-        let f = file.clone();
-        lnet::job::spawn_in(&mut b.tasks, async move {
-            // The kernel's bytes, registered as they are: no second copy.
-            let len = data.len() as u64;
-            let r = match f.client().register(data) {
-                Ok(region) => f
-                    .write_from(offset, Arc::new(region), 0, len)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
-            };
-            (offset, end, r)
+        b.gather = Some(Gather {
+            file: file.clone(),
+            offset,
+            data,
+        });
+        // Weak: a file released meanwhile (its gather issued then) is forgotten, not kept.
+        let per = Arc::downgrade(&per);
+        tokio::spawn(async move {
+            tokio::time::sleep(GATHER_LINGER).await;
+            if let Some(per) = per.upgrade() {
+                per.behind.lock().await.issue_gather().await;
+            }
         });
         Ok(())
     }
