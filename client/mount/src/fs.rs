@@ -72,10 +72,9 @@ thread_local! {
 /// Most processes whose job is remembered.
 const JOBS_KEPT: usize = 4096;
 /// How long a process's job is remembered before it is read again.
+const JOB_KEPT_FOR: Duration = Duration::from_secs(30);
 /// How old a statfs answer may be when given again.
 const STATFS_MAX_AGE: Duration = Duration::from_secs(1);
-
-const JOB_KEPT_FOR: Duration = Duration::from_secs(30);
 
 type KnownJob = (Option<proto::JobId>, std::time::Instant);
 
