@@ -208,20 +208,56 @@ fn mount(mds: &proto::Nid, at: &Path) -> Server {
     m
 }
 
+/// Two mounts of one cluster, at `a` and `b`; unmounted, the cluster stopped and its files
+/// removed when dropped. `None` without /dev/fuse or root.
+struct TwoMounts {
+    root: std::path::PathBuf,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    servers: Vec<Server>,
+}
+
+impl TwoMounts {
+    fn start(name: &str) -> Option<TwoMounts> {
+        // SAFETY: geteuid has no preconditions.
+        if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs /dev/fuse and root");
+            return None;
+        }
+        let (root, mds, oss) = cluster(name);
+        let (a, b) = (root.join("a"), root.join("b"));
+        let (ma, mb) = (mount(&mds.nid, &a), mount(&mds.nid, &b));
+        Some(TwoMounts {
+            root,
+            a,
+            b,
+            servers: vec![ma, mb, oss, mds],
+        })
+    }
+}
+
+impl Drop for TwoMounts {
+    fn drop(&mut self) {
+        for m in [&self.a, &self.b] {
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(m)
+                .status();
+        }
+        self.servers.clear();
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
 /// Two mounts of one filesystem: what the first has cached (entries, absent names, and
 /// attributes, the last with long kernel timeouts under its leases) is dropped when the second
 /// changes it, so the first sees every change at once, not after a cache timeout.
 #[test]
 fn a_second_mounts_change_shows_at_once_on_the_first() {
-    // SAFETY: geteuid has no preconditions.
-    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs /dev/fuse and root");
+    let Some(two) = TwoMounts::start("leases-mount") else {
         return;
-    }
-    let (root, mds, _oss) = cluster("leases-mount");
-    let (a, b) = (root.join("a"), root.join("b"));
-    let _ma = mount(&mds.nid, &a);
-    let _mb = mount(&mds.nid, &b);
+    };
+    let (a, b) = (&two.a, &two.b);
     fs::create_dir(a.join("d")).unwrap();
     fs::write(a.join("d/f"), b"one").unwrap();
     // The first mount's caches: the directory read, the file's attributes, absent names.
@@ -255,14 +291,6 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
     assert_eq!(fs::read(a.join("d/g")).unwrap(), b"longer now");
     fs::remove_file(b.join("d/g")).unwrap();
     assert!(fs::metadata(a.join("d/g")).is_err());
-    for m in [&a, &b] {
-        let _ = std::process::Command::new("fusermount3")
-            .arg("-u")
-            .arg(m)
-            .status();
-    }
-    drop(mds);
-    let _ = fs::remove_dir_all(&root);
 }
 
 /// The first mount keeps a file's pages across its opens while it holds the file's lease; a
@@ -272,15 +300,10 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
 #[test]
 fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
     use std::io::Write;
-    // SAFETY: geteuid has no preconditions.
-    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs /dev/fuse and root");
+    let Some(two) = TwoMounts::start("leases-pages") else {
         return;
-    }
-    let (root, mds, _oss) = cluster("leases-pages");
-    let (a, b) = (root.join("a"), root.join("b"));
-    let _ma = mount(&mds.nid, &a);
-    let _mb = mount(&mds.nid, &b);
+    };
+    let (a, b) = (&two.a, &two.b);
     let version = |v: u8| -> Vec<u8> { (0..200_000u32).map(|i| (i as u8) ^ v).collect() };
     fs::write(a.join("p"), version(0)).unwrap();
     for round in 1..=20u8 {
@@ -309,12 +332,4 @@ fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
             got.len()
         );
     }
-    for m in [&a, &b] {
-        let _ = std::process::Command::new("fusermount3")
-            .arg("-u")
-            .arg(m)
-            .status();
-    }
-    drop(mds);
-    let _ = fs::remove_dir_all(&root);
 }
