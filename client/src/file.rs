@@ -479,6 +479,11 @@ impl File {
         self.inode.lock().clone()
     }
 
+    /// The file's FID (without copying the rest of its inode).
+    pub fn fid(&self) -> proto::Fid {
+        self.inode.lock().fid
+    }
+
     /// Whether the MDS has answered for the file: false for a file created ahead until its
     /// create's answer was taken in. Until then its times are this client's clock, not yet
     /// the MDS's.

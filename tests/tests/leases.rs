@@ -260,12 +260,22 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
     let (a, b) = (&two.a, &two.b);
     fs::create_dir(a.join("d")).unwrap();
     fs::write(a.join("d/f"), b"one").unwrap();
-    // The first mount's caches: the directory read, the file's attributes, absent names.
+    let listing = |dir: &Path| -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    // The first mount's caches: the directory read (twice: the second listing comes from the
+    // kernel's cache of it), the file's attributes, absent names (twice: the second from the
+    // kernel's negative entry).
     for round in 0..30 {
         let x = format!("d/x{round}");
         assert!(fs::metadata(a.join(&x)).is_err());
+        assert!(fs::metadata(a.join(&x)).is_err());
         assert_eq!(fs::metadata(a.join("d/f")).unwrap().len(), 3);
-        let _ = fs::read_dir(a.join("d")).unwrap().count();
+        assert_eq!(listing(&a.join("d")).len(), round + 1);
+        assert_eq!(listing(&a.join("d")).len(), round + 1);
         // The change through the second mount...
         fs::write(b.join(&x), b"new").unwrap();
         // ...shows on the first at once.
@@ -273,23 +283,31 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
             panic!("round {round}: {x} made on the other mount is not seen: {e}")
         });
         assert_eq!(m.len(), 3);
-        let listed: Vec<String> = fs::read_dir(a.join("d"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
+        let listed = listing(&a.join("d"));
         assert!(
             listed.contains(&format!("x{round}")),
             "round {round}: {listed:?}"
         );
+        // A change through the first mount itself shows in its next listing too.
+        let mine = a.join(format!("d/mine{round}"));
+        fs::write(&mine, b"").unwrap();
+        assert!(listing(&a.join("d")).contains(&format!("mine{round}")));
+        fs::remove_file(&mine).unwrap();
+        assert!(!listing(&a.join("d")).contains(&format!("mine{round}")));
     }
     fs::write(b.join("d/f"), b"longer now").unwrap();
     assert_eq!(fs::metadata(a.join("d/f")).unwrap().len(), 10);
     fs::set_permissions(b.join("d"), fs::Permissions::from_mode(0o711)).unwrap();
     assert_eq!(fs::metadata(a.join("d")).unwrap().mode() & 0o777, 0o711);
+    let _ = (listing(&a.join("d")), listing(&a.join("d")));
     fs::rename(b.join("d/f"), b.join("d/g")).unwrap();
+    let listed = listing(&a.join("d"));
+    assert!(listed.contains(&"g".to_string()) && !listed.contains(&"f".to_string()));
     assert!(fs::metadata(a.join("d/f")).is_err());
     assert_eq!(fs::read(a.join("d/g")).unwrap(), b"longer now");
+    let _ = listing(&a.join("d"));
     fs::remove_file(b.join("d/g")).unwrap();
+    assert!(!listing(&a.join("d")).contains(&"g".to_string()));
     assert!(fs::metadata(a.join("d/g")).is_err());
 }
 

@@ -30,16 +30,79 @@ use client::ClientError;
 use client::{Client, ROOT};
 use client::{File, OpenOptions};
 
-/// The mounted filesystem.
-/// A directory's entries as opendir saw them, with their attributes where known.
+/// A directory's entries as its handle's first read saw them, with their attributes where
+/// known.
 type Listing = Vec<(DirEntry, Option<Inode>)>;
 
+/// An open directory: whose it is and for whom, and its listing once a read asked for it
+/// (an open the kernel answers from its own cache of the listing never does).
+struct DirHandle {
+    fid: proto::Fid,
+    caller: Client,
+    listing: Option<Arc<Listing>>,
+}
+
+/// The listing of handle `fh`, read on its first call: `.`, `..` and the entries.
+async fn listing(
+    dirs: Arc<Mutex<HashMap<u64, DirHandle>>>,
+    parents: Arc<crate::pages::Parents>,
+    fh: u64,
+) -> Result<Arc<Listing>, Errno> {
+    let (fid, c) = {
+        let dirs = dirs.lock();
+        let Some(h) = dirs.get(&fh) else {
+            return Err(Errno::EBADF);
+        };
+        if let Some(l) = &h.listing {
+            return Ok(l.clone());
+        }
+        (h.fid, h.caller.clone())
+    };
+    let read = async {
+        let dir = c.getattr(fid).await?;
+        let known = parents.get(dir.fid, c.holds_lease(dir.fid));
+        let parent = if dir.fid == ROOT {
+            dir.clone()
+        } else if let Some(p) = known {
+            c.getattr(p).await?
+        } else {
+            let p = c.lookup(dir.fid, b"..").await?;
+            if c.holds_lease(dir.fid) {
+                parents.learn(dir.fid, p.fid, || c.holds_lease(dir.fid));
+            }
+            p
+        };
+        let dot = |name: &[u8], i: Inode| {
+            let e = DirEntry {
+                name: name.to_vec(),
+                fid: i.fid,
+                kind: Kind::Dir,
+            };
+            (e, Some(i))
+        };
+        let mut all = vec![dot(b".", dir.clone()), dot(b"..", parent)];
+        all.extend(
+            c.readdir_plus(dir.fid)
+                .await?
+                .into_iter()
+                .map(|(e, i)| (e, Some(i))),
+        );
+        Ok::<_, ClientError>(Arc::new(all))
+    };
+    let listing = read.await.map_err(|e| errno(&e))?;
+    if let Some(h) = dirs.lock().get_mut(&fh) {
+        h.listing = Some(listing.clone());
+    }
+    Ok(listing)
+}
+
+/// The mounted filesystem.
 pub struct LodeFs {
     client: Client,
     rt: tokio::runtime::Handle,
     files: Arc<Mutex<HashMap<u64, Arc<File>>>>,
-    /// Open directories: a snapshot of the entries, with their attributes where known.
-    dirs: Arc<Mutex<HashMap<u64, Arc<Listing>>>>,
+    /// Open directories.
+    dirs: Arc<Mutex<HashMap<u64, DirHandle>>>,
     /// Tells the kernel to drop what it caches; set once the session is up.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Write-behind and readahead behind the kernel's one-at-a-time requests.
@@ -51,7 +114,7 @@ pub struct LodeFs {
     writeback: bool,
     /// Ask the kernel for FUSE over io_uring at INIT.
     uring: bool,
-    /// Which files' pages an open may keep.
+    /// Which files' pages, and directories' listings, an open may keep.
     pages: Arc<crate::pages::PageTrust>,
     /// Directories' parents, for `..` in their listings.
     parents: Arc<crate::pages::Parents>,
@@ -222,7 +285,7 @@ impl LodeFs {
         let local = files
             .lock()
             .values()
-            .filter(|f| f.inode().fid == i.fid)
+            .filter(|f| f.fid() == i.fid)
             .map(|f| f.written_to())
             .max()
             .unwrap_or(0);
@@ -349,6 +412,12 @@ impl Filesystem for LodeFs {
             Some(Ok(i)) => {
                 let a = attr(&i, Self::size_of(&self.files, &i));
                 return reply.entry(&TTL, &a, Generation(0));
+            }
+            Some(Err(e)) if errno(&e) == Errno::ENOENT => {
+                // Known absent under the directory's lease: the kernel keeps the negative
+                // entry as long as a found one, and it is dropped the same way (a creation
+                // elsewhere recalls the lease, and the names it covered are dropped).
+                return reply.entry(&TTL, &absent(), Generation(0));
             }
             Some(Err(e)) => return reply.error(errno(&e)),
             None => {}
@@ -484,7 +553,7 @@ impl Filesystem for LodeFs {
                         ),
                     };
                     f.set_len(size).await?;
-                    for other in files.lock().values().filter(|o| o.inode().fid == fid) {
+                    for other in files.lock().values().filter(|o| o.fid() == fid) {
                         other.truncated(size);
                     }
                 }
@@ -867,7 +936,7 @@ impl Filesystem for LodeFs {
             let n = data.len() as u32;
             let r = if f.appends() {
                 // Appends land in order, each at the end the one before left.
-                match streams.settle(f.inode().fid).await {
+                match streams.settle(f.fid()).await {
                     Ok(()) => f.write_at(offset, &data).await.map(|_| ()),
                     Err(e) => Err(e),
                 }
@@ -897,7 +966,7 @@ impl Filesystem for LodeFs {
             Ok(f) => {
                 let streams = self.streams.clone();
                 self.empty(reply, async move {
-                    streams.settle(f.inode().fid).await?;
+                    streams.settle(f.fid()).await?;
                     f.flush().await
                 })
             }
@@ -938,7 +1007,7 @@ impl Filesystem for LodeFs {
         self.empty(reply, async move {
             // Objects are sparse and space is not reserved: allocating is extending the size
             // (ENOSPC comes at write time); a punched or zeroed range reads as zeros.
-            let fid = f.inode().fid;
+            let fid = f.fid();
             streams.wait(fid).await;
             streams.changed(fid);
             if zero {
@@ -986,7 +1055,7 @@ impl Filesystem for LodeFs {
             Ok(f) => {
                 let streams = self.streams.clone();
                 self.empty(reply, async move {
-                    streams.settle(f.inode().fid).await?;
+                    streams.settle(f.fid()).await?;
                     f.fsync().await
                 })
             }
@@ -1026,13 +1095,13 @@ impl Filesystem for LodeFs {
         let Some(mut f) = f else {
             return reply.ok();
         };
-        let fid = f.inode().fid;
+        let fid = f.fid();
         self.pages.released(fid, self.client.holds_lease(fid));
         self.empty(reply, async move {
             if let Some(w) = window {
                 w.lock().await.stop().await;
             }
-            let landed = streams.release(f.inode().fid).await;
+            let landed = streams.release(f.fid()).await;
             // Requests still in flight on this handle finish first; past a bound it closes
             // itself when the last of them drops it.
             for _ in 0..1000 {
@@ -1050,50 +1119,37 @@ impl Filesystem for LodeFs {
         self.begin("opendir", req);
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
-        let parents = self.parents.clone();
+        let pages = self.pages.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.inline(async move {
-            let listing = async {
-                let dir = c.getattr(fid_of(ino)).await?;
-                if dir.kind != Kind::Dir {
-                    return Err(ClientError::fs(FsErrorKind::NotDir, "not a directory"));
-                }
-                let known = parents.get(dir.fid, c.holds_lease(dir.fid));
-                let parent = if dir.fid == ROOT {
-                    dir.clone()
-                } else if let Some(p) = known {
-                    c.getattr(p).await?
-                } else {
-                    let p = c.lookup(dir.fid, b"..").await?;
-                    if c.holds_lease(dir.fid) {
-                        parents.learn(dir.fid, p.fid, || c.holds_lease(dir.fid));
-                    }
-                    p
-                };
-                let dot = |name: &[u8], i: Inode| {
-                    let e = DirEntry {
-                        name: name.to_vec(),
-                        fid: i.fid,
-                        kind: Kind::Dir,
-                    };
-                    (e, Some(i))
-                };
-                let mut all = vec![dot(b".", dir.clone()), dot(b"..", parent)];
-                all.extend(
-                    c.readdir_plus(dir.fid)
-                        .await?
-                        .into_iter()
-                        .map(|(e, i)| (e, Some(i))),
-                );
-                Ok(all)
+            let dir = match c.getattr(fid_of(ino)).await {
+                Ok(d) if d.kind != Kind::Dir => return reply.error(Errno::ENOTDIR),
+                Ok(d) => d,
+                Err(e) => return reply.error(errno(&e)),
             };
-            match listing.await {
-                Ok(entries) => {
-                    dirs.lock().insert(fh, Arc::new(entries));
-                    reply.opened(FileHandle(fh), FopenFlags::empty());
-                }
-                Err(e) => reply.error(errno(&e)),
-            }
+            // Under the directory's lease the kernel caches the listing it reads, and an open
+            // keeps that cache while the lease has been held since it was read (the rules
+            // are the same as for a file's pages): a listing of a leased directory then costs
+            // the kernel no read at all. A change made through this mount resets the cache in
+            // the kernel; another client's recalls the lease first.
+            let leased = c.holds_lease(dir.fid);
+            let fopen = if pages.keep(dir.fid, leased) {
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+            } else if leased {
+                pages.opened(dir.fid, true);
+                FopenFlags::FOPEN_CACHE_DIR
+            } else {
+                FopenFlags::empty()
+            };
+            dirs.lock().insert(
+                fh,
+                DirHandle {
+                    fid: dir.fid,
+                    caller: c,
+                    listing: None,
+                },
+            );
+            reply.opened(FileHandle(fh), fopen);
         });
     }
 
@@ -1106,20 +1162,24 @@ impl Filesystem for LodeFs {
         mut reply: ReplyDirectory,
     ) {
         self.begin("readdir", req);
-        let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
-        };
-        for (i, (e, _)) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(
-                ino_of(e.fid),
-                i as u64 + 1,
-                kind(e.kind),
-                OsStr::from_bytes(&e.name),
-            ) {
-                break;
+        let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
+        self.inline(async move {
+            let entries = match listing.await {
+                Ok(l) => l,
+                Err(e) => return reply.error(e),
+            };
+            for (i, (e, _)) in entries.iter().enumerate().skip(offset as usize) {
+                if reply.add(
+                    ino_of(e.fid),
+                    i as u64 + 1,
+                    kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok();
+        });
     }
 
     fn readdirplus(
@@ -1131,25 +1191,30 @@ impl Filesystem for LodeFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.begin("readdirplus", req);
-        let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
-        };
-        for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
-            // Entries come with the attributes read in the same round trip as the listing.
-            let Some(a) = a else { continue };
-            let full = reply.add(
-                ino_of(e.fid),
-                i as u64 + 1,
-                OsStr::from_bytes(&e.name),
-                &TTL,
-                &attr(a, Self::size_of(&self.files, a)),
-                Generation(0),
-            );
-            if full {
-                break;
+        let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
+        let files = self.files.clone();
+        self.inline(async move {
+            let entries = match listing.await {
+                Ok(l) => l,
+                Err(e) => return reply.error(e),
+            };
+            for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
+                // Entries come with the attributes read in the same round trip as the listing.
+                let Some(a) = a else { continue };
+                let full = reply.add(
+                    ino_of(e.fid),
+                    i as u64 + 1,
+                    OsStr::from_bytes(&e.name),
+                    &TTL,
+                    &attr(a, Self::size_of(&files, a)),
+                    Generation(0),
+                );
+                if full {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok();
+        });
     }
 
     fn releasedir(
@@ -1161,7 +1226,9 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         self.begin("releasedir", req);
-        self.dirs.lock().remove(&fh.0);
+        if let Some(h) = self.dirs.lock().remove(&fh.0) {
+            self.pages.released(h.fid, self.client.holds_lease(h.fid));
+        }
         reply.ok();
     }
 

@@ -54,6 +54,28 @@ pub(crate) fn kind(k: Kind) -> FileType {
     }
 }
 
+/// The attributes of a negative entry: inode 0 tells the kernel the name is absent, for the
+/// entry's timeout.
+pub(crate) fn absent() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 pub(crate) fn attr(i: &Inode, size: u64) -> FileAttr {
     FileAttr {
         ino: ino_of(i.fid),

@@ -291,7 +291,7 @@ impl Streams {
     /// Issues a write and returns once it is in flight (or, at the limit, once an earlier one
     /// landed). An earlier write's failure is returned instead.
     pub async fn write(&self, file: &Arc<File>, offset: u64, data: Vec<u8>) -> Result<()> {
-        let fid = file.inode().fid;
+        let fid = file.fid();
         let per = self.of(fid);
         per.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = per.behind.lock().await;
@@ -379,7 +379,7 @@ impl Streams {
         offset: u64,
         size: usize,
     ) -> Result<ReadOut> {
-        let fid = file.inode().fid;
+        let fid = file.fid();
         self.wait(fid).await;
         let epoch = self.of(fid).epoch.load(std::sync::atomic::Ordering::SeqCst);
         let mut a = ahead.lock().await;
