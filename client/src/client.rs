@@ -789,6 +789,11 @@ impl Client {
         self.inner.leases.lookup(parent, name, &self.creds)
     }
 
+    /// An inode's kind if the lease cache knows it now, without waiting.
+    pub fn kind_cached(&self, fid: Fid) -> Option<Kind> {
+        self.inner.leases.kind(fid)
+    }
+
     /// An inode's attributes if the lease cache holds them now, without waiting.
     pub fn getattr_cached(&self, fid: Fid) -> Option<Inode> {
         self.inner.leases.getattr(fid)

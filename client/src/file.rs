@@ -2207,6 +2207,14 @@ impl File {
     /// Reads up to `len` bytes at `offset` into memory of its own (short only at the end of
     /// the file).
     pub async fn read_chunk(&self, offset: u64, len: usize) -> Result<Chunk> {
+        // No larger than the file can fill (the size as `read_into` takes it): the kernel asks
+        // for a whole readahead window of a file of a few KiB.
+        let size = self
+            .inode
+            .lock()
+            .size
+            .max(self.written_to.load(Ordering::Relaxed));
+        let len = len.min(usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX));
         let region = self.client.register(vec![0u8; len])?;
         let n = self.read_into(offset, &region, 0, len as u64).await?;
         Ok(Chunk {

@@ -285,6 +285,13 @@ impl Leases {
         h.attr.clone().filter(|_| !h.stale)
     }
 
+    /// The kind of `fid` if its lease is held with attributes, even ones this client's own
+    /// changes made stale (a kind never changes).
+    pub fn kind(&self, fid: Fid) -> Option<Kind> {
+        let s = self.live_state()?;
+        s.held.get(&fid)?.attr.as_ref().map(|a| a.kind)
+    }
+
     /// Whether the directory `dir` is held with a listing the cache can answer readdir from.
     /// Returns the listing when `creds` may read it.
     pub fn listing(&self, dir: Fid, creds: &Creds, plus: bool) -> Option<Result<Listing>> {

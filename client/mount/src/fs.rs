@@ -1122,21 +1122,30 @@ impl Filesystem for LodeFs {
         let pages = self.pages.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.inline(async move {
-            let dir = match c.getattr(fid_of(ino)).await {
-                Ok(d) if d.kind != Kind::Dir => return reply.error(Errno::ENOTDIR),
-                Ok(d) => d,
-                Err(e) => return reply.error(errno(&e)),
+            // A directory this mount holds the lease on is opened without asking the MDS
+            // (the kernel checked the caller's access already), even where the mount's own
+            // changes in it left its times to be fetched again.
+            let dir = fid_of(ino);
+            let kind = match c.kind_cached(dir) {
+                Some(k) => k,
+                None => match c.getattr(dir).await {
+                    Ok(d) => d.kind,
+                    Err(e) => return reply.error(errno(&e)),
+                },
             };
+            if kind != Kind::Dir {
+                return reply.error(Errno::ENOTDIR);
+            }
             // Under the directory's lease the kernel caches the listing it reads, and an open
             // keeps that cache while the lease has been held since it was read (the rules
             // are the same as for a file's pages): a listing of a leased directory then costs
             // the kernel no read at all. A change made through this mount resets the cache in
             // the kernel; another client's recalls the lease first.
-            let leased = c.holds_lease(dir.fid);
-            let fopen = if pages.keep(dir.fid, leased) {
+            let leased = c.holds_lease(dir);
+            let fopen = if pages.keep(dir, leased) {
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
             } else if leased {
-                pages.opened(dir.fid, true);
+                pages.opened(dir, true);
                 FopenFlags::FOPEN_CACHE_DIR
             } else {
                 FopenFlags::empty()
@@ -1144,7 +1153,7 @@ impl Filesystem for LodeFs {
             dirs.lock().insert(
                 fh,
                 DirHandle {
-                    fid: dir.fid,
+                    fid: dir,
                     caller: c,
                     listing: None,
                 },
