@@ -1,6 +1,11 @@
 //! `lode`: the filesystem's command, after Lustre's `lfs`, and a whole local cluster in one
 //! command.
 
+/// mimalloc: the servers and the mount allocate and free small buffers and maps on many
+/// threads at once, where glibc's allocator spent a tenth of their time (docs/decisions.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `println!` for the command's output: a reader that went away (`lode ls | head`) ends the
 /// command quietly, as it ends `ls`, rather than with a panic.
 macro_rules! out {

@@ -3,6 +3,11 @@
 //! `lode-mds --data-dir DIR --listen ADDR` serves the namespace and the registry of storage
 //! targets; `lode-mds fsck --data-dir DIR` checks the namespace's invariants offline.
 
+/// mimalloc: the servers and the mount allocate and free small buffers and maps on many
+/// threads at once, where glibc's allocator spent a tenth of their time (docs/decisions.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 
 use std::net::SocketAddr;

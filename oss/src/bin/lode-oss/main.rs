@@ -4,6 +4,11 @@
 //! DIR (formatting the missing ones, with indices assigned by the MDS), registers them with the
 //! MDS and heartbeats their space. `lode-oss scrub --data-dir DIR` checks every block offline.
 
+/// mimalloc: the servers and the mount allocate and free small buffers and maps on many
+/// threads at once, where glibc's allocator spent a tenth of their time (docs/decisions.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 
 use std::net::SocketAddr;
