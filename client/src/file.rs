@@ -1708,19 +1708,34 @@ impl File {
             })
         };
         let mut failed: std::collections::BTreeMap<Option<u16>, ClientError> = Default::default();
-        while let Some(r) = tasks.join_next().await {
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err((o, e))) => {
-                    failed.entry(mirror_of(&o)).or_insert(e);
-                }
-                Err(e) => {
-                    failed
-                        .entry(None)
-                        .or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
+        let objects = async {
+            while let Some(r) = tasks.join_next().await {
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err((o, e))) => {
+                        failed.entry(mirror_of(&o)).or_insert(e);
+                    }
+                    Err(e) => {
+                        failed
+                            .entry(None)
+                            .or_insert(ClientError::fs(FsErrorKind::Io, e.to_string()));
+                    }
                 }
             }
-        }
+        };
+        // The size and the file's name and attributes go to the MDS, and are made durable
+        // there, while the storage servers sync: this call succeeds only once both have, and
+        // a size the MDS has before the bytes are durable is what any close publishes (an
+        // unsynced write lost to a power cut reads as it was before, and the writer's fsync
+        // reports it).
+        let metadata = async {
+            self.publish_size().await?;
+            // Its create (and every change before it) is durable at the MDS, not only
+            // applied.
+            self.client.sync().await
+        };
+        let ((), metadata) = tokio::join!(objects, metadata);
+        metadata?;
         if !failed.is_empty() {
             let Some(layout) = layout.filter(|l| l.mirror_count() > 1) else {
                 return Err(failed.into_values().next().expect("not empty"));
@@ -1735,11 +1750,10 @@ impl File {
                 self.mark_stale(&layout, m.expect("checked above"), e)
                     .await?;
             }
+            // The copies marked stale are durable too before the sync succeeds.
+            self.client.sync().await?;
         }
-        self.publish_size().await?;
-        // The file's name and attributes too: its create (and every change before it) is
-        // durable at the MDS, not only applied.
-        self.client.sync().await
+        Ok(())
     }
 
     /// How far this handle has written (the size other clients see after `flush`).
