@@ -659,8 +659,15 @@ fn a_mount_serves_over_fuse_rings_where_the_kernel_has_them_and_gives_the_same_r
 // storage servers; mixed with jumps, overlapping rewrites and reads through the mount in
 // between, the file ends byte for byte as a local copy written the same way.
 #[test]
-fn gathered_small_writes_mixed_with_jumps_and_reads_give_the_same_bytes_as_a_local_file() {
+fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes_as_a_local_file() {
     use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let drop_pages = |f: &fs::File| {
+        // Written pages are clean (the mount writes through); reads after this go to the
+        // daemon, which waits for the file's writes and reads what the servers hold.
+        // SAFETY: a valid descriptor; the advice only drops clean cached pages.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    };
     let Some((mnt, _mds, _oss, mount)) = one_server_mount("gather", "allow_other") else {
         return;
     };
@@ -684,14 +691,34 @@ fn gathered_small_writes_mixed_with_jumps_and_reads_give_the_same_bytes_as_a_loc
         x ^= x << 17;
         x % n
     };
+    // First every way a write can meet the gathered ones, in quick succession: reaching
+    // before them and ending inside, inside, past their end, and the last byte then the whole.
+    // Far past where the steps below write, so that they stay to be compared at the end.
+    let far = 10_000_000u64;
+    for (o, n, v) in [
+        (10_000u64, 4096usize, 1u8),
+        (9_950, 100, 2),
+        (12_000, 10, 3),
+        (14_090, 50, 4),
+        (30_000, 1, 5),
+        (27_953, 2048, 6),
+    ] {
+        a.write_all_at(&vec![v; n], far + o).unwrap();
+        b.write_all_at(&vec![v; n], far + o).unwrap();
+    }
     let sizes = [1u64, 17, 512, 4000, 4096, 65_536, 131_072, 200_000];
     let mut off = 0u64;
     for i in 0..4000 {
-        match next(10) {
+        match next(12) {
             0..=5 => {}
-            6..=8 => off = next(3_000_000),
+            6..=7 => off = next(3_000_000),
+            // A step back over what was just written (overlapping the gathered bytes, or
+            // reaching before them).
+            8..=9 => off = off.saturating_sub(1 + next(10_000)),
             _ => {
                 let (o, n) = (next(3_000_000), 1 + next(20_000) as usize);
+                // From the storage servers, not from the pages the writes left in the kernel.
+                drop_pages(&a);
                 let (mut ra, mut rb) = (vec![0u8; n], vec![0u8; n]);
                 let ga = a.read_at(&mut ra, o).unwrap();
                 let gb = b.read_at(&mut rb, o).unwrap();
@@ -708,6 +735,7 @@ fn gathered_small_writes_mixed_with_jumps_and_reads_give_the_same_bytes_as_a_loc
     // Before close: the size and every byte; then after close and a new open.
     assert_eq!(a.metadata().unwrap().len(), b.metadata().unwrap().len());
     a.sync_all().unwrap();
+    drop_pages(&a);
     drop(a);
     assert!(fs::read(mnt.join("f")).unwrap() == fs::read(local_dir.join("f")).unwrap());
     assert!(mount.terminate().success());

@@ -2,8 +2,8 @@
 //! kernel sends one request of at most 1 MiB at a time per stream, and these keep the striped
 //! engine busy behind it.
 //!
-//! Writes are acknowledged once issued (small ones that follow one another, once gathered into
-//! one write of up to 1 MiB, issued within 5 ms); a file's writes in flight are awaited before anything
+//! Writes are acknowledged once issued (small ones that follow one another or overlap, once
+//! gathered into one write of up to 1 MiB, issued within 5 ms); a file's writes in flight are awaited before anything
 //! reads it, asks its size, truncates it, flushes or syncs it, and the first error is returned
 //! by the next of those (as NFS reports an unstable write's failure at close). Overlapping
 //! writes never run at once, so the later one always wins. Readahead starts after two
@@ -29,8 +29,9 @@ struct Behind {
     gather: Option<Gather>,
 }
 
-/// Small writes that follow one another through one handle, acknowledged and not yet issued:
-/// they go to the storage servers as one write when the next write does not follow on, when
+/// Small writes that follow one another, or overlap, through one handle, acknowledged and not
+/// yet issued (the later write's bytes laid over the earlier's): they go to the storage
+/// servers as one write when the next write neither follows on nor meets them, when
 /// they reach `GATHER_MAX`, after `GATHER_LINGER`, or before anything that waits for the
 /// file's writes (a read, a size change, flush, fsync, release).
 struct Gather {
@@ -299,12 +300,31 @@ impl Streams {
         // Following on from the gather, through the same handle, with room: joins it.
         let b = &mut *b;
         if let Some(g) = &mut b.gather {
-            let follows = Arc::ptr_eq(&g.file, file)
-                && g.offset + g.data.len() as u64 == offset
-                && g.data.len() + data.len() <= GATHER_MAX
+            // Following on, or overlapping what is gathered (a file server rewrites a
+            // header, or writes a file's last byte and then its whole): the bytes are laid
+            // over the gathered ones, as the later write wins, instead of waiting for the
+            // earlier to land first.
+            let g_end = g.offset + g.data.len() as u64;
+            let (from, to) = (g.offset.min(offset), g_end.max(end));
+            let joins = Arc::ptr_eq(&g.file, file)
+                && offset <= g_end
+                && end >= g.offset
+                && to - from <= GATHER_MAX as u64
                 && matches!(b.plan.before(offset, end), Step::Issue);
-            if follows {
-                g.data.extend_from_slice(&data);
+            if joins {
+                if from < g.offset {
+                    let mut joined = vec![0u8; (to - from) as usize];
+                    let at = (g.offset - from) as usize;
+                    joined[at..at + g.data.len()].copy_from_slice(&g.data);
+                    g.data = joined;
+                    g.offset = from;
+                } else if to > g_end {
+                    g.data.resize((to - from) as usize, 0);
+                }
+                // Every byte the union added is covered by this write (the two ranges
+                // meet), so nothing is left as the zeros it was made with.
+                let at = (offset - g.offset) as usize;
+                g.data[at..at + data.len()].copy_from_slice(&data);
                 file.issued_to(end);
                 if g.data.len() >= GATHER_MAX {
                     b.issue_gather().await;
