@@ -789,9 +789,10 @@ impl Client {
         self.inner.leases.lookup(parent, name, &self.creds)
     }
 
-    /// An inode's kind if the lease cache knows it now, without waiting.
-    pub fn kind_cached(&self, fid: Fid) -> Option<Kind> {
-        self.inner.leases.kind(fid)
+    /// Whether this client's caller may open directory `dir` to list it, if the lease cache
+    /// can tell now, without waiting.
+    pub fn may_list_cached(&self, dir: Fid) -> Option<Result<()>> {
+        self.inner.leases.may_list(dir, &self.creds)
     }
 
     /// An inode's attributes if the lease cache holds them now, without waiting.

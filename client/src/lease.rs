@@ -285,11 +285,26 @@ impl Leases {
         h.attr.clone().filter(|_| !h.stale)
     }
 
-    /// The kind of `fid` if its lease is held with attributes, even ones this client's own
-    /// changes made stale (a kind never changes).
-    pub fn kind(&self, fid: Fid) -> Option<Kind> {
+    /// Whether `creds` may open `dir` to list it, where the cache can tell now: its lease held
+    /// with attributes, even ones this client's own changes in it made stale (a kind never
+    /// changes, and who may read it changes only by a setattr, which drops them).
+    pub fn may_list(&self, dir: Fid, creds: &Creds) -> Option<Result<()>> {
         let s = self.live_state()?;
-        s.held.get(&fid)?.attr.as_ref().map(|a| a.kind)
+        let who = s.idmap.map(creds.clone());
+        let attr = s.held.get(&dir)?.attr.as_ref()?;
+        Some(if attr.kind != Kind::Dir {
+            Err(ClientError::fs(
+                FsErrorKind::NotDir,
+                format!("{dir} is not a directory"),
+            ))
+        } else if !attr.permits(&who, 4) {
+            Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("permission denied on {dir}"),
+            ))
+        } else {
+            Ok(())
+        })
     }
 
     /// Whether the directory `dir` is held with a listing the cache can answer readdir from.

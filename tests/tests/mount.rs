@@ -352,8 +352,65 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     let _ = fs::remove_dir_all(&root);
 }
 
-/// A cluster of one storage server and a mount of it, for the buffered-write test.
-fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, Server)> {
+/// Without `default_permissions` the daemon checks every call as its caller: a directory root
+/// listed (so that its lease is held and the kernel caches the listing) still cannot be listed
+/// by a user who may not read it, from the daemon's cache or the kernel's, while its entries
+/// stay reachable by name; once the mode allows it, the same user lists it.
+#[test]
+fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
+    use std::os::unix::process::CommandExt;
+    let Some((mnt, _mds, _oss, mount, _unmount)) = one_server_mount("dir-perm", "allow_other")
+    else {
+        return;
+    };
+    let d = mnt.join("private");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("secret"), b"x").unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o711)).unwrap();
+    for _ in 0..3 {
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
+    }
+    let as_nobody = |cmd: &str, arg: &Path| {
+        std::process::Command::new(cmd)
+            .arg(arg)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    for _ in 0..3 {
+        let ls = as_nobody("ls", &d);
+        assert!(
+            !ls.status.success() && String::from_utf8_lossy(&ls.stderr).contains("ermission"),
+            "listed by a user who may not read it: {ls:?}"
+        );
+        let cat = as_nobody("cat", &d.join("secret"));
+        assert!(cat.status.success() && cat.stdout == b"x", "{cat:?}");
+    }
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    let ls = as_nobody("ls", &d);
+    assert!(ls.status.success() && String::from_utf8_lossy(&ls.stdout).contains("secret"));
+    assert!(mount.terminate().success());
+}
+
+/// Lazily unmounts a mount point when dropped, so that a test that fails leaves no dead
+/// mount behind (one that ends well has unmounted already).
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+/// A cluster of one storage server and a mount of it, for the buffered-write test; the last
+/// part unmounts it when dropped.
+fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, Server, Unmount)> {
     // SAFETY: geteuid has no preconditions.
     if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs /dev/fuse and root");
@@ -388,7 +445,8 @@ fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, 
     )
     .unwrap();
     assert!(mounted(&mnt));
-    Some((mnt, mds, oss, mount))
+    let unmount = Unmount(mnt.clone());
+    Some((mnt, mds, oss, mount, unmount))
 }
 
 // One mount, one scenario, in order: what other processes see of buffered writes, set-ID bits
@@ -410,7 +468,7 @@ fn under_the_write_back_cache_buffered_writes_show_and_fail_the_same() {
 
 fn buffered_writes_scenario(name: &str, opts: &str) {
     use std::os::fd::IntoRawFd;
-    let Some((mnt, _mds, oss, mount)) = one_server_mount(name, opts) else {
+    let Some((mnt, _mds, oss, mount, _unmount)) = one_server_mount(name, opts) else {
         return;
     };
     let m = |p: &str| mnt.join(p);
@@ -493,7 +551,7 @@ fn buffered_writes_scenario(name: &str, opts: &str) {
 #[test]
 fn streams_beyond_the_readahead_budget_still_read_every_byte() {
     use std::os::fd::AsRawFd;
-    let Some((mnt, _mds, _oss, mount)) =
+    let Some((mnt, _mds, _oss, mount, _unmount)) =
         one_server_mount("mount-budget", "allow_other,readahead_memory_mb=2")
     else {
         return;
@@ -617,10 +675,14 @@ fn ring_workload(m: &Path) {
 // to stay on /dev/fuse, which starts no ring.
 #[test]
 fn a_mount_serves_over_fuse_rings_where_the_kernel_has_them_and_gives_the_same_results() {
-    let Some((ring_mnt, _mds, _oss, ring_mount)) = one_server_mount("ring", "allow_other") else {
+    let Some((ring_mnt, _mds, _oss, ring_mount, _unmount)) =
+        one_server_mount("ring", "allow_other")
+    else {
         return;
     };
-    let Some((dev_mnt, _mds2, _oss2, dev_mount)) = one_server_mount("no-ring", "no_uring") else {
+    let Some((dev_mnt, _mds2, _oss2, dev_mount, _unmount2)) =
+        one_server_mount("no-ring", "no_uring")
+    else {
         return;
     };
     let before: u64 = threads_named(ring_mount.child.id(), "fuser-ring-")
@@ -668,7 +730,7 @@ fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes
         // SAFETY: a valid descriptor; the advice only drops clean cached pages.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     };
-    let Some((mnt, _mds, _oss, mount)) = one_server_mount("gather", "allow_other") else {
+    let Some((mnt, _mds, _oss, mount, _unmount)) = one_server_mount("gather", "allow_other") else {
         return;
     };
     let local_dir = scratch("gather-local");

@@ -60,6 +60,9 @@ async fn listing(
     };
     let read = async {
         let dir = c.getattr(fid).await?;
+        if dir.kind != Kind::Dir {
+            return Err(ClientError::fs(FsErrorKind::NotDir, "not a directory"));
+        }
         let known = parents.get(dir.fid, c.holds_lease(dir.fid));
         let parent = if dir.fid == ROOT {
             dir.clone()
@@ -1119,28 +1122,39 @@ impl Filesystem for LodeFs {
         self.begin("opendir", req);
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
+        let parents = self.parents.clone();
         let pages = self.pages.clone();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.inline(async move {
-            // A directory this mount holds the lease on is opened without asking the MDS
-            // (the kernel checked the caller's access already), even where the mount's own
-            // changes in it left its times to be fetched again.
             let dir = fid_of(ino);
-            let kind = match c.kind_cached(dir) {
-                Some(k) => k,
-                None => match c.getattr(dir).await {
-                    Ok(d) => d.kind,
-                    Err(e) => return reply.error(errno(&e)),
+            // Where the lease cache can tell, the caller's right to read the directory is
+            // checked there, as the MDS checks it (even where this mount's own changes in it
+            // left its times to be fetched again), and the listing is read only if the kernel
+            // asks for it. Otherwise it is read now: the MDS's answer is the check.
+            let cached = c.may_list_cached(dir);
+            if let Some(Err(e)) = &cached {
+                return reply.error(errno(e));
+            }
+            dirs.lock().insert(
+                fh,
+                DirHandle {
+                    fid: dir,
+                    caller: c.clone(),
+                    listing: None,
                 },
-            };
-            if kind != Kind::Dir {
-                return reply.error(Errno::ENOTDIR);
+            );
+            if cached.is_none() {
+                if let Err(e) = listing(dirs.clone(), parents, fh).await {
+                    dirs.lock().remove(&fh);
+                    return reply.error(e);
+                }
             }
             // Under the directory's lease the kernel caches the listing it reads, and an open
             // keeps that cache while the lease has been held since it was read (the rules
             // are the same as for a file's pages): a listing of a leased directory then costs
             // the kernel no read at all. A change made through this mount resets the cache in
-            // the kernel; another client's recalls the lease first.
+            // the kernel; another client's recalls the lease first. Every open is checked as
+            // above, so the cache serves only callers who may read the directory.
             let leased = c.holds_lease(dir);
             let fopen = if pages.keep(dir, leased) {
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
@@ -1150,14 +1164,6 @@ impl Filesystem for LodeFs {
             } else {
                 FopenFlags::empty()
             };
-            dirs.lock().insert(
-                fh,
-                DirHandle {
-                    fid: dir,
-                    caller: c,
-                    listing: None,
-                },
-            );
             reply.opened(FileHandle(fh), fopen);
         });
     }
