@@ -479,6 +479,16 @@ impl File {
         self.inode.lock().clone()
     }
 
+    /// How far this handle reads: the size as of open (close-to-open), or further if this
+    /// handle wrote further; a file removed while open stays readable, so this does not ask
+    /// the MDS.
+    fn readable_size(&self) -> u64 {
+        self.inode
+            .lock()
+            .size
+            .max(self.written_to.load(Ordering::Relaxed))
+    }
+
     /// The file's FID (without copying the rest of its inode).
     pub fn fid(&self) -> proto::Fid {
         self.inode.lock().fid
@@ -1171,13 +1181,7 @@ impl File {
         region_offset: u64,
         len: u64,
     ) -> Result<usize> {
-        // The size as of open (close-to-open), or further if this handle wrote further; a
-        // file removed while open stays readable, so this does not ask the MDS.
-        let size = self
-            .inode
-            .lock()
-            .size
-            .max(self.written_to.load(Ordering::Relaxed));
+        let size = self.readable_size();
         if offset >= size || len == 0 {
             return Ok(0);
         }
@@ -2221,14 +2225,10 @@ impl File {
     /// Reads up to `len` bytes at `offset` into memory of its own (short only at the end of
     /// the file).
     pub async fn read_chunk(&self, offset: u64, len: usize) -> Result<Chunk> {
-        // No larger than the file can fill (the size as `read_into` takes it): the kernel asks
-        // for a whole readahead window of a file of a few KiB.
-        let size = self
-            .inode
-            .lock()
-            .size
-            .max(self.written_to.load(Ordering::Relaxed));
-        let len = len.min(usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX));
+        // No larger than the file can fill: the kernel asks for a whole readahead window of a
+        // file of a few KiB.
+        let left = self.readable_size().saturating_sub(offset);
+        let len = len.min(usize::try_from(left).unwrap_or(usize::MAX));
         let region = self.client.register(vec![0u8; len])?;
         let n = self.read_into(offset, &region, 0, len as u64).await?;
         Ok(Chunk {

@@ -297,13 +297,8 @@ impl Leases {
                 FsErrorKind::NotDir,
                 format!("{dir} is not a directory"),
             ))
-        } else if !attr.permits(&who, 4) {
-            Err(ClientError::fs(
-                FsErrorKind::AccessDenied,
-                format!("permission denied on {dir}"),
-            ))
         } else {
-            Ok(())
+            may_read(attr, &who)
         })
     }
 
@@ -317,11 +312,8 @@ impl Leases {
         if !h.complete || attr.kind != Kind::Dir {
             return None;
         }
-        if !attr.permits(&who, 4) {
-            return Some(Err(ClientError::fs(
-                FsErrorKind::AccessDenied,
-                format!("permission denied on {dir}"),
-            )));
+        if let Err(e) = may_read(attr, &who) {
+            return Some(Err(e));
         }
         let entries: Vec<DirEntry> = h
             .names
@@ -899,6 +891,18 @@ impl Leases {
 
 /// A directory's entries, with each one's attributes for readdirplus.
 pub type Listing = (Vec<DirEntry>, Vec<Inode>);
+
+/// Whether `who` (as the MDS maps the caller) may read the directory or file `attr`.
+fn may_read(attr: &Inode, who: &Creds) -> Result<()> {
+    if attr.permits(who, 4) {
+        Ok(())
+    } else {
+        Err(ClientError::fs(
+            FsErrorKind::AccessDenied,
+            format!("permission denied on {}", attr.fid),
+        ))
+    }
+}
 
 #[cfg(test)]
 mod tests {

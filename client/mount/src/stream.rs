@@ -3,12 +3,12 @@
 //! engine busy behind it.
 //!
 //! Writes are acknowledged once issued (small ones that follow one another or overlap, once
-//! gathered into one write of up to 1 MiB, issued within 5 ms); a file's writes in flight are awaited before anything
-//! reads it, asks its size, truncates it, flushes or syncs it, and the first error is returned
-//! by the next of those (as NFS reports an unstable write's failure at close). Overlapping
-//! writes never run at once, so the later one always wins. Readahead starts after two
-//! sequential reads on a handle and keeps a window of chunks in flight; a write to the file
-//! through any handle of this mount drops every window over it.
+//! gathered into one write of up to 1 MiB, issued within 5 ms); a file's writes in flight are
+//! awaited before anything reads it, asks its size, truncates it, flushes or syncs it, and the
+//! first error is returned by the next of those (as NFS reports an unstable write's failure
+//! at close). Overlapping writes never run at once, so the later one always wins. Readahead
+//! starts after two sequential reads on a handle and keeps a window of chunks in flight; a
+//! write to the file through any handle of this mount drops every window over it.
 
 use proto::FsErrorKind;
 use std::collections::{HashMap, VecDeque};
