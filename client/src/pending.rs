@@ -211,8 +211,13 @@ impl Pending {
             (seq, q.len())
         };
         // The sender wakes for the first change of a queue and for a long one; in between it
-        // lingers (see [`LINGER`]).
-        if len == 1 || len == LINGER_BATCH {
+        // lingers (see [`LINGER`]). The first change wakes only a sender that waits: one busy
+        // sending the batch before finds the queue when it is back, and lingers on it (a
+        // stored wake-up would cut that linger short, and a loop of changes would go one or
+        // two per batch).
+        if len == 1 {
+            self.hurry.wake.notify_waiters();
+        } else if len == LINGER_BATCH {
             self.hurry.wake.notify_one();
         }
         Sent {
