@@ -63,16 +63,30 @@ fn job_statistics_name_the_job_that_did_the_work_and_top_and_health_see_a_server
     let (client, admin) = (client_key_file(), cluster_key_file());
 
     // Both targets in service before anything is measured.
+    // The targets share this host's disk: when it has less than a tenth free, health rightly
+    // warns of their space, and that alone is no fault of the cluster.
+    let healthy = |h: &(i32, String, String)| {
+        let warnings: Vec<&str> = h.1.lines().filter(|l| l.starts_with("WARN")).collect();
+        let space_only = !warnings.is_empty()
+            && warnings
+                .iter()
+                .all(|l| l.contains("in service") && l.contains(" free of "))
+            && !h.1.lines().any(|l| l.starts_with("FAIL"));
+        (h.0 == 0 && h.1.lines().last() == Some("healthy"))
+            || (h.0 == 1
+                && space_only
+                && h.1.lines().last()
+                    == Some(format!("degraded: {} warnings", warnings.len()).as_str()))
+    };
     let mut health = (0, String::new(), String::new());
     for _ in 0..100 {
         health = lode(m, &client, &[], &["health"]);
-        if health.0 == 0 && health.1.matches("in service").count() == 2 {
+        if healthy(&health) && health.1.matches("in service").count() == 2 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert_eq!(health.0, 0, "health: {}{}", health.1, health.2);
-    assert!(health.1.lines().last() == Some("healthy"), "{}", health.1);
+    assert!(healthy(&health), "health: {}{}", health.1, health.2);
     assert!(health.1.starts_with("OK   mds: up"), "{}", health.1);
     // And both taken into service by the MDS's allocator: a new file gets a stripe on each.
     let mut striped = false;
