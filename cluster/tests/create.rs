@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use client::{ClientConfig, OpenOptions};
 use cluster::{ClusterBuilder, Network};
-use lnet::sim::Fabric;
+use lnet::sim::{Fabric, LinkParams};
 use oss::engine::mem::MemEngine;
 use proto::fid::ROOT;
 
@@ -239,4 +239,86 @@ async fn changes_answered_ahead_are_seen_at_once_by_a_client_without_leases() {
     }
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Files made while the MDS is bringing its targets into service (cleaning up each target's
+/// orphans, then precreating) keep their objects: however many maintenance passes requests
+/// and the MDS's own timer start at once, a target is cleaned up once, before any of its
+/// objects is handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_made_while_targets_come_into_service_keep_their_objects() {
+    for round in 0..4 {
+        let dir =
+            std::env::temp_dir().join(format!("lode-cluster-first-{}-{round}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The MDS's messages to the storage servers are held back at random, so that one
+        // sent later may overtake one sent earlier, as on a congested network.
+        let fabric = Fabric::new(round);
+        let mut b = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+            .heartbeat(Duration::from_millis(20), Duration::from_secs(2))
+            .maintain_every(Duration::from_millis(5));
+        for i in 0..3 {
+            b = b.storage_server(vec![
+                Arc::new(MemEngine::new(1 << 28)),
+                Arc::new(MemEngine::new(1 << 28)),
+            ]);
+            fabric
+                .set_link(
+                    "mds",
+                    &format!("oss{i}"),
+                    LinkParams {
+                        reorder: 0.5,
+                        reorder_window: Duration::from_millis(40),
+                        ..LinkParams::default()
+                    },
+                )
+                .unwrap();
+        }
+        let cluster = b.start().await.unwrap();
+        let mut writers = vec![];
+        for w in 0..6 {
+            // Each create is its own request to the MDS, and starts a pass while no target
+            // is in service.
+            let cfg = ClientConfig {
+                leases: false,
+                ..ClientConfig::default()
+            };
+            let c = cluster.client(&format!("w{w}"), cfg).await.unwrap();
+            writers.push(tokio::spawn(async move {
+                for i in 0..12 {
+                    let path = format!("/f-{w}-{i}");
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .open(&c, &path)
+                        .await
+                        .unwrap();
+                    f.write_at(0, path.as_bytes())
+                        .await
+                        .unwrap_or_else(|e| panic!("writing {path} (round {round}): {e}"));
+                    f.close().await.unwrap();
+                }
+                c
+            }));
+        }
+        let mut clients = vec![];
+        for w in writers {
+            clients.push(w.await.unwrap());
+        }
+        // Later passes clean nothing up again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (w, c) in clients.iter().enumerate() {
+            for i in 0..12 {
+                let path = format!("/f-{w}-{i}");
+                let f = OpenOptions::new().read(true).open(c, &path).await.unwrap();
+                let mut back = vec![0u8; path.len()];
+                f.read_at(0, &mut back)
+                    .await
+                    .unwrap_or_else(|e| panic!("reading {path} (round {round}): {e}"));
+                assert_eq!(back, path.as_bytes());
+            }
+        }
+        cluster.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -57,6 +57,12 @@ pub struct Allocator {
     pools: Mutex<HashMap<u32, VecDeque<Fid>>>,
     /// Targets whose orphans have been cleaned up in this run.
     ready: Mutex<HashSet<u32>>,
+    /// This MDS run (its instance), named in orphan cleanups.
+    run: u64,
+    /// Held through a maintenance pass: passes never overlap. Two passes that both found a
+    /// target not cleaned up would both clean it up, and the later cleanup would destroy
+    /// the objects the earlier pass precreated after its own, some of them already in files.
+    pass: tokio::sync::Mutex<()>,
     /// The round-robin position of [`place`].
     next: Mutex<usize>,
     /// Until then, clients are counting their open files again after a start: nothing is
@@ -87,11 +93,22 @@ impl Allocator {
             net,
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
+            pass: tokio::sync::Mutex::new(()),
+            run: rand::random(),
             next: Mutex::new(0),
             recovering_until: Instant::now(),
             evict_after: crate::server::EVICT_AFTER,
             replaying: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Names this MDS run `instance` in its orphan cleanups. Only before the allocator is
+    /// shared.
+    pub fn in_run(mut self: Arc<Self>, instance: u64) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("the allocator is not shared yet")
+            .run = instance;
+        self
     }
 
     /// Gives clients `window` from now to count their open files again, and evicts those
@@ -334,8 +351,28 @@ impl Allocator {
     }
 
     /// One maintenance pass: probe silent targets, clean up new ones, top up pools, destroy
-    /// removed objects.
+    /// removed objects. Waits for a pass under way to end first.
     pub async fn maintain(&self, store: &Store) {
+        let _one = self.pass.lock().await;
+        self.pass_alone(store).await;
+    }
+
+    /// A pass for a request that found no target in service, waited for up to `wait`. It
+    /// runs as a task of its own, so a request that stops waiting never cuts a pass off
+    /// halfway (with a cleanup sent and its answer forgotten). Where a pass is under way
+    /// already, the request waits for that one instead.
+    pub async fn maintain_for_request(self: &Arc<Self>, store: &Arc<Store>, wait: Duration) {
+        let (alloc, store) = (self.clone(), store.clone());
+        let pass = tokio::spawn(async move {
+            match alloc.pass.try_lock() {
+                Ok(_one) => alloc.pass_alone(&store).await,
+                Err(_) => drop(alloc.pass.lock().await),
+            }
+        });
+        let _ = tokio::time::timeout(wait, pass).await;
+    }
+
+    async fn pass_alone(&self, store: &Store) {
         self.probe_silent().await;
         for t in self.registry.list().into_iter().filter(|t| t.up) {
             if !self.ready.lock().contains(&t.index) {
@@ -346,6 +383,7 @@ impl Allocator {
                 let req = OstDestroyAbove {
                     target: t.index,
                     keep_up_to: keep,
+                    run: self.run,
                 };
                 match call(&self.net, &t.oss, &req, RPC_DEADLINE * 6).await {
                     Ok(r) => {

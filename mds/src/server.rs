@@ -178,7 +178,8 @@ impl MdsServer {
             cfg.recovery_window.max(crate::lease::TERM)
         };
         let alloc = Allocator::with_net(registry.clone(), caller.clone())
-            .recovering(window, cfg.evict_after);
+            .recovering(window, cfg.evict_after)
+            .in_run(instance);
         let clients = crate::recovery::Clients::open(store.disk(), store.clone(), window)
             .map_err(|e| ServerError::Clients(e.to_string()))?;
         alloc.wait_for_replays(clients.clone());

@@ -222,7 +222,10 @@ impl OssService {
             opcodes::OST_DESTROY_ABOVE => {
                 self.server_only(&req)?;
                 let r: OstDestroyAbove = req.decode()?;
-                let destroyed = self.target(r.target)?.destroy_above(r.keep_up_to).await?;
+                let destroyed = self
+                    .target(r.target)?
+                    .destroy_above(r.keep_up_to, r.run)
+                    .await?;
                 reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
             }
             other => Err(RemoteError::new(

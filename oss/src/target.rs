@@ -92,6 +92,8 @@ pub struct Target {
     floors: Mutex<HashMap<u64, u64>>,
     /// Held by an orphan cleanup: one at a time, each seeing what the one before left.
     cleanup: tokio::sync::Mutex<()>,
+    /// The MDS run whose cleanup came last, and the highest id then handed out.
+    cleaned: Mutex<Option<(u64, u32)>>,
 }
 
 /// Clients whose write order is remembered; past it, the table starts again (ordering then
@@ -275,6 +277,7 @@ impl Target {
             epoch,
             floors: Mutex::new(HashMap::new()),
             cleanup: tokio::sync::Mutex::new(()),
+            cleaned: Mutex::new(None),
         };
         for d in 0..FANOUT {
             target
@@ -688,9 +691,20 @@ impl Target {
     /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
     /// how many went. Durable on return, with one sync per directory rather than per object.
     /// Cleanups asked for at once run one after the other.
-    pub async fn destroy_above(&self, keep_up_to: u32) -> Result<u32> {
+    ///
+    /// `run` names the MDS run asking. The ids precreated after a run's cleanup are that
+    /// run's to hand out, so another cleanup from the same run (a message held back or
+    /// duplicated on the way) reaches no higher than the first did.
+    pub async fn destroy_above(&self, keep_up_to: u32, run: u64) -> Result<u32> {
         let _one = self.cleanup.lock().await;
-        let last = *self.last_id.lock().await;
+        let mut last = *self.last_id.lock().await;
+        {
+            let mut cleaned = self.cleaned.lock();
+            match *cleaned {
+                Some((r, reached)) if r == run => last = last.min(reached),
+                _ => *cleaned = Some((run, last)),
+            }
+        }
         if keep_up_to < last {
             let _opening = self.opening.lock().await;
             self.mark_dead(keep_up_to + 1..=last).await?;
@@ -702,7 +716,8 @@ impl Target {
         };
         let mut n = 0;
         let mut dirs = std::collections::BTreeSet::new();
-        for fid in self.objects()?.into_iter().filter(|f| f.oid > keep_up_to) {
+        let doomed = |f: &Fid| f.oid > keep_up_to && f.oid <= last;
+        for fid in self.objects()?.into_iter().filter(doomed) {
             self.objects.lock().remove(&fid);
             let (data, meta) = self.paths(fid);
             let err = |e| TargetError::io(fid, 0, e);

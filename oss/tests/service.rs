@@ -477,6 +477,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
             &OstDestroyAbove {
                 target: 7,
                 keep_up_to: 0,
+                run: 1,
             },
             T,
         )

@@ -469,7 +469,7 @@ async fn destroyed_ids_stay_dead_across_a_power_cut_and_an_orphan_cleanup() {
         .await
         .unwrap();
     // Objects above id(4) were never given to a file: an orphan cleanup takes them.
-    assert_eq!(t.destroy_above(id(4).oid).await.unwrap(), 1);
+    assert_eq!(t.destroy_above(id(4).oid, 1).await.unwrap(), 1);
     drop(t);
     mem.crash();
     let t = reopen(&mem).await;
@@ -483,6 +483,38 @@ async fn destroyed_ids_stay_dead_across_a_power_cut_and_an_orphan_cleanup() {
     // Handed out, alive, never written.
     assert_eq!(t.size(id(3)).await.unwrap(), 0);
     assert_eq!(t.precreate(1).await.unwrap(), id(10));
+}
+
+#[tokio::test]
+async fn a_second_cleanup_from_the_same_mds_run_spares_what_that_run_precreated_since() {
+    let (_mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(4).await.unwrap();
+    let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
+    // Run 7 starts: the ids above id(1) were its predecessor's orphans.
+    t.destroy_above(id(1).oid, 7).await.unwrap();
+    let fresh = t.precreate(4).await.unwrap();
+    t.write(fresh, 0, b"new file", true, Default::default())
+        .await
+        .unwrap();
+    // The same cleanup again (held back on the way): what run 7 precreated since stays.
+    assert_eq!(t.destroy_above(id(1).oid, 7).await.unwrap(), 0);
+    assert_eq!(&t.read(fresh, 0, 100).await.unwrap()[..], b"new file");
+    let unwritten = Fid::new(fresh.seq, fresh.oid + 1, 0);
+    assert_eq!(t.size(unwritten).await.unwrap(), 0);
+    assert!(matches!(
+        t.read(id(2), 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    // A new run's cleanup takes every id above the highest its files know.
+    assert_eq!(t.destroy_above(id(1).oid, 8).await.unwrap(), 1);
+    assert!(matches!(
+        t.read(fresh, 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    assert!(matches!(
+        t.read(unwritten, 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
 }
 
 #[tokio::test]

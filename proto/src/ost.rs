@@ -177,11 +177,14 @@ pub struct TargetSpace {
 }
 
 /// Destroys every object of the target with an id above `keep_up_to`: the objects a crashed
-/// MDS had precreated but never given to a file.
+/// MDS had precreated but never given to a file. `run` names the MDS run asking (its
+/// instance): a cleanup that arrives again from the run that already had one (a late or
+/// duplicated message) destroys nothing precreated since, since that run is handing those out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstDestroyAbove {
     pub target: u32,
     pub keep_up_to: u32,
+    pub run: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
