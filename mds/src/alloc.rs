@@ -59,10 +59,6 @@ pub struct Allocator {
     ready: Mutex<HashSet<u32>>,
     /// This MDS run (its instance), named in orphan cleanups.
     run: u64,
-    /// Held through a maintenance pass: passes never overlap. Two passes that both found a
-    /// target not cleaned up would both clean it up, and the later cleanup would destroy
-    /// the objects the earlier pass precreated after its own, some of them already in files.
-    pass: tokio::sync::Mutex<()>,
     /// The round-robin position of [`place`].
     next: Mutex<usize>,
     /// Until then, clients are counting their open files again after a start: nothing is
@@ -93,7 +89,6 @@ impl Allocator {
             net,
             pools: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashSet::new()),
-            pass: tokio::sync::Mutex::new(()),
             run: rand::random(),
             next: Mutex::new(0),
             recovering_until: Instant::now(),
@@ -351,34 +346,17 @@ impl Allocator {
     }
 
     /// One maintenance pass: probe silent targets, clean up new ones, top up pools, destroy
-    /// removed objects. Waits for a pass under way to end first.
+    /// removed objects.
     pub async fn maintain(&self, store: &Store) {
-        let _one = self.pass.lock().await;
-        self.pass_alone(store).await;
-    }
-
-    /// A pass for a request that found no target in service, waited for up to `wait`. It
-    /// runs as a task of its own, so a request that stops waiting never cuts a pass off
-    /// halfway (with a cleanup sent and its answer forgotten). Where a pass is under way
-    /// already, the request waits for that one instead.
-    pub async fn maintain_for_request(self: &Arc<Self>, store: &Arc<Store>, wait: Duration) {
-        let (alloc, store) = (self.clone(), store.clone());
-        let pass = tokio::spawn(async move {
-            match alloc.pass.try_lock() {
-                Ok(_one) => alloc.pass_alone(&store).await,
-                Err(_) => drop(alloc.pass.lock().await),
-            }
-        });
-        let _ = tokio::time::timeout(wait, pass).await;
-    }
-
-    async fn pass_alone(&self, store: &Store) {
         self.probe_silent().await;
         for t in self.registry.list().into_iter().filter(|t| t.up) {
             if !self.ready.lock().contains(&t.index) {
                 if self.replaying_now() {
                     continue; // replayed creates will name objects above the namespace's highest
                 }
+                // Passes may overlap (the timer's, and those creates start while no target
+                // is in service), and a cleanup may be sent twice: the target takes a second
+                // one from this run as a no-op (`run`).
                 let keep = store.read(|ns| ns.highest_object(t.index));
                 let req = OstDestroyAbove {
                     target: t.index,

@@ -326,9 +326,8 @@ impl MdsService {
         if !self.alloc.has_targets() && registered {
             // A pass may bring a target into service now; a long one (a big orphan cleanup)
             // goes on in the background while this request is answered Busy and resent.
-            self.alloc
-                .maintain_for_request(&self.store, MAINTAIN_IN_REQUEST)
-                .await;
+            let pass = self.alloc.maintain(&self.store);
+            let _ = tokio::time::timeout(MAINTAIN_IN_REQUEST, pass).await;
         }
         if !self.alloc.has_targets() {
             if registered {
