@@ -607,7 +607,8 @@ impl Client {
         };
         let stamp = leases.stamp();
         let mut reply = self.rpc(&self.inner.mds.clone(), &r).await?;
-        leases.learn_change(stamp, &r.mutation, &reply);
+        let pending = &self.inner.pending;
+        leases.learn_change(stamp, &r.mutation, &reply, &|f| pending.settled(f, 0));
         let ticket = std::mem::take(&mut reply.ticket);
         self.inner
             .uncommitted
@@ -852,6 +853,14 @@ impl Client {
         let leases = &self.inner.leases;
         if let Some(i) = leases.getattr(fid) {
             return Ok(i);
+        }
+        if let Some(seq) = self.inner.pending.touching(fid) {
+            // Moved on by a change of this client's own still queued (a create answered
+            // ahead in the directory): its answer brings the attributes it left.
+            self.inner.pending.settle_to(seq).await;
+            if let Some(i) = leases.getattr(fid) {
+                return Ok(i);
+            }
         }
         let stamp = leases.stamp();
         let r = MdsGetattr {

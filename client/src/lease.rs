@@ -100,6 +100,8 @@ struct Held {
     /// The times, size and link count in `attr` moved on with a change of this client's own:
     /// it still serves permission checks, not getattr.
     stale: bool,
+    /// The transaction number of the change whose answer last brought `attr` (0: none).
+    after: u64,
     names: BTreeMap<Vec<u8>, Name>,
     /// `names` holds every entry of the directory.
     complete: bool,
@@ -553,7 +555,17 @@ impl Leases {
 
     /// This client's own change `m`, answered with `reply` (sent at `stamp`): what it changed
     /// is updated in the cache, or dropped if a recall came in meanwhile.
-    pub fn learn_change(&self, stamp: Stamp, m: &Mutation, reply: &MdsReintReply) {
+    ///
+    /// The attributes the change left on the other inodes it touched (`reply.after`) are kept
+    /// where `settled` says no change of this client's own queued since touches them (they
+    /// would not show it), unless a later change's answer brought newer ones already.
+    pub fn learn_change(
+        &self,
+        stamp: Stamp,
+        m: &Mutation,
+        reply: &MdsReintReply,
+        settled: &dyn Fn(Fid) -> bool,
+    ) {
         let Some(mut s) = self.live_state() else {
             return;
         };
@@ -690,6 +702,21 @@ impl Leases {
             let h = Self::held_mut(s, i.fid);
             h.attr = Some(i.clone());
             h.stale = false;
+        }
+        for i in &reply.after {
+            let Some(h) = s.held.get_mut(&i.fid) else {
+                continue;
+            };
+            let newer = t != 0
+                && t > h.after
+                && h.attr
+                    .as_ref()
+                    .is_none_or(|a| a.ctime <= i.ctime && a.kind == i.kind);
+            if newer && settled(i.fid) {
+                h.attr = Some(i.clone());
+                h.stale = false;
+                h.after = t;
+            }
         }
         self.bound(s);
         self.own.fetch_add(1, Ordering::SeqCst);
@@ -958,6 +985,7 @@ mod tests {
             ticket: vec![],
             leased: true,
             changed,
+            after: vec![],
         }
     }
 
@@ -984,10 +1012,72 @@ mod tests {
             st,
             &m,
             &reply(Some(inode(fid(9), Kind::File)), 5, vec![dir]),
+            &|_| true,
         );
         assert_eq!(l.lookup(dir, b"a", &me).unwrap().unwrap().fid, fid(9));
         assert!(l.getattr(dir).is_none(), "the directory's times moved on");
         assert!(l.lookup(dir, b"b", &me).unwrap().is_err());
+    }
+
+    #[test]
+    fn a_changed_directory_takes_the_attributes_its_changes_answers_bring_in_order() {
+        let l = live();
+        let (dir, me) = (fid(2), Creds::root());
+        let st = l.stamp();
+        l.learn_attr(st, &inode(dir, Kind::Dir), true);
+        let create = |name: &[u8]| Mutation::Create {
+            parent: dir,
+            name: name.to_vec(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        let dir_at = |secs: i64, nlink: u32| Inode {
+            mtime: Time { sec: secs, nsec: 0 },
+            ctime: Time { sec: secs, nsec: 0 },
+            nlink,
+            ..inode(dir, Kind::Dir)
+        };
+        let answer = |file: u32, transno: u64, after: Inode| MdsReintReply {
+            after: vec![after],
+            ..reply(Some(inode(fid(file), Kind::File)), transno, vec![dir])
+        };
+        // A later change of this client's own touches the directory: the answer does not show
+        // it, and the attributes stay to be fetched.
+        l.learn_change(
+            l.stamp(),
+            &create(b"a"),
+            &answer(9, 5, dir_at(10, 2)),
+            &|_| false,
+        );
+        assert!(l.getattr(dir).is_none());
+        // Nothing queued since: the directory's attributes are the answer's.
+        l.learn_change(
+            l.stamp(),
+            &create(b"b"),
+            &answer(10, 6, dir_at(11, 3)),
+            &|_| true,
+        );
+        assert_eq!(l.getattr(dir).unwrap().nlink, 3);
+        // An earlier change's answer coming late does not take them back.
+        l.learn_change(
+            l.stamp(),
+            &create(b"a"),
+            &answer(9, 5, dir_at(10, 2)),
+            &|_| true,
+        );
+        assert!(l.getattr(dir).is_none_or(|i| i.nlink == 3));
+        // Nor does an answer from the reply cache (transaction number 0), whose order is unknown.
+        l.learn_change(
+            l.stamp(),
+            &create(b"c"),
+            &answer(11, 0, dir_at(12, 4)),
+            &|_| true,
+        );
+        assert!(l.getattr(dir).is_none());
+        assert!(l.lookup(dir, b"b", &me).unwrap().is_ok());
     }
 
     #[test]

@@ -179,6 +179,20 @@ impl Pending {
             .unwrap_or(0)
     }
 
+    /// Whether no change queued or on its way after the `upto`th touches `fid`: an answer to
+    /// that one shows what this client did to it.
+    pub fn settled(&self, fid: Fid, upto: u64) -> bool {
+        self.touching
+            .lock()
+            .get(&fid)
+            .is_none_or(|seq| *seq <= upto)
+    }
+
+    /// The last change queued or on its way that touches `fid`, if any.
+    pub fn touching(&self, fid: Fid) -> Option<u64> {
+        self.touching.lock().get(&fid).copied()
+    }
+
     /// Waits for room in the queue.
     pub async fn room(&self) {
         loop {
@@ -393,7 +407,9 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
         let out = match (&q.op, out) {
             (BatchOp::Close(_), _) => continue,
             (BatchOp::Reint(r), Ok(mut reply)) => {
-                inner.leases.learn_change(stamp, &r.mutation, &reply);
+                inner.leases.learn_change(stamp, &r.mutation, &reply, &|f| {
+                    inner.pending.settled(f, last)
+                });
                 let ticket = std::mem::take(&mut reply.ticket);
                 inner
                     .uncommitted

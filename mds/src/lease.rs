@@ -252,6 +252,15 @@ impl Leases {
         }
     }
 
+    /// Whether `client` holds the lease on `fid`.
+    pub fn holds(&self, client: u128, fid: Fid) -> bool {
+        self.state
+            .lock()
+            .holders
+            .get(&fid)
+            .is_some_and(|hs| hs.contains(&client))
+    }
+
     /// Whether any of `fids` is held alone by a client other than `asker`.
     pub fn held_alone(&self, fids: &[Fid], asker: Option<u128>) -> bool {
         let s = self.state.lock();

@@ -1104,6 +1104,7 @@ impl MdsService {
         let client = r.req.map(|q| q.client);
         let mut stamp: (u64, Option<Ticket>) = (0, None);
         let mut changed = vec![];
+        let mut after = vec![];
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
@@ -1126,6 +1127,7 @@ impl MdsService {
                     ticket: vec![],
                     leased: false,
                     changed: vec![],
+                    after: vec![],
                 });
             }
             Decision::Opens(inode) => (Some(inode), false),
@@ -1140,6 +1142,7 @@ impl MdsService {
                     .await?;
                 stamp = (done.transno, done.ticket);
                 changed = done.touched;
+                after = done.after;
                 (done.applied.inode, true)
             }
         };
@@ -1178,6 +1181,7 @@ impl MdsService {
             ticket,
             leased,
             changed,
+            after,
         })
     }
 
@@ -1280,9 +1284,10 @@ impl MdsService {
             let touched = self.store.read(|ns| ns.touched(&m));
             let _recall = self.leases.recall(&touched, except).await;
             let clear = |fids: &[proto::Fid]| self.leases.clear(fids, except);
+            let after = |f: &proto::Fid| except.is_some_and(|c| self.leases.holds(c, *f));
             match self
                 .store
-                .apply_clear(m.clone(), creds.clone(), req, size_gen, &clear)
+                .apply_clear(m.clone(), creds.clone(), req, size_gen, &clear, &after)
             {
                 Err(StoreError::Leased) => continue,
                 other => break other,

@@ -100,6 +100,8 @@ pub struct Done {
     pub ticket: Option<Ticket>,
     /// The inodes whose attributes or entries it changed ([`Namespace::touched`]).
     pub touched: Vec<proto::Fid>,
+    /// Those of them asked for, as the change left them (read under the same lock).
+    pub after: Vec<proto::md::Inode>,
 }
 
 /// Who writes the journal.
@@ -275,12 +277,13 @@ impl Store {
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
     ) -> Result<Done, StoreError> {
-        self.apply_clear(m, who, req, size_gen, &|_| true)
+        self.apply_clear(m, who, req, size_gen, &|_| true, &|_| false)
     }
 
     /// As [`Store::apply_behind`], if `clear` holds for the inodes the change touches, as
     /// they are under the namespace's lock (no other client holds a lease on them); otherwise
-    /// [`StoreError::Leased`], and nothing changes.
+    /// [`StoreError::Leased`], and nothing changes. The touched inodes `after` picks (other
+    /// than the one the change answers with) come back as the change left them.
     pub fn apply_clear(
         &self,
         m: Mutation,
@@ -288,6 +291,7 @@ impl Store {
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
         clear: &dyn Fn(&[proto::Fid]) -> bool,
+        after: &dyn Fn(&proto::Fid) -> bool,
     ) -> Result<Done, StoreError> {
         if self.shared.durable.borrow().is_err() {
             return Err(StoreError::Failed);
@@ -318,6 +322,12 @@ impl Store {
                 req,
             };
             let (applied, fresh) = Self::append(ns, seq, &mut queue, &rec)?;
+            let answered = applied.inode.as_ref().map(|i| i.fid);
+            let after = touched
+                .iter()
+                .filter(|f| Some(**f) != answered && after(f))
+                .filter_map(|f| ns.inode(*f).ok().cloned())
+                .collect();
             Done {
                 applied,
                 transno: *seq,
@@ -328,6 +338,7 @@ impl Store {
                     record: rec,
                 }),
                 touched,
+                after,
             }
         };
         if !self.deferred {

@@ -467,6 +467,11 @@ pub struct MdsReintReply {
     /// on them are not recalled: it updates what it caches itself).
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub changed: Vec<Fid>,
+    /// The attributes the change left on the inodes of `changed` (other than `inode`) that
+    /// the caller holds leases on, as of the change: a directory's new times and link count,
+    /// a removed file's link count. The caller's cache takes them instead of asking again.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub after: Vec<Inode>,
 }
 
 /// Looks up `name` in `parent`.
