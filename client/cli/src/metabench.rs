@@ -22,19 +22,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs `clients` tasks, each doing `op(client index, file index)` for `per` files; the rate
-/// over all of them.
+/// over all of them. Each operation is made when its turn comes: made all at once up front,
+/// their futures alone took hundreds of megabytes, and the kernel's zeroing of that memory
+/// took more of the timed run than the creates.
 async fn timed<F, Fut>(clients: usize, per: usize, op: F) -> Result<f64>
 where
-    F: Fn(usize, usize) -> Fut,
+    F: Fn(usize, usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<()>> + Send + 'static,
 {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
-        let ops: Vec<Fut> = (0..per).map(|i| op(c, i)).collect();
+        let op = op.clone();
         tasks.spawn(async move {
-            for o in ops {
-                o.await?;
+            for i in 0..per {
+                op(c, i).await?;
             }
             Ok::<(), anyhow::Error>(())
         });
@@ -49,8 +51,15 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
     for (i, c) in cs.iter().enumerate() {
         c.mkdir_all(&format!("{dir}/c{i}"), 0o755).await?;
     }
-    let path = |c: usize, i: usize| format!("{dir}/c{c}/f{i:07}");
-    let create = timed(cs.len(), per, |c, i| {
+    let cs: std::sync::Arc<[Client]> = cs.into();
+    let dir: std::sync::Arc<str> = dir.into();
+    let path = {
+        let dir = dir.clone();
+        move |c: usize, i: usize| format!("{dir}/c{c}/f{i:07}")
+    };
+    let (c2, p2) = (cs.clone(), path.clone());
+    let create = timed(cs.len(), per, move |c, i| {
+        let (cs, path) = (&c2, &p2);
         let (cl, p) = (cs[c].clone(), path(c, i));
         async move {
             let f = OpenOptions::new()
@@ -68,7 +77,9 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
         }
     })
     .await?;
-    let stat = timed(cs.len(), per, |c, i| {
+    let (c2, p2) = (cs.clone(), path.clone());
+    let stat = timed(cs.len(), per, move |c, i| {
+        let (cs, path) = (&c2, &p2);
         let (cl, p) = (cs[c].clone(), path(c, i));
         async move {
             cl.stat(&p).await.with_context(|| format!("stat {p}"))?;
@@ -76,7 +87,9 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
         }
     })
     .await?;
-    let unlink = timed(cs.len(), per, |c, i| {
+    let (c2, p2) = (cs.clone(), path.clone());
+    let unlink = timed(cs.len(), per, move |c, i| {
+        let (cs, path) = (&c2, &p2);
         let (cl, p) = (cs[c].clone(), path(c, i));
         async move {
             cl.unlink(&p).await.with_context(|| format!("unlink {p}"))?;
