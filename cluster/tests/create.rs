@@ -322,3 +322,72 @@ async fn files_made_while_targets_come_into_service_keep_their_objects() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A client's own changes in a directory it holds bring the directory's new attributes with
+/// their answers: a stat of the directory right after needs nothing from the MDS, and shows
+/// what another client reads there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_changed_here_is_stat_from_the_answers_of_its_changes() {
+    let dir = std::env::temp_dir().join(format!("lode-cluster-after-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fabric = Fabric::new(5);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .start()
+        .await
+        .unwrap();
+    let a = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    let b = cluster
+        .client(
+            "other",
+            ClientConfig {
+                leases: false,
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    a.mkdir("/d", 0o755).await.unwrap();
+    let up = tokio::time::Instant::now();
+    while a.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
+        let _ = a.stat("/d").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The stat is made with the MDS out of reach: only the cache can answer it.
+    let stat_alone = |what: &'static str| {
+        let (a, fabric) = (a.clone(), fabric.clone());
+        async move {
+            fabric.partition("client", "mds");
+            let st = tokio::time::timeout(Duration::from_secs(2), a.stat("/d")).await;
+            fabric.heal();
+            st.unwrap_or_else(|_| panic!("a stat after {what} asked the MDS"))
+                .unwrap()
+        }
+    };
+    let create = OpenOptions::new().write(true).create_new(true);
+    for name in ["/d/f0", "/d/f1"] {
+        create.open(&a, name).await.unwrap().close().await.unwrap();
+    }
+    a.settle_ahead().await.unwrap();
+    let created = stat_alone("creates answered ahead").await;
+    a.mkdir("/d/sub", 0o755).await.unwrap();
+    a.unlink("/d/f0").await.unwrap();
+    a.settle_ahead().await.unwrap();
+    let st = stat_alone("a mkdir and an unlink").await;
+    assert!(st.mtime >= created.mtime);
+    assert_eq!(st.nlink, created.nlink + 1, "the new subdirectory's link");
+    let there = b.stat("/d").await.unwrap();
+    assert_eq!(
+        (st.mtime, st.ctime, st.nlink, st.size),
+        (there.mtime, there.ctime, there.nlink, there.size)
+    );
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

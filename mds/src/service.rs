@@ -550,6 +550,14 @@ impl MdsService {
                     };
                     results.push(out.unwrap_or_else(BatchResult::Failed));
                 }
+                // The attributes a change left on an inode that a later change of the batch
+                // touched too are of no use to the client: only the last are sent.
+                let mut later = std::collections::HashSet::new();
+                for r in results.iter_mut().rev() {
+                    if let BatchResult::Reint(reply) = r {
+                        reply.after.retain(|i| later.insert(i.fid));
+                    }
+                }
                 reply::<MdsBatch>(&MdsBatched { results })
             }
             opcodes::MDS_RESERVE => {
