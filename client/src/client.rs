@@ -271,14 +271,15 @@ impl Client {
 
     /// Joins the MDS's table of clients whose uncommitted changes it waits for after a
     /// restart.
-    async fn join(&self) -> Result<()> {
+    /// The MDS's instance.
+    async fn join(&self) -> Result<u64> {
         let r = MdsConnect {
             client: self.inner.client_id,
         };
         let c = self.rpc(&self.inner.mds.clone(), &r).await?;
         self.inner.uncommitted.committed(c.committed);
         self.inner.joined.store(true, Ordering::SeqCst);
-        Ok(())
+        Ok(c.instance)
     }
 
     /// After an MDS restart: connects again, replays every uncommitted change in order,
@@ -287,17 +288,32 @@ impl Client {
         // The new run granted none of the leases of the last.
         self.inner.leases.lose_all();
         let joined = self.inner.joined.load(Ordering::SeqCst);
+        let mut instance = 0;
         if joined {
-            self.join().await?;
-            let tickets = self.inner.uncommitted.take_all();
+            instance = self.join().await?;
+            let mut tickets = self.inner.uncommitted.take_all().into_iter();
             let (mut applied, mut refused) = (0u64, 0u64);
-            for (transno, ticket) in tickets {
+            while let Some((transno, ticket)) = tickets.next() {
                 let r = MdsReplay {
                     client: self.inner.client_id,
                     transno,
                     ticket,
+                    instance,
                 };
-                match self.rpc(&self.inner.mds.clone(), &r).await?.outcome {
+                let answer = match self.rpc(&self.inner.mds.clone(), &r).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Not known replayed (the MDS restarted again, or is out of reach):
+                        // kept for the next recovery, with those after it.
+                        let uncommitted = &self.inner.uncommitted;
+                        uncommitted.keep(transno, r.ticket, 0);
+                        for (t, ticket) in tickets {
+                            uncommitted.keep(t, ticket, 0);
+                        }
+                        return Err(e);
+                    }
+                };
+                match answer.outcome {
                     ReplayOutcome::Applied => applied += 1,
                     ReplayOutcome::Committed => {}
                     ReplayOutcome::Refused(why) => {
@@ -316,6 +332,7 @@ impl Client {
         if joined {
             let done = MdsReplayDone {
                 client: self.inner.client_id,
+                instance,
             };
             self.rpc(&self.inner.mds.clone(), &done).await?;
         }

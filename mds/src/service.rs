@@ -303,6 +303,21 @@ impl MdsService {
         });
     }
 
+    /// Refuses a recovery message meant for another run of the MDS (an earlier one: the
+    /// client connects again and replays in this run's recovery).
+    fn same_run(&self, instance: u64) -> Result<(), RemoteError> {
+        if instance == self.instance {
+            return Ok(());
+        }
+        Err(RemoteError::new(
+            StatusCode::Fs(FsErrorKind::Stale),
+            format!(
+                "a recovery message for MDS run {instance:x}; this is run {:x}",
+                self.instance
+            ),
+        ))
+    }
+
     /// Registering and heartbeating targets is for servers, which hold the cluster key.
     fn server_only(&self, req: &Incoming) -> Result<(), RemoteError> {
         if req.role == lnet::auth::Role::Server {
@@ -660,12 +675,14 @@ impl MdsService {
             }
             opcodes::MDS_REPLAY => {
                 let r: MdsReplay = req.decode()?;
+                self.same_run(r.instance)?;
                 let ticket = self.unseal(r.client, &r.ticket)?;
                 let outcome = self.clients.replay(r.client, r.transno, ticket).await;
                 reply::<MdsReplay>(&MdsReplayed { outcome })
             }
             opcodes::MDS_REPLAY_DONE => {
                 let r: MdsReplayDone = req.decode()?;
+                self.same_run(r.instance)?;
                 self.clients.replay_done(r.client);
                 reply::<MdsReplayDone>(&MdsReplayDoneAck {})
             }

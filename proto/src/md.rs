@@ -697,6 +697,9 @@ pub struct MdsReplay {
     pub transno: u64,
     #[serde(with = "crate::msg::bytes_field")]
     pub ticket: Vec<u8>,
+    /// The MDS run the client connected to for this recovery ([`MdsConnected::instance`]):
+    /// a replay resent to a later run is refused, and replayed again in that run's recovery.
+    pub instance: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -724,6 +727,10 @@ impl Rpc for MdsReplay {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsReplayDone {
     pub client: u128,
+    /// The MDS run the client connected to for this recovery: a later run refuses it (a
+    /// resend that outlived the run it was meant for would end the later run's recovery
+    /// before this client replayed there).
+    pub instance: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
