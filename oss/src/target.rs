@@ -285,6 +285,11 @@ impl Target {
                 .create_dir_all(&target.dir_of(d))
                 .map_err(err("create object directories"))?;
         }
+        // A target whose DEAD predates the room kept for every id handed out gets it now; on
+        // a full disk, later (its next precreate).
+        if let Err(e) = target.room_in_dead(last).await {
+            tracing::warn!(root = %root.display(), error = %e, "no room yet in DEAD for every object id handed out");
+        }
         Ok(target)
     }
 
@@ -488,6 +493,9 @@ impl Target {
             .filter(|f| f.checked_add(count - 1).is_some())
             .ok_or_else(|| TargetError::Invalid("this target's object ids are exhausted".into()))?;
         let new_last = first + (count - 1);
+        // Their bits in DEAD take room now: destroying them later, even on a full disk (when
+        // destroying is how room is made), only writes inside the file.
+        self.room_in_dead(new_last).await?;
         let mut raw = AlignedBuf::zeroed(8);
         raw.copy_from_slice(&u64::from(new_last).to_le_bytes());
         let err = |e| TargetError::target(format!("{} LAST_ID", self.root.display()), e);
@@ -500,6 +508,32 @@ impl Target {
         *last = new_last;
         self.allocated.store(new_last, Ordering::SeqCst);
         Ok(Fid::new(self.seq(), first, 0))
+    }
+
+    /// Makes DEAD long enough (its bytes written, not a hole) to hold the bits of every id up
+    /// to `last`.
+    async fn room_in_dead(&self, last: u32) -> Result<()> {
+        let _one = self.dead_io.lock().await;
+        let want = last as usize / 8 + 1;
+        let have = self.dead.lock().len();
+        if have >= want {
+            return Ok(());
+        }
+        let err = |e| TargetError::target(format!("{}/DEAD", self.root.display()), e);
+        let (_, r) = self
+            .engine
+            .write_at(
+                &self.dead_file,
+                DEAD_HEAD + have as u64,
+                AlignedBuf::zeroed(want - have),
+            )
+            .await;
+        r.map_err(err)?;
+        let mut d = self.dead.lock();
+        if d.len() < want {
+            d.resize(want, 0);
+        }
+        Ok(())
     }
 
     /// Whether `fid` names an object of this target that was handed out and not destroyed.

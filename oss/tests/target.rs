@@ -541,3 +541,35 @@ async fn a_target_made_before_dead_ids_were_recorded_learns_them_from_its_files(
     let new = t.precreate(1).await.unwrap();
     assert_eq!(t.size(new).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_full_target_still_destroys_objects_and_so_frees_space() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(4000).await.unwrap();
+    let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
+    for k in [0, 3999] {
+        t.write(id(k), 0, &[7u8; 65536], true, Default::default())
+            .await
+            .unwrap();
+    }
+    // Full: not one more byte.
+    let space = oss::engine::Engine::space(&*mem, Path::new(ROOT)).unwrap();
+    mem.set_capacity(space.total - space.free);
+    assert!(matches!(
+        t.write(id(5), 0, b"more", true, Default::default()).await,
+        Err(TargetError::NoSpace)
+    ));
+    // Destroying needs no room: the ids handed out have their place in DEAD already.
+    t.destroy(id(3999)).await.unwrap();
+    t.destroy_many(&[id(0), id(1)]).await.unwrap();
+    let after = oss::engine::Engine::space(&*mem, Path::new(ROOT)).unwrap();
+    assert!(after.free >= 2 * 65536, "{after:?}");
+    assert!(matches!(
+        t.read(id(3999), 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    // The room made takes new writes.
+    t.write(id(5), 0, b"more", true, Default::default())
+        .await
+        .unwrap();
+}
