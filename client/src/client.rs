@@ -270,8 +270,7 @@ impl Client {
     }
 
     /// Joins the MDS's table of clients whose uncommitted changes it waits for after a
-    /// restart.
-    /// The MDS's instance.
+    /// restart; returns the MDS's instance (the run joined).
     async fn join(&self) -> Result<u64> {
         let r = MdsConnect {
             client: self.inner.client_id,
