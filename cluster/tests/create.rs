@@ -22,6 +22,31 @@ fn requests_to_mds(fabric: &Fabric) -> usize {
         .count()
 }
 
+/// A cluster of one storage server on a simulated fabric seeded `seed`, in a fresh scratch
+/// directory named after `name`.
+async fn on_fabric(name: &str, seed: u64) -> (cluster::Cluster, Fabric, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("lode-cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fabric = Fabric::new(seed);
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .start()
+        .await
+        .unwrap();
+    (cluster, fabric, dir)
+}
+
+/// Makes directory `path` with `c` and waits until its lease channel is up (once a wait was
+/// answered, a stat leases the directory).
+async fn mkdir_leased(c: &client::Client, path: &str) {
+    c.mkdir(path, 0o755).await.unwrap();
+    let up = tokio::time::Instant::now();
+    while c.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
+        let _ = c.stat(path).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     let dir = std::env::temp_dir().join(format!("lode-cluster-create-{}", std::process::id()));
@@ -90,14 +115,7 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() {
-    let dir = std::env::temp_dir().join(format!("lode-cluster-ahead-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let fabric = Fabric::new(3);
-    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .start()
-        .await
-        .unwrap();
+    let (cluster, fabric, dir) = on_fabric("ahead", 3).await;
     let ahead = ClientConfig {
         ahead: true,
         ..ClientConfig::default()
@@ -108,13 +126,7 @@ async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() 
         .wait_ready(&a, 1, Duration::from_secs(10))
         .await
         .unwrap();
-    a.mkdir("/d", 0o755).await.unwrap();
-    // The lease channel is up once a wait was answered.
-    let up = tokio::time::Instant::now();
-    while a.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
-        let _ = a.stat("/d").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    mkdir_leased(&a, "/d").await;
     let create = OpenOptions::new().write(true).create_new(true);
     // The first create reads the directory and takes FIDs; the next ones are answered here.
     create
@@ -328,14 +340,7 @@ async fn files_made_while_targets_come_into_service_keep_their_objects() {
 /// what another client reads there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_changed_here_is_stat_from_the_answers_of_its_changes() {
-    let dir = std::env::temp_dir().join(format!("lode-cluster-after-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let fabric = Fabric::new(5);
-    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .start()
-        .await
-        .unwrap();
+    let (cluster, fabric, dir) = on_fabric("after", 5).await;
     let a = cluster
         .client("client", ClientConfig::default())
         .await
@@ -354,12 +359,7 @@ async fn a_directory_changed_here_is_stat_from_the_answers_of_its_changes() {
         .wait_ready(&a, 1, Duration::from_secs(10))
         .await
         .unwrap();
-    a.mkdir("/d", 0o755).await.unwrap();
-    let up = tokio::time::Instant::now();
-    while a.leases_held() == 0 && up.elapsed() < Duration::from_secs(5) {
-        let _ = a.stat("/d").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    mkdir_leased(&a, "/d").await;
     // The stat is made with the MDS out of reach: only the cache can answer it.
     let stat_alone = |what: &'static str| {
         let (a, fabric) = (a.clone(), fabric.clone());
