@@ -779,3 +779,77 @@ async fn a_rail_that_stops_answering_is_set_aside() {
     }
     assert_eq!(timeouts, 1, "only the first call on the dead rail is lost");
 }
+
+/// A small write's bytes go with its request, after the range's key and offset, so the server
+/// needs no round trip to pull them; a large write's bytes wait to be asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_writes_bytes_travel_with_its_request() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nid = Nid::Tcp(listener.local_addr().unwrap());
+    // What the client sends, frame by frame, as a server running without authentication sees it.
+    let seen = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        lnet::auth::accept(&mut s, &Security::Off, T).await.unwrap();
+        let mut frames = vec![];
+        for _ in 0..2 {
+            let mut head = [0u8; proto::HEADER_LEN];
+            s.read_exact(&mut head).await.unwrap();
+            let h = proto::Header::decode(&head).unwrap();
+            let mut body = vec![0u8; h.body_len as usize];
+            s.read_exact(&mut body).await.unwrap();
+            h.verify(&body).unwrap();
+            let mut payload = vec![0u8; h.bulk_len as usize];
+            s.read_exact(&mut payload).await.unwrap();
+            frames.push((h, payload));
+        }
+        frames
+    });
+    let client = TcpEndpoint::client(TcpConfig {
+        conns_per_peer: 1,
+        ..TcpConfig::default()
+    });
+    let region = client.register(pattern(7, 200_000)).unwrap();
+    let small = BulkWrite {
+        desc: region.desc(1000, 3901, true).unwrap(),
+    };
+    let large = BulkWrite {
+        desc: region.desc(0, 200_000, true).unwrap(),
+    };
+    // Nobody answers: each call ends at its deadline, once its frame is out.
+    let short = Duration::from_millis(300);
+    let _ = call(&client, &nid, &small, short).await;
+    let _ = call(&client, &nid, &large, short).await;
+    let frames = tokio::time::timeout(T, seen).await.unwrap().unwrap();
+    let (h, payload) = &frames[0];
+    assert_eq!(h.kind, proto::FrameKind::Request);
+    assert_eq!(h.bulk_len as usize, 16 + 3901);
+    assert_eq!(&payload[..8], &region.key().to_le_bytes());
+    assert_eq!(&payload[8..16], &1000u64.to_le_bytes());
+    assert_eq!(&payload[16..], &pattern(7, 200_000)[1000..4901]);
+    let (h, payload) = &frames[1];
+    assert_eq!((h.kind, h.bulk_len), (proto::FrameKind::Request, 0));
+    assert!(payload.is_empty());
+}
+
+/// A server takes the bytes a request carried for the range it names, whole, and checks them
+/// against the descriptor's crc32c: bytes that do not match it are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_write_carried_by_its_request_is_checked_against_its_descriptor() {
+    let (_srv, nid) = selftest_server().await;
+    let client = TcpEndpoint::client(cli_cfg());
+    let region = client.register(pattern(3, 8192)).unwrap();
+    for (offset, len) in [(0u64, 1u32), (5, 3901), (0, 8192)] {
+        let desc = region.desc(offset, len, true).unwrap();
+        let done = call(&client, &nid, &BulkWrite { desc: desc.clone() }, T)
+            .await
+            .unwrap();
+        assert_eq!(done.bytes, u64::from(len));
+        assert_eq!(Some(done.crc32c), desc.crc32c);
+    }
+    let mut desc = region.desc(0, 4096, true).unwrap();
+    desc.crc32c = desc.crc32c.map(|c| c ^ 1);
+    let err = call(&client, &nid, &BulkWrite { desc }, T)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+}

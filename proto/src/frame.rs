@@ -9,7 +9,9 @@
 //! ```
 //!
 //! The crc32c covers header bytes 0..28 followed by the body; a bulk payload carries its own
-//! crc32c in the bulk descriptor. Every length is checked against its bound before a single byte
+//! crc32c in the bulk descriptor. A request may carry the bytes of its write's bulk range after
+//! its body, up to [`MAX_EAGER`], so that the server need not ask for them (Lustre's short
+//! I/O): the request's descriptor holds their crc32c. Every length is checked against its bound before a single byte
 //! of body is read or allocated.
 
 use crate::msg::Opcode;
@@ -21,6 +23,9 @@ pub const HEADER_LEN: usize = 32;
 pub const MAX_BODY: u32 = 1 << 20;
 /// Largest bulk payload in one frame: Lustre's largest bulk RPC, 16 MiB.
 pub const MAX_BULK: u32 = 16 << 20;
+/// Largest payload a request carries ahead of being asked (see [`FrameKind::Request`]): a
+/// server reads it before the request is admitted, so it stays small.
+pub const MAX_EAGER: u32 = 64 << 10;
 
 const KIND_MASK: u32 = 0xff;
 /// A reply whose body is a [`crate::RemoteError`] instead of the expected reply.
@@ -33,7 +38,9 @@ const KNOWN_FLAGS: u32 = KIND_MASK | FLAG_ERROR | FLAG_JOB;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FrameKind {
-    /// A call; `xid` is chosen by the caller and echoed by everything that answers it.
+    /// A call; `xid` is chosen by the caller and echoed by everything that answers it. A call
+    /// whose server reads a bulk range of at most [`MAX_EAGER`] bytes may carry those bytes
+    /// after its body, so the server needs no `BulkGet`.
     Request = 1,
     /// The answer to the request with the same `xid`.
     Reply = 2,
@@ -57,9 +64,13 @@ impl FrameKind {
         })
     }
 
-    /// Whether frames of this kind may carry a raw payload after the body.
+    /// Whether frames of this kind may carry a raw payload after the body (a request: at most
+    /// [`MAX_EAGER`] bytes).
     pub fn carries_bulk(self) -> bool {
-        matches!(self, FrameKind::BulkPut | FrameKind::BulkData)
+        matches!(
+            self,
+            FrameKind::Request | FrameKind::BulkPut | FrameKind::BulkData
+        )
     }
 }
 
@@ -184,6 +195,9 @@ impl Header {
         if bulk_len > 0 && !kind.carries_bulk() {
             return Err(FrameError::UnexpectedBulk { kind });
         }
+        if kind == FrameKind::Request && bulk_len > MAX_EAGER {
+            return Err(FrameError::BulkTooLarge { len: bulk_len });
+        }
         let mut xid = [0u8; 8];
         xid.copy_from_slice(&b[16..24]);
         Ok(Header {
@@ -226,7 +240,20 @@ pub fn encode_request(
     job: Option<&crate::job::JobId>,
     body: &[u8],
 ) -> Vec<u8> {
+    encode_request_with(opcode, xid, job, body, 0)
+}
+
+/// Encodes a request as [`encode_request`] does, announcing `eager` payload bytes (at most
+/// [`MAX_EAGER`]) that the caller sends after it.
+pub fn encode_request_with(
+    opcode: crate::Opcode,
+    xid: u64,
+    job: Option<&crate::job::JobId>,
+    body: &[u8],
+    eager: u32,
+) -> Vec<u8> {
     let mut header = Header::new(FrameKind::Request, opcode, xid);
+    header.bulk_len = eager.min(MAX_EAGER);
     match job {
         Some(job) => {
             header.job = true;
@@ -327,10 +354,25 @@ mod tests {
             with(24, &[0, 0, 0, 0x20]),
             FrameError::BulkTooLarge { .. }
         ));
+        // A request carries at most MAX_EAGER bytes; a reply or a bulk get none.
+        assert!(decode_frame(&{
+            let mut f = good.clone();
+            f[24..28].copy_from_slice(&MAX_EAGER.to_le_bytes());
+            f
+        })
+        .is_err_and(|e| matches!(e, FrameError::Checksum { .. })));
         assert!(matches!(
-            with(24, &[1, 0, 0, 0]),
-            FrameError::UnexpectedBulk { .. }
+            with(24, &(MAX_EAGER + 1).to_le_bytes()),
+            FrameError::BulkTooLarge { .. }
         ));
+        for kind in [FrameKind::Reply, FrameKind::BulkGet] {
+            let mut f = encode_frame(Header::new(kind, opcodes::PING, 1), b"");
+            f[24..28].copy_from_slice(&[1, 0, 0, 0]);
+            assert!(matches!(
+                decode_frame(&f).unwrap_err(),
+                FrameError::UnexpectedBulk { .. }
+            ));
+        }
         assert!(matches!(
             with(28, &[0, 0, 0, 0]),
             FrameError::Checksum { .. }
@@ -342,7 +384,11 @@ mod tests {
         fn frames_round_trip(kind in any_kind(), op in any_opcode(), xid: u64,
                              body in proptest::collection::vec(any::<u8>(), 0..512), bulk in 0..=MAX_BULK) {
             let mut h = Header::new(kind, op, xid);
-            h.bulk_len = if kind.carries_bulk() { bulk } else { 0 };
+            h.bulk_len = match kind {
+                FrameKind::Request => bulk.min(MAX_EAGER),
+                k if k.carries_bulk() => bulk,
+                _ => 0,
+            };
             h.error = kind == FrameKind::Reply && xid % 2 == 0;
             let frame = encode_frame(h, &body);
             let (got, got_body) = decode_frame(&frame).unwrap().unwrap();

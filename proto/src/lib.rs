@@ -22,7 +22,7 @@ pub mod status;
 
 pub use bulk::BulkDesc;
 pub use fid::Fid;
-pub use frame::{FrameError, FrameKind, Header, HEADER_LEN, MAX_BODY, MAX_BULK};
+pub use frame::{FrameError, FrameKind, Header, HEADER_LEN, MAX_BODY, MAX_BULK, MAX_EAGER};
 pub use job::JobId;
 pub use msg::{Opcode, Rpc};
 pub use nid::{Net, Nid, NidError};

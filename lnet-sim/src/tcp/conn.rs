@@ -357,7 +357,17 @@ impl Conn {
                 .map_err(|e| format!("bad frame: {e}"))?;
             self.active();
             match header.kind {
-                FrameKind::Request => self.on_request(header, body).await,
+                FrameKind::Request => {
+                    // The bytes of the call's bulk range, sent with it (see `TcpBulk::get`).
+                    let eager = if header.bulk_len > 0 {
+                        let mut data = read_new(&mut rd, header.bulk_len as usize).await?;
+                        guard.check(&mut rd, &mut data).await?;
+                        Some(Eager::parse(data)?)
+                    } else {
+                        None
+                    };
+                    self.on_request(header, body, eager).await
+                }
                 FrameKind::Reply => self.on_reply(header, body),
                 FrameKind::BulkPut => self.on_bulk_put(&mut rd, &mut guard, header, &body).await?,
                 FrameKind::BulkGet => self.on_bulk_get(header, &body).await?,
@@ -369,7 +379,7 @@ impl Conn {
         }
     }
 
-    async fn on_request(self: &Arc<Self>, header: Header, body: Vec<u8>) {
+    async fn on_request(self: &Arc<Self>, header: Header, body: Vec<u8>, eager: Option<Eager>) {
         let (xid, opcode) = (header.xid, header.opcode);
         let (job, body) = match proto::frame::request_job(&header, body) {
             Ok(v) => v,
@@ -404,6 +414,7 @@ impl Conn {
                 conn: conn.clone(),
                 xid,
                 opcode,
+                eager: Mutex::new(eager),
             });
             let out = admitted.run(req, bulk).await;
             if let Err(e) = conn.send_reply(xid, opcode, out).await {
@@ -681,6 +692,32 @@ struct TcpBulk {
     conn: Arc<Conn>,
     xid: u64,
     opcode: Opcode,
+    /// The bytes of the call's bulk range that came with the request, if it was small.
+    eager: Mutex<Option<Eager>>,
+}
+
+/// Bytes a request carried of its bulk range: the region's key and the range's offset (8
+/// bytes each, little-endian), then the bytes.
+struct Eager {
+    key: u64,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+impl Eager {
+    fn parse(mut raw: Vec<u8>) -> Result<Eager, String> {
+        if raw.len() < super::EAGER_HEAD {
+            return Err("bad frame: a request's payload is shorter than its head".into());
+        }
+        let word = |i: usize| u64::from_le_bytes(raw[i..i + 8].try_into().unwrap_or_default());
+        let (key, offset) = (word(0), word(8));
+        raw.drain(..super::EAGER_HEAD);
+        Ok(Eager {
+            key,
+            offset,
+            data: raw,
+        })
+    }
 }
 
 fn length_mismatch(desc: &BulkDesc, got: usize) -> NetError {
@@ -721,12 +758,33 @@ impl BulkPeer for TcpBulk {
     fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>> {
         let conn = self.conn.clone();
         let (xid, opcode, desc) = (self.xid, self.opcode, desc.clone());
+        let eager = self.eager.lock().take();
         Box::pin(async move {
             if desc.len > proto::MAX_BULK {
                 return Err(NetError::Frame {
                     peer: conn.peer.clone(),
                     err: FrameError::BulkTooLarge { len: desc.len },
                 });
+            }
+            // Bytes that came with the request are used for a get of exactly their range,
+            // once. They passed the record's tag on a sealed connection; on a plain one the
+            // descriptor's crc32c is their only check, so without one they are asked for again
+            // as usual.
+            let eager = eager.filter(|e| {
+                e.key == desc.key && e.offset == desc.offset && e.data.len() == desc.len as usize
+            });
+            if let Some(Eager { data, .. }) = eager {
+                match desc.crc32c {
+                    Some(expected) => {
+                        let actual = crc32c::crc32c(&data);
+                        if actual != expected {
+                            return Err(NetError::Checksum { expected, actual });
+                        }
+                        return Ok(data);
+                    }
+                    None if conn.sealed => return Ok(data),
+                    None => {}
+                }
             }
             let tag = conn.next_tag.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
