@@ -54,6 +54,13 @@ pub const MAX_PRECREATE: u32 = 20_000;
 pub const MAX_OPEN_OBJECTS: usize = 4096;
 /// Subdirectories per sequence.
 const FANOUT: u32 = 32;
+/// Files of destroyed objects kept per object directory for new objects to take (see
+/// [`Target::keep_free`]).
+const FREE_PER_DIR: usize = 256;
+/// A destroyed object's data file this large or larger is removed rather than kept.
+const FREE_MAX_BYTES: u64 = 1 << 20;
+/// How the names of kept files start (never a hexadecimal object id).
+const FREE_PREFIX: &str = "free.";
 
 const TARGET_MAGIC: [u8; 8] = *b"LODEOST\0";
 const DEAD_MAGIC: [u8; 8] = *b"LODEDEAD";
@@ -94,6 +101,11 @@ pub struct Target {
     cleanup: tokio::sync::Mutex<()>,
     /// The MDS run whose cleanup came last, and the highest id then handed out.
     cleaned: Mutex<Option<(u64, u32)>>,
+    /// Per object directory, the files of destroyed objects kept there, emptied, for new
+    /// objects: a rename costs the file system far less than making a file (ext4 without a
+    /// journal scans past every recently freed inode to allocate one). Changed only under
+    /// `opening`, or (adding) once set aside under it and emptied.
+    free: Mutex<Vec<Vec<String>>>,
 }
 
 /// Clients whose write order is remembered; past it, the table starts again (ordering then
@@ -278,6 +290,7 @@ impl Target {
             floors: Mutex::new(HashMap::new()),
             cleanup: tokio::sync::Mutex::new(()),
             cleaned: Mutex::new(None),
+            free: Mutex::new(vec![vec![]; FANOUT as usize]),
         };
         for d in 0..FANOUT {
             target
@@ -285,6 +298,7 @@ impl Target {
                 .create_dir_all(&target.dir_of(d))
                 .map_err(err("create object directories"))?;
         }
+        target.drop_kept()?;
         // A target whose DEAD predates the room kept for every id handed out gets it now; on
         // a full disk, later (its next precreate).
         if let Err(e) = target.room_in_dead(last).await {
@@ -536,6 +550,99 @@ impl Target {
         Ok(())
     }
 
+    /// Removes the files kept by [`Target::keep_free`] before a restart: a crash may have
+    /// come between setting them aside and emptying them, so none is trusted.
+    fn drop_kept(&self) -> Result<()> {
+        for d in 0..FANOUT {
+            let dir = self.dir_of(d);
+            let entries = self
+                .engine
+                .list(&dir)
+                .map_err(|e| TargetError::target(format!("list {}", dir.display()), e))?;
+            for p in entries {
+                if p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(FREE_PREFIX))
+                {
+                    self.engine
+                        .remove(&p)
+                        .map_err(|e| TargetError::target(format!("remove {}", p.display()), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the files of `fid`, just destroyed and open nowhere, aside for a new object:
+    /// renamed in their directory, data file first (its name says the object exists). Returns
+    /// their new name, or `None` when they were not set aside (the directory keeps enough, the
+    /// object is large, or it was never written); the caller removes them then. Called under
+    /// `opening`, so no open of the destroyed object can start meanwhile; [`Target::keep_free`]
+    /// then empties them.
+    fn set_aside(&self, fid: Fid) -> std::io::Result<Option<String>> {
+        let d = (fid.oid % FANOUT) as usize;
+        if self.free.lock()[d].len() >= FREE_PER_DIR {
+            return Ok(None);
+        }
+        let (data, meta) = self.paths(fid);
+        let f = match self.engine.open(&data, OpenMode::Existing, false) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if self.engine.len(&f)? > FREE_MAX_BYTES {
+            return Ok(None);
+        }
+        // Made with the data file if missing: a crash can leave a data file alone.
+        drop(self.engine.open(&meta, OpenMode::Create, false)?);
+        let name = format!("{FREE_PREFIX}{:016x}", rand::random::<u64>());
+        let dir = self.dir_of(fid.oid);
+        self.engine.rename(&data, &dir.join(&name))?;
+        self.engine.rename(&meta, &dir.join(format!("{name}.cs")))?;
+        Ok(Some(name))
+    }
+
+    /// Empties the files set aside as `name` in the directory of `oid`, durably (so no power
+    /// cut brings a destroyed object's bytes back under a new object's name), and keeps them
+    /// for a new object.
+    async fn keep_free(&self, oid: u32, name: String) -> std::io::Result<()> {
+        let dir = self.dir_of(oid);
+        for p in [dir.join(format!("{name}.cs")), dir.join(&name)] {
+            let f = self.engine.open(&p, OpenMode::Existing, false)?;
+            self.engine.set_len(&f, 0)?;
+            self.engine.sync(&f).await?;
+        }
+        self.free.lock()[(oid % FANOUT) as usize].push(name);
+        Ok(())
+    }
+
+    /// The files of a new object `fid`: a destroyed object's kept ones if its directory has
+    /// some, renamed to its names (checksum file first, as a create makes them), else new
+    /// ones. Called under `opening`.
+    async fn new_files(&self, fid: Fid, data: &Path, meta: &Path) -> Result<Object> {
+        let d = (fid.oid % FANOUT) as usize;
+        let kept = self.free.lock()[d].pop();
+        if let Some(name) = kept {
+            let dir = self.dir_of(fid.oid);
+            let moved = self
+                .engine
+                .rename(&dir.join(format!("{name}.cs")), meta)
+                .and_then(|()| self.engine.rename(&dir.join(&name), data));
+            match moved {
+                Ok(()) => return Object::reuse(self.engine.clone(), fid, data, meta).await,
+                Err(e) => {
+                    // Whatever moved is dropped: a checksum file with no data file beside it
+                    // belongs to no object.
+                    tracing::warn!(object = %fid, error = %e, "a kept file could not be taken; making new ones");
+                    for p in [dir.join(&name), dir.join(format!("{name}.cs")), meta.into()] {
+                        let _ = self.engine.remove(&p);
+                    }
+                }
+            }
+        }
+        Object::create(self.engine.clone(), fid, data, meta)
+    }
+
     /// Whether `fid` names an object of this target that was handed out and not destroyed.
     fn live(&self, fid: Fid) -> bool {
         fid.seq == self.seq()
@@ -569,8 +676,7 @@ impl Target {
             return Err(TargetError::NotFound(fid));
         }
         let (data, meta) = self.paths(fid);
-        Object::create(&self.engine, fid, &data, &meta)?;
-        let obj = Object::open(self.engine.clone(), fid, &data, &meta).await?;
+        let obj = self.new_files(fid, &data, &meta).await?;
         obj.new_in(self.dir_of(fid.oid));
         Ok(self.keep_open(obj))
     }
@@ -598,6 +704,11 @@ impl Target {
         let _opening = self.opening.lock().await;
         if let Some(o) = self.objects.lock().get(&fid) {
             return Ok(o.clone());
+        }
+        // Checked again under the lock a destroy takes: a destroyed object's files may be
+        // another object's by now.
+        if self.is_dead(fid.oid) {
+            return Err(TargetError::NotFound(fid));
         }
         let (data, meta) = self.paths(fid);
         let obj = Object::open(self.engine.clone(), fid, &data, &meta).await?;
@@ -690,22 +801,46 @@ impl Target {
         if live.is_empty() {
             return Ok(missing);
         }
-        {
-            // No write makes these objects' files from now on.
-            let _opening = self.opening.lock().await;
-            self.mark_dead(live.iter().map(|f| f.oid)).await?;
-            let mut objects = self.objects.lock();
-            for f in &live {
-                objects.remove(f);
-            }
-        }
         let gone = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
         };
         let mut dirs = std::collections::BTreeSet::new();
-        for &fid in &live {
+        let mut remove = vec![];
+        let mut aside = vec![];
+        {
+            // No write makes these objects' files from now on, and none opens them.
+            let _opening = self.opening.lock().await;
+            self.mark_dead(live.iter().map(|f| f.oid)).await?;
+            let mut objects = self.objects.lock();
+            let in_use: Vec<Fid> = live
+                .iter()
+                .filter(|f| objects.remove(f).is_some_and(|o| Arc::strong_count(&o) > 1))
+                .copied()
+                .collect();
+            drop(objects);
+            for &fid in &live {
+                // Files a request still works on are removed, so its late writes land nowhere.
+                let set = if in_use.contains(&fid) {
+                    None
+                } else {
+                    self.set_aside(fid)
+                        .map_err(|e| TargetError::io(fid, 0, e))?
+                };
+                match set {
+                    Some(name) => aside.push((fid, name)),
+                    None => remove.push(fid),
+                }
+            }
+        }
+        for (fid, name) in aside {
+            dirs.insert(fid.oid % FANOUT);
+            self.keep_free(fid.oid, name)
+                .await
+                .map_err(|e| TargetError::io(fid, 0, e))?;
+        }
+        for fid in remove {
             let (data, meta) = self.paths(fid);
             let err = |e| TargetError::io(fid, 0, e);
             if gone(self.engine.remove(&data)).map_err(err)? {

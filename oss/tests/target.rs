@@ -573,3 +573,90 @@ async fn a_full_target_still_destroys_objects_and_so_frees_space() {
         .await
         .unwrap();
 }
+
+/// The files in one object directory whose names say "kept for reuse", and whether any object
+/// file is there.
+fn kept_files(mem: &Arc<MemEngine>, fid: Fid) -> usize {
+    let dir = format!("{ROOT}/O/{:x}/d{}", fid.seq, fid.oid % 32);
+    mem.list(Path::new(&dir))
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("free.")
+        })
+        .count()
+}
+
+/// A destroyed object's files are kept, emptied, and a new object in the same directory takes
+/// them instead of making files: it starts empty (a hole reads as zeros, never the old bytes).
+/// A restart or a power cut drops what was kept.
+#[tokio::test]
+async fn a_new_object_takes_a_destroyed_ones_files_and_none_of_its_bytes() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let first = t.precreate(200).await.unwrap();
+    // Ids 32 apart share a directory.
+    let fid = |i: u32| Fid::new(first.seq, first.oid + 32 * i, 0);
+    let old = bytes(1, 3 * BLOCK as usize);
+    t.write(fid(0), 0, &old, true, Default::default())
+        .await
+        .unwrap();
+    t.destroy(fid(0)).await.unwrap();
+    assert_eq!(kept_files(&mem, fid(0)), 2);
+    assert!(t.objects().unwrap().is_empty());
+    // A write past two blocks: they are holes of the new object.
+    t.write(fid(1), 2 * BLOCK, b"new", false, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(kept_files(&mem, fid(1)), 0);
+    let mut want = vec![0u8; 2 * BLOCK as usize];
+    want.extend_from_slice(b"new");
+    assert_eq!(&t.read(fid(1), 0, 4 * BLOCK).await.unwrap()[..], &want[..]);
+    assert_eq!(t.size(fid(1)).await.unwrap(), 2 * BLOCK + 3);
+    assert!(matches!(
+        t.read(fid(0), 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    t.sync(fid(1)).await.unwrap();
+
+    // A power cut after a destroy: what was kept goes, the objects are as they were.
+    t.destroy(fid(1)).await.unwrap();
+    assert_eq!(kept_files(&mem, fid(1)), 2);
+    t.write(fid(2), 0, b"never synced", false, Default::default())
+        .await
+        .unwrap();
+    t.write(fid(3), 0, b"synced", true, Default::default())
+        .await
+        .unwrap();
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    assert_eq!(kept_files(&mem, fid(2)), 0);
+    assert_eq!(t.size(fid(2)).await.unwrap(), 0);
+    assert_eq!(&t.read(fid(3), 0, BLOCK).await.unwrap()[..], b"synced");
+    t.write(fid(2), 100, b"again", true, Default::default())
+        .await
+        .unwrap();
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(b"again");
+    assert_eq!(&t.read(fid(2), 0, BLOCK).await.unwrap()[..], &want[..]);
+    for i in 0..2 {
+        assert!(matches!(
+            t.size(fid(i)).await,
+            Err(TargetError::NotFound(_))
+        ));
+    }
+    // And a restart.
+    t.destroy(fid(3)).await.unwrap();
+    assert_eq!(kept_files(&mem, fid(3)), 2);
+    drop(t);
+    let t = reopen(&mem).await;
+    assert_eq!(kept_files(&mem, fid(3)), 0);
+    t.write(fid(4), 0, b"new files", true, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(&t.read(fid(4), 0, BLOCK).await.unwrap()[..], b"new files");
+}

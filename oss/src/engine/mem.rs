@@ -189,6 +189,21 @@ impl Engine for MemEngine {
             .ok_or_else(not_found)
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let ((from_dir, from_name), (to_dir, to_name)) = (split(from), split(to));
+        if !st.dirs.contains(&to_dir) {
+            return Err(not_found());
+        }
+        let id = st
+            .live_names
+            .get_mut(&from_dir)
+            .and_then(|d| d.remove(&from_name))
+            .ok_or_else(not_found)?;
+        st.live_names.entry(to_dir).or_default().insert(to_name, id);
+        Ok(())
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         // Directories are durable at once: the targets create them once, at format time.
         let mut st = self.state.lock();

@@ -90,6 +90,10 @@ pub trait Engine: Send + Sync + 'static {
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
     }
+    /// Renames a file, replacing `to` if it exists.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         std::fs::create_dir_all(path)
     }
@@ -126,6 +130,11 @@ pub trait Engine: Send + Sync + 'static {
     /// Writes all of `buf` on the calling thread; for small writes to buffered files.
     fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
         os::write_inline(f, offset, buf)
+    }
+    /// Whether a data file's small, aligned I/Os may go through `*_inline` on the calling
+    /// thread too (an engine that models a device's pace says no).
+    fn data_inline(&self) -> bool {
+        true
     }
 }
 

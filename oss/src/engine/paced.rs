@@ -151,6 +151,9 @@ impl Engine for PacedEngine {
     fn remove(&self, path: &Path) -> io::Result<()> {
         self.inner.remove(path)
     }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.inner.create_dir_all(path)
     }
@@ -180,5 +183,8 @@ impl Engine for PacedEngine {
     }
     fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.inner.write_inline(f, offset, buf)
+    }
+    fn data_inline(&self) -> bool {
+        false // every data I/O keeps the device's pace
     }
 }
