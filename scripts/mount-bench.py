@@ -121,8 +121,9 @@ DOM = b"-E 64K -L mdt -E -1 -c -1"
 
 
 def run_small(directory, n, layout=None):
-    """Writes n files of 8 KiB (with `layout` as the directory's default), drops the caches,
-    then times open + read + close of each, one process, one call at a time."""
+    """Times the writing of n files of 8 KiB (create, write, close; with `layout` as the
+    directory's default), drops the caches, then times open + read + close of each, one
+    process, one call at a time. Returns (writes/s, reads/s)."""
     import time
     sub = os.path.join(directory, f"small.{os.getpid()}")
     shutil.rmtree(sub, ignore_errors=True)
@@ -131,10 +132,12 @@ def run_small(directory, n, layout=None):
         os.setxattr(sub, "lode.layout", layout)
     data = os.urandom(8192)
     names = [os.path.join(sub, f"f{i:06}") for i in range(n)]
+    t = time.perf_counter()
     for p in names:
         fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
         os.write(fd, data)
         os.close(fd)
+    written = n / (time.perf_counter() - t)
     time.sleep(1.5)
     drop_caches(pages=True)
     t = time.perf_counter()
@@ -146,7 +149,7 @@ def run_small(directory, n, layout=None):
             sys.exit(f"{p}: read back {len(got)} bytes that differ from those written")
     rate = n / (time.perf_counter() - t)
     shutil.rmtree(sub)
-    return rate
+    return written, rate
 
 
 def main():
@@ -158,7 +161,8 @@ def main():
     p.add_argument("--files", type=int, default=20000)
     p.add_argument("--meta-only", action="store_true", help="only create, stat and unlink")
     p.add_argument("--small-files", type=int, default=0,
-                   help="also read this many 8 KiB files (open, read, close)")
+                   help="also write (create, write, close) and read (open, read, close) "
+                        "this many 8 KiB files")
     a = p.parse_args()
     dirs = {"lode": os.path.join(a.mount, "fio"), "local": a.local}
     for d in dirs.values():
@@ -178,9 +182,11 @@ def main():
             if name == "lode":
                 runs.append(("small read, on MDS", DOM))
             for label, layout in runs:
-                v = run_small(dirs[name], a.small_files, layout)
-                results.setdefault((f"{label} {a.small_files}", name), []).append({"ops/s": v})
-                print(f"round {rnd + 1} {name:5} {label:18} {v:.0f} files/s", file=sys.stderr)
+                w, v = run_small(dirs[name], a.small_files, layout)
+                for what, rate in ((label.replace("read", "write"), w), (label, v)):
+                    key = (f"{what} {a.small_files}", name)
+                    results.setdefault(key, []).append({"ops/s": rate})
+                    print(f"round {rnd + 1} {name:5} {what:18} {rate:.0f} files/s", file=sys.stderr)
         for name in sides:
             for k, v in run_meta(dirs[name], a.files).items():
                 results.setdefault((f"{k} {a.files} files", name), []).append({"ops/s": v})
