@@ -245,6 +245,7 @@ impl OpenOptions {
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: Some(sent),
+            recalls_at_create: client.lease_recalls(),
             ready: AtomicBool::new(false),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
@@ -402,6 +403,7 @@ impl OpenOptions {
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: None,
+            recalls_at_create: 0,
             ready: AtomicBool::new(true),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(mdt),
@@ -453,6 +455,8 @@ pub struct File {
     /// A file created ahead ([`crate::pending`]): the MDS's answer to come, which brings its
     /// objects and capabilities.
     ahead: Option<crate::pending::Sent>,
+    /// The client's count of lease recalls when the file was created ahead.
+    recalls_at_create: u64,
     /// The answer came and was taken in (or the file was not created ahead).
     ready: AtomicBool,
     /// Held while the answer is taken in.
@@ -492,6 +496,17 @@ impl File {
     /// The file's FID (without copying the rest of its inode).
     pub fn fid(&self) -> proto::Fid {
         self.inode.lock().fid
+    }
+
+    /// The attributes of a file created ahead, as made here, while they are known to be all
+    /// there is: its create not yet answered, and no lease recalled since (another client
+    /// that found the file and changed it would have recalled this client's lease on it
+    /// first). Its layout is not known until the answer.
+    pub fn made_here(&self) -> Option<Inode> {
+        let sent = self.ahead.as_ref()?;
+        let quiet = self.client.lease_recalls() == self.recalls_at_create;
+        (quiet && !sent.arrived() && !self.ready.load(Ordering::SeqCst))
+            .then(|| self.inode.lock().clone())
     }
 
     /// Whether the MDS has answered for the file: false for a file created ahead until its

@@ -391,3 +391,44 @@ async fn a_directory_changed_here_is_stat_from_the_answers_of_its_changes() {
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file created ahead is its own attributes until the MDS answers: no other client can have
+/// seen it, so a look at its extended attributes (the kernel's, before every write) waits for
+/// nothing. Once the answer came they are the lease cache's or the MDS's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_created_ahead_is_its_own_attributes_until_the_mds_answers() {
+    let (cluster, fabric, dir) = on_fabric("made-here", 7).await;
+    let a = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    mkdir_leased(&a, "/d").await;
+    let create = OpenOptions::new().write(true).create_new(true);
+    // The first create sets FIDs aside for this client; the next needs the MDS for nothing.
+    let first = create.open(&a, "/d/first").await.unwrap();
+    a.settle_ahead().await.unwrap();
+    assert!(first.made_here().is_none(), "answered");
+    first.close().await.unwrap();
+    fabric.partition("client", "mds");
+    let f = tokio::time::timeout(Duration::from_secs(2), create.open(&a, "/d/new"))
+        .await
+        .expect("a create in a leased directory asked the MDS")
+        .unwrap();
+    let made = f
+        .made_here()
+        .expect("no answer yet: the attributes made here");
+    assert_eq!(made.fid, f.fid());
+    assert!(made.xattrs.is_empty());
+    assert!(made.layout.is_none(), "the layout comes with the answer");
+    fabric.heal();
+    a.settle_ahead().await.unwrap();
+    assert!(f.made_here().is_none(), "answered");
+    f.write_at(0, b"landed").await.unwrap();
+    f.close().await.unwrap();
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

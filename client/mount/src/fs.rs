@@ -1329,23 +1329,40 @@ impl Filesystem for LodeFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         self.begin("getxattr", req);
         let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
-        self.inline(async move {
-            match c.getattr(fid_of(ino)).await {
-                Ok(i) => match (n == LAYOUT_XATTR)
-                    .then(|| {
-                        i.layout
-                            .as_ref()
-                            .map(|l| client::stripe_args::format(l).into_bytes())
-                    })
-                    .flatten()
+        let layout = n == LAYOUT_XATTR;
+        let answer = move |i: &Inode, reply: ReplyXattr| match layout
+            .then(|| {
+                i.layout
                     .as_ref()
-                    .or(i.xattrs.get(&n))
-                {
-                    Some(v) if size == 0 => reply.size(v.len() as u32),
-                    Some(v) if v.len() <= size as usize => reply.data(v),
-                    Some(_) => reply.error(Errno::from_i32(libc::ERANGE)),
-                    None => reply.error(Errno::from_i32(libc::ENODATA)),
-                },
+                    .map(|l| client::stripe_args::format(l).into_bytes())
+            })
+            .flatten()
+            .as_ref()
+            .or(i.xattrs.get(&n))
+        {
+            Some(v) if size == 0 => reply.size(v.len() as u32),
+            Some(v) if v.len() <= size as usize => reply.data(v),
+            Some(_) => reply.error(Errno::from_i32(libc::ERANGE)),
+            None => reply.error(Errno::from_i32(libc::ENODATA)),
+        };
+        // A file this mount created ahead whose create the MDS has not answered yet: its
+        // attributes are those made here, and the kernel's check for a capability before
+        // every write need not wait for the answer. Only its layout comes with the answer.
+        let fid = fid_of(ino);
+        if !layout {
+            let ahead = self
+                .files
+                .lock()
+                .values()
+                .find(|f| f.fid() == fid)
+                .and_then(|f| f.made_here());
+            if let Some(i) = ahead {
+                return answer(&i, reply);
+            }
+        }
+        self.inline(async move {
+            match c.getattr(fid).await {
+                Ok(i) => answer(&i, reply),
                 Err(e) => reply.error(errno(&e)),
             }
         });
