@@ -248,10 +248,12 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
 
     // Requests through the mount carry the job of the process that made them.
     // The shell opens the file (its job is read meanwhile), then becomes dd, same process.
+    // It opens it for writing too: a small file opened only to be read is read at its open,
+    // which would count those bytes as well.
     let dd = std::process::Command::new("sh")
         .args([
             "-c",
-            r#"exec 3<"$1"; sleep 0.5; exec dd if="$1" of=/dev/null bs=4096 iflag=direct"#,
+            r#"exec 3<>"$1"; sleep 0.5; exec dd if="$1" of=/dev/null bs=4096 iflag=direct"#,
             "sh",
         ])
         .arg(mnt.join("d/f5"))

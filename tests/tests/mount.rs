@@ -803,3 +803,42 @@ fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes
     assert!(mount.terminate().success());
     let _ = fs::remove_dir_all(&local_dir);
 }
+
+/// A small file opened to be read is read from its open on; what that read brought is used
+/// only while nothing wrote to the file since: a write through another handle, closed again
+/// before the read, is seen.
+#[test]
+fn a_small_file_read_from_its_open_on_still_shows_writes_made_after_the_open() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let Some((mnt, _mds, _oss, _mount, _unmount)) = one_server_mount("first-read", "allow_other")
+    else {
+        return;
+    };
+    let p = mnt.join("small");
+    let old: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&p, &old).unwrap();
+    assert_eq!(fs::read(&p).unwrap(), old, "read whole from its open on");
+    for round in 0..2u8 {
+        let r = fs::File::open(&p).unwrap();
+        // Another handle writes over part of it, and closes.
+        let mut new = fs::read(&p).unwrap();
+        let changed = vec![0xA0 + round; 3000];
+        let w = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        w.write_all_at(&changed, 5_000).unwrap();
+        w.sync_all().unwrap();
+        drop(w);
+        new[5_000..8_000].copy_from_slice(&changed);
+        // The read goes to the daemon, not to pages the write left in the kernel.
+        // SAFETY: a valid descriptor; the advice only drops clean cached pages.
+        unsafe { libc::posix_fadvise(r.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let mut got = vec![0u8; 20_000];
+        let n = r.read_at(&mut got, 0).unwrap();
+        let differs = got[..n].iter().zip(&new).position(|(a, b)| a != b);
+        assert_eq!(
+            (n, differs),
+            (new.len(), None),
+            "round {round}: bytes read, first that differs"
+        );
+    }
+}

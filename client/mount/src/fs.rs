@@ -773,6 +773,7 @@ impl Filesystem for LodeFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let writeback = self.writeback;
         let pages = self.pages.clone();
+        let (streams, windows) = (self.streams.clone(), self.windows.clone());
         self.inline(async move {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
@@ -806,7 +807,8 @@ impl Filesystem for LodeFs {
             match opened {
                 Ok(f) => {
                     let leased = !direct && c.holds_lease(fid);
-                    let fopen = if pages.keep(fid, leased) {
+                    let keep = pages.keep(fid, leased);
+                    let fopen = if keep {
                         // Held under a lease since its pages were read: they are the file.
                         fopen | FopenFlags::FOPEN_KEEP_CACHE
                     } else {
@@ -819,8 +821,19 @@ impl Filesystem for LodeFs {
                         pages.opened(fid, leased);
                         fopen
                     };
-                    files.lock().insert(fh, Arc::new(f));
+                    let f = Arc::new(f);
+                    files.lock().insert(fh, f.clone());
                     reply.opened(FileHandle(fh), fopen);
+                    // A small file opened to be read through the page cache, whose pages the
+                    // kernel does not keep: its bytes are read now (those on the MDS came with
+                    // the open).
+                    let i = f.inode();
+                    let small = i.size > 0 && i.size <= crate::stream::FIRST;
+                    let on_mds = i.layout.as_ref().is_some_and(|l| l.mdt_end().is_some());
+                    if acc == libc::O_RDONLY && !direct && !keep && small && !on_mds {
+                        let window = windows.lock().entry(fh).or_default().clone();
+                        streams.read_first(&f, &window);
+                    }
                 }
                 Err(e) => reply.error(errno(&e)),
             }

@@ -130,7 +130,14 @@ pub struct Ahead {
     plan: Readahead,
     epoch: u64,
     chunks: VecDeque<(u64, Pending, Permit)>,
+    /// The first bytes of a small file, on their way since the handle was opened, with the
+    /// file's writes and size changes (held, so that they are counted on) and their count
+    /// then (see [`Streams::read_first`]).
+    first: Option<(Arc<PerFile>, u64, Pending)>,
 }
+
+/// A file this small opened to be read is read whole from its open on.
+pub const FIRST: u64 = 64 << 10;
 
 /// The readahead memory of a whole mount, in chunks: what every handle's window holds
 /// together stays within it, except that a stream whose window is empty may always take the
@@ -200,6 +207,7 @@ impl Default for Ahead {
             plan: Readahead::new(CHUNK as u64, AHEAD, 2),
             epoch: 0,
             chunks: VecDeque::new(),
+            first: None,
         }
     }
 }
@@ -208,6 +216,10 @@ impl Ahead {
     /// Cancels the reads in flight and waits until they let go of the file.
     pub async fn stop(&mut self) {
         self.plan.reset();
+        if let Some((_, _, Pending::Reading(h))) = self.first.take() {
+            h.abort();
+            let _ = h.await;
+        }
         for (_, p, _) in self.chunks.drain(..) {
             if let Pending::Reading(h) = p {
                 h.abort();
@@ -391,6 +403,22 @@ impl Streams {
         }
     }
 
+    /// Starts reading the first [`FIRST`] bytes of `file` for the first read of the handle
+    /// whose window is `ahead`: a small file opened to be read has its read on the way while
+    /// the open's answer goes back to the caller, instead of after the caller asks. It is the
+    /// read the caller's would have made (from the attributes of the open), and is not used
+    /// once anything wrote to the file through this mount.
+    pub fn read_first(&self, file: &Arc<File>, ahead: &tokio::sync::Mutex<Ahead>) {
+        let per = self.of(file.fid());
+        let epoch = per.epoch.load(Ordering::SeqCst);
+        let Ok(mut a) = ahead.try_lock() else {
+            return;
+        };
+        let f = file.clone();
+        let read = lnet::job::spawn(async move { f.read_chunk(0, FIRST as usize).await });
+        a.first = Some((per, epoch, Pending::Reading(read)));
+    }
+
     /// Reads `size` bytes at `offset` through `ahead`, the handle's window.
     pub async fn read(
         &self,
@@ -407,6 +435,19 @@ impl Streams {
             let stale = a.plan.reset();
             a.drop_chunks(&stale);
             a.epoch = epoch;
+        }
+        if let Some((per, at, first)) = a.first.take() {
+            // The bytes read at the open, while nothing wrote to the file since: what they
+            // hold of the read (all of it, or all up to the end of a file shorter than them).
+            if at == per.epoch.load(Ordering::SeqCst) && offset < FIRST {
+                let chunk = first.landed().await?;
+                let end = offset + size as u64;
+                if end <= chunk.len() as u64 || (chunk.len() as u64) < FIRST {
+                    let from = (offset as usize).min(chunk.len());
+                    let to = (end as usize).min(chunk.len());
+                    return Ok(ReadOut::Slice(chunk, from..to));
+                }
+            }
         }
         let (access, dropped) = a.plan.observe(offset, size as u64);
         a.drop_chunks(&dropped);
