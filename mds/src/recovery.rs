@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::disk::MetaDisk;
 use crate::journal::Ticket;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 const MAGIC: [u8; 8] = *b"LODECLI\0";
 const FILE: &str = "clients";
@@ -85,6 +85,10 @@ struct Recovery {
     evicted: Vec<u128>,
     /// What each replay in this recovery came to, for resends.
     outcomes: HashMap<u64, ReplayOutcome>,
+    /// Why the journal took no replay: this run can apply nothing more, so every replay
+    /// after it fails (the clients keep their changes for the next run) and recovery does
+    /// not end.
+    failed: Option<String>,
 }
 
 fn load(disk: &dyn MetaDisk) -> Result<BTreeSet<u128>, ClientsError> {
@@ -144,6 +148,7 @@ impl Clients {
                 lost: 0,
                 evicted: vec![],
                 outcomes: HashMap::new(),
+                failed: None,
             }
         });
         let (changed, _) = watch::channel(0);
@@ -228,24 +233,35 @@ impl Clients {
         self.advance(&mut s);
     }
 
-    /// Replays `ticket`, first applied as transaction `transno`, in its turn.
-    pub async fn replay(&self, client: u128, transno: u64, ticket: Ticket) -> ReplayOutcome {
+    /// Replays `ticket`, first applied as transaction `transno`, in its turn. An error says
+    /// the change was neither applied nor refused: the journal cannot take changes in this
+    /// run (a full or failing disk), and the client keeps it for the next.
+    pub async fn replay(
+        &self,
+        client: u128,
+        transno: u64,
+        ticket: Ticket,
+    ) -> Result<ReplayOutcome, String> {
         let mut rx = self.changed.subscribe();
         loop {
             {
                 let mut s = self.state.lock();
                 let Some(r) = s.recovery.as_mut() else {
-                    return ReplayOutcome::Refused(
+                    return Ok(ReplayOutcome::Refused(
                         "recovery is over: the change was lost with the MDS's restart".into(),
-                    );
+                    ));
                 };
                 if transno <= r.committed {
-                    return ReplayOutcome::Committed;
+                    return Ok(ReplayOutcome::Committed);
                 }
                 // A resend of a replay (its first attempt waited past the client's time):
                 // answered as the first.
                 if let Some(done) = r.outcomes.get(&transno) {
-                    return done.clone();
+                    return Ok(done.clone());
+                }
+                if let Some(why) = &r.failed {
+                    r.waiting.remove(&transno);
+                    return Err(why.clone());
                 }
                 if r.applying == Some(transno) {
                     // Its first attempt is being applied: wait for its outcome.
@@ -253,9 +269,9 @@ impl Clients {
                 } else if transno < r.next {
                     r.waiting.remove(&transno);
                     r.refused += 1;
-                    return ReplayOutcome::Refused(format!(
+                    return Ok(ReplayOutcome::Refused(format!(
                         "transaction {transno} came after recovery had passed it"
-                    ));
+                    )));
                 } else {
                     r.waiting.insert(transno, client);
                     self.advance(&mut s);
@@ -276,7 +292,19 @@ impl Clients {
         }
         let out = match self.store.replay(ticket).await {
             Ok(_) => ReplayOutcome::Applied,
-            Err(e) => ReplayOutcome::Refused(e.to_string()),
+            Err(StoreError::Namespace(e)) => ReplayOutcome::Refused(e.to_string()),
+            Err(e) => {
+                // Not this change's fault: no replay can be applied in this run.
+                let why = format!("the MDS cannot replay changes now: {e}");
+                tracing::error!(transno, error = %e, "a replay found the journal failed; clients keep their changes for the next run");
+                let mut s = self.state.lock();
+                if let Some(r) = s.recovery.as_mut() {
+                    r.applying = None;
+                    r.failed = Some(why.clone());
+                }
+                self.changed.send_modify(|n| *n += 1);
+                return Err(why);
+            }
         };
         let mut s = self.state.lock();
         if let Some(r) = s.recovery.as_mut() {
@@ -293,7 +321,7 @@ impl Clients {
         // The next in line, and resends of this one, go on.
         self.changed.send_modify(|n| *n += 1);
         self.advance(&mut s);
-        out
+        Ok(out)
     }
 
     /// Moves recovery on: past transactions no client still expected can replay, and to its
@@ -305,7 +333,7 @@ impl Clients {
         let Some(r) = s.recovery.as_mut() else {
             return;
         };
-        if r.applying.is_some() || r.waiting.contains_key(&r.next) {
+        if r.applying.is_some() || r.waiting.contains_key(&r.next) || r.failed.is_some() {
             return;
         }
         let waits = |c: &u128| r.waiting.values().any(|w| w == c);

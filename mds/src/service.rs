@@ -677,7 +677,11 @@ impl MdsService {
                 let r: MdsReplay = req.decode()?;
                 self.same_run(r.instance)?;
                 let ticket = self.unseal(r.client, &r.ticket)?;
-                let outcome = self.clients.replay(r.client, r.transno, ticket).await;
+                let outcome = self
+                    .clients
+                    .replay(r.client, r.transno, ticket)
+                    .await
+                    .map_err(|why| RemoteError::new(StatusCode::Io, why))?;
                 reply::<MdsReplay>(&MdsReplayed { outcome })
             }
             opcodes::MDS_REPLAY_DONE => {
