@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         let (d, m) = (Path::new("/t/o"), Path::new("/t/o.cs"));
         let fid = Fid::new(1, 1, 0);
         engine.create_dir_all(Path::new("/t")).unwrap();
-        Object::create(&engine, fid, d, m).unwrap();
+        drop(Object::create(engine.clone(), fid, d, m).unwrap());
         mem.with_file(d, |f| f.extend_from_slice(data_bytes));
         mem.with_file(m, |f| f.extend_from_slice(meta_bytes));
         let Ok(obj) = Object::open(engine.clone(), fid, d, m).await else {
