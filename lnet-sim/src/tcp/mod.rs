@@ -17,7 +17,7 @@
 
 mod conn;
 
-/// The key and offset in front of the bytes a request carries (see `Conn::on_request`).
+/// The key and offset in front of the bytes a request carries (see `conn::Eager`).
 const EAGER_HEAD: usize = 16;
 pub mod rails;
 
