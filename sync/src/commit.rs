@@ -45,7 +45,8 @@ pub struct CommitQueue {
 pub struct Appender<'a> {
     queue: &'a CommitQueue,
     pending: MutexGuard<'a, Pending>,
-    pushed: bool,
+    /// The committer may be waiting for the record this applier appended.
+    wake: bool,
 }
 
 impl Appender<'_> {
@@ -55,17 +56,20 @@ impl Appender<'_> {
         debug_assert_eq!(seq, p.last_seq + 1, "records are queued in sequence order");
         if p.count == 0 {
             p.first_seq = seq;
+            // The committer waits only on an empty queue: the record that ends that wakes
+            // it, and the ones after it are taken with it (a wake-up each would cost a
+            // system call each).
+            self.wake = true;
         }
         p.bytes.extend_from_slice(record);
         p.count += 1;
         p.last_seq = seq;
-        self.pushed = true;
     }
 }
 
 impl Drop for Appender<'_> {
     fn drop(&mut self) {
-        if self.pushed {
+        if self.wake {
             self.queue.wake.notify_one();
         }
     }
@@ -97,7 +101,7 @@ impl CommitQueue {
         Appender {
             queue: self,
             pending: p,
-            pushed: false,
+            wake: false,
         }
     }
 
