@@ -82,7 +82,9 @@ struct State {
     idmap: IdMap,
     /// The last recall applied.
     acked: u64,
-    held: HashMap<Fid, Held>,
+    /// Boxed: the table is rehashed in place as leases come and go, and moving a pointer is
+    /// cheaper than moving a cached inode.
+    held: HashMap<Fid, Box<Held>>,
     /// Leases to give back with the next wait.
     cancel: Vec<Fid>,
     /// The number of the last wait sent ([`proto::md::MdsLeaseWait::nr`]).
