@@ -131,12 +131,8 @@ impl Allocator {
         let _ = self.replaying.set(clients);
     }
 
-    /// Targets new stripes may go to: up, cleaned up, with more than 1% free.
-    fn eligible(&self) -> Vec<TargetInfo> {
-        self.eligible_in(&self.registry.list())
-    }
-
-    /// The same, among `known` (the registry's list, taken once for a whole layout).
+    /// Targets new stripes may go to, among `known` (the registry's list, taken once for a
+    /// whole layout): up, cleaned up, with more than 1% free.
     fn eligible_in(&self, known: &[TargetInfo]) -> Vec<TargetInfo> {
         let ready = self.ready.lock();
         known
@@ -148,7 +144,15 @@ impl Allocator {
 
     /// Whether any target can take new stripes.
     pub fn has_targets(&self) -> bool {
-        !self.eligible().is_empty()
+        self.has_targets_in(&self.registry.list())
+    }
+
+    /// The same, among `known` (the registry's list).
+    pub fn has_targets_in(&self, known: &[TargetInfo]) -> bool {
+        let ready = self.ready.lock();
+        known
+            .iter()
+            .any(|t| t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total)
     }
 
     /// The targets of `c`'s stripes, on none of the servers in `avoid` (those holding another
@@ -261,20 +265,27 @@ impl Allocator {
         Err(no_space(format!("target {target} gave no objects")))
     }
 
-    /// Gives every component of `template` its objects.
-    pub async fn instantiate(&self, template: &Layout) -> Result<Layout, NsError> {
-        self.instantiate_excluding(template, &HashSet::new()).await
-    }
-
-    /// As [`Allocator::instantiate`], using none of the targets in `exclude`.
+    /// Gives every component of `template` its objects, using none of the targets in
+    /// `exclude`.
     pub async fn instantiate_excluding(
         &self,
         template: &Layout,
         exclude: &HashSet<u32>,
     ) -> Result<Layout, NsError> {
-        let mut out = template.clone();
         // One look at the registry for the whole layout (targets up, their servers).
-        let known = self.registry.list();
+        self.instantiate_among(template, exclude, &self.registry.list())
+            .await
+    }
+
+    /// The same, among `known` (the registry's list, as the
+    /// caller took it).
+    pub async fn instantiate_among(
+        &self,
+        template: &Layout,
+        exclude: &HashSet<u32>,
+        known: &[TargetInfo],
+    ) -> Result<Layout, NsError> {
+        let mut out = template.clone();
         let mut taken: Vec<StripeObject> = vec![];
         let copies = out.mirror_count();
         // The servers each mirror's stripes are on: no server holds two copies of a byte.
@@ -307,7 +318,7 @@ impl Allocator {
                             .any(|x| x.mirror == *m && !x.is_instantiated())
                     })
                     .count() as u16;
-                for target in self.choose(&known, c, &avoid, exclude, copies_left.max(1))? {
+                for target in self.choose(known, c, &avoid, exclude, copies_left.max(1))? {
                     objects.push(StripeObject {
                         target,
                         fid: self.take(target).await?,

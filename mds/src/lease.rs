@@ -183,13 +183,13 @@ impl Leases {
         if !h.knows_epoch || h.confirmed_until <= Instant::now() {
             return false;
         }
-        let new: Vec<Fid> = fids
-            .iter()
-            .copied()
-            .filter(|f| !h.held.contains(f))
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
+        // A few FIDs at a time: a scan dedups them.
+        let mut new: Vec<Fid> = Vec::with_capacity(fids.len());
+        for f in fids {
+            if !h.held.contains(f) && !new.contains(f) {
+                new.push(*f);
+            }
+        }
         if h.held.len() + new.len() > MAX_PER_CLIENT || total + new.len() > MAX_TOTAL {
             return false;
         }

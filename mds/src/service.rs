@@ -337,14 +337,17 @@ impl MdsService {
         &self,
         template: Option<Layout>,
     ) -> Result<(Option<Layout>, Vec<StripeObject>), RemoteError> {
-        let registered = !self.registry.list().is_empty();
-        if !self.alloc.has_targets() && registered {
+        // One look at the registry for the whole create, unless no target is in service.
+        let mut known = self.registry.list();
+        let registered = !known.is_empty();
+        if !self.alloc.has_targets_in(&known) && registered {
             // A pass may bring a target into service now; a long one (a big orphan cleanup)
             // goes on in the background while this request is answered Busy and resent.
             let pass = self.alloc.maintain(&self.store);
             let _ = tokio::time::timeout(MAINTAIN_IN_REQUEST, pass).await;
+            known = self.registry.list();
         }
-        if !self.alloc.has_targets() {
+        if !self.alloc.has_targets_in(&known) {
             if registered {
                 // Targets exist but none is in service yet (after an MDS restart, before
                 // their orphans are cleaned up): a file made now would have no objects for
@@ -364,7 +367,11 @@ impl MdsService {
                 what: e.to_string(),
             })
         })?;
-        let layout = self.alloc.instantiate(&template).await.map_err(ns_error)?;
+        let layout = self
+            .alloc
+            .instantiate_among(&template, &Default::default(), &known)
+            .await
+            .map_err(ns_error)?;
         let objects = objects_of(&layout);
         Ok((Some(layout), objects))
     }
