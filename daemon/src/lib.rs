@@ -59,6 +59,20 @@ impl DataDirLock {
     }
 }
 
+/// Turns transparent huge pages off for this process (and what it starts), as databases that
+/// keep their state in memory advise. The allocator grows its heap in 2 MiB pages otherwise,
+/// and the kernel zeroes each one whole as it is first touched: a process that grows by
+/// hundreds of megabytes, as a client answering creates ahead or an MDS taking a burst does,
+/// stalls for a fifth of a millisecond per page, and keeps pages it barely uses. Pages of 4 KiB
+/// cost more in the TLB; measured on the create benchmark, the stalls cost more.
+pub fn no_huge_pages() {
+    // SAFETY: prctl with PR_SET_THP_DISABLE takes no pointers.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if r != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "transparent huge pages stay on");
+    }
+}
+
 /// Logs to stderr, filtered by `LODE_LOG` (default `info`).
 pub fn init_logging() {
     let filter =

@@ -377,6 +377,7 @@ fn run() -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    daemon::no_huge_pages();
     let mut cli = Cli::parse();
     if let Cmd::Sim(c) = cli.cmd {
         // The testbed makes its own runtimes.

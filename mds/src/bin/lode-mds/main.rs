@@ -276,6 +276,7 @@ impl ServeArgs {
 
 fn main() -> Result<()> {
     daemon::init_logging();
+    daemon::no_huge_pages();
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Fsck { data_dir }) => fsck(&data_dir),

@@ -121,6 +121,7 @@ struct Config {
 
 fn main() -> Result<()> {
     daemon::init_logging();
+    daemon::no_huge_pages();
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     match cli.cmd {
