@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// With --meta: files over all clients.
     #[arg(long, default_value_t = 20_000)]
     pub meta_files: usize,
+    /// With --meta: the modes to run, of ahead, behind, durable and local (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = crate::metabench::Mode::ALL)]
+    pub meta_modes: Vec<crate::metabench::Mode>,
 }
 
 impl BenchArgs {

@@ -546,6 +546,7 @@ fn run() -> Result<()> {
                     cfg_again,
                     args.clients,
                     args.meta_files,
+                    &args.meta_modes,
                     args.rounds(),
                     args.dir(),
                     args.local_dir(),

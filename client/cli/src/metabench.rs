@@ -16,6 +16,33 @@ type Rates = [f64; 3];
 
 const OPS: [&str; 3] = ["create", "stat", "unlink"];
 
+/// How the files are made: by lode with changes answered ahead, commit-behind or durable, or
+/// in the local directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Behind,
+    Durable,
+    Local,
+    Ahead,
+}
+
+impl Mode {
+    /// In the order the first round runs them (later rounds rotate it).
+    pub const ALL: [Mode; 4] = [Mode::Behind, Mode::Durable, Mode::Local, Mode::Ahead];
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            Mode::Behind => "behind",
+            Mode::Durable => "durable",
+            Mode::Local => "local",
+            Mode::Ahead => "ahead",
+        };
+        f.write_str(name)
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -142,6 +169,7 @@ pub async fn run(
     cfg: ClientConfig,
     clients: usize,
     files: usize,
+    run_modes: &[Mode],
     rounds: usize,
     dir: &str,
     local: Option<PathBuf>,
@@ -150,30 +178,38 @@ pub async fn run(
         bail!("--clients, --files (at least one per client) and --rounds must be positive");
     }
     let per = files / clients;
-    let connect = |behind: bool, ahead: bool| {
+    let runs = |m: Mode| run_modes.contains(&m);
+    // The clients of one mode; none for a mode not run.
+    let connect = |mode: Mode, behind: bool, ahead: bool| {
         let cfg = ClientConfig {
             commit_behind: behind,
             ahead,
             ..cfg.clone()
         };
+        let n = if runs(mode) { clients } else { 0 };
         async move {
             let mut cs = vec![];
-            for _ in 0..clients {
+            for _ in 0..n {
                 cs.push(Client::connect_with(mds, cfg.clone()).await?);
             }
             Ok::<Vec<Client>, client::ClientError>(cs)
         }
     };
-    let ahead = connect(true, true).await?;
-    let behind = connect(true, false).await?;
-    let durable = connect(false, false).await?;
-    behind[0].mkdir_all(dir, 0o755).await?;
+    let ahead = connect(Mode::Ahead, true, true).await?;
+    let behind = connect(Mode::Behind, true, false).await?;
+    let durable = connect(Mode::Durable, false, false).await?;
+    if let Some(c) = ahead.iter().chain(&behind).chain(&durable).next() {
+        c.mkdir_all(dir, 0o755).await?;
+    }
     // mode -> per round rates
     let modes = ["lode commit-behind", "lode durable", "local", "lode ahead"];
     let mut results: Vec<Vec<Rates>> = vec![vec![]; modes.len()];
     for round in 0..rounds {
         for k in 0..modes.len() {
             let m = (k + round) % modes.len();
+            if !runs(Mode::ALL[m]) {
+                continue;
+            }
             let r = match m {
                 0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per).await?,
                 1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per).await?,
@@ -220,16 +256,19 @@ pub async fn run(
         let med = |m: usize| {
             (!results[m].is_empty()).then(|| median(results[m].iter().map(|r| r[o]).collect()))
         };
-        let (b, d, l) = (med(0).unwrap_or(0.0), med(1).unwrap_or(0.0), med(2));
-        let a = med(3).unwrap_or(0.0);
+        let rate = |m: usize| med(m).map_or("-".into(), |r| format!("{r:.0}/s"));
+        let ratio = |x: usize, y: usize| match (med(x), med(y)) {
+            (Some(x), Some(y)) => format!("{:.2}", x / y.max(1e-9)),
+            _ => "-".into(),
+        };
         println!(
-            "{op:8} {:>18.0}/s {:>12.0}/s {:>10} {:>10.0}/s {:>10.2} {:>10.2}",
-            b,
-            d,
-            l.map_or("-".into(), |l| format!("{l:.0}/s")),
-            a,
-            b / d.max(1e-9),
-            a / b.max(1e-9)
+            "{op:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",
+            rate(0),
+            rate(1),
+            rate(2),
+            rate(3),
+            ratio(0, 1),
+            ratio(3, 0)
         );
     }
     Ok(())
