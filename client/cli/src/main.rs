@@ -541,17 +541,7 @@ fn run() -> Result<()> {
             }
             Cmd::Stat { path } => stat(&client, &path).await,
             Cmd::Bench(args) if args.meta => {
-                let out = metabench::run(
-                    &mds,
-                    cfg_again,
-                    args.clients,
-                    args.meta_files,
-                    &args.meta_modes,
-                    args.rounds(),
-                    args.dir(),
-                    args.local_dir(),
-                )
-                .await;
+                let out = metabench::run(&mds, cfg_again, &args).await;
                 client.close().await?;
                 out
             }

@@ -5,7 +5,7 @@
 //! journal's fsync: how every change was answered before commit-behind). Medians of the
 //! rounds.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -164,16 +164,9 @@ fn local_pass(dir: &Path, clients: usize, per: usize) -> Result<Rates> {
     Ok([create, stat, unlink])
 }
 
-pub async fn run(
-    mds: &str,
-    cfg: ClientConfig,
-    clients: usize,
-    files: usize,
-    run_modes: &[Mode],
-    rounds: usize,
-    dir: &str,
-    local: Option<PathBuf>,
-) -> Result<()> {
+pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> Result<()> {
+    let (clients, files, rounds) = (a.clients, a.meta_files, a.rounds());
+    let (run_modes, dir, local) = (&a.meta_modes, a.dir(), a.local_dir());
     if clients == 0 || files < clients || rounds == 0 {
         bail!("--clients, --files (at least one per client) and --rounds must be positive");
     }
