@@ -101,6 +101,19 @@ pub fn encode_record(r: &Record) -> Result<Vec<u8>, JournalError> {
     Ok(out)
 }
 
+/// The encoding of `Ticket { next_inode, record }` (what `postcard` makes of it), from the
+/// record's journal encoding ([`encode_record`]): the record is encoded once per change.
+pub fn encode_ticket(next_inode: u32, encoded_record: &[u8]) -> Vec<u8> {
+    let mut head = [0u8; 5];
+    // A u32 takes at most five bytes: encoding cannot fail.
+    let head = postcard::to_slice(&next_inode, &mut head).map_or(&[][..], |h| &h[..]);
+    let body = encoded_record.get(4..).unwrap_or_default();
+    let mut out = Vec::with_capacity(head.len() + body.len() + 32);
+    out.extend_from_slice(head);
+    out.extend_from_slice(body);
+    out
+}
+
 /// One group commit's records, framed as a batch: `records` are [`encode_record`]s.
 pub fn encode_batch(first_seq: u64, count: u32, records: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(BATCH_HEADER + records.len());
@@ -414,5 +427,46 @@ impl JournalWriter {
         self.len = JOURNAL_HEADER;
         self.laid = JOURNAL_HEADER;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::Fid;
+
+    #[test]
+    fn a_ticket_made_from_the_journaled_record_is_the_ticket_encoded() {
+        let record = Record {
+            seq: 300,
+            creds: Creds::root(),
+            time: Time {
+                sec: 1_700_000_000,
+                nsec: 5,
+            },
+            mutation: Mutation::CreateAt {
+                fid: Fid::new(proto::fid::INODE_SEQ, 70_000, 0),
+                parent: Fid::new(proto::fid::INODE_SEQ, 1, 0),
+                name: b"f0000001".to_vec(),
+                kind: proto::md::Kind::File,
+                mode: 0o644,
+                target: vec![],
+                layout: None,
+            },
+            req: Some(ReqId {
+                client: u128::MAX - 3,
+                seq: 1 << 40,
+            }),
+        };
+        let encoded = encode_record(&record).unwrap();
+        for next_inode in [0, 1, 127, 128, 70_001, u32::MAX] {
+            let ticket = Ticket {
+                next_inode,
+                record: record.clone(),
+            };
+            let made = encode_ticket(next_inode, &encoded);
+            assert_eq!(made, postcard::to_allocvec(&ticket).unwrap());
+            assert_eq!(postcard::from_bytes::<Ticket>(&made).unwrap(), ticket);
+        }
     }
 }

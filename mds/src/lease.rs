@@ -25,10 +25,11 @@
 //!
 //! [`MdsLeaseWait`]: proto::md::MdsLeaseWait
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{FastMap, FastSet};
 use parking_lot::Mutex;
 use proto::md::{IdMap, MdsLeaseRecall, LEASE_TERM_MS, MAX_RECALL};
 use proto::Fid;
@@ -54,15 +55,15 @@ pub struct Leases {
 #[derive(Default)]
 struct State {
     /// Who holds a lease on each inode.
-    holders: HashMap<Fid, Vec<u128>>,
+    holders: FastMap<Fid, Vec<u128>>,
     /// Changes under way on each inode: no grants meanwhile.
-    recalling: HashMap<Fid, u32>,
+    recalling: FastMap<Fid, u32>,
     /// Directories held alone, and by whom (while that client still holds the lease).
-    alone: HashMap<Fid, u128>,
+    alone: FastMap<Fid, u128>,
     /// Recalls sent and not yet acknowledged, on each inode: (client, recall number). A
     /// change on the inode waits for them too, not only for the recalls it sends itself.
-    outstanding: HashMap<Fid, Vec<(u128, u64)>>,
-    clients: HashMap<u128, Holder>,
+    outstanding: FastMap<Fid, Vec<(u128, u64)>>,
+    clients: FastMap<u128, Holder>,
     total: usize,
     last_tidy: Option<Instant>,
     /// The last epoch given out: every holder and every loss takes a new one, so no client
@@ -78,7 +79,7 @@ impl State {
 }
 
 struct Holder {
-    held: HashSet<Fid>,
+    held: FastSet<Fid>,
     /// Changes when the client loses every lease; it must say it saw the new one before it
     /// is granted any again.
     epoch: u64,
@@ -98,7 +99,7 @@ struct Holder {
 impl Holder {
     fn new(epoch: u64) -> Holder {
         Holder {
-            held: HashSet::new(),
+            held: FastSet::default(),
             epoch,
             knows_epoch: false,
             seq: 0,
@@ -112,7 +113,7 @@ impl Holder {
 }
 
 /// Whether `client` still has recall `seq` to acknowledge (a client forgotten has none).
-fn unacknowledged(clients: &HashMap<u128, Holder>, client: u128, seq: u64) -> bool {
+fn unacknowledged(clients: &FastMap<u128, Holder>, client: u128, seq: u64) -> bool {
     clients
         .get(&client)
         .is_some_and(|h| *h.acked.borrow() < seq)

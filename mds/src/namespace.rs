@@ -12,6 +12,7 @@ use proto::layout::Layout;
 use proto::{Fid, FsErrorKind};
 use serde::{Deserialize, Serialize};
 
+use crate::FastMap;
 use proto::md::new_inode;
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
@@ -83,10 +84,10 @@ type Result<T> = std::result::Result<T, NsError>;
 /// The whole namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Namespace {
-    inodes: HashMap<Fid, Inode>,
-    entries: HashMap<Fid, BTreeMap<Vec<u8>, Fid>>,
+    inodes: FastMap<Fid, Inode>,
+    entries: FastMap<Fid, BTreeMap<Vec<u8>, Fid>>,
     /// Each directory's parent (the root is its own).
-    parents: HashMap<Fid, Fid>,
+    parents: FastMap<Fid, Fid>,
     next_oid: u32,
     /// Objects of removed files, waiting to be destroyed: object -> (target, the file's FID).
     doomed: BTreeMap<Fid, (u32, Fid)>,
@@ -190,9 +191,9 @@ impl Namespace {
             target: vec![],
         };
         Namespace {
-            inodes: HashMap::from([(ROOT, root)]),
-            entries: HashMap::from([(ROOT, BTreeMap::new())]),
-            parents: HashMap::from([(ROOT, ROOT)]),
+            inodes: FastMap::from_iter([(ROOT, root)]),
+            entries: FastMap::from_iter([(ROOT, BTreeMap::new())]),
+            parents: FastMap::from_iter([(ROOT, ROOT)]),
             next_oid: 1,
             doomed: BTreeMap::new(),
             replies: ReplyCache::default(),

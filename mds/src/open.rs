@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::FastMap;
 use parking_lot::Mutex;
 use proto::md::OpenHandle;
 use proto::Fid;
@@ -21,7 +22,7 @@ pub const MAX_OPEN_HANDLES: usize = 1 << 20;
 
 #[derive(Default)]
 struct Table {
-    files: HashMap<Fid, HashSet<OpenHandle>>,
+    files: FastMap<Fid, HashSet<OpenHandle>>,
     /// Per client: when it was last heard from, and the files it holds open.
     clients: HashMap<u128, (Instant, HashSet<(Fid, u64)>)>,
     handles: usize,

@@ -1138,7 +1138,7 @@ impl MdsService {
         });
         let creds = r.creds.clone();
         let client = r.req.map(|q| q.client);
-        let mut stamp: (u64, Option<Ticket>) = (0, None);
+        let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
         let mut changed = vec![];
         let mut after = vec![];
         let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
@@ -1193,7 +1193,7 @@ impl MdsService {
             _ => None,
         };
         let ticket = match (stamp.1, client) {
-            (Some(t), Some(c)) => self.seal(c, &t),
+            (Some(t), Some(c)) => self.seal(c, t),
             _ => vec![],
         };
         // The inode returned, leased to its changer and read again after the grant.
@@ -1221,10 +1221,9 @@ impl MdsService {
         })
     }
 
-    /// A ticket for `client` to replay: the encoded ticket, then its seal (none when
+    /// A ticket for `client` to replay: the encoded ticket ([`crate::journal::encode_ticket`]), then its seal (none when
     /// authentication is off: every peer is trusted then).
-    fn seal(&self, client: u128, t: &Ticket) -> Vec<u8> {
-        let mut out = postcard::to_allocvec(t).unwrap_or_default();
+    fn seal(&self, client: u128, mut out: Vec<u8>) -> Vec<u8> {
         if let Some(key) = &self.granter.key {
             let seal = key.seal(&ticket_context(client), &out);
             out.extend_from_slice(&seal);

@@ -96,8 +96,9 @@ pub struct Done {
     pub applied: Applied,
     /// Its transaction number (a resend's: the last applied, to wait for).
     pub transno: u64,
-    /// What replays it exactly; `None` for a resend answered from the reply cache.
-    pub ticket: Option<Ticket>,
+    /// What replays it exactly (a [`Ticket`], encoded); `None` for a resend answered from
+    /// the reply cache.
+    pub ticket: Option<Vec<u8>>,
     /// The inodes whose attributes or entries it changed ([`Namespace::touched`]).
     pub touched: Vec<proto::Fid>,
     /// Those of them asked for, as the change left them (read under the same lock).
@@ -321,7 +322,7 @@ impl Store {
                 mutation: m,
                 req,
             };
-            let (applied, fresh) = Self::append(ns, seq, &mut queue, &rec)?;
+            let (applied, encoded) = Self::append(ns, seq, &mut queue, &rec)?;
             let answered = applied.inode.as_ref().map(|i| i.fid);
             let after = touched
                 .iter()
@@ -333,10 +334,7 @@ impl Store {
                 transno: *seq,
                 // A resend carried out meanwhile is answered as then, once everything so far
                 // is durable: the caller waits for `transno`, with nothing to replay.
-                ticket: fresh.then_some(Ticket {
-                    next_inode,
-                    record: rec,
-                }),
+                ticket: encoded.map(|e| journal::encode_ticket(next_inode, &e)),
                 touched,
                 after,
             }
@@ -347,25 +345,27 @@ impl Store {
         Ok(done)
     }
 
-    /// Applies `rec` (its sequence number the next one) and queues it for the journal; false
-    /// when it was a resend already carried out (nothing queued). The record is encoded
-    /// first: one that cannot be journaled is refused before the namespace changes.
+    /// Applies `rec` (its sequence number the next one) and queues it for the journal, and
+    /// returns its encoding; none when it was a resend already carried out (nothing queued).
+    /// The record is encoded first: one that cannot be journaled is refused before the
+    /// namespace changes.
     fn append(
         ns: &mut Namespace,
         seq: &mut u64,
         queue: &mut concur::commit::Appender<'_>,
         rec: &Record,
-    ) -> Result<(Applied, bool), StoreError> {
+    ) -> Result<(Applied, Option<Vec<u8>>), StoreError> {
         let encoded = encode_record(rec).map_err(|e| NsError {
             kind: proto::FsErrorKind::TooBig,
             what: e.to_string(),
         })?;
         let (applied, fresh) = ns.apply_request(&rec.mutation, &rec.creds, rec.time, rec.req)?;
-        if fresh {
-            *seq += 1;
-            queue.push(*seq, &encoded);
+        if !fresh {
+            return Ok((applied, None));
         }
-        Ok((applied, fresh))
+        *seq += 1;
+        queue.push(*seq, &encoded);
+        Ok((applied, Some(encoded)))
     }
 
     /// Applies again a change a client replays after a restart, exactly as it was first
