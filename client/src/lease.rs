@@ -17,7 +17,7 @@
 //! it was on its way ([`Stamp`]): a reply read before a change is never kept after it. The
 //! client's own changes update what it caches from their replies, in transaction order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -84,7 +84,7 @@ struct State {
     acked: u64,
     /// Boxed: the table is rehashed in place as leases come and go, and moving a pointer is
     /// cheaper than moving a cached inode.
-    held: HashMap<Fid, Box<Held>>,
+    held: crate::FastMap<Fid, Box<Held>>,
     /// Leases to give back with the next wait.
     cancel: Vec<Fid>,
     /// The number of the last wait sent ([`proto::md::MdsLeaseWait::nr`]).

@@ -32,3 +32,7 @@ pub use error::{ClientError, Result};
 pub use file::{Chunk, File, OpenOptions, Reader, Writer};
 pub use readahead::{Access, Readahead};
 pub use writebehind::{Step, WriteBehind};
+
+/// Maps every metadata call looks up, keyed by FIDs: hashed with foldhash (seeded at random
+/// per process) instead of SipHash. The keys are numbers the MDS hands out.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

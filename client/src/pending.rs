@@ -144,7 +144,7 @@ pub(crate) struct Pending {
     errors: Mutex<VecDeque<Failed>>,
     /// For each inode a change queued (or on its way) touches (its directory, the inode
     /// named): the last such change, until answered.
-    touching: Mutex<std::collections::HashMap<Fid, u64>>,
+    touching: Mutex<crate::FastMap<Fid, u64>>,
 }
 
 impl Pending {

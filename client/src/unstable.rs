@@ -43,7 +43,7 @@ struct FileWrites {
 
 /// The client's unsynced writes and write order.
 pub(crate) struct Writes {
-    files: Mutex<HashMap<Fid, FileWrites>>,
+    files: Mutex<crate::FastMap<Fid, FileWrites>>,
     id: u64,
     order: WriteOrder<StripeObject>,
     /// Woken whenever a write leaves the order.
@@ -83,7 +83,7 @@ impl Ticket {
 impl Writes {
     pub fn new(id: u64) -> Writes {
         Writes {
-            files: Mutex::new(HashMap::new()),
+            files: Mutex::new(Default::default()),
             id: id.max(1),
             order: WriteOrder::new(),
             left: tokio::sync::Notify::new(),
