@@ -71,6 +71,11 @@ pub struct Allocator {
     replaying: std::sync::OnceLock<Arc<crate::recovery::Clients>>,
 }
 
+/// Whether new stripes may go to target `t`: up, cleaned up (`ready`), more than 1% free.
+fn takes_stripes(ready: &HashSet<u32>, t: &TargetInfo) -> bool {
+    t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total
+}
+
 impl Allocator {
     /// A storage server's other addresses: the allocator's calls to it use any that answers.
     pub fn peer_rails(&self, oss: &Nid, rails: &[Nid]) {
@@ -132,12 +137,12 @@ impl Allocator {
     }
 
     /// Targets new stripes may go to, among `known` (the registry's list, taken once for a
-    /// whole layout): up, cleaned up, with more than 1% free.
+    /// whole layout).
     fn eligible_in(&self, known: &[TargetInfo]) -> Vec<TargetInfo> {
         let ready = self.ready.lock();
         known
             .iter()
-            .filter(|t| t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total)
+            .filter(|t| takes_stripes(&ready, t))
             .cloned()
             .collect()
     }
@@ -150,9 +155,7 @@ impl Allocator {
     /// The same, among `known` (the registry's list).
     pub fn has_targets_in(&self, known: &[TargetInfo]) -> bool {
         let ready = self.ready.lock();
-        known
-            .iter()
-            .any(|t| t.up && ready.contains(&t.index) && t.free.saturating_mul(100) > t.total)
+        known.iter().any(|t| takes_stripes(&ready, t))
     }
 
     /// The targets of `c`'s stripes, on none of the servers in `avoid` (those holding another
@@ -277,8 +280,7 @@ impl Allocator {
             .await
     }
 
-    /// The same, among `known` (the registry's list, as the
-    /// caller took it).
+    /// The same, among `known` (the registry's list, as the caller took it).
     pub async fn instantiate_among(
         &self,
         template: &Layout,

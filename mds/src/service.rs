@@ -1221,8 +1221,8 @@ impl MdsService {
         })
     }
 
-    /// A ticket for `client` to replay: the encoded ticket ([`crate::journal::encode_ticket`]), then its seal (none when
-    /// authentication is off: every peer is trusted then).
+    /// A ticket for `client` to replay: the encoded ticket ([`crate::journal::encode_ticket`]),
+    /// then its seal (none when authentication is off: every peer is trusted then).
     fn seal(&self, client: u128, mut out: Vec<u8>) -> Vec<u8> {
         if let Some(key) = &self.granter.key {
             let seal = key.seal(&ticket_context(client), &out);
