@@ -148,6 +148,8 @@ pub(crate) struct Inner {
     pub(crate) leases: crate::lease::Leases,
     /// Changes answered before they were sent, on their way in order.
     pub(crate) pending: crate::pending::Pending,
+    /// Closes finishing behind their callers.
+    pub(crate) closings: Arc<crate::closing::Closings>,
 }
 
 impl Inner {
@@ -235,6 +237,7 @@ impl Client {
                 replaying: tokio::sync::Mutex::new(()),
                 leases: Default::default(),
                 pending: Default::default(),
+                closings: Default::default(),
             }),
             creds,
         };
@@ -341,6 +344,7 @@ impl Client {
     /// Waits until the MDS has committed every change it applied so far (this client's and
     /// others'): what `fsync` of a file or directory and `sync` promise.
     pub async fn sync(&self) -> Result<()> {
+        self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
         self.inner.uncommitted.committed(r.committed);
         self.failed_ahead(None)
@@ -349,6 +353,7 @@ impl Client {
     /// Waits until the MDS has committed everything it answered this client, and reports a
     /// change answered ahead in directory `dir` that then failed ([`crate::pending`]).
     pub async fn sync_dir(&self, dir: Fid) -> Result<()> {
+        self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
         self.inner.uncommitted.committed(r.committed);
         self.failed_ahead(Some(dir))
@@ -609,7 +614,13 @@ impl Client {
         };
         let behind = self.inner.joined.load(Ordering::Relaxed);
         if behind && self.inner.uncommitted.full() {
-            self.sync().await?; // back-pressure: the MDS commits before more is kept
+            self.sync_committed().await?; // back-pressure: the MDS commits before more is kept
+        }
+        if through_names(&mutation) {
+            // A file closed behind is seen through its directory by what this changes.
+            self.after_closings().await;
+        } else if let Mutation::Setattr { fid, .. } = &mutation {
+            self.after_closing(*fid).await;
         }
         let leases = &self.inner.leases;
         let r = MdsReint {
@@ -633,7 +644,7 @@ impl Client {
     }
 
     /// The next request number of this client.
-    fn next_req(&self) -> ReqId {
+    pub(crate) fn next_req(&self) -> ReqId {
         ReqId {
             client: self.inner.client_id,
             seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
@@ -708,6 +719,10 @@ impl Client {
             if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
                 return false;
             }
+        }
+        if let Some(victim) = inner.leases.may_unlink(parent, name, &self.creds) {
+            // Its objects stay until its last writes landed.
+            self.after_closing(victim.fid).await;
         }
         inner.pending.room().await;
         let _gate = inner.pending.gate.lock();
@@ -803,7 +818,11 @@ impl Client {
     /// The entry `name` of `parent` if the lease cache answers for it now (found or absent),
     /// without waiting: `None` when only the MDS can tell.
     pub fn lookup_cached(&self, parent: Fid, name: &[u8]) -> Option<Result<Inode>> {
-        self.inner.leases.lookup(parent, name, &self.creds)
+        let hit = self.inner.leases.lookup(parent, name, &self.creds)?;
+        match &hit {
+            Ok(i) if self.inner.closings.busy(i.fid) => None,
+            _ => Some(hit),
+        }
     }
 
     /// Whether this client's caller may open directory `dir` to list it, if the lease cache
@@ -814,13 +833,33 @@ impl Client {
 
     /// An inode's attributes if the lease cache holds them now, without waiting.
     pub fn getattr_cached(&self, fid: Fid) -> Option<Inode> {
+        if self.inner.closings.busy(fid) {
+            return None;
+        }
         self.inner.leases.getattr(fid)
+    }
+
+    /// Waits until no close of `fid` is finishing behind its caller ([`crate::closing`]).
+    pub async fn after_closing(&self, fid: Fid) {
+        if self.inner.closings.busy(fid) {
+            self.inner.closings.file(fid).await;
+        }
+    }
+
+    /// Waits until every close begun behind its caller so far has finished
+    /// ([`crate::closing`]).
+    pub async fn after_closings(&self) {
+        self.inner.closings.all().await;
     }
 
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.lookup(parent, name, &self.creds) {
-            return hit;
+            match &hit {
+                // Its size is on its way (the cache marked it stale meanwhile).
+                Ok(i) if self.inner.closings.busy(i.fid) => self.after_closing(i.fid).await,
+                _ => return hit,
+            }
         }
         let live = leases.live();
         if live && !leases.held_dir(parent) {
@@ -831,6 +870,8 @@ impl Client {
                 return hit;
             }
         }
+        // The MDS may hold a file closed behind without the size its close will publish.
+        self.after_closings().await;
         let stamp = leases.stamp();
         let r = MdsLookup {
             creds: self.creds.clone(),
@@ -866,6 +907,7 @@ impl Client {
 
     /// An inode's attributes: from the cache while leased.
     pub async fn getattr(&self, fid: Fid) -> Result<Inode> {
+        self.after_closing(fid).await;
         let leases = &self.inner.leases;
         if let Some(i) = leases.getattr(fid) {
             return Ok(i);
@@ -1229,6 +1271,8 @@ impl Client {
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
+        // A listing shows the sizes closes finishing behind will publish.
+        self.after_closings().await;
         let leases = &self.inner.leases;
         if let Some(hit) = leases.listing(dir, &self.creds, plus) {
             return hit;
@@ -1388,6 +1432,11 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
             return;
         }
         let (nr, acked, epoch, cancel) = strong.leases.next_wait();
+        if !cancel.is_empty() {
+            // A lease given back lets other clients in: closes behind finish first.
+            strong.closings.all().await;
+            strong.pending.settle_to(strong.closings.published()).await;
+        }
         let req = MdsLeaseWait {
             client: strong.client_id,
             acked,
@@ -1417,8 +1466,10 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
                     (strong.leases.answered(nr, sent, &r), upto)
                 };
                 if dropped {
-                    // What this client answered ahead reaches the MDS before the recall is
-                    // acknowledged: the change that recalled sees it.
+                    // What this client answered ahead, and closed behind, reaches the MDS
+                    // before the recall is acknowledged: the change that recalled sees it.
+                    strong.closings.all().await;
+                    let upto = upto.max(strong.closings.published());
                     strong.pending.settle_to(upto).await;
                     strong.leases.barrier().await;
                 }
@@ -1430,6 +1481,15 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
             }
         }
     }
+}
+
+/// Whether `m` changes what a directory shows of files in it (a file closed behind is then
+/// waited for: see [`crate::closing`]).
+fn through_names(m: &Mutation) -> bool {
+    matches!(
+        m,
+        Mutation::Link { .. } | Mutation::Unlink { .. } | Mutation::Rename { .. }
+    )
 }
 
 /// A RAID0 layout over `count` stripes (`None`: all targets) of `size` bytes.

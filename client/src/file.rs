@@ -245,7 +245,9 @@ impl OpenOptions {
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: Some(sent),
+            created_in: Some(parent),
             recalls_at_create: client.lease_recalls(),
+            behind: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
@@ -271,6 +273,12 @@ impl OpenOptions {
     /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now
     /// and the capabilities for its objects.
     async fn count_open(client: &Client, fid: proto::Fid, path: Option<&str>) -> Result<Counted> {
+        // Close-to-open with this client's own closes finishing behind.
+        if path.is_some() {
+            client.after_closings().await;
+        } else {
+            client.after_closing(fid).await;
+        }
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let mds = client.inner.mds.clone();
@@ -403,6 +411,8 @@ impl OpenOptions {
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: None,
+            created_in: None,
+            behind: AtomicBool::new(false),
             recalls_at_create: 0,
             ready: AtomicBool::new(true),
             taking_in: Mutex::new(()),
@@ -455,8 +465,12 @@ pub struct File {
     /// A file created ahead ([`crate::pending`]): the MDS's answer to come, which brings its
     /// objects and capabilities.
     ahead: Option<crate::pending::Sent>,
+    /// The directory a file created ahead was created in.
+    created_in: Option<proto::Fid>,
     /// The client's count of lease recalls when the file was created ahead.
     recalls_at_create: u64,
+    /// Closed behind its caller ([`File::close_behind`]).
+    behind: AtomicBool,
     /// The answer came and was taken in (or the file was not created ahead).
     ready: AtomicBool,
     /// Held while the answer is taken in.
@@ -525,7 +539,10 @@ impl File {
         let Some(sent) = &self.ahead else {
             return Ok(());
         };
-        let reply = sent.reply().await?;
+        // A close finishing behind its caller lets the create go with the next batch.
+        let reply = sent
+            .reply_after(!self.behind.load(Ordering::SeqCst))
+            .await?;
         let inode = reply
             .inode
             .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
@@ -1671,6 +1688,7 @@ impl File {
     pub async fn fsync(&self) -> Result<()> {
         self.ready().await?;
         let fid = self.inode.lock().fid;
+        self.client.after_closing(fid).await;
         let layout = self.layout_ready().await.ok();
         // A stale copy's objects are left to its resync.
         let stale: Vec<StripeObject> = layout
@@ -1833,6 +1851,71 @@ impl File {
         }
     }
 
+    /// Begins closing this handle behind its caller where it may ([`crate::closing`]): a small
+    /// file this handle created ahead and wrote, in a directory this client has held alone
+    /// since. The caller then lands the handle's writes and hands their outcome to
+    /// [`Behind::finish`], while the caller's close returns. `None`: the close waits for
+    /// its writes and publishes the size itself, as usual.
+    pub fn close_behind(self: &Arc<File>) -> Option<Behind> {
+        let parent = self.created_in?;
+        let inner = &self.client.inner;
+        if !self.writable
+            || !self.unpublished.load(Ordering::SeqCst)
+            || self.written_to.load(Ordering::Relaxed) > crate::closing::MAX_BEHIND_BYTES
+            || !inner.closings.has_room()
+        {
+            return None;
+        }
+        // Under the gate a recall is applied under: the recall either came before (and this
+        // close waits as usual) or waits for this one.
+        let _gate = inner.pending.gate.lock();
+        if self.client.lease_recalls() != self.recalls_at_create || !inner.leases.live() {
+            return None;
+        }
+        let fid = self.fid();
+        let closing = inner.closings.begin(fid);
+        inner.leases.moving(fid);
+        self.behind.store(true, Ordering::SeqCst);
+        Some(Behind {
+            closing,
+            file: self.clone(),
+            dir: parent,
+        })
+    }
+
+    /// Whether this handle was closed behind its caller ([`File::close_behind`]).
+    pub fn closed_behind(&self) -> bool {
+        self.behind.load(Ordering::SeqCst)
+    }
+
+    /// Queues the size this handle's writes reached with the changes answered ahead, instead
+    /// of sending it and waiting ([`crate::pending`]).
+    async fn publish_queued(&self) -> Option<crate::pending::Sent> {
+        let inner = &self.client.inner;
+        inner.pending.room().await;
+        if !self.unpublished.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        let fid = self.fid();
+        let r = proto::md::MdsReint {
+            creds: self.client.creds().clone(),
+            mutation: Mutation::GrowSize {
+                fid,
+                size: self.written_to.load(Ordering::Relaxed),
+            },
+            req: Some(self.client.next_req()),
+            open: Some(self.handle),
+            size_gen: Some(self.size_gen.load(Ordering::SeqCst)),
+            behind: true,
+            lease: inner.leases.live(),
+        };
+        Some(
+            inner
+                .pending
+                .push(proto::md::BatchOp::Reint(r), None, Some(fid)),
+        )
+    }
+
     /// Closes the file: its size becomes visible to every client that opens it next
     /// (close-to-open). Data is durable only after `fsync`.
     pub async fn close(self) -> Result<()> {
@@ -1852,6 +1935,14 @@ impl File {
         let published = self.publish_size().await;
         let fid = self.inode.lock().fid;
         self.client.inner.writes.closed(fid);
+        if self.behind.load(Ordering::SeqCst) && published.is_ok() {
+            // Closed behind: its size went with the changes answered ahead, and so does the
+            // close, which answers nothing.
+            self.client.inner.opens.remove(self.handle.handle);
+            self.client
+                .close_ahead(self.handle, fid, self.ahead.as_ref());
+            return Ok(());
+        }
         self.client.close_handle(self.handle, fid).await?;
         published
     }
@@ -2220,6 +2311,62 @@ async fn objects_extent(client: &Client, inode: &Inode, caps: &Caps) -> Result<u
         }
     }
     Ok(extent)
+}
+
+/// A close finishing behind its caller ([`File::close_behind`]).
+pub struct Behind {
+    closing: crate::closing::Closing,
+    file: Arc<File>,
+    dir: proto::Fid,
+}
+
+impl Behind {
+    /// Finishes the close once the handle's writes have landed (`landed`: their outcome):
+    /// the size they reached is queued after the changes answered ahead so far, or, if they
+    /// failed, nothing is published over them and the failure waits for the next `fsync`.
+    pub async fn finish(self, landed: Result<()>) {
+        let Behind { closing, file, dir } = self;
+        let inner = &file.client.inner;
+        let fid = file.fid();
+        let sent = match landed {
+            Ok(()) => file.publish_queued().await,
+            Err(e) => {
+                file.unpublished.store(false, Ordering::SeqCst);
+                inner.pending.failed(crate::pending::Failed {
+                    dir: Some(dir),
+                    fid: Some(fid),
+                    kind: e.kind(),
+                    what: e.to_string(),
+                });
+                None
+            }
+        };
+        if let Some(s) = &sent {
+            inner.closings.queued(s.seq());
+        }
+        // Finished: what follows is ordered by the queue.
+        drop(closing);
+        let Some(sent) = sent else {
+            return;
+        };
+        match sent.reply().await {
+            Ok(r) => {
+                if let Some(i) = r.inode {
+                    *file.inode.lock() = i;
+                }
+                file.size_gen.store(r.size_gen, Ordering::SeqCst);
+            }
+            // A truncate came in between: published again as a close does, up to what the
+            // objects hold (a failure is kept by the queue for `fsync`).
+            Err(e) if e.is(FsErrorKind::Stale) => {
+                file.unpublished.store(true, Ordering::SeqCst);
+                if let Err(e) = file.publish_size().await {
+                    tracing::warn!(%fid, error = %e, "a size published behind its close failed");
+                }
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Bytes read from a file, landed once in registered memory (the storage servers put them

@@ -783,6 +783,16 @@ impl Leases {
         self.own.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// The size and times of file `fid` move with a change of this client's own still on its
+    /// way (a close finishing behind): its cached attributes serve permission checks only
+    /// until the change is answered.
+    pub fn moving(&self, fid: Fid) {
+        if let Some(h) = self.state.lock().held.get_mut(&fid) {
+            h.stale = true;
+        }
+        self.own.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// An unlink answered here (see [`Leases::may_unlink`]): `name` is absent now, and the
     /// file's attributes (its link count) are fetched again.
     pub fn unlinked_here(&self, parent: Fid, name: &[u8], fid: Fid) {

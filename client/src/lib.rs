@@ -14,6 +14,7 @@
 pub mod blocking;
 mod caps;
 pub mod client;
+mod closing;
 pub mod error;
 pub mod file;
 pub mod gpu;
@@ -29,7 +30,7 @@ pub mod writebehind;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
 pub use error::{ClientError, Result};
-pub use file::{Chunk, File, OpenOptions, Reader, Writer};
+pub use file::{Behind, Chunk, File, OpenOptions, Reader, Writer};
 pub use readahead::{Access, Readahead};
 pub use writebehind::{Step, WriteBehind};
 

@@ -74,8 +74,14 @@ type Outcome = std::result::Result<MdsReintReply, (FsErrorKind, String)>;
 impl Sent {
     /// The MDS's reply, once it came.
     pub async fn reply(&self) -> Result<MdsReintReply> {
+        self.reply_after(true).await
+    }
+
+    /// As [`Sent::reply`]; without `hurry`, the change goes with the next batch as it would
+    /// had nobody waited (work behind a caller that returned already).
+    pub async fn reply_after(&self, hurry: bool) -> Result<MdsReintReply> {
         let mut rx = self.rx.clone();
-        if rx.borrow().is_none() {
+        if hurry && rx.borrow().is_none() {
             self.hurry.to(self.seq);
         }
         let got = rx
@@ -315,7 +321,7 @@ impl Pending {
         first
     }
 
-    fn failed(&self, f: Failed) {
+    pub(crate) fn failed(&self, f: Failed) {
         tracing::warn!(dir = ?f.dir, fid = ?f.fid, kind = ?f.kind, what = %f.what, "a change answered ahead failed at the MDS");
         let mut errors = self.errors.lock();
         if errors.len() >= MAX_ERRORS {

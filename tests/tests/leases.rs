@@ -351,3 +351,101 @@ fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
         );
     }
 }
+
+/// Small files a mount creates and writes are closed behind their callers: their last writes
+/// land, and their sizes are published, after close returns. A second mount that opens one
+/// right after the close still reads every byte and the size (close-to-open), and so does the
+/// first mount itself; a close whose writes then fail reports nothing itself: the failure
+/// waits for the directory's fsync, and no size is published over bytes that were not kept.
+#[test]
+fn small_files_closed_behind_show_whole_at_once_and_their_failures_wait_for_fsync() {
+    use std::io::Write;
+    let Some(mut two) = TwoMounts::start("leases-close-behind") else {
+        return;
+    };
+    let (a, b) = (two.a.clone(), two.b.clone());
+    fs::create_dir(a.join("d")).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut made = vec![];
+    for i in 0..240 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes: Vec<u8> = (0..x % 70_000).map(|j| (j ^ x) as u8).collect();
+        let name = format!("d/f{i}");
+        fs::write(a.join(&name), &bytes).unwrap();
+        let same = |got: Vec<u8>, on: &str| {
+            assert!(
+                got == bytes,
+                "{name} read on {on} right after its close: {} bytes, {} written",
+                got.len(),
+                bytes.len()
+            )
+        };
+        match i % 4 {
+            // The other mount, right after the close.
+            0 => same(fs::read(b.join(&name)).unwrap(), "b"),
+            1 => assert_eq!(
+                fs::metadata(b.join(&name)).unwrap().len(),
+                bytes.len() as u64
+            ),
+            // This mount, right after the close.
+            2 => same(fs::read(a.join(&name)).unwrap(), "a"),
+            _ => assert_eq!(
+                fs::metadata(a.join(&name)).unwrap().len(),
+                bytes.len() as u64
+            ),
+        }
+        made.push(bytes);
+    }
+    // Renamed and listed right after their closes.
+    for (i, bytes) in made.iter().enumerate().take(40) {
+        fs::write(a.join(format!("d/g{i}")), bytes).unwrap();
+        fs::rename(a.join(format!("d/g{i}")), a.join(format!("d/h{i}"))).unwrap();
+    }
+    let sizes: std::collections::HashMap<String, u64> = fs::read_dir(b.join("d"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    for (i, bytes) in made.iter().enumerate() {
+        assert_eq!(sizes[&format!("f{i}")], bytes.len() as u64, "f{i}");
+        if i < 40 {
+            assert_eq!(sizes[&format!("h{i}")], bytes.len() as u64, "h{i}");
+            assert!(
+                &fs::read(b.join(format!("d/h{i}"))).unwrap() == bytes,
+                "h{i}"
+            );
+        }
+    }
+
+    // The storage server goes away after a file's create was answered and before its bytes
+    // were sent: the close still returns at once, the directory's fsync reports the loss, and
+    // the file shows empty rather than as zeros.
+    fs::create_dir(a.join("e")).unwrap();
+    fs::write(a.join("e/first"), b"").unwrap();
+    let mut f = fs::File::create(a.join("e/x")).unwrap();
+    // Its create answered (a stat of the file waits for it).
+    assert_eq!(fs::metadata(a.join("e/x")).unwrap().len(), 0);
+    two.servers.remove(2).kill();
+    f.write_all(&[5u8; 4096]).unwrap();
+    let closed = Instant::now();
+    drop(f);
+    assert!(
+        closed.elapsed() < Duration::from_secs(5),
+        "the close waited"
+    );
+    let err = fs::File::open(a.join("e")).unwrap().sync_all().unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EIO),
+        "fsync of the directory: {err}"
+    );
+    assert_eq!(fs::metadata(b.join("e/x")).unwrap().len(), 0);
+    assert_eq!(fs::metadata(a.join("e/x")).unwrap().len(), 0);
+}

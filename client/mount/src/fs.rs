@@ -128,6 +128,45 @@ pub struct LodeFs {
     metrics: Option<Arc<crate::metrics::MountMetrics>>,
     /// The job of each calling process.
     jobs: JobCache,
+    /// Releases answered and still closing their files.
+    releasing: Arc<Releasing>,
+}
+
+/// Work still under way after its request was answered, which the mount waits for before it
+/// leaves.
+#[derive(Default)]
+pub struct Releasing {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One release under way; finished when dropped.
+pub(crate) struct Release(Arc<Releasing>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Releasing {
+    fn begin(self: &Arc<Self>) -> Release {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Release(self.clone())
+    }
+
+    /// Waits until no release is under way.
+    pub async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 thread_local! {
@@ -226,7 +265,14 @@ impl LodeFs {
                 own: lnet::job::from_env(),
                 by_pid: Arc::default(),
             },
+            releasing: Arc::default(),
         }
+    }
+
+    /// Releases answered and still closing their files: wait for them before the client
+    /// leaves.
+    pub fn releasing(&self) -> Arc<Releasing> {
+        self.releasing.clone()
     }
 
     /// Serves requests over FUSE rings when the kernel offers them (see `session::uring`).
@@ -981,6 +1027,16 @@ impl Filesystem for LodeFs {
         match self.file(fh) {
             Ok(f) => {
                 let streams = self.streams.clone();
+                if let Some(behind) = f.close_behind() {
+                    // A small file made here that no one else can see yet: its writes land
+                    // and its size is published behind the caller (see client::closing).
+                    let fid = f.fid();
+                    reply.ok();
+                    return self.inline(async move {
+                        let landed = streams.settle(fid).await;
+                        behind.finish(landed).await;
+                    });
+                }
                 self.empty(reply, async move {
                     streams.settle(f.fid()).await?;
                     f.flush().await
@@ -1113,10 +1169,13 @@ impl Filesystem for LodeFs {
         };
         let fid = f.fid();
         self.pages.released(fid, self.client.holds_lease(fid));
-        self.empty(reply, async move {
+        let client = self.client.clone();
+        let work = async move {
             if let Some(w) = window {
                 w.lock().await.stop().await;
             }
+            // After a close finishing behind: its size goes first, then the handle's close.
+            client.after_closing(fid).await;
             let landed = streams.release(f.fid()).await;
             // Requests still in flight on this handle finish first; past a bound it closes
             // itself when the last of them drops it.
@@ -1128,6 +1187,17 @@ impl Filesystem for LodeFs {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             landed
+        };
+        // Nobody waits for a release (the caller's close returned at its flush) and the kernel
+        // ignores its outcome: it is answered at once, and its ring entry freed for requests
+        // someone waits for. The mount waits for releases still under way before it leaves.
+        reply.ok();
+        let releasing = self.releasing.begin();
+        self.inline(async move {
+            if let Err(e) = work.await {
+                tracing::warn!(%fid, error = %e, "closing a file after its release failed");
+            }
+            drop(releasing);
         });
     }
 

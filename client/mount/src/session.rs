@@ -196,6 +196,7 @@ pub async fn serve(
         allow_uring();
     }
     let notifier = fs.notifier_slot();
+    let releasing = fs.releasing();
     let session = fuser::spawn_mount(fs, mountpoint, &cfg).map_err(|source| MountError::Mount {
         path: mountpoint.to_owned(),
         source,
@@ -216,9 +217,12 @@ pub async fn serve(
     if !mounted(mountpoint) {
         // Already gone: nothing for the session to unmount (it would only complain).
         std::mem::forget(session);
+        releasing.idle().await;
         return Ok(());
     }
     let joined = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
+    // Files released are closed before the client leaves.
+    releasing.idle().await;
     let busy = match joined {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => e.to_string(),
