@@ -13,9 +13,11 @@
 //! [`LEASE_TERM_MS`] (less a margin) after the client sent the last wait that was answered, so
 //! a client cut off from the MDS stops using its cache before the MDS stops waiting for it.
 //!
-//! An answer is cached only if no recall, and none of this client's own changes, came in while
-//! it was on its way ([`Stamp`]): a reply read before a change is never kept after it. The
-//! client's own changes update what it caches from their replies, in transaction order.
+//! An answer is cached only if no recall, and none of this client's own changes to the inodes
+//! it tells of, came in while it was on its way ([`Stamp`]): a reply read before a change is
+//! never kept after it, and one process's changes do not keep another's answers about other
+//! inodes from the cache. The client's own changes update what it caches from their replies,
+//! in transaction order.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,7 +96,17 @@ struct State {
     /// wait as new is answered.
     cancelling: Vec<(u64, Fid)>,
     tick: u64,
+    /// For each inode a change of this client's own touched, the count of own changes after
+    /// it (see [`Leases::own`]): an answer about it sent before then is not kept.
+    touched: crate::FastMap<Fid, u64>,
+    /// No answer sent before this count of own changes is kept (a change whose inodes are not
+    /// all known, or the table above grew too long and was cleared).
+    touched_all: u64,
 }
+
+/// Most inodes remembered as touched by own changes; past it the table is cleared and every
+/// answer on its way is given up.
+const MAX_TOUCHED: usize = 65_536;
 
 #[derive(Default)]
 struct Held {
@@ -436,14 +448,20 @@ impl Leases {
 
     /// Takes `f` into the cache if nothing moved since `stamp`; otherwise gives back the
     /// leases the answer brought that the cache does not hold.
-    fn learn(&self, stamp: Stamp, granted: &[Fid], f: impl FnOnce(&mut State)) {
+    fn learn(&self, stamp: Stamp, granted: &[Fid], about: &[Fid], f: impl FnOnce(&mut State)) {
         let Some(mut s) = self.live_state() else {
             return;
         };
         let given_back = granted
             .iter()
             .any(|g| s.cancelling.iter().any(|(_, c)| c == g));
-        if self.stamp() != stamp || given_back {
+        let moved = stamp.recalls != self.recalls.load(Ordering::SeqCst)
+            || stamp.own < s.touched_all
+            || granted
+                .iter()
+                .chain(about)
+                .any(|f| s.touched.get(f).is_some_and(|t| *t > stamp.own));
+        if moved || given_back {
             for g in granted {
                 if !s.held.contains_key(g) && !s.cancel.contains(g) {
                     s.cancel.push(*g);
@@ -477,7 +495,7 @@ impl Leases {
         if !leased {
             return;
         }
-        self.learn(stamp, &[parent, inode.fid], |s| {
+        self.learn(stamp, &[parent, inode.fid], &[], |s| {
             if plain(name) {
                 Self::held_mut(s, parent).names.insert(
                     name.to_vec(),
@@ -498,7 +516,7 @@ impl Leases {
         if !plain(name) {
             return;
         }
-        self.learn(stamp, &[], |s| {
+        self.learn(stamp, &[], &[parent], |s| {
             if let Some(h) = s.held.get_mut(&parent) {
                 h.names.insert(
                     name.to_vec(),
@@ -516,7 +534,7 @@ impl Leases {
         if !leased {
             return;
         }
-        self.learn(stamp, &[inode.fid], |s| {
+        self.learn(stamp, &[inode.fid], &[], |s| {
             let h = Self::held_mut(s, inode.fid);
             h.attr = Some(inode.clone());
             h.stale = false;
@@ -530,7 +548,7 @@ impl Leases {
         }
         let mut granted = vec![dir];
         granted.extend(attrs.iter().map(|i| i.fid));
-        self.learn(stamp, &granted, |s| {
+        self.learn(stamp, &granted, &[], |s| {
             let h = Self::held_mut(s, dir);
             // Absent names stay: the kernel may cache them.
             h.names.retain(|_, n| n.entry.is_none());
@@ -627,10 +645,10 @@ impl Leases {
             // A recall came in meanwhile: what is cached of these may predate it.
             touched.sort_unstable();
             touched.dedup();
-            for f in touched {
-                self.drop_one(s, f, true);
+            for f in &touched {
+                self.drop_one(s, *f, true);
             }
-            self.own.fetch_add(1, Ordering::SeqCst);
+            self.moved_here(s, &touched);
             return;
         }
         let t = reply.transno;
@@ -721,7 +739,22 @@ impl Leases {
             }
         }
         self.bound(s);
-        self.own.fetch_add(1, Ordering::SeqCst);
+        touched.extend(reply.inode.iter().map(|i| i.fid));
+        touched.extend(reply.after.iter().map(|i| i.fid));
+        self.moved_here(s, &touched);
+    }
+
+    /// Counts a change of this client's own that touched `fids` (under the state's lock, so
+    /// that an answer taken in after it sees it).
+    fn moved_here(&self, s: &mut State, fids: &[Fid]) {
+        let now = self.own.fetch_add(1, Ordering::SeqCst) + 1;
+        if s.touched.len() + fids.len() > MAX_TOUCHED {
+            s.touched.clear();
+            s.touched_all = now;
+        }
+        for f in fids {
+            s.touched.insert(*f, now);
+        }
     }
 
     /// Whether a create of `name` in `parent` by `creds` can be answered here: the directory
@@ -779,18 +812,18 @@ impl Leases {
             );
             h.stale = true;
         }
-        drop(s);
-        self.own.fetch_add(1, Ordering::SeqCst);
+        self.moved_here(&mut s, &[parent, inode.fid]);
     }
 
     /// The size and times of file `fid` move with a change of this client's own still on its
     /// way (a close finishing behind): its cached attributes serve permission checks only
     /// until the change is answered.
     pub fn moving(&self, fid: Fid) {
-        if let Some(h) = self.state.lock().held.get_mut(&fid) {
+        let mut s = self.state.lock();
+        if let Some(h) = s.held.get_mut(&fid) {
             h.stale = true;
         }
-        self.own.fetch_add(1, Ordering::SeqCst);
+        self.moved_here(&mut s, &[fid]);
     }
 
     /// An unlink answered here (see [`Leases::may_unlink`]): `name` is absent now, and the
@@ -810,8 +843,7 @@ impl Leases {
         if let Some(h) = s.held.get_mut(&fid) {
             h.stale = true;
         }
-        drop(s);
-        self.own.fetch_add(1, Ordering::SeqCst);
+        self.moved_here(&mut s, &[parent, fid]);
     }
 
     /// A change answered here failed at the MDS: nothing is known of `name` now.
@@ -1090,6 +1122,44 @@ mod tests {
         );
         assert!(l.getattr(dir).is_none());
         assert!(l.lookup(dir, b"b", &me).unwrap().is_ok());
+    }
+
+    #[test]
+    fn an_answer_is_kept_across_own_changes_to_other_inodes_only() {
+        let l = live();
+        let (d1, d2, f1, f2) = (fid(2), fid(3), fid(10), fid(11));
+        let me = Creds::root();
+        for d in [d1, d2] {
+            l.learn_attr(l.stamp(), &inode(d, Kind::Dir), true);
+            l.learn_listing(l.stamp(), d, &[], &[]);
+        }
+        // Answers on their way while this client creates in the other directory (another
+        // process of the same mount): they are kept.
+        let st = l.stamp();
+        l.created_here(d2, b"x", &inode(fid(20), Kind::File));
+        l.learn_attr(st, &inode(f1, Kind::File), true);
+        assert!(
+            l.getattr(f1).is_some(),
+            "an answer about another inode was dropped"
+        );
+        l.learn_absent(st, d1, b"nothing");
+        assert!(l.lookup(d1, b"nothing", &me).unwrap().is_err());
+        // An answer about the inode a change touched while it was on its way is not.
+        let st = l.stamp();
+        l.moving(f2);
+        l.learn_attr(st, &inode(f2, Kind::File), true);
+        assert!(
+            l.getattr(f2).is_none(),
+            "an answer predating a change was kept"
+        );
+        // Nor is a negative lookup in the directory a create went into meanwhile.
+        let st = l.stamp();
+        l.created_here(d1, b"y", &inode(fid(21), Kind::File));
+        l.learn_absent(st, d1, b"y");
+        assert!(
+            !matches!(l.lookup(d1, b"y", &me), Some(Err(_))),
+            "a name created here was taken for absent"
+        );
     }
 
     #[test]

@@ -457,10 +457,15 @@ impl Filesystem for LodeFs {
         self.begin("lookup", req);
         let (c, n) = (self.as_caller(req), name(n));
         // What the lease cache answers is answered on this thread, with no hand-off.
+        let before = c.lease_recalls();
         match c.lookup_cached(fid_of(parent), &n) {
             Some(Ok(i)) => {
                 let a = attr(&i, Self::size_of(&self.files, &i));
-                return reply.entry(&TTL, &a, Generation(0));
+                reply.entry(&TTL, &a, Generation(0));
+                if a.size == i.size {
+                    self.pages.gave(&i, || c.lease_recalls() == before);
+                }
+                return;
             }
             Some(Err(e)) if errno(&e) == Errno::ENOENT => {
                 // Known absent under the directory's lease: the kernel keeps the negative
@@ -481,7 +486,11 @@ impl Filesystem for LodeFs {
         let fid = fid_of(ino);
         let before = c.lease_recalls();
         if let Some(i) = c.getattr_cached(fid) {
-            reply.attr(&LEASED_TTL, &attr(&i, Self::size_of(&files, &i)));
+            let a = attr(&i, Self::size_of(&files, &i));
+            reply.attr(&LEASED_TTL, &a);
+            if a.size == i.size {
+                self.pages.gave(&i, || c.lease_recalls() == before);
+            }
             if c.lease_recalls() != before {
                 // Dropped while on its way: the kernel must not keep it.
                 if let Some(n) = notifier.get() {
@@ -860,8 +869,12 @@ impl Filesystem for LodeFs {
                     } else {
                         // Close-to-open: another client may have changed the file since the
                         // kernel cached its attributes; the next stat asks again (its pages
-                        // are dropped at open, as no FOPEN_KEEP_CACHE is given).
-                        if let Some(n) = notifier.get() {
+                        // are dropped at open, as no FOPEN_KEEP_CACHE is given). Not when the
+                        // kernel's are the lease cache's now, the lease held since they were
+                        // given: another client's change would have recalled it first.
+                        let current =
+                            leased && c.getattr_cached(fid).is_some_and(|now| pages.current(&now));
+                        if let (Some(n), false) = (notifier.get(), current) {
                             let _ = n.inval_inode(ino, -1, 0);
                         }
                         pages.opened(fid, leased);

@@ -28,6 +28,19 @@ struct Sets {
     fresh: HashSet<Fid>,
     /// Pages the next open may keep.
     trusted: HashSet<Fid>,
+    /// The attributes the kernel was last given from the lease cache (size, mtime, ctime),
+    /// under a lease held since.
+    given: std::collections::HashMap<Fid, Given>,
+}
+
+/// What of a file's attributes an open compares: what close-to-open may have moved.
+type Given = (u64, proto::md::Time, proto::md::Time);
+
+/// Most files whose attributes given to the kernel are remembered.
+const MAX_GIVEN: usize = 1 << 20;
+
+fn given(i: &proto::md::Inode) -> Given {
+    (i.size, i.mtime, i.ctime)
 }
 
 impl PageTrust {
@@ -58,6 +71,28 @@ impl PageTrust {
         let mut s = self.sets.lock();
         s.fresh.remove(&fid);
         s.trusted.remove(&fid);
+        s.given.remove(&fid);
+    }
+
+    /// The kernel was given `i`'s attributes from the lease cache; `still`: the lease has held
+    /// since they were read (checked after the insert, so a drop in between is seen by
+    /// [`PageTrust::dropped`] first, or by this check).
+    pub(crate) fn gave(&self, i: &proto::md::Inode, still: impl Fn() -> bool) {
+        let mut s = self.sets.lock();
+        if s.given.len() >= MAX_GIVEN {
+            s.given.clear();
+        }
+        s.given.insert(i.fid, given(i));
+        drop(s);
+        if !still() {
+            self.sets.lock().given.remove(&i.fid);
+        }
+    }
+
+    /// Whether the kernel's attributes of a file are `now` (the lease cache's, the lease held
+    /// since): an open need not drop them for close-to-open.
+    pub(crate) fn current(&self, now: &proto::md::Inode) -> bool {
+        self.sets.lock().given.get(&now.fid) == Some(&given(now))
     }
 }
 
@@ -127,5 +162,40 @@ mod tests {
         t.opened(fid(4), true);
         t.released(fid(4), false);
         assert!(!t.keep(fid(4), true));
+    }
+
+    #[test]
+    fn the_kernels_attributes_are_current_while_they_are_the_lease_caches_and_it_held() {
+        let t = PageTrust::default();
+        use proto::md::{Inode, Kind, Time};
+        let i = Inode {
+            fid: fid(1),
+            kind: Kind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 10,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            xattrs: Default::default(),
+            layout: None,
+            target: vec![],
+        };
+        assert!(!t.current(&i), "nothing given yet");
+        t.gave(&i, || true);
+        assert!(t.current(&i));
+        // The cache moved on (a write published a new size): the kernel's copy is older.
+        assert!(!t.current(&Inode {
+            size: 11,
+            ..i.clone()
+        }));
+        // The lease dropped: forgotten.
+        t.dropped(fid(1));
+        assert!(!t.current(&i));
+        // Dropped while being given.
+        t.gave(&i, || false);
+        assert!(!t.current(&i));
     }
 }
