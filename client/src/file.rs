@@ -1909,11 +1909,7 @@ impl File {
             behind: true,
             lease: inner.leases.live(),
         };
-        Some(
-            inner
-                .pending
-                .push(proto::md::BatchOp::Reint(r), None, Some(fid)),
-        )
+        Some(inner.pending.push_quiet(proto::md::BatchOp::Reint(r), fid))
     }
 
     /// Closes the file: its size becomes visible to every client that opens it next
@@ -2349,23 +2345,38 @@ impl Behind {
         let Some(sent) = sent else {
             return;
         };
-        match sent.reply().await {
+        let failed = match sent.reply().await {
             Ok(r) => {
                 if let Some(i) = r.inode {
                     *file.inode.lock() = i;
                 }
                 file.size_gen.store(r.size_gen, Ordering::SeqCst);
+                return;
             }
-            // A truncate came in between: published again as a close does, up to what the
-            // objects hold (a failure is kept by the queue for `fsync`).
+            // A truncate came in between, or the file is gone (unlinked while this handle was
+            // open): published again as a close does, up to what the objects hold.
             Err(e) if e.is(FsErrorKind::Stale) => {
                 file.unpublished.store(true, Ordering::SeqCst);
-                if let Err(e) = file.publish_size().await {
-                    tracing::warn!(%fid, error = %e, "a size published behind its close failed");
+                match file.publish_size().await {
+                    Ok(()) => return,
+                    Err(e) if e.is(FsErrorKind::Stale) => {
+                        // Gone: no one can open it again, so nothing is lost to anyone.
+                        file.unpublished.store(false, Ordering::SeqCst);
+                        tracing::debug!(%fid, "a file closed behind was removed meanwhile");
+                        return;
+                    }
+                    Err(e) => e,
                 }
             }
-            Err(_) => {}
-        }
+            Err(e) => e,
+        };
+        tracing::warn!(%fid, error = %failed, "a size published behind its close failed");
+        inner.pending.failed(crate::pending::Failed {
+            dir: Some(dir),
+            fid: Some(fid),
+            kind: failed.kind(),
+            what: failed.to_string(),
+        });
     }
 }
 

@@ -120,6 +120,8 @@ struct Queued {
     named: Option<(Fid, Vec<u8>)>,
     fid: Option<Fid>,
     done: Option<watch::Sender<Option<Outcome>>>,
+    /// Its failure is for whoever waits on it to report, not kept for `fsync`.
+    quiet: bool,
 }
 
 /// A change that failed after it was answered.
@@ -217,6 +219,22 @@ impl Pending {
 
     /// Queues `op`; `named` is what the cache already shows of it, undone if it fails.
     pub fn push(&self, op: BatchOp, named: Option<(Fid, Vec<u8>)>, fid: Option<Fid>) -> Sent {
+        self.push_as(op, named, fid, false)
+    }
+
+    /// As [`Pending::push`]; a failure of `op` is left to whoever waits for its answer, which
+    /// decides whether it is one to keep for `fsync`.
+    pub fn push_quiet(&self, op: BatchOp, fid: Fid) -> Sent {
+        self.push_as(op, None, Some(fid), true)
+    }
+
+    fn push_as(
+        &self,
+        op: BatchOp,
+        named: Option<(Fid, Vec<u8>)>,
+        fid: Option<Fid>,
+        quiet: bool,
+    ) -> Sent {
         let (tx, rx) = watch::channel(None);
         let (seq, len) = {
             let mut q = self.queue.lock();
@@ -232,6 +250,7 @@ impl Pending {
                 named,
                 fid,
                 done: Some(tx),
+                quiet,
             });
             (seq, q.len())
         };
@@ -431,12 +450,14 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
                 if let Some((dir, name)) = &q.named {
                     inner.leases.undo(*dir, name);
                 }
-                inner.pending.failed(Failed {
-                    dir: q.named.as_ref().map(|(d, _)| *d),
-                    fid: q.fid,
-                    kind,
-                    what: what.clone(),
-                });
+                if !q.quiet {
+                    inner.pending.failed(Failed {
+                        dir: q.named.as_ref().map(|(d, _)| *d),
+                        fid: q.fid,
+                        kind,
+                        what: what.clone(),
+                    });
+                }
                 Err((kind, what))
             }
         };

@@ -424,6 +424,14 @@ fn small_files_closed_behind_show_whole_at_once_and_their_failures_wait_for_fsyn
         }
     }
 
+    // A file removed while open: its close behind has no one to publish to, and the next
+    // fsync (of another file) reports nothing.
+    let mut gone = fs::File::create(a.join("d/gone")).unwrap();
+    fs::remove_file(a.join("d/gone")).unwrap();
+    gone.write_all(b"bytes").unwrap();
+    drop(gone);
+    fs::File::open(a.join("d/f0")).unwrap().sync_all().unwrap();
+
     // The storage server goes away after a file's create was answered and before its bytes
     // were sent: the close still returns at once, the directory's fsync reports the loss, and
     // the file shows empty rather than as zeros.
