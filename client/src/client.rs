@@ -841,9 +841,7 @@ impl Client {
 
     /// Waits until no close of `fid` is finishing behind its caller ([`crate::closing`]).
     pub async fn after_closing(&self, fid: Fid) {
-        if self.inner.closings.busy(fid) {
-            self.inner.closings.file(fid).await;
-        }
+        self.inner.closings.file(fid).await;
     }
 
     /// Waits until every close begun behind its caller so far has finished

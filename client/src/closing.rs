@@ -99,8 +99,7 @@ impl Closings {
 
     /// Whether a close of `fid` is finishing behind.
     pub fn busy(&self, fid: Fid) -> bool {
-        let s = self.state.lock();
-        !s.files.is_empty() && s.files.contains_key(&fid)
+        self.state.lock().files.contains_key(&fid)
     }
 
     /// A close behind queued its size as change `seq` ([`crate::pending`]).

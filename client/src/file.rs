@@ -2324,16 +2324,20 @@ impl Behind {
         let Behind { closing, file, dir } = self;
         let inner = &file.client.inner;
         let fid = file.fid();
+        // Kept for the next fsync of the file or its directory, or sync.
+        let keep = |e: &ClientError| {
+            inner.pending.failed(crate::pending::Failed {
+                dir: Some(dir),
+                fid: Some(fid),
+                kind: e.kind(),
+                what: e.to_string(),
+            })
+        };
         let sent = match landed {
             Ok(()) => file.publish_queued().await,
             Err(e) => {
                 file.unpublished.store(false, Ordering::SeqCst);
-                inner.pending.failed(crate::pending::Failed {
-                    dir: Some(dir),
-                    fid: Some(fid),
-                    kind: e.kind(),
-                    what: e.to_string(),
-                });
+                keep(&e);
                 None
             }
         };
@@ -2371,12 +2375,7 @@ impl Behind {
             Err(e) => e,
         };
         tracing::warn!(%fid, error = %failed, "a size published behind its close failed");
-        inner.pending.failed(crate::pending::Failed {
-            dir: Some(dir),
-            fid: Some(fid),
-            kind: failed.kind(),
-            what: failed.to_string(),
-        });
+        keep(&failed);
     }
 }
 
