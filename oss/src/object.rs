@@ -447,6 +447,10 @@ impl Object {
         let len = len.min(size - offset);
         let (b0, b1) = (offset / BLOCK, (offset + len).div_ceil(BLOCK));
         let _blocks = self.blocks.lock(b0, b1, false).await;
+        // The checksums come from the page cache; where they are not there, the disk reads
+        // them while it reads the data, instead of after.
+        self.engine
+            .will_need(&self.meta, META_HEADER + b0 * ENTRY, (b1 - b0) * ENTRY);
         let buf = self
             .pread(&self.data, b0 * BLOCK, (b1 - b0) * BLOCK)
             .await?;

@@ -131,6 +131,14 @@ pub trait Engine: Send + Sync + 'static {
     fn write_inline(&self, f: &FileHandle, offset: u64, buf: &[u8]) -> io::Result<()> {
         os::write_inline(f, offset, buf)
     }
+    /// Starts bringing a range of a buffered file into the page cache without waiting for
+    /// it, so that a `read_inline` soon after finds it there or on its way. Only a hint:
+    /// nothing happens where the engine keeps no page cache.
+    fn will_need(&self, f: &FileHandle, offset: u64, len: u64) {
+        if let Ok(file) = os_file(f) {
+            os::will_need(file, offset, len);
+        }
+    }
     /// Whether a data file's small, aligned I/Os may go through `*_inline` on the calling
     /// thread too (an engine that models a device's pace says no).
     fn data_inline(&self) -> bool {
@@ -282,6 +290,19 @@ pub(crate) mod os {
             // Filesystems without fallocate: the write itself will report a full disk.
             _ if io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
             _ => Err(io::Error::last_os_error()),
+        }
+    }
+
+    pub fn will_need(file: &File, offset: u64, len: u64) {
+        // SAFETY: a plain system call on a descriptor this file owns; it reads no memory of
+        // ours. Its outcome is a hint's: ignored.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
         }
     }
 
