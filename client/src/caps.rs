@@ -24,6 +24,10 @@ pub(crate) struct Caps {
     /// The grant, and how long before its expiry it is renewed.
     grant: Mutex<(Grant, u64)>,
     renewing: tokio::sync::Mutex<()>,
+    /// Renewed by opening again under `handle`; false for a grant borrowed from an earlier
+    /// open (a read begun before its own open is counted, see `crate::early`): no handle of
+    /// its own to renew under, so an expired one is an error.
+    renewable: bool,
 }
 
 /// How long before its expiry a grant is renewed: a quarter of its lifetime, at most
@@ -47,7 +51,24 @@ impl Caps {
             creds,
             grant: Mutex::new((grant.clone(), margin(&grant))),
             renewing: tokio::sync::Mutex::new(()),
+            renewable: true,
         }
+    }
+
+    /// Capabilities borrowed from an earlier open's grant, never renewed.
+    pub(crate) fn borrowed(fid: Fid, handle: OpenHandle, creds: Creds, grant: Grant) -> Caps {
+        Caps {
+            renewable: false,
+            ..Caps::new(fid, handle, creds, grant)
+        }
+    }
+
+    pub(crate) fn handle(&self) -> OpenHandle {
+        self.handle
+    }
+
+    pub(crate) fn creds(&self) -> &Creds {
+        &self.creds
     }
 
     /// Takes the grant an answer brought.
@@ -71,6 +92,12 @@ impl Caps {
         if let Some(c) = self.fresh(target, object) {
             return Ok(c);
         }
+        if !self.renewable {
+            return Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("a borrowed capability for {} is too old", self.fid),
+            ));
+        }
         let opened = client
             .rpc(
                 &client.inner.mds.clone(),
@@ -83,6 +110,10 @@ impl Caps {
                 },
             )
             .await?;
+        client
+            .inner
+            .grants
+            .remember(self.fid, &self.creds, &opened.grant);
         let m = margin(&opened.grant);
         *self.grant.lock() = (opened.grant, m);
         self.fresh(target, object).ok_or_else(|| {

@@ -150,6 +150,8 @@ pub(crate) struct Inner {
     pub(crate) pending: crate::pending::Pending,
     /// Closes finishing behind their callers.
     pub(crate) closings: Arc<crate::closing::Closings>,
+    /// The grants this client's opens were given, lent to reads begun before their open.
+    pub(crate) grants: crate::early::Grants,
 }
 
 impl Inner {
@@ -238,6 +240,7 @@ impl Client {
                 leases: Default::default(),
                 pending: Default::default(),
                 closings: Default::default(),
+                grants: Default::default(),
             }),
             creds,
         };

@@ -389,6 +389,10 @@ impl OpenOptions {
             Some(c) => c,
             None => Self::count_open(client, inode.fid, path).await?,
         };
+        client
+            .inner
+            .grants
+            .remember(inode.fid, client.creds(), &grant);
         let caps = Arc::new(Caps::new(inode.fid, handle, client.creds().clone(), grant));
         // The MDS decides with the identity it maps this client's to (root squashed on an
         // untrusted node): an access it did not grant is refused here, at the open.
@@ -488,6 +492,32 @@ impl std::fmt::Debug for File {
 }
 
 impl File {
+    /// A view of a file for reading under capabilities borrowed from an earlier open, before
+    /// (or without) an open of its own ([`crate::early`]): the MDS counts no handle for it, so
+    /// there is nothing to close.
+    pub(crate) fn borrowed(client: &Client, inode: Inode, caps: Caps) -> File {
+        let handle = caps.handle();
+        File {
+            client: client.clone(),
+            inode: Mutex::new(inode),
+            caps: Arc::new(caps),
+            handle,
+            size_gen: AtomicU64::new(0),
+            append: false,
+            writable: false,
+            written_to: AtomicU64::new(0),
+            closed: AtomicBool::new(true),
+            unpublished: AtomicBool::new(false),
+            ahead: None,
+            created_in: None,
+            recalls_at_create: 0,
+            behind: AtomicBool::new(false),
+            ready: AtomicBool::new(true),
+            taking_in: Mutex::new(()),
+            mdt: Mutex::new(None),
+        }
+    }
+
     /// The client this file was opened through (to register memory for it, say).
     pub fn client(&self) -> &Client {
         &self.client
@@ -560,6 +590,11 @@ impl File {
         *self.inode.lock() = inode;
         self.size_gen.store(reply.size_gen, Ordering::SeqCst);
         if let Some(g) = reply.grant {
+            let fid = self.inode.lock().fid;
+            self.client
+                .inner
+                .grants
+                .remember(fid, self.caps.creds(), &g);
             self.caps.set(g);
         }
         self.ready.store(true, Ordering::SeqCst);

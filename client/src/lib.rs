@@ -15,6 +15,7 @@ pub mod blocking;
 mod caps;
 pub mod client;
 mod closing;
+pub mod early;
 pub mod error;
 pub mod file;
 pub mod gpu;
@@ -29,6 +30,7 @@ mod unstable;
 pub mod writebehind;
 
 pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
+pub use early::EarlyRead;
 pub use error::{ClientError, Result};
 pub use file::{Behind, Chunk, File, OpenOptions, Reader, Writer};
 pub use readahead::{Access, Readahead};

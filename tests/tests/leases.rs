@@ -116,6 +116,77 @@ async fn a_change_by_another_client_recalls_the_lease_and_shows_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_begun_before_its_open_counts_only_if_the_open_finds_the_same_file() {
+    let (root, mds, _oss) = cluster("leases-early");
+    let a = connect(&mds.nid).await;
+    let b = connect(&mds.nid).await;
+    a.mkdir("/d", 0o755).await.unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(&a, "/d/f")
+        .await
+        .unwrap();
+    f.write_at(0, &[1u8; 5000]).await.unwrap();
+    f.close().await.unwrap();
+    leased(&a, "/d/f").await;
+    let fid = a.stat("/d/f").await.unwrap().fid;
+    assert!(
+        b.read_early(fid, 65536).is_none(),
+        "a client that holds neither the lease nor a grant reads nothing early"
+    );
+
+    // Nothing changed between: the bytes read early are the file's.
+    let early = a
+        .read_early(fid, 65536)
+        .expect("leased, and granted at the create: read early");
+    let opened = OpenOptions::new()
+        .read(true)
+        .open(&a, "/d/f")
+        .await
+        .unwrap();
+    let got = early.take(&opened.inode()).await.expect("the same file");
+    assert_eq!(&got[..], &[1u8; 5000][..]);
+    opened.close().await.unwrap();
+    assert!(
+        a.read_early(fid, 4096).is_none(),
+        "a file larger than asked for is not read early"
+    );
+
+    // Another client rewrites the same bytes between the read and the open: the read has the
+    // old ones, and the open finds another file.
+    for round in 0..3u8 {
+        leased(&a, "/d/f").await;
+        let early = a.read_early(fid, 65536).expect("read early");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let g = OpenOptions::new()
+            .write(true)
+            .open(&b, "/d/f")
+            .await
+            .unwrap();
+        g.write_at(0, &[round + 2; 5000]).await.unwrap();
+        g.close().await.unwrap();
+        let opened = OpenOptions::new()
+            .read(true)
+            .open(&a, "/d/f")
+            .await
+            .unwrap();
+        assert!(
+            early.take(&opened.inode()).await.is_none(),
+            "round {round}: bytes read before another client's change were used"
+        );
+        let mut buf = vec![0u8; 5000];
+        assert_eq!(opened.read_at(0, &mut buf).await.unwrap(), 5000);
+        assert!(buf.iter().all(|&x| x == round + 2), "round {round}");
+        opened.close().await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for_a_term_at_most() {
     let (root, mds, _oss) = cluster("leases-deaf");
     let b = connect(&mds.nid).await;

@@ -848,6 +848,12 @@ impl Filesystem for LodeFs {
             // The write-back cache reads the rest of a page a write covers in part, through
             // whichever handle wrote: a write-only open reads too where the caller may.
             let fid = fid_of(ino);
+            // A small file to be read whose pages the kernel will not keep: its bytes are on
+            // their way while the MDS counts the open, where the client can read them early.
+            let mut early =
+                (acc == libc::O_RDONLY && !direct && !pages.keep(fid, c.holds_lease(fid)))
+                    .then(|| streams.read_early(&c, fid))
+                    .flatten();
             let mut opened = opts(acc != libc::O_WRONLY || writeback)
                 .open_fid(&c, fid)
                 .await;
@@ -891,10 +897,17 @@ impl Filesystem for LodeFs {
                     let on_mds = i.layout.as_ref().is_some_and(|l| l.mdt_end().is_some());
                     if acc == libc::O_RDONLY && !direct && !keep && small && !on_mds {
                         let window = windows.lock().entry(fh).or_default().clone();
-                        streams.read_first(&f, &window);
+                        streams.read_first(&f, &window, early);
+                    } else if early.take().is_some() {
+                        streams.forget_unused(fid);
                     }
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => {
+                    reply.error(errno(&e));
+                    if early.take().is_some() {
+                        streams.forget_unused(fid);
+                    }
+                }
             }
         });
     }

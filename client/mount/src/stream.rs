@@ -116,6 +116,14 @@ impl Behind {
 /// Writes in flight per file before a new one waits.
 const MAX_BEHIND: usize = 16;
 
+/// A read of a small file begun before its open was answered ([`Streams::read_early`]), with
+/// the file's write epoch when it began.
+pub struct Early {
+    per: Arc<PerFile>,
+    epoch: u64,
+    read: client::EarlyRead,
+}
+
 /// The state of one file across the handles of this mount.
 #[derive(Default)]
 struct PerFile {
@@ -403,19 +411,75 @@ impl Streams {
         }
     }
 
+    /// Begins reading a small file of `client`'s caller before its open is answered, where
+    /// the client can ([`client::early`]); the file's write epoch is taken first, so that a
+    /// write through this mount meanwhile leaves the bytes unused.
+    pub fn read_early(&self, client: &client::Client, fid: Fid) -> Option<Early> {
+        let (per, fresh) = {
+            let mut files = self.files.lock();
+            match files.get(&fid) {
+                Some(p) => (p.clone(), false),
+                None => {
+                    let p = Arc::<PerFile>::default();
+                    files.insert(fid, p.clone());
+                    (p, true)
+                }
+            }
+        };
+        let epoch = per.epoch.load(Ordering::SeqCst);
+        match client.read_early(fid, FIRST) {
+            Some(read) => Some(Early { per, epoch, read }),
+            None => {
+                drop(per);
+                if fresh {
+                    self.forget_unused(fid);
+                }
+                None
+            }
+        }
+    }
+
+    /// Forgets the entry of `fid` if nothing holds it (a read begun early for an open that
+    /// failed or went without reading).
+    pub fn forget_unused(&self, fid: Fid) {
+        let mut files = self.files.lock();
+        if files.get(&fid).is_some_and(|p| Arc::strong_count(p) == 1) {
+            files.remove(&fid);
+        }
+    }
+
     /// Starts reading the first [`FIRST`] bytes of `file` for the first read of the handle
     /// whose window is `ahead`: a small file opened to be read has its read on the way while
-    /// the open's answer goes back to the caller, instead of after the caller asks. It is the
-    /// read the caller's would have made (from the attributes of the open), and is not used
-    /// once anything wrote to the file through this mount.
-    pub fn read_first(&self, file: &Arc<File>, ahead: &tokio::sync::Mutex<Ahead>) {
-        let per = self.of(file.fid());
-        let epoch = per.epoch.load(Ordering::SeqCst);
+    /// the open's answer goes back to the caller, instead of after the caller asks (or since
+    /// before the open was sent: `early`). It is the read the caller's would have made (from
+    /// the attributes of the open), and is not used once anything wrote to the file through
+    /// this mount.
+    pub fn read_first(
+        &self,
+        file: &Arc<File>,
+        ahead: &tokio::sync::Mutex<Ahead>,
+        early: Option<Early>,
+    ) {
+        let (per, epoch, early) = match early {
+            Some(e) => (e.per, e.epoch, Some(e.read)),
+            None => {
+                let per = self.of(file.fid());
+                let epoch = per.epoch.load(Ordering::SeqCst);
+                (per, epoch, None)
+            }
+        };
         let Ok(mut a) = ahead.try_lock() else {
             return;
         };
         let f = file.clone();
-        let read = lnet::job::spawn(async move { f.read_chunk(0, FIRST as usize).await });
+        let read = lnet::job::spawn(async move {
+            if let Some(early) = early {
+                if let Some(chunk) = early.take(&f.inode()).await {
+                    return Ok(chunk);
+                }
+            }
+            f.read_chunk(0, FIRST as usize).await
+        });
         a.first = Some((per, epoch, Pending::Reading(read)));
     }
 
