@@ -352,14 +352,15 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     let _ = fs::remove_dir_all(&root);
 }
 
-/// Without `default_permissions` the daemon checks every call as its caller: a directory root
+/// With `no_default_permissions` the daemon checks every call as its caller: a directory root
 /// listed (so that its lease is held and the kernel caches the listing) still cannot be listed
 /// by a user who may not read it, from the daemon's cache or the kernel's, while its entries
 /// stay reachable by name; once the mode allows it, the same user lists it.
 #[test]
 fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
     use std::os::unix::process::CommandExt;
-    let Some((mnt, _mds, _oss, mount, _unmount)) = one_server_mount("dir-perm", "allow_other")
+    let Some((mnt, _mds, _oss, mount, _unmount)) =
+        one_server_mount("dir-perm", "allow_other,no_default_permissions")
     else {
         return;
     };
@@ -390,6 +391,117 @@ fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
     fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
     let ls = as_nobody("ls", &d);
     assert!(ls.status.success() && String::from_utf8_lossy(&ls.stdout).contains("secret"));
+    assert!(mount.terminate().success());
+}
+
+/// By default the kernel checks permissions too, and opens directories without asking the
+/// daemon: names it cached for root are not reached by a user who may not search their
+/// directory, a directory that user may not read is not listed from the kernel's cache, and a
+/// listing read while other entries come and go shows every entry that stays exactly once.
+#[test]
+fn the_kernel_checks_cached_names_and_lists_directories_it_opened_alone() {
+    use std::os::unix::process::CommandExt;
+    let Some((mnt, _mds, _oss, mount, _unmount)) = one_server_mount("kernel-checks", "allow_other")
+    else {
+        return;
+    };
+    let as_nobody = |cmd: &str, arg: &Path| {
+        std::process::Command::new(cmd)
+            .arg(arg)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let closed = mnt.join("closed");
+    fs::create_dir(&closed).unwrap();
+    fs::write(closed.join("secret"), b"x").unwrap();
+    fs::set_permissions(closed.join("secret"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).unwrap();
+    let hidden = mnt.join("hidden");
+    fs::create_dir(&hidden).unwrap();
+    fs::write(hidden.join("known"), b"y").unwrap();
+    fs::set_permissions(&hidden, fs::Permissions::from_mode(0o711)).unwrap();
+    for _ in 0..3 {
+        // Cached in the kernel for root: the names, their attributes, the listings.
+        assert_eq!(fs::read(closed.join("secret")).unwrap(), b"x");
+        assert_eq!(fs::read_dir(&closed).unwrap().count(), 1);
+        assert_eq!(fs::read_dir(&hidden).unwrap().count(), 1);
+        for what in ["stat", "cat"] {
+            let out = as_nobody(what, &closed.join("secret"));
+            assert!(
+                !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("ermission"),
+                "{what} reached a name in a directory its caller may not search: {out:?}"
+            );
+        }
+        let ls = as_nobody("ls", &hidden);
+        assert!(
+            !ls.status.success() && String::from_utf8_lossy(&ls.stderr).contains("ermission"),
+            "listed by a user who may not read it: {ls:?}"
+        );
+        let cat = as_nobody("cat", &hidden.join("known"));
+        assert!(cat.status.success() && cat.stdout == b"y", "{cat:?}");
+    }
+    fs::set_permissions(&hidden, fs::Permissions::from_mode(0o755)).unwrap();
+    let ls = as_nobody("ls", &hidden);
+    assert!(ls.status.success() && String::from_utf8_lossy(&ls.stdout).contains("known"));
+
+    // Listings read over many requests while another process adds and removes other names.
+    let d = mnt.join("many");
+    fs::create_dir(&d).unwrap();
+    let stay: std::collections::BTreeSet<String> = (0..3000)
+        .map(|i| format!("stays-with-a-long-name-{i:05}"))
+        .collect();
+    for n in &stay {
+        fs::File::create(d.join(n)).unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = d.join(format!("comes-and-goes-{}", i % 50));
+                if i % 100 < 50 {
+                    fs::File::create(&p).unwrap();
+                } else {
+                    let _ = fs::remove_file(&p);
+                }
+                i += 1;
+            }
+        })
+    };
+    for round in 0..20 {
+        let mut seen = std::collections::BTreeMap::<String, u32>::new();
+        for e in fs::read_dir(&d).unwrap() {
+            *seen
+                .entry(e.unwrap().file_name().into_string().unwrap())
+                .or_default() += 1;
+        }
+        for n in &stay {
+            assert_eq!(
+                seen.get(n),
+                Some(&1),
+                "round {round}: {n} listed other than once"
+            );
+        }
+        assert!(
+            seen.keys()
+                .all(|n| stay.contains(n) || n.starts_with("comes-and-goes-")),
+            "round {round}: a name never made"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    fs::File::create(d.join("last")).unwrap();
+    assert_eq!(
+        fs::read_dir(&d)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name() == "last")
+            .count(),
+        1,
+        "a name made through the mount shows in its next listing"
+    );
     assert!(mount.terminate().success());
 }
 

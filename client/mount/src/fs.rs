@@ -3,8 +3,9 @@
 //! Each kernel request is answered by a task on the client's runtime, so many run at once;
 //! replies carry the attributes the MDS returned, so the kernel's cache is fresh after every
 //! change made through this mount. Inode numbers map one to one to FIDs (the root is 1; an
-//! inode `[0x200000400:n:0]` is `n + 1`). Permissions are checked by the MDS with the calling
-//! process's uid and gid (and by the kernel too with `-o default_permissions`).
+//! inode `[0x200000400:n:0]` is `n + 1`). Permissions are checked by the kernel
+//! (`default_permissions`, unless the mount says `no_default_permissions`) and by the MDS with
+//! the calling process's uid and gid; where the kernel checks, it opens directories alone.
 
 use proto::FsErrorKind;
 use std::collections::HashMap;
@@ -30,9 +31,7 @@ use client::ClientError;
 use client::{Client, ROOT};
 use client::{File, OpenOptions};
 
-/// A directory's entries as its handle's first read saw them, with their attributes where
-/// known.
-type Listing = Vec<(DirEntry, Option<Inode>)>;
+use crate::listings::{cookie, resume, Listing, Listings};
 
 /// An open directory: whose it is and for whom, and its listing once a read asked for it
 /// (an open the kernel answers from its own cache of the listing never does).
@@ -58,6 +57,19 @@ async fn listing(
         }
         (h.fid, h.caller.clone())
     };
+    let listing = read_listing(&c, fid, &parents).await?;
+    if let Some(h) = dirs.lock().get_mut(&fh) {
+        h.listing = Some(listing.clone());
+    }
+    Ok(listing)
+}
+
+/// Reads the listing of directory `fid` for caller `c`: `.`, `..` and the entries.
+async fn read_listing(
+    c: &Client,
+    fid: proto::Fid,
+    parents: &crate::pages::Parents,
+) -> Result<Arc<Listing>, Errno> {
     let read = async {
         let dir = c.getattr(fid).await?;
         if dir.kind != Kind::Dir {
@@ -92,11 +104,29 @@ async fn listing(
         );
         Ok::<_, ClientError>(Arc::new(all))
     };
-    let listing = read.await.map_err(|e| errno(&e))?;
-    if let Some(h) = dirs.lock().get_mut(&fh) {
-        h.listing = Some(listing.clone());
+    read.await.map_err(|e| errno(&e))
+}
+
+/// The listing a read of directory `dir` from `offset` goes on in, with the number it is kept
+/// under, and the entry to start at (see [`crate::listings`]): for a kernel that opens
+/// directories without asking.
+async fn unopened_listing(
+    c: Client,
+    dir: proto::Fid,
+    offset: u64,
+    parents: Arc<crate::pages::Parents>,
+    listings: Arc<Listings>,
+) -> Result<(u32, Arc<Listing>, usize), Errno> {
+    let from = resume(offset);
+    if let Some((id, i)) = from {
+        if let Some(l) = listings.get(dir, id) {
+            return Ok((id, l, i));
+        }
+        tracing::debug!(%dir, offset, "a listing read on from an offset is no longer kept; reading it again");
     }
-    Ok(listing)
+    let l = read_listing(&c, dir, &parents).await?;
+    let id = listings.keep(dir, l.clone());
+    Ok((id, l, from.map_or(0, |(_, i)| i)))
 }
 
 /// The mounted filesystem.
@@ -106,6 +136,11 @@ pub struct LodeFs {
     files: Arc<Mutex<HashMap<u64, Arc<File>>>>,
     /// Open directories.
     dirs: Arc<Mutex<HashMap<u64, DirHandle>>>,
+    /// The kernel checks permissions itself (`default_permissions`): it opens directories
+    /// without asking, and lists them through [`Listings`].
+    kernel_checks: bool,
+    /// Listings read for directories the kernel opened without asking.
+    listings: Arc<Listings>,
     /// Tells the kernel to drop what it caches; set once the session is up.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Write-behind and readahead behind the kernel's one-at-a-time requests.
@@ -250,6 +285,8 @@ impl LodeFs {
             rt,
             files: Arc::default(),
             dirs: Arc::default(),
+            kernel_checks: false,
+            listings: Arc::default(),
             notifier,
             streams: Arc::new(Streams::new(readahead_bytes)),
             windows: Arc::default(),
@@ -278,6 +315,13 @@ impl LodeFs {
     /// Serves requests over FUSE rings when the kernel offers them (see `session::uring`).
     pub fn with_uring(mut self, uring: bool) -> LodeFs {
         self.uring = uring;
+        self
+    }
+
+    /// Whether the kernel checks permissions itself (mounted with `default_permissions`): it
+    /// then opens directories without asking the daemon.
+    pub fn with_kernel_checks(mut self, on: bool) -> LodeFs {
+        self.kernel_checks = on;
         self
     }
 
@@ -1229,6 +1273,15 @@ impl Filesystem for LodeFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.begin("opendir", req);
+        if self.kernel_checks {
+            // Where the kernel checks permissions, an open directory needs nothing of the
+            // daemon: this answer has the kernel open directories without asking from now on
+            // (no opendir, no releasedir), keep what it lists in its cache of the directory
+            // (reset by the lease cache's drops and by the directory's mtime), and list it
+            // through `Listings`.
+            tracing::info!("directories open in the kernel alone; the kernel checks permissions");
+            return reply.error(Errno::ENOSYS);
+        }
         let c = self.as_caller(req);
         let dirs = self.dirs.clone();
         let parents = self.parents.clone();
@@ -1286,6 +1339,28 @@ impl Filesystem for LodeFs {
         mut reply: ReplyDirectory,
     ) {
         self.begin("readdir", req);
+        if fh.0 == 0 {
+            let unopened = unopened_listing(
+                self.as_caller(req),
+                fid_of(_ino),
+                offset,
+                self.parents.clone(),
+                self.listings.clone(),
+            );
+            return self.inline(async move {
+                let (id, entries, from) = match unopened.await {
+                    Ok(x) => x,
+                    Err(e) => return reply.error(e),
+                };
+                for (i, (e, _)) in entries.iter().enumerate().skip(from) {
+                    let name = OsStr::from_bytes(&e.name);
+                    if reply.add(ino_of(e.fid), cookie(id, i), kind(e.kind), name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            });
+        }
         let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
         self.inline(async move {
             let entries = match listing.await {
@@ -1315,19 +1390,37 @@ impl Filesystem for LodeFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.begin("readdirplus", req);
-        let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
         let files = self.files.clone();
+        type Read = std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<(Option<u32>, Arc<Listing>, usize), Errno>>
+                    + Send,
+            >,
+        >;
+        let read: Read = if fh.0 == 0 {
+            let unopened = unopened_listing(
+                self.as_caller(req),
+                fid_of(_ino),
+                offset,
+                self.parents.clone(),
+                self.listings.clone(),
+            );
+            Box::pin(async move { unopened.await.map(|(id, l, from)| (Some(id), l, from)) })
+        } else {
+            let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
+            Box::pin(async move { listing.await.map(|l| (None, l, offset as usize)) })
+        };
         self.inline(async move {
-            let entries = match listing.await {
-                Ok(l) => l,
+            let (id, entries, from) = match read.await {
+                Ok(x) => x,
                 Err(e) => return reply.error(e),
             };
-            for (i, (e, a)) in entries.iter().enumerate().skip(offset as usize) {
+            for (i, (e, a)) in entries.iter().enumerate().skip(from) {
                 // Entries come with the attributes read in the same round trip as the listing.
                 let Some(a) = a else { continue };
                 let full = reply.add(
                     ino_of(e.fid),
-                    i as u64 + 1,
+                    id.map_or(i as u64 + 1, |id| cookie(id, i)),
                     OsStr::from_bytes(&e.name),
                     &TTL,
                     &attr(a, Self::size_of(&files, a)),

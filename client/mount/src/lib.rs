@@ -13,6 +13,7 @@
 pub mod fs;
 mod invalidate;
 mod kernel;
+mod listings;
 pub mod metrics;
 mod pages;
 pub mod session;

@@ -13,8 +13,8 @@ use crate::fs::LodeFs;
 
 /// The mount options `lode mount -o` takes.
 pub const OPTIONS: &str =
-    "allow_other, allow_root, default_permissions, ro, rw, readahead_kb=N, readahead_memory_mb=N, \
-     writeback, no_writeback, uring, no_uring";
+    "allow_other, allow_root, default_permissions, no_default_permissions, ro, rw, readahead_kb=N, \
+     readahead_memory_mb=N, writeback, no_writeback, uring, no_uring";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
 /// keep every stripe of a file busy from the page cache's sequential reads.
@@ -97,6 +97,18 @@ pub fn writeback(opts: Option<&str>) -> bool {
     })
 }
 
+/// Whether `opts` leave the kernel checking permissions (`default_permissions`, the default;
+/// `no_default_permissions` leaves every check to the daemon and the MDS, which then never see
+/// the lookups the kernel answers from its cache: a name cached for one user is found by
+/// another who may not search its directory).
+pub fn kernel_checks(opts: Option<&str>) -> bool {
+    opts.unwrap_or("").split(',').fold(true, |on, o| match o {
+        "default_permissions" => true,
+        "no_default_permissions" => false,
+        _ => on,
+    })
+}
+
 /// Whether `opts` leave FUSE over io_uring on (`uring`, the default; `no_uring` keeps every
 /// request on /dev/fuse).
 pub fn uring(opts: Option<&str>) -> bool {
@@ -145,15 +157,22 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
                 cfg.acl = fuser::SessionACL::RootAndOwner;
                 continue;
             }
-            "default_permissions" => MountOption::DefaultPermissions,
             "ro" => MountOption::RO,
             "rw" => MountOption::RW,
-            "writeback" | "no_writeback" | "uring" | "no_uring" => continue,
+            "default_permissions"
+            | "no_default_permissions"
+            | "writeback"
+            | "no_writeback"
+            | "uring"
+            | "no_uring" => continue,
             o if o.starts_with("readahead_kb=") || o.starts_with("readahead_memory_mb=") => {
                 continue
             }
             other => return Err(MountError::UnknownOption(other.to_owned())),
         });
+    }
+    if kernel_checks(opts) {
+        out.push(MountOption::DefaultPermissions);
     }
     cfg.mount_options = out;
     Ok(cfg)
@@ -191,9 +210,16 @@ pub async fn serve(
         readahead_memory(opts)?,
     )
     .with_uring(uring(opts))
+    .with_kernel_checks(kernel_checks(opts))
     .with_metrics(metrics);
     if uring(opts) {
         allow_uring();
+    }
+    if !kernel_checks(opts) {
+        tracing::warn!(
+            "mounted with no_default_permissions: the kernel checks no permissions, and names it \
+             caches are found without a check of their directories' search permission"
+        );
     }
     let notifier = fs.notifier_slot();
     let releasing = fs.releasing();

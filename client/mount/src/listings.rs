@@ -1,0 +1,168 @@
+//! Directory listings read for the kernel where it opens directories without asking the
+//! daemon (the kernel checks permissions itself, `default_permissions`): a listing read over
+//! several requests goes on in the one its first request read. Each listing read from its
+//! start is kept under a number, and the offset the kernel gets back with each entry names
+//! the listing and the entry (`(number << 32) | (index + 1)`), so a read that goes on from an
+//! offset continues in the same listing whatever changed in the directory since, as a read
+//! through one open handle does. The kernel keeps what it read in its own cache of the
+//! directory, which the lease cache's drops and its own checks of the directory's mtime reset.
+//!
+//! At most [`MAX_KEPT`] listings of at most [`MAX_KEPT_ENTRIES`] entries together are kept;
+//! the oldest go first. A read that goes on in a listing no longer kept reads the directory
+//! again and goes on from the same index in it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use proto::md::{DirEntry, Inode};
+use proto::Fid;
+
+/// A directory's entries (`.` and `..` first), with their attributes where known.
+pub(crate) type Listing = Vec<(DirEntry, Option<Inode>)>;
+
+/// Most listings kept at once.
+pub(crate) const MAX_KEPT: usize = 256;
+/// Most entries over all the listings kept.
+pub(crate) const MAX_KEPT_ENTRIES: usize = 1 << 20;
+/// Listing numbers stay below this, so that every offset is a positive `loff_t`.
+const MAX_ID: u32 = 0x7fff_ffff;
+
+#[derive(Default)]
+struct Kept {
+    last: u32,
+    by_id: HashMap<u32, (Fid, Arc<Listing>)>,
+    /// Numbers, oldest first.
+    order: VecDeque<u32>,
+    entries: usize,
+}
+
+pub(crate) struct Listings {
+    kept: Mutex<Kept>,
+    max_kept: usize,
+    max_entries: usize,
+}
+
+impl Default for Listings {
+    fn default() -> Self {
+        Listings::within(MAX_KEPT, MAX_KEPT_ENTRIES)
+    }
+}
+
+impl Listings {
+    /// Keeping at most `max_kept` listings of at most `max_entries` entries together.
+    pub(crate) fn within(max_kept: usize, max_entries: usize) -> Listings {
+        Listings {
+            kept: Mutex::default(),
+            max_kept,
+            max_entries,
+        }
+    }
+
+    /// Keeps `listing` of `dir`; its number.
+    pub(crate) fn keep(&self, dir: Fid, listing: Arc<Listing>) -> u32 {
+        let mut k = self.kept.lock();
+        while !k.order.is_empty()
+            && (k.order.len() >= self.max_kept || k.entries + listing.len() > self.max_entries)
+        {
+            if let Some(old) = k.order.pop_front() {
+                if let Some((_, l)) = k.by_id.remove(&old) {
+                    k.entries -= l.len();
+                }
+            }
+        }
+        k.last = if k.last >= MAX_ID { 1 } else { k.last + 1 };
+        let id = k.last;
+        k.entries += listing.len();
+        k.order.push_back(id);
+        k.by_id.insert(id, (dir, listing));
+        id
+    }
+
+    /// Listing `id` of `dir`, while it is kept.
+    pub(crate) fn get(&self, dir: Fid, id: u32) -> Option<Arc<Listing>> {
+        let k = self.kept.lock();
+        k.by_id
+            .get(&id)
+            .filter(|(d, _)| *d == dir)
+            .map(|(_, l)| l.clone())
+    }
+}
+
+/// The offset to continue after entry `index` of listing `id`.
+pub(crate) fn cookie(id: u32, index: usize) -> u64 {
+    (u64::from(id) << 32) | (index as u64 + 1).min(u64::from(u32::MAX))
+}
+
+/// Which listing an offset continues, and at which entry; `None` for the start.
+pub(crate) fn resume(offset: u64) -> Option<(u32, usize)> {
+    (offset != 0).then_some(((offset >> 32) as u32, (offset & 0xffff_ffff) as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::md::Kind;
+
+    fn dir(n: u32) -> Fid {
+        Fid {
+            seq: proto::fid::INODE_SEQ,
+            oid: n,
+            ver: 0,
+        }
+    }
+
+    fn listing(n: usize) -> Arc<Listing> {
+        Arc::new(
+            (0..n)
+                .map(|i| {
+                    (
+                        DirEntry {
+                            name: format!("f{i}").into_bytes(),
+                            fid: dir(1000 + i as u32),
+                            kind: Kind::File,
+                        },
+                        None,
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn an_offset_names_its_listing_and_the_entry_after_it() {
+        assert_eq!(resume(0), None);
+        for (id, i) in [(1, 0), (7, 41), (MAX_ID, 1 << 20)] {
+            let c = cookie(id, i);
+            assert!(c > 0 && c <= i64::MAX as u64, "a positive loff_t");
+            assert_eq!(resume(c), Some((id, i + 1)));
+        }
+    }
+
+    #[test]
+    fn listings_are_kept_per_directory_within_their_bounds_oldest_going_first() {
+        let l = Listings::within(16, 100);
+        let a = l.keep(dir(1), listing(3));
+        assert_eq!(l.get(dir(1), a).map(|x| x.len()), Some(3));
+        assert!(l.get(dir(2), a).is_none(), "another directory's number");
+        let mut ids = vec![a];
+        for _ in 0..16 {
+            ids.push(l.keep(dir(1), listing(1)));
+        }
+        assert!(l.get(dir(1), a).is_none(), "the oldest went first");
+        assert!(l.get(dir(1), ids[1]).is_some());
+        let big = l.keep(dir(3), listing(100));
+        assert!(l.get(dir(3), big).is_some());
+        assert!(
+            l.get(dir(1), *ids.last().unwrap()).is_none(),
+            "every other listing made room for it"
+        );
+        let mut ids = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            assert!(
+                ids.insert(l.keep(dir(4), listing(0))),
+                "numbers do not repeat"
+            );
+        }
+    }
+}
