@@ -446,6 +446,40 @@ fn the_kernel_checks_cached_names_and_lists_directories_it_opened_alone() {
     let ls = as_nobody("ls", &hidden);
     assert!(ls.status.success() && String::from_utf8_lossy(&ls.stdout).contains("known"));
 
+    // A running program opened read-only with O_TRUNC: ETXTBSY, and the program keeps its
+    // bytes (the kernel checks before it truncates).
+    let prog = mnt.join("prog");
+    fs::copy("/bin/sleep", &prog).unwrap();
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+    let len = fs::metadata(&prog).unwrap().len();
+    let mut running = std::process::Command::new(&prog).arg("30").spawn().unwrap();
+    use std::os::unix::fs::OpenOptionsExt;
+    let trunc = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_TRUNC)
+        .open(&prog);
+    assert_eq!(errno_of(trunc), libc::ETXTBSY);
+    assert_eq!(
+        fs::metadata(&prog).unwrap().len(),
+        len,
+        "truncated while it ran"
+    );
+    assert!(running.try_wait().unwrap().is_none(), "the program died");
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&prog)
+        .unwrap();
+    f.write_all(b"#!/bin/sh\n").unwrap();
+    drop(f);
+    assert_eq!(
+        fs::metadata(&prog).unwrap().len(),
+        10,
+        "truncated once it no longer ran"
+    );
+
     // Listings read over many requests while another process adds and removes other names.
     let d = mnt.join("many");
     fs::create_dir(&d).unwrap();

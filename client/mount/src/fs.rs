@@ -457,11 +457,13 @@ impl Filesystem for LodeFs {
         let _ = config.set_max_background(64);
         // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, page
         // cache dropped when a file's mtime or size changes under the kernel, and O_DIRECT
-        // requests submitted asynchronously (so io_depth reaches the daemon). O_TRUNC comes
-        // with the open (not as a separate setattr first), so rewriting a file is one open.
+        // requests submitted asynchronously (so io_depth reaches the daemon). O_TRUNC is not
+        // taken with the open (FUSE_ATOMIC_O_TRUNC): the kernel checks that no process runs
+        // the file only after the open, and a read-only open with O_TRUNC of a running
+        // program would have truncated it before failing with ETXTBSY. The kernel truncates
+        // with a setattr after its checks instead.
         let _ = config.add_capabilities(
-            fuser::InitFlags::FUSE_ATOMIC_O_TRUNC
-                | fuser::InitFlags::FUSE_DO_READDIRPLUS
+            fuser::InitFlags::FUSE_DO_READDIRPLUS
                 | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
                 | fuser::InitFlags::FUSE_PARALLEL_DIROPS
                 | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
