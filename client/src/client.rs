@@ -931,6 +931,29 @@ impl Client {
         Ok(a.inode)
     }
 
+    /// The attributes of directory `dir` while changes of this client's own in it are still
+    /// queued (creates and unlinks answered ahead), without waiting for their answers: those
+    /// last learnt under the lease held now, with this client's time as the directory's mtime
+    /// and ctime, as a file created ahead has this client's times until the MDS answers. Its
+    /// kind, mode and owners are the MDS's (own changes in a directory leave them); its times
+    /// and link count are the MDS's only once the queue is answered. `None` where nothing of
+    /// this client's is queued in `dir`, or its lease or attributes are not held.
+    pub fn dir_attr_ahead(&self, dir: Fid) -> Option<Inode> {
+        self.inner.pending.touching(dir)?;
+        let mut i = self.inner.leases.dir_attr_held(dir)?;
+        let now = Time::now();
+        let later = |t: Time| {
+            if (now.sec, now.nsec) > (t.sec, t.nsec) {
+                now
+            } else {
+                t
+            }
+        };
+        i.mtime = later(i.mtime);
+        i.ctime = later(i.ctime);
+        Some(i)
+    }
+
     /// Whether `fid`'s attributes are answered from the cache now (a mount gives the kernel a
     /// long timeout for them, and hears when they are dropped).
     pub fn leased_attr(&self, fid: Fid) -> bool {

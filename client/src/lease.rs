@@ -301,6 +301,18 @@ impl Leases {
         h.attr.clone().filter(|_| !h.stale)
     }
 
+    /// The attributes of directory `dir` as last learnt under its lease held now, even where
+    /// this client's own changes in it made them stale (their kind, mode and owners stay: a
+    /// setattr drops them).
+    pub fn dir_attr_held(&self, dir: Fid) -> Option<Inode> {
+        let s = self.live_state()?;
+        s.held
+            .get(&dir)?
+            .attr
+            .clone()
+            .filter(|a| a.kind == Kind::Dir)
+    }
+
     /// Whether `creds` may open `dir` to list it, where the cache can tell now: its lease held
     /// with attributes, even ones this client's own changes in it made stale (a kind never
     /// changes, and who may read it changes only by a setattr, which drops them).

@@ -480,6 +480,26 @@ fn the_kernel_checks_cached_names_and_lists_directories_it_opened_alone() {
         "truncated once it no longer ran"
     );
 
+    // A directory's times move with each create and unlink made here, answered ahead or not,
+    // and a file's attributes are there from its create on.
+    let t = mnt.join("times");
+    fs::create_dir(&t).unwrap();
+    let mut last = fs::metadata(&t).unwrap().modified().unwrap();
+    for i in 0..50 {
+        std::thread::sleep(Duration::from_millis(2));
+        let p = t.join(format!("f{i}"));
+        let f = fs::File::create(&p).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 0);
+        drop(f);
+        if i % 2 == 1 {
+            fs::remove_file(&p).unwrap();
+        }
+        let now = fs::metadata(&t).unwrap().modified().unwrap();
+        assert!(now > last, "change {i}: the directory's mtime did not move");
+        last = now;
+    }
+    assert_eq!(fs::read_dir(&t).unwrap().count(), 25);
+
     // Listings read over many requests while another process adds and removes other names.
     let d = mnt.join("many");
     fs::create_dir(&d).unwrap();

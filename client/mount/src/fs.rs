@@ -545,6 +545,27 @@ impl Filesystem for LodeFs {
             }
             return;
         }
+        // A file this mount created ahead whose create the MDS has not answered yet: its
+        // attributes are those made here (the kernel's permission check at the create's open
+        // asks for them), not kept by the kernel, as the create's were not.
+        let made = self
+            .files
+            .lock()
+            .values()
+            .find(|f| f.fid() == fid)
+            .and_then(|f| f.made_here());
+        if let Some(i) = made {
+            return reply.attr(&Duration::ZERO, &attr(&i, Self::size_of(&files, &i)));
+        }
+        if let Some(i) = c.dir_attr_ahead(fid) {
+            // A directory this mount's creates or unlinks answered ahead are still on their
+            // way in: the kernel's permission checks ask before each of the next (every change
+            // drops its copy of the directory's attributes), and the answer need not wait for
+            // the MDS's. The kernel keeps it for the short time of attributes held without a
+            // lease; the next change drops it, and once the queue is answered stats get the
+            // MDS's times.
+            return reply.attr(&TTL, &attr(&i, i.size));
+        }
         self.inline(async move {
             let fid = fid_of(ino);
             let before = c.lease_recalls();
