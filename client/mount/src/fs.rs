@@ -426,6 +426,16 @@ impl LodeFs {
         });
     }
 
+    /// The attributes of `fid` as made here, while it is a file this mount created ahead
+    /// whose create the MDS has not answered yet and a handle of it is open.
+    fn made_here(&self, fid: proto::Fid) -> Option<Inode> {
+        self.files
+            .lock()
+            .values()
+            .find(|f| f.fid() == fid)
+            .and_then(|f| f.made_here())
+    }
+
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, ClientError> {
         self.files
             .lock()
@@ -548,13 +558,7 @@ impl Filesystem for LodeFs {
         // A file this mount created ahead whose create the MDS has not answered yet: its
         // attributes are those made here (the kernel's permission check at the create's open
         // asks for them), not kept by the kernel, as the create's were not.
-        let made = self
-            .files
-            .lock()
-            .values()
-            .find(|f| f.fid() == fid)
-            .and_then(|f| f.made_here());
-        if let Some(i) = made {
+        if let Some(i) = self.made_here(fid) {
             return reply.attr(&Duration::ZERO, &attr(&i, Self::size_of(&files, &i)));
         }
         if let Some(i) = c.dir_attr_ahead(fid) {
@@ -1575,13 +1579,7 @@ impl Filesystem for LodeFs {
         // every write need not wait for the answer. Only its layout comes with the answer.
         let fid = fid_of(ino);
         if !layout {
-            let ahead = self
-                .files
-                .lock()
-                .values()
-                .find(|f| f.fid() == fid)
-                .and_then(|f| f.made_here());
-            if let Some(i) = ahead {
+            if let Some(i) = self.made_here(fid) {
                 return answer(&i, reply);
             }
         }
