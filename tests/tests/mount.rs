@@ -358,7 +358,6 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
 /// stay reachable by name; once the mode allows it, the same user lists it.
 #[test]
 fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
-    use std::os::unix::process::CommandExt;
     let Some((mnt, _mds, _oss, mount, _unmount)) =
         one_server_mount("dir-perm", "allow_other,no_default_permissions")
     else {
@@ -371,14 +370,6 @@ fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
     for _ in 0..3 {
         assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
     }
-    let as_nobody = |cmd: &str, arg: &Path| {
-        std::process::Command::new(cmd)
-            .arg(arg)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap()
-    };
     for _ in 0..3 {
         let ls = as_nobody("ls", &d);
         assert!(
@@ -400,18 +391,9 @@ fn a_directory_the_caller_may_not_read_is_listed_from_no_cache() {
 /// listing read while other entries come and go shows every entry that stays exactly once.
 #[test]
 fn the_kernel_checks_cached_names_and_lists_directories_it_opened_alone() {
-    use std::os::unix::process::CommandExt;
     let Some((mnt, _mds, _oss, mount, _unmount)) = one_server_mount("kernel-checks", "allow_other")
     else {
         return;
-    };
-    let as_nobody = |cmd: &str, arg: &Path| {
-        std::process::Command::new(cmd)
-            .arg(arg)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap()
     };
     let closed = mnt.join("closed");
     fs::create_dir(&closed).unwrap();
@@ -557,6 +539,16 @@ fn the_kernel_checks_cached_names_and_lists_directories_it_opened_alone() {
         "a name made through the mount shows in its next listing"
     );
     assert!(mount.terminate().success());
+}
+
+/// Runs `cmd arg` as nobody.
+fn as_nobody(cmd: &str, arg: &Path) -> std::process::Output {
+    Command::new(cmd)
+        .arg(arg)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap()
 }
 
 /// Lazily unmounts a mount point when dropped, so that a test that fails leaves no dead

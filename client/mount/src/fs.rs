@@ -436,6 +436,24 @@ impl LodeFs {
             .and_then(|f| f.made_here())
     }
 
+    /// The listing a read of directory `ino` from `offset` goes on in, for its caller, where
+    /// the kernel opened the directory alone (see [`unopened_listing`]).
+    fn unopened(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        offset: u64,
+    ) -> impl std::future::Future<Output = Result<(u32, Arc<Listing>, usize), Errno>> + Send + 'static
+    {
+        unopened_listing(
+            self.as_caller(req),
+            fid_of(ino),
+            offset,
+            self.parents.clone(),
+            self.listings.clone(),
+        )
+    }
+
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, ClientError> {
         self.files
             .lock()
@@ -1367,13 +1385,7 @@ impl Filesystem for LodeFs {
     ) {
         self.begin("readdir", req);
         if fh.0 == 0 {
-            let unopened = unopened_listing(
-                self.as_caller(req),
-                fid_of(_ino),
-                offset,
-                self.parents.clone(),
-                self.listings.clone(),
-            );
+            let unopened = self.unopened(req, _ino, offset);
             return self.inline(async move {
                 let (id, entries, from) = match unopened.await {
                     Ok(x) => x,
@@ -1425,13 +1437,7 @@ impl Filesystem for LodeFs {
             >,
         >;
         let read: Read = if fh.0 == 0 {
-            let unopened = unopened_listing(
-                self.as_caller(req),
-                fid_of(_ino),
-                offset,
-                self.parents.clone(),
-                self.listings.clone(),
-            );
+            let unopened = self.unopened(req, _ino, offset);
             Box::pin(async move { unopened.await.map(|(id, l, from)| (Some(id), l, from)) })
         } else {
             let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
