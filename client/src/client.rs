@@ -152,6 +152,8 @@ pub(crate) struct Inner {
     pub(crate) closings: Arc<crate::closing::Closings>,
     /// The grants this client's opens were given, lent to reads begun before their open.
     pub(crate) grants: crate::early::Grants,
+    /// Handles kept at the MDS past their close, for the next open of the same file.
+    pub(crate) kept: crate::kept::Kept,
 }
 
 impl Inner {
@@ -241,6 +243,7 @@ impl Client {
                 pending: Default::default(),
                 closings: Default::default(),
                 grants: Default::default(),
+                kept: Default::default(),
             }),
             creds,
         };
@@ -407,6 +410,7 @@ impl Client {
             return Ok(());
         }
         self.inner.leases.lose_all();
+        self.close_kept(true);
         self.sync().await?;
         let r = MdsDisconnect {
             client: self.inner.client_id,
@@ -771,6 +775,26 @@ impl Client {
             .await
             .is_ok_and(|a| a.granted);
         leases.learn_alone(recalls, dir, granted);
+    }
+
+    /// Closes at the MDS the handles kept past their close ([`crate::kept`]) that are of no
+    /// use any more, or all of them.
+    pub(crate) fn close_kept(&self, all: bool) {
+        let gone = self.inner.kept.sweep(&self.inner.leases, all);
+        self.close_unkept(gone);
+    }
+
+    /// Closes kept handles taken out of use, without waiting.
+    pub(crate) fn close_unkept(&self, gone: impl IntoIterator<Item = (Fid, crate::kept::Entry)>) {
+        for (fid, e) in gone {
+            self.inner.opens.remove(e.handle.handle);
+            self.close_ahead(e.handle, fid, None);
+        }
+    }
+
+    /// Handles kept at the MDS past their close now.
+    pub fn kept_opens(&self) -> usize {
+        self.inner.kept.len()
     }
 
     /// Closes an open counted at the MDS without waiting for the answer (nothing was done

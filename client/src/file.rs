@@ -194,6 +194,7 @@ impl OpenOptions {
                 gen: done.size_gen,
                 grant: done.grant.unwrap_or_default(),
                 mdt: None,
+                kept: None,
             };
             return self.open_counted(client, inode, Some(counted), None).await;
         }
@@ -258,7 +259,7 @@ impl OpenOptions {
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
     pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
-        let counted = Self::count_open(client, fid, None).await?;
+        let counted = Self::count_open(client, fid, None, self.rights()).await?;
         let checked = self
             .check_access(client, &counted.inode)
             .and_then(|()| self.kind_opens(&counted.inode));
@@ -270,14 +271,33 @@ impl OpenOptions {
             .await
     }
 
-    /// Has the MDS count an open of `fid` under a new handle; the file's attributes as of now
-    /// and the capabilities for its objects.
-    async fn count_open(client: &Client, fid: proto::Fid, path: Option<&str>) -> Result<Counted> {
+    /// Has the MDS count an open of `fid` under a new handle, or takes a handle kept past its
+    /// close that allows `rights` ([`crate::kept`]); the file's attributes as of now and the
+    /// capabilities for its objects.
+    async fn count_open(
+        client: &Client,
+        fid: proto::Fid,
+        path: Option<&str>,
+        rights: u8,
+    ) -> Result<Counted> {
         // Close-to-open with this client's own closes finishing behind.
         if path.is_some() {
             client.after_closings().await;
         } else {
             client.after_closing(fid).await;
+        }
+        let inner = &client.inner;
+        let (kept, stale) = inner.kept.take(&inner.leases, fid, client.creds(), rights);
+        client.close_unkept(stale.into_iter().map(|e| (fid, e)));
+        if let Some((e, inode)) = kept {
+            return Ok(Counted {
+                inode,
+                handle: e.handle,
+                gen: e.gen,
+                grant: Grant::default(),
+                mdt: None,
+                kept: Some(e.caps),
+            });
         }
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
@@ -309,6 +329,7 @@ impl OpenOptions {
             gen: opened.size_gen,
             grant: opened.grant,
             mdt,
+            kept: None,
         })
     }
 
@@ -385,15 +406,21 @@ impl OpenOptions {
             gen,
             grant,
             mdt,
+            kept,
         } = match counted {
             Some(c) => c,
-            None => Self::count_open(client, inode.fid, path).await?,
+            None => Self::count_open(client, inode.fid, path, self.rights()).await?,
         };
-        client
-            .inner
-            .grants
-            .remember(inode.fid, client.creds(), &grant);
-        let caps = Arc::new(Caps::new(inode.fid, handle, client.creds().clone(), grant));
+        let caps = match kept {
+            Some(caps) => caps,
+            None => {
+                client
+                    .inner
+                    .grants
+                    .remember(inode.fid, client.creds(), &grant);
+                Arc::new(Caps::new(inode.fid, handle, client.creds().clone(), grant))
+            }
+        };
         // The MDS decides with the identity it maps this client's to (root squashed on an
         // untrusted node): an access it did not grant is refused here, at the open.
         if !caps.allows(self.rights()) {
@@ -437,6 +464,8 @@ struct Counted {
     gen: u64,
     grant: Grant,
     mdt: Option<MdtCopy>,
+    /// The capabilities of a handle kept past its close, taken for this open.
+    kept: Option<Arc<Caps>>,
 }
 
 /// The bytes the MDS keeps of a Data-on-MDT file (up to its size), as a handle last read them.
@@ -1973,6 +2002,19 @@ impl File {
             self.client
                 .close_ahead(self.handle, fid, self.ahead.as_ref());
             return Ok(());
+        }
+        if published.is_ok() {
+            // Kept past the close while the file's lease holds: the next open of it here
+            // takes the handle without asking the MDS ([`crate::kept`]).
+            let inner = &self.client.inner;
+            let gen = self.size_gen.load(Ordering::SeqCst);
+            if inner
+                .kept
+                .keep(&inner.leases, fid, self.handle, self.caps.clone(), gen)
+                .is_ok()
+            {
+                return Ok(());
+            }
         }
         self.client.close_handle(self.handle, fid).await?;
         published

@@ -96,6 +96,8 @@ struct State {
     /// wait as new is answered.
     cancelling: Vec<(u64, Fid)>,
     tick: u64,
+    /// The number the last lease taken into the cache was given ([`Held::since`]).
+    granted: u64,
     /// For each inode a change of this client's own touched, the count of own changes after
     /// it (see [`Leases::own`]): an answer about it sent before then is not kept.
     touched: crate::FastMap<Fid, u64>,
@@ -127,6 +129,8 @@ struct Held {
     /// When the MDS last refused to let it hold the lease alone.
     refused: Option<Instant>,
     used: u64,
+    /// Numbers this lease apart from an earlier one on the same inode, dropped since.
+    since: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -381,6 +385,33 @@ impl Leases {
             .is_some_and(|s| s.held.get(&fid).is_some_and(|h| h.attr.is_some()))
     }
 
+    /// The lease on file `fid`'s attributes, held now with attributes no change of this
+    /// client's own has moved: its number and the count of own changes so far, for
+    /// [`Leases::unmoved`] to compare with later.
+    pub fn mark(&self, fid: Fid) -> Option<(u64, u64)> {
+        let s = self.live_state()?;
+        let h = s.held.get(&fid)?;
+        (h.attr.is_some() && !h.stale).then(|| (h.since, self.own.load(Ordering::SeqCst)))
+    }
+
+    /// The attributes of `fid` if the lease [`Leases::mark`] gave `mark` for is still held
+    /// and no change of this client's own has touched the inode since.
+    pub fn unmoved(&self, fid: Fid, mark: (u64, u64)) -> Option<Inode> {
+        let (since, own) = mark;
+        let mut s = self.live_state()?;
+        if own < s.touched_all || s.touched.get(&fid).is_some_and(|t| *t > own) {
+            return None;
+        }
+        s.tick += 1;
+        let tick = s.tick;
+        let h = s.held.get_mut(&fid)?;
+        if h.since != since || h.stale {
+            return None;
+        }
+        h.used = tick;
+        h.attr.clone()
+    }
+
     /// Whether the entry `name` of `parent` is cached, found or absent.
     pub fn holds_name(&self, parent: Fid, name: &[u8]) -> bool {
         self.live_state().is_some_and(|s| {
@@ -490,7 +521,16 @@ impl Leases {
 
     fn held_mut(s: &mut State, fid: Fid) -> &mut Held {
         let tick = s.tick;
-        let h = s.held.entry(fid).or_default();
+        let next = s.granted + 1;
+        let h = s.held.entry(fid).or_insert_with(|| {
+            Box::new(Held {
+                since: next,
+                ..Held::default()
+            })
+        });
+        if h.since == next {
+            s.granted = next;
+        }
         h.used = tick;
         h
     }

@@ -19,6 +19,7 @@ pub mod early;
 pub mod error;
 pub mod file;
 pub mod gpu;
+mod kept;
 pub mod lease;
 pub mod mirrors;
 mod opens;

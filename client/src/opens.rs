@@ -96,6 +96,7 @@ pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let client = Client::from_inner(inner);
+        client.close_kept(false);
         if let Err(e) = client.ping().await {
             tracing::warn!(error = %e, "cannot ping the MDS");
         }

@@ -13,12 +13,12 @@ use lnet::sim::{Fabric, LinkParams};
 use oss::engine::mem::MemEngine;
 use proto::fid::ROOT;
 
-/// Requests the client sent the MDS so far.
-fn requests_to_mds(fabric: &Fabric) -> usize {
+/// Requests the client named `from` sent the MDS so far.
+fn requests_to_mds(fabric: &Fabric, from: &str) -> usize {
     fabric
         .trace()
         .iter()
-        .filter(|e| e.from == "client" && e.to == "mds" && e.kind == "request")
+        .filter(|e| e.from == from && e.to == "mds" && e.kind == "request")
         .count()
 }
 
@@ -69,16 +69,20 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
         .unwrap();
     let create = OpenOptions::new().write(true).create(true).truncate(false);
 
-    let before = requests_to_mds(&fabric);
+    let before = requests_to_mds(&fabric, "client");
     let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
-    assert_eq!(requests_to_mds(&fabric) - before, 1, "a new file");
+    assert_eq!(requests_to_mds(&fabric, "client") - before, 1, "a new file");
     let objects = f.inode().layout.unwrap().components[0].objects.clone();
     f.write_at(0, b"version 1").await.unwrap();
     f.close().await.unwrap();
 
-    let before = requests_to_mds(&fabric);
+    let before = requests_to_mds(&fabric, "client");
     let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
-    assert_eq!(requests_to_mds(&fabric) - before, 1, "an existing file");
+    assert_eq!(
+        requests_to_mds(&fabric, "client") - before,
+        1,
+        "an existing file"
+    );
     assert_eq!(
         f.inode().layout.unwrap().components[0].objects,
         objects,
@@ -92,13 +96,17 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     // Opening it by FID (as the mount does for a name the kernel looked up): one round trip,
     // with the file's attributes as of the open.
     let fid = c.stat("/ckpt").await.unwrap().fid;
-    let before = requests_to_mds(&fabric);
+    let before = requests_to_mds(&fabric, "client");
     let g = OpenOptions::new()
         .read(true)
         .open_fid(&c, fid)
         .await
         .unwrap();
-    assert_eq!(requests_to_mds(&fabric) - before, 1, "an open by FID");
+    assert_eq!(
+        requests_to_mds(&fabric, "client") - before,
+        1,
+        "an open by FID"
+    );
     assert_eq!(g.inode().size, 9);
     g.close().await.unwrap();
 
@@ -137,21 +145,22 @@ async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() 
         .await
         .unwrap();
     a.settle_ahead().await.unwrap();
-    let before = requests_to_mds(&fabric);
+    let before = requests_to_mds(&fabric, "a");
     const N: usize = 200;
     for i in 1..N {
         let f = create.open(&a, &format!("/d/f{i}")).await.unwrap();
         f.close().await.unwrap();
     }
     a.settle_ahead().await.unwrap();
-    let sent = requests_to_mds(&fabric) - before;
+    let sent = requests_to_mds(&fabric, "a") - before;
     assert!(
         sent < N / 4,
         "{} creates and closes took {sent} requests",
         N - 1
     );
-    // Closed before or after their creates were sent: no open is left counted.
-    assert_eq!(cluster.mds().open_handles(), 0);
+    // Closed before or after their creates were sent: no open is left counted but those
+    // kept past their close for the next open.
+    assert_eq!(cluster.mds().open_handles(), a.kept_opens());
     // Another client sees every one; O_EXCL on one of them fails there and here.
     let names = b.readdir("/d").await.unwrap();
     assert_eq!(names.len(), N);
@@ -222,12 +231,12 @@ async fn changes_answered_ahead_are_seen_at_once_by_a_client_without_leases() {
         .unwrap();
     a.settle_ahead().await.unwrap();
     // Alone in the directory, A answers creates itself and sends them in batches...
-    let before = requests_to_mds(&fabric);
+    let before = requests_to_mds(&fabric, "a");
     for i in 0..100 {
         let f = create.open(&a, &format!("/d/f{i}")).await.unwrap();
         f.close().await.unwrap();
     }
-    let sent = requests_to_mds(&fabric) - before;
+    let sent = requests_to_mds(&fabric, "a") - before;
     assert!(sent < 50, "100 creates and closes took {sent} requests");
     // ...and B, asking the MDS with no lease of its own, sees every one at once: the MDS
     // recalls A's lease first, and A sends what it queued before acknowledging.
@@ -429,6 +438,107 @@ async fn a_file_created_ahead_is_its_own_attributes_until_the_mds_answers() {
     assert!(f.made_here().is_none(), "answered");
     f.write_at(0, b"landed").await.unwrap();
     f.close().await.unwrap();
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_closed_under_its_lease_opens_again_without_the_mds_until_it_moves_on() {
+    let (cluster, fabric, dir) = on_fabric("kept", 5).await;
+    let a = cluster.client("a", ClientConfig::default()).await.unwrap();
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    mkdir_leased(&a, "/d").await;
+    let read = OpenOptions::new().read(true);
+    let rw = OpenOptions::new().read(true).write(true);
+    let f = rw.clone().create(true).open(&a, "/d/k").await.unwrap();
+    f.write_at(0, b"first").await.unwrap();
+    f.close().await.unwrap();
+    a.settle_ahead().await.unwrap();
+    read.open(&a, "/d/k").await.unwrap().close().await.unwrap();
+    assert!(
+        a.kept_opens() >= 1,
+        "a close under the file's lease keeps its handle"
+    );
+    assert_eq!(cluster.mds().open_handles(), a.kept_opens());
+
+    // Opened again here: no request to the MDS, and the bytes are those written.
+    let mut buf = [0u8; 16];
+    let before = requests_to_mds(&fabric, "a");
+    let f = read.open(&a, "/d/k").await.unwrap();
+    assert_eq!(
+        requests_to_mds(&fabric, "a"),
+        before,
+        "an open of a kept handle"
+    );
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"first");
+    f.close().await.unwrap();
+
+    // Another client's write recalls the lease: the next open asks the MDS and sees it
+    // (close-to-open).
+    let w = OpenOptions::new()
+        .write(true)
+        .open(&b, "/d/k")
+        .await
+        .unwrap();
+    w.write_at(0, b"SECOND!").await.unwrap();
+    w.close().await.unwrap();
+    let before = requests_to_mds(&fabric, "a");
+    let f = read.open(&a, "/d/k").await.unwrap();
+    assert!(
+        requests_to_mds(&fabric, "a") > before,
+        "the lease was recalled"
+    );
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"SECOND!");
+    f.close().await.unwrap();
+
+    // A handle kept for reading does not serve a write; one kept for writing does.
+    rw.open(&a, "/d/k").await.unwrap().close().await.unwrap();
+    let before = requests_to_mds(&fabric, "a");
+    rw.open(&a, "/d/k").await.unwrap().close().await.unwrap();
+    assert_eq!(
+        requests_to_mds(&fabric, "a"),
+        before,
+        "a kept handle for writing"
+    );
+
+    // This client's own truncate moves the file on too: a handle kept from before it would
+    // publish its next size under the old generation, which the MDS would ignore.
+    let attr = proto::md::SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    a.setattr("/d/k", attr).await.unwrap();
+    let f = rw.open(&a, "/d/k").await.unwrap();
+    f.write_at(0, b"xy").await.unwrap();
+    f.close().await.unwrap();
+    a.settle_ahead().await.unwrap();
+    assert_eq!(b.stat("/d/k").await.unwrap().size, 2);
+    assert_eq!(a.stat("/d/k").await.unwrap().size, 2);
+
+    // Another user's open takes no handle kept for this one.
+    let other = a.as_user(proto::md::Creds {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    });
+    let before = requests_to_mds(&fabric, "a");
+    let f = read.open(&other, "/d/k").await.unwrap();
+    assert!(
+        requests_to_mds(&fabric, "a") > before,
+        "another user's open asks the MDS"
+    );
+    f.close().await.unwrap();
+
+    // Leaving closes every kept handle: what the MDS still counts is the other client's.
+    a.close().await.unwrap();
+    assert_eq!(a.kept_opens(), 0);
+    assert_eq!(cluster.mds().open_handles(), b.kept_opens());
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -45,6 +45,13 @@ const ENTRY: u64 = 12;
 /// Data I/Os this small are made on the calling thread (when the engine allows it): a few
 /// blocks take the disk tens of microseconds, less than the trip to an engine thread and back.
 const INLINE_DATA: u64 = 16 << 10;
+/// Data I/Os up to this size go through the page cache (the data file's buffered open), as
+/// Lustre's OSS caches small I/O: a small file read soon after it was written, or read again,
+/// costs no disk trip. Larger ones, a stream's, go straight to the disk (O_DIRECT). The kernel
+/// keeps the two coherent: a direct read writes back the cached range first, and a direct
+/// write drops it. The buffered open reads nothing ahead, so no page of a block comes into
+/// the cache but under that block's lock.
+pub const CACHED_IO: u64 = 256 << 10;
 /// Writes remembered per object for ordering (beyond the client's oldest write in flight).
 pub const MAX_STAMPS: usize = 4096;
 
@@ -210,6 +217,8 @@ pub struct Object {
     pub fid: Fid,
     engine: Arc<dyn Engine>,
     data: FileHandle,
+    /// The data file opened again through the page cache, for I/Os up to [`CACHED_IO`].
+    cached: FileHandle,
     meta: FileHandle,
     /// Reads and writes share it; sync, truncate and punch take it alone.
     gate: RwLock<()>,
@@ -233,8 +242,9 @@ impl Object {
     pub fn create(engine: Arc<dyn Engine>, fid: Fid, data: &Path, meta: &Path) -> Result<Object> {
         let io = |e| TargetError::io(fid, 0, e);
         let meta = engine.open(meta, OpenMode::Create, false).map_err(io)?;
-        let data = engine.open(data, OpenMode::Create, true).map_err(io)?;
-        Object::with(engine, fid, data, meta)
+        let cached = engine.open(data, OpenMode::Create, false).map_err(io)?;
+        let data = engine.open(data, OpenMode::Existing, true).map_err(io)?;
+        Object::with(engine, fid, data, cached, meta)
     }
 
     /// Says that the object's files were just made in `dir`: its first sync makes their
@@ -258,8 +268,9 @@ impl Object {
                 }
             })
         };
-        let (data, meta) = (open(data, true)?, open(meta, false)?);
-        Object::with(engine, fid, data, meta)
+        let (cached, meta) = (open(data, false)?, open(meta, false)?);
+        let data = open(data, true)?;
+        Object::with(engine, fid, data, cached, meta)
     }
 
     /// Opens the files of a destroyed object, just renamed to this object's names, as a new
@@ -273,14 +284,15 @@ impl Object {
     ) -> Result<Object> {
         let io = |e| TargetError::io(fid, 0, e);
         let meta = engine.open(meta, OpenMode::Existing, false).map_err(io)?;
-        let data = engine.open(data, OpenMode::Existing, true).map_err(io)?;
-        for f in [&meta, &data] {
+        let cached = engine.open(data, OpenMode::Existing, false).map_err(io)?;
+        for f in [&meta, &cached] {
             if engine.len(f).map_err(io)? > 0 {
                 engine.set_len(f, 0).map_err(io)?;
                 engine.sync(f).await.map_err(io)?;
             }
         }
-        Object::with(engine, fid, data, meta)
+        let data = engine.open(data, OpenMode::Existing, true).map_err(io)?;
+        Object::with(engine, fid, data, cached, meta)
     }
 
     /// The object whose files are open as `data` and `meta`, its size read from the header.
@@ -288,12 +300,15 @@ impl Object {
         engine: Arc<dyn Engine>,
         fid: Fid,
         data: FileHandle,
+        cached: FileHandle,
         meta: FileHandle,
     ) -> Result<Object> {
+        engine.no_readahead(&cached);
         let obj = Object {
             fid,
             engine,
             data,
+            cached,
             meta,
             gate: RwLock::new(()),
             blocks: BlockLocks::default(),
@@ -314,6 +329,15 @@ impl Object {
 
     fn io(&self, offset: u64) -> impl Fn(std::io::Error) -> TargetError + '_ {
         move |e| TargetError::io(self.fid, offset, e)
+    }
+
+    /// The open of the data file an I/O of `len` bytes goes through.
+    fn data_for(&self, len: u64) -> &FileHandle {
+        if len <= CACHED_IO {
+            &self.cached
+        } else {
+            &self.data
+        }
     }
 
     async fn pread(&self, f: &FileHandle, offset: u64, len: u64) -> Result<AlignedBuf> {
@@ -451,9 +475,8 @@ impl Object {
         // them while it reads the data, instead of after.
         self.engine
             .will_need(&self.meta, META_HEADER + b0 * ENTRY, (b1 - b0) * ENTRY);
-        let buf = self
-            .pread(&self.data, b0 * BLOCK, (b1 - b0) * BLOCK)
-            .await?;
+        let whole = (b1 - b0) * BLOCK;
+        let buf = self.pread(self.data_for(whole), b0 * BLOCK, whole).await?;
         let entries = self.read_entries(b0, b1 - b0)?;
         self.verify(b0, &buf, &entries)?;
         let start = (offset - b0 * BLOCK) as usize;
@@ -551,7 +574,9 @@ impl Object {
             edges.push(b1 - 1);
         }
         for b in edges {
-            let old = self.pread(&self.data, b * BLOCK, BLOCK).await?;
+            let old = self
+                .pread(self.data_for(n * BLOCK), b * BLOCK, BLOCK)
+                .await?;
             let i = (b - b0) as usize;
             self.verify(b, &old, &entries[i..=i])?;
             buf[i * BLOCK as usize..(i + 1) * BLOCK as usize].copy_from_slice(&old);
@@ -580,7 +605,7 @@ impl Object {
         if self.die_after_checksums.load(Ordering::Relaxed) {
             return Err(TargetError::Invalid("killed".into()));
         }
-        if let Err(e) = self.pwrite(&self.data, b0 * BLOCK, buf).await {
+        if let Err(e) = self.pwrite(self.data_for(n * BLOCK), b0 * BLOCK, buf).await {
             // The old data is still what the checksums must describe.
             let _ = self.write_entries(b0, &before);
             return Err(e);

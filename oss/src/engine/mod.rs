@@ -7,7 +7,8 @@
 //!
 //! An operation that moves bytes takes an owned [`AlignedBuf`] and hands it back with its
 //! result, as io_uring requires (the kernel owns the buffer until the operation completes).
-//! Data files are opened with O_DIRECT: the target only ever does whole, aligned 4 KiB blocks.
+//! Data files are opened twice: with O_DIRECT for large I/Os, and through the page cache for
+//! small ones (see `crate::object`). The target only ever does whole, aligned 4 KiB blocks.
 
 pub mod buf;
 pub mod mem;
@@ -137,6 +138,13 @@ pub trait Engine: Send + Sync + 'static {
     fn will_need(&self, f: &FileHandle, offset: u64, len: u64) {
         if let Ok(file) = os_file(f) {
             os::will_need(file, offset, len);
+        }
+    }
+    /// Says that the buffered file `f` is read only where asked: the kernel reads nothing
+    /// ahead into its page cache.
+    fn no_readahead(&self, f: &FileHandle) {
+        if let Ok(file) = os_file(f) {
+            os::advise(file, libc::POSIX_FADV_RANDOM);
         }
     }
     /// Whether a data file's small, aligned I/Os may go through `*_inline` on the calling
@@ -303,6 +311,13 @@ pub(crate) mod os {
                 len as libc::off_t,
                 libc::POSIX_FADV_WILLNEED,
             );
+        }
+    }
+
+    pub fn advise(file: &File, advice: libc::c_int) {
+        // SAFETY: the descriptor is open for as long as `file` lives; advice is only a hint.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, 0, advice);
         }
     }
 
