@@ -405,6 +405,47 @@ async fn concurrent_first_writes_on_a_real_disk_share_one_object() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Small I/Os go through the page cache and large ones straight to the disk: each sees what
+/// the other wrote, whichever came first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_cached_and_large_direct_io_see_each_others_bytes_on_a_real_disk() {
+    let dir = std::env::temp_dir().join(format!("lode-cached-io-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
+    Target::format(&engine, &dir, 11, Some(11)).await.unwrap();
+    let t = Target::open(engine.clone(), &dir).await.unwrap();
+    let o = t.precreate(1).await.unwrap();
+    let big = 1usize << 20;
+    assert!(big as u64 > oss::object::CACHED_IO && 8192 <= oss::object::CACHED_IO);
+    let mut want = bytes(1, big);
+    t.write(o, 0, &want, false, Default::default())
+        .await
+        .unwrap();
+    // A small write into it, cached (and not on a block boundary), then a large direct read.
+    let small = bytes(2, 8192);
+    t.write(o, 100_001, &small, false, Default::default())
+        .await
+        .unwrap();
+    want[100_001..100_001 + 8192].copy_from_slice(&small);
+    assert_eq!(&t.read(o, 0, big as u64).await.unwrap()[..], &want[..]);
+    assert_eq!(&t.read(o, 100_001, 8192).await.unwrap()[..], &small[..]);
+    // A large direct write over what the cache holds, then small cached reads.
+    let want = bytes(3, big);
+    t.write(o, 0, &want, false, Default::default())
+        .await
+        .unwrap();
+    for at in [100_001usize, 0, 500_000, big - 4096] {
+        let got = t.read(o, at as u64, 4096).await.unwrap();
+        assert_eq!(&got[..], &want[at..at + 4096], "4 KiB at {at}");
+    }
+    t.sync(o).await.unwrap();
+    drop(t);
+    let t = Target::open(engine, &dir).await.unwrap();
+    assert_eq!(&t.read(o, 0, big as u64).await.unwrap()[..], &want[..]);
+    assert!(t.scrub().await.unwrap().bad.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn the_durability_epoch_moves_on_after_a_power_cut_and_not_after_a_restart() {
     let (mem, t) = mem_target(1 << 30).await;
