@@ -886,6 +886,20 @@ impl Client {
                 _ => return hit,
             }
         }
+        // An entry this client made whose change is still queued (a create answered ahead):
+        // the change's answer brings its attributes, sooner than a lookup queued behind it.
+        if let Some(seq) = leases
+            .entry_fid(parent, name)
+            .and_then(|f| self.inner.pending.touching(f))
+        {
+            self.inner.pending.settle_to(seq).await;
+            if let Some(hit) = leases.lookup(parent, name, &self.creds) {
+                match &hit {
+                    Ok(i) if self.inner.closings.busy(i.fid) => self.after_closing(i.fid).await,
+                    _ => return hit,
+                }
+            }
+        }
         let live = leases.live();
         if live && !leases.held_dir(parent) {
             // The first miss in a directory: lease it, and read it whole if it is small, so

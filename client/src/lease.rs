@@ -412,6 +412,13 @@ impl Leases {
         h.attr.clone()
     }
 
+    /// The inode the entry `name` of `parent` names, where the cache knows it (its attributes
+    /// may not be cached).
+    pub fn entry_fid(&self, parent: Fid, name: &[u8]) -> Option<Fid> {
+        let s = self.live_state()?;
+        s.held.get(&parent)?.names.get(name)?.entry.map(|(f, _)| f)
+    }
+
     /// Whether the entry `name` of `parent` is cached, found or absent.
     pub fn holds_name(&self, parent: Fid, name: &[u8]) -> bool {
         self.live_state().is_some_and(|s| {

@@ -542,3 +542,45 @@ async fn a_file_closed_under_its_lease_opens_again_without_the_mds_until_it_move
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_of_a_file_created_ahead_waits_for_its_create_and_asks_nothing_more() {
+    let (cluster, fabric, dir) = on_fabric("ahead-lookup", 6).await;
+    let ahead = ClientConfig {
+        ahead: true,
+        ..ClientConfig::default()
+    };
+    let a = cluster.client("a", ahead).await.unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    mkdir_leased(&a, "/d").await;
+    let create = OpenOptions::new().write(true).create_new(true);
+    create
+        .open(&a, "/d/first")
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    a.settle_ahead().await.unwrap();
+    let d = a.stat("/d").await.unwrap().fid;
+    for i in 0..20 {
+        let name = format!("n{i}");
+        let f = create.open(&a, &format!("/d/{name}")).await.unwrap();
+        let fid = f.fid();
+        f.close().await.unwrap();
+        // The create is still queued: the lookup takes its answer, and sends no lookup of
+        // its own behind it.
+        let before = requests_to_mds(&fabric, "a");
+        let found = a.lookup(d, name.as_bytes()).await.unwrap();
+        assert_eq!(found.fid, fid);
+        assert!(
+            requests_to_mds(&fabric, "a") - before <= 1,
+            "a lookup of {name} sent more than the queued create"
+        );
+    }
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
