@@ -445,7 +445,12 @@ async fn a_file_created_ahead_is_its_own_attributes_until_the_mds_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_closed_under_its_lease_opens_again_without_the_mds_until_it_moves_on() {
     let (cluster, fabric, dir) = on_fabric("kept", 5).await;
-    let a = cluster.client("a", ClientConfig::default()).await.unwrap();
+    // Pings sweep kept handles of no use: often here, so that a removal's shows soon.
+    let pinging = ClientConfig {
+        ping_every: Duration::from_millis(200),
+        ..ClientConfig::default()
+    };
+    let a = cluster.client("a", pinging).await.unwrap();
     let b = cluster.client("b", ClientConfig::default()).await.unwrap();
     cluster
         .wait_ready(&a, 1, Duration::from_secs(10))
@@ -534,6 +539,22 @@ async fn a_file_closed_under_its_lease_opens_again_without_the_mds_until_it_move
         "another user's open asks the MDS"
     );
     f.close().await.unwrap();
+
+    // Another client removes the file: the next ping closes the handles kept for it here, so
+    // its objects go.
+    rw.open(&a, "/d/k").await.unwrap().close().await.unwrap();
+    let kept = a.kept_opens();
+    b.unlink("/d/k").await.unwrap();
+    let up = tokio::time::Instant::now();
+    while a.kept_opens() >= kept && up.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(a.kept_opens() < kept, "the recall closed the kept handle");
+    a.settle_ahead().await.unwrap();
+    assert_eq!(
+        cluster.mds().open_handles(),
+        a.kept_opens() + b.kept_opens()
+    );
 
     // Leaving closes every kept handle: what the MDS still counts is the other client's.
     a.close().await.unwrap();
