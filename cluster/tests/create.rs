@@ -47,6 +47,32 @@ async fn mkdir_leased(c: &client::Client, path: &str) {
     }
 }
 
+/// Client "a", answering changes ahead, holding directory `/d` alone: its first create there,
+/// `/d/{first}`, read the directory and took FIDs, and was answered.
+async fn ahead_in_d(cluster: &cluster::Cluster, first: &str) -> client::Client {
+    let ahead = ClientConfig {
+        ahead: true,
+        ..ClientConfig::default()
+    };
+    let a = cluster.client("a", ahead).await.unwrap();
+    cluster
+        .wait_ready(&a, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    mkdir_leased(&a, "/d").await;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&a, &format!("/d/{first}"))
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    a.settle_ahead().await.unwrap();
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     let dir = std::env::temp_dir().join(format!("lode-cluster-create-{}", std::process::id()));
@@ -124,27 +150,10 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() {
     let (cluster, fabric, dir) = on_fabric("ahead", 3).await;
-    let ahead = ClientConfig {
-        ahead: true,
-        ..ClientConfig::default()
-    };
-    let a = cluster.client("a", ahead).await.unwrap();
-    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
-    cluster
-        .wait_ready(&a, 1, Duration::from_secs(10))
-        .await
-        .unwrap();
-    mkdir_leased(&a, "/d").await;
-    let create = OpenOptions::new().write(true).create_new(true);
     // The first create reads the directory and takes FIDs; the next ones are answered here.
-    create
-        .open(&a, "/d/f0")
-        .await
-        .unwrap()
-        .close()
-        .await
-        .unwrap();
-    a.settle_ahead().await.unwrap();
+    let a = ahead_in_d(&cluster, "f0").await;
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    let create = OpenOptions::new().write(true).create_new(true);
     let before = requests_to_mds(&fabric, "a");
     const N: usize = 200;
     for i in 1..N {
@@ -567,25 +576,8 @@ async fn a_file_closed_under_its_lease_opens_again_without_the_mds_until_it_move
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_of_a_file_created_ahead_waits_for_its_create_and_asks_nothing_more() {
     let (cluster, fabric, dir) = on_fabric("ahead-lookup", 6).await;
-    let ahead = ClientConfig {
-        ahead: true,
-        ..ClientConfig::default()
-    };
-    let a = cluster.client("a", ahead).await.unwrap();
-    cluster
-        .wait_ready(&a, 1, Duration::from_secs(10))
-        .await
-        .unwrap();
-    mkdir_leased(&a, "/d").await;
+    let a = ahead_in_d(&cluster, "first").await;
     let create = OpenOptions::new().write(true).create_new(true);
-    create
-        .open(&a, "/d/first")
-        .await
-        .unwrap()
-        .close()
-        .await
-        .unwrap();
-    a.settle_ahead().await.unwrap();
     let d = a.stat("/d").await.unwrap().fid;
     for i in 0..20 {
         let name = format!("n{i}");
