@@ -1995,9 +1995,12 @@ impl File {
         let published = self.publish_size().await;
         let fid = self.inode.lock().fid;
         self.client.inner.writes.closed(fid);
-        if self.behind.load(Ordering::SeqCst) && published.is_ok() {
-            // Closed behind: its size went with the changes answered ahead, and so does the
-            // close, which answers nothing.
+        if self.behind.load(Ordering::SeqCst)
+            && published.is_ok()
+            && self.client.inner.pending.touching(fid).is_some()
+        {
+            // Closed behind, its size still going with the changes answered ahead: so does
+            // the close, which answers nothing.
             self.client.inner.opens.remove(self.handle.handle);
             self.client
                 .close_ahead(self.handle, fid, self.ahead.as_ref());
@@ -2016,8 +2019,36 @@ impl File {
                 return Ok(());
             }
         }
+        if published.is_ok() && (self.ahead.is_some() || self.behind.load(Ordering::SeqCst)) {
+            // Made or closed behind here: its close goes with the changes answered ahead.
+            self.client.inner.opens.remove(self.handle.handle);
+            self.client
+                .close_ahead(self.handle, fid, self.ahead.as_ref());
+            return Ok(());
+        }
         self.client.close_handle(self.handle, fid).await?;
         published
+    }
+
+    /// Closes the file as [`File::close`] does, for a caller nobody waits on (a mount's
+    /// release): a handle whose create or size is still on its way with the changes answered
+    /// ahead ([`crate::pending`]) waits for their answer, so that it may be kept past its close
+    /// as any other ([`crate::kept`]) and the file opens again here without the MDS.
+    pub async fn close_unwaited(self) -> Result<()> {
+        let inner = &self.client.inner;
+        let fid = self.fid();
+        if (self.ahead.is_some() || self.behind.load(Ordering::SeqCst))
+            && inner.leases.live()
+            && inner.kept.has_room()
+        {
+            if let Some(last) = inner.pending.touching(fid) {
+                inner.pending.answered_to(last).await;
+            }
+            // Taken in, so that the handle has the objects and capabilities the MDS gave; a
+            // create that failed is reported by the close.
+            let _ = self.ready().await;
+        }
+        self.close().await
     }
 
     /// Truncates or extends the file to `size`.

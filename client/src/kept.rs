@@ -26,7 +26,7 @@ use crate::lease::Leases;
 use crate::FastMap;
 
 /// Most handles kept past their close; a close past it closes at the MDS as usual.
-pub const MAX_KEPT: usize = 1024;
+pub const MAX_KEPT: usize = 8192;
 /// A kept handle unused for this long is closed.
 pub const KEEP_FOR: Duration = Duration::from_secs(10);
 
@@ -141,6 +141,11 @@ impl Kept {
         });
         s.count -= out.len();
         out
+    }
+
+    /// Whether another handle may be kept now.
+    pub fn has_room(&self) -> bool {
+        self.state.lock().count < MAX_KEPT
     }
 
     /// Handles kept now.

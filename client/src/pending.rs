@@ -181,6 +181,13 @@ impl Pending {
         let _ = rx.wait_for(|a| *a >= upto).await;
     }
 
+    /// Waits until the first `upto` changes queued have been answered, without hurrying the
+    /// sender: for a caller nobody waits on.
+    pub async fn answered_to(&self, upto: u64) {
+        let mut rx = self.answered.subscribe();
+        let _ = rx.wait_for(|a| *a >= upto).await;
+    }
+
     /// The last change queued or on its way that touches one of `fids` (0: none): what a
     /// recall of leases on them waits for.
     pub fn last_touching(&self, fids: &[Fid]) -> u64 {

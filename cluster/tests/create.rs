@@ -597,3 +597,67 @@ async fn a_lookup_of_a_file_created_ahead_waits_for_its_create_and_asks_nothing_
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_made_or_closed_behind_here_is_kept_for_its_next_open() {
+    let (cluster, fabric, dir) = on_fabric("kept-ahead", 7).await;
+    let a = ahead_in_d(&cluster, "first").await;
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    let create = OpenOptions::new().write(true).create_new(true);
+    let read = OpenOptions::new().read(true);
+    let kept = a.kept_opens();
+
+    // Created ahead and closed unused, as a mount's release closes it: its handle waits for
+    // the create's answer and is kept.
+    let f = create.open(&a, "/d/empty").await.unwrap();
+    assert!(!f.answered(), "created ahead");
+    f.close_unwaited().await.unwrap();
+    assert_eq!(
+        a.kept_opens(),
+        kept + 1,
+        "the handle of a file made here is kept"
+    );
+
+    // Created ahead, written and closed behind its caller: kept too, once its size is in.
+    let f = Arc::new(create.open(&a, "/d/made").await.unwrap());
+    f.write_at(0, b"made here").await.unwrap();
+    let behind = f
+        .close_behind()
+        .expect("a small file made here closes behind");
+    behind.finish(Ok(())).await;
+    let f = Arc::into_inner(f).expect("the last reference");
+    f.close_unwaited().await.unwrap();
+    assert_eq!(a.kept_opens(), kept + 2);
+    assert_eq!(
+        cluster.mds().open_handles(),
+        a.kept_opens(),
+        "kept handles stay counted"
+    );
+
+    // Opened again here: neither open asks the MDS, and the bytes are those written.
+    let before = requests_to_mds(&fabric, "a");
+    let f = read.open(&a, "/d/made").await.unwrap();
+    let e = read.open(&a, "/d/empty").await.unwrap();
+    assert_eq!(
+        requests_to_mds(&fabric, "a"),
+        before,
+        "opens of kept handles"
+    );
+    let mut buf = [0u8; 16];
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"made here");
+    assert_eq!(e.read_at(0, &mut buf).await.unwrap(), 0);
+    f.close().await.unwrap();
+    e.close().await.unwrap();
+
+    // Another client sees the file as closed (close-to-open), its open recalling the lease.
+    let g = read.open(&b, "/d/made").await.unwrap();
+    let n = g.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"made here");
+    g.close().await.unwrap();
+
+    a.close().await.unwrap();
+    assert_eq!(cluster.mds().open_handles(), b.kept_opens());
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1296,7 +1296,7 @@ impl Filesystem for LodeFs {
             // itself when the last of them drops it.
             for _ in 0..1000 {
                 match Arc::try_unwrap(f) {
-                    Ok(file) => return landed.and(file.close().await),
+                    Ok(file) => return landed.and(file.close_unwaited().await),
                     Err(held) => f = held,
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
