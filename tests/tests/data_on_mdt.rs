@@ -151,7 +151,9 @@ async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_an
     write(&b, "/dom/f2", 0, b"overwritten").await;
     want[2].1[..11].copy_from_slice(b"overwritten");
     want.push(("/dom/late".into(), pattern(400, 20_000)));
-    assert!(a.uncommitted() > 0 && b.uncommitted() > 0);
+    // Usually still uncommitted here; on a loaded machine the MDS may have committed them and
+    // said so in a later answer. The bytes must read back either way (the replay of changes
+    // answered and not committed is checked in replay.rs).
     m.kill();
     let m = mds(&root, &listen);
     for (path, data) in &want {
