@@ -82,6 +82,20 @@ pub struct ClientConfig {
     pub job: Option<proto::JobId>,
     /// Where this client counts its calls to the servers (the mount's metrics endpoint).
     pub calls: Option<Arc<lnet::metrics::CallMetrics>>,
+    /// Where the client reads the time it stamps on files it creates ahead of the MDS; the
+    /// system's clock when `None` (a simulation gives its virtual time, so that a seed
+    /// replays exactly).
+    pub clock: Option<Clock>,
+}
+
+/// A clock a client reads the time from (see [`ClientConfig::clock`]).
+#[derive(Clone)]
+pub struct Clock(pub Arc<dyn Fn() -> Time + Send + Sync>);
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
 }
 
 impl Default for ClientConfig {
@@ -109,7 +123,15 @@ impl Default for ClientConfig {
             ahead: true,
             job: lnet::job::from_env(),
             calls: None,
+            clock: None,
         }
+    }
+}
+
+impl Inner {
+    /// The time on this client's clock ([`ClientConfig::clock`]).
+    pub(crate) fn now(&self) -> Time {
+        self.cfg.clock.as_ref().map_or_else(Time::now, |c| (c.0)())
     }
 }
 
@@ -638,6 +660,7 @@ impl Client {
             size_gen,
             behind,
             lease: leases.live(),
+            time: None,
         };
         let stamp = leases.stamp();
         let mut reply = self.rpc(&self.inner.mds.clone(), &r).await?;
@@ -689,7 +712,8 @@ impl Client {
         let _gate = inner.pending.gate.lock();
         // Checked again: a recall may have come while the FID was fetched.
         let (dir, who) = inner.leases.may_create(parent, name, &self.creds)?;
-        let inode = new_inode(fid, Kind::File, mode, b"", None, &dir, &who, Time::now());
+        let now = inner.now();
+        let inode = new_inode(fid, Kind::File, mode, b"", None, &dir, &who, now);
         inner.leases.created_here(parent, name, &inode);
         let r = MdsReint {
             creds: self.creds.clone(),
@@ -707,6 +731,7 @@ impl Client {
             size_gen: None,
             behind: true,
             lease: true,
+            time: Some(now),
         };
         let named = Some((parent, name.to_vec()));
         let sent = inner.pending.push(BatchOp::Reint(r), named, Some(fid));
@@ -749,6 +774,7 @@ impl Client {
             size_gen: None,
             behind: true,
             lease: false,
+            time: None,
         };
         let named = Some((parent, name.to_vec()));
         inner
@@ -860,7 +886,7 @@ impl Client {
 
     /// An inode's attributes if the lease cache holds them now, without waiting.
     pub fn getattr_cached(&self, fid: Fid) -> Option<Inode> {
-        if self.inner.closings.busy(fid) {
+        if self.inner.closings.busy(fid) || self.inner.pending.touching(fid).is_some() {
             return None;
         }
         self.inner.leases.getattr(fid)
@@ -883,6 +909,9 @@ impl Client {
             match &hit {
                 // Its size is on its way (the cache marked it stale meanwhile).
                 Ok(i) if self.inner.closings.busy(i.fid) => self.after_closing(i.fid).await,
+                // A change of this client's own to it is queued (the size a close published
+                // behind): the attributes cached may be from before it; its answer follows.
+                Ok(i) if self.inner.pending.touching(i.fid).is_some() => {}
                 _ => return hit,
             }
         }
@@ -948,16 +977,14 @@ impl Client {
     pub async fn getattr(&self, fid: Fid) -> Result<Inode> {
         self.after_closing(fid).await;
         let leases = &self.inner.leases;
-        if let Some(i) = leases.getattr(fid) {
-            return Ok(i);
-        }
         if let Some(seq) = self.inner.pending.touching(fid) {
             // Moved on by a change of this client's own still queued (a create answered
-            // ahead in the directory): its answer brings the attributes it left.
+            // ahead in the directory, the size a close published behind): its answer brings
+            // the attributes it left; those cached may be from before it.
             self.inner.pending.settle_to(seq).await;
-            if let Some(i) = leases.getattr(fid) {
-                return Ok(i);
-            }
+        }
+        if let Some(i) = leases.getattr(fid) {
+            return Ok(i);
         }
         let stamp = leases.stamp();
         let r = MdsGetattr {
@@ -979,7 +1006,7 @@ impl Client {
     pub fn dir_attr_ahead(&self, dir: Fid) -> Option<Inode> {
         self.inner.pending.touching(dir)?;
         let mut i = self.inner.leases.dir_attr_held(dir)?;
-        let now = Time::now();
+        let now = self.inner.now();
         let later = |t: Time| {
             if (now.sec, now.nsec) > (t.sec, t.nsec) {
                 now

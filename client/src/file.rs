@@ -583,8 +583,8 @@ impl File {
     }
 
     /// Whether the MDS has answered for the file: false for a file created ahead until its
-    /// create's answer was taken in. Until then its times are this client's clock, not yet
-    /// the MDS's.
+    /// create's answer was taken in (its times are this client's clock, which the MDS stamps
+    /// the create with).
     pub fn answered(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
     }
@@ -1972,6 +1972,7 @@ impl File {
             size_gen: Some(self.size_gen.load(Ordering::SeqCst)),
             behind: true,
             lease: inner.leases.live(),
+            time: None,
         };
         Some(inner.pending.push_quiet(proto::md::BatchOp::Reint(r), fid))
     }

@@ -30,7 +30,7 @@ pub mod stripe_args;
 mod unstable;
 pub mod writebehind;
 
-pub use client::{parse_nid, raid0, Client, ClientConfig, ROOT};
+pub use client::{parse_nid, raid0, Client, ClientConfig, Clock, ROOT};
 pub use early::EarlyRead;
 pub use error::{ClientError, Result};
 pub use file::{Behind, Chunk, File, OpenOptions, Reader, Writer};

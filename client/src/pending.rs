@@ -499,6 +499,7 @@ mod tests {
             size_gen: None,
             behind: true,
             lease: false,
+            time: None,
         })
     }
 

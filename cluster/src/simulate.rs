@@ -148,6 +148,8 @@ struct Sim {
     engines: Vec<Arc<MemEngine>>,
     disk: Arc<MemDisk>,
     clients: Vec<Client>,
+    /// The virtual clock of the MDS and the clients.
+    clock: mds::store::Clock,
     model: Model,
     report: Report,
     /// The latest error an operation met, for a liveness failure's message.
@@ -160,12 +162,13 @@ struct Sim {
     started: u64,
 }
 
-fn client_config() -> ClientConfig {
+fn client_config(clock: &mds::store::Clock) -> ClientConfig {
     ClientConfig {
         attempt: Duration::from_millis(300),
         retry_for: Duration::from_secs(8),
         ping_every: Duration::from_millis(200),
         creds: proto::md::Creds::root(),
+        clock: Some(client::Clock(clock.clone())),
         ..ClientConfig::default()
     }
 }
@@ -199,6 +202,8 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         })
         .map_err(|e| fail(e.to_string()))?;
     let disk = Arc::new(MemDisk::new());
+    // One virtual clock for the MDS and the clients, which stamp the files they create ahead.
+    let clock = virtual_clock();
     let engines: Vec<Arc<MemEngine>> = (0..SERVERS)
         .map(|_| Arc::new(MemEngine::new(1 << 30)))
         .collect();
@@ -209,7 +214,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
         .deferred_commit()
         .mds_instances(seed << 16 | 1)
-        .mds_clock(virtual_clock());
+        .mds_clock(clock.clone());
     for e in &engines {
         builder = builder.storage_server(vec![e.clone() as Arc<dyn oss::engine::Engine>]);
     }
@@ -218,7 +223,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
     for (i, name) in ["c0", "c1"].into_iter().enumerate() {
         let cfg = ClientConfig {
             id: Some(u128::from(seed) << 64 | (i as u128 + 1)),
-            ..client_config()
+            ..client_config(&clock)
         };
         clients.push(
             cluster
@@ -239,6 +244,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         engines,
         disk,
         clients,
+        clock,
         model: Model::default(),
         report: Report {
             seed,
@@ -422,7 +428,7 @@ impl Sim {
                 self.restart_mds().await?;
                 let cfg = ClientConfig {
                     id: Some(id),
-                    ..client_config()
+                    ..client_config(&self.clock)
                 };
                 self.clients[slot] = self.connect(&name, cfg).await?;
                 Ok(())

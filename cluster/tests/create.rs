@@ -445,6 +445,18 @@ async fn a_file_created_ahead_is_its_own_attributes_until_the_mds_answers() {
     fabric.heal();
     a.settle_ahead().await.unwrap();
     assert!(f.made_here().is_none(), "answered");
+    // The MDS stamped the create with the times the caller was shown, as another client
+    // finds them.
+    let b = cluster
+        .client("other", ClientConfig::default())
+        .await
+        .unwrap();
+    let seen = b.stat("/d/new").await.unwrap();
+    assert_eq!(
+        (seen.mtime, seen.ctime, seen.atime),
+        (made.mtime, made.ctime, made.atime),
+        "the MDS's times are the ones made here"
+    );
     f.write_at(0, b"landed").await.unwrap();
     f.close().await.unwrap();
     cluster.stop().await;

@@ -1169,12 +1169,14 @@ impl MdsService {
             Decision::Opens(inode) => (Some(inode), false),
             Decision::Applies => {
                 let mut m = r.mutation;
+                // Only a create answered ahead is stamped with the client's time.
+                let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
                 let objects = self.prepare(&mut m).await?;
                 // Only a client in the table is answered before the change is durable: only
                 // its changes are waited for after a restart.
                 let behind = r.behind && r.req.is_some_and(|q| self.clients.holds(q.client));
                 let done = self
-                    .apply(m, r.creds, r.req, r.size_gen, objects, behind)
+                    .apply(m, r.creds, r.req, r.size_gen, objects, behind, time)
                     .await?;
                 stamp = (done.transno, done.ticket);
                 changed = done.touched;
@@ -1302,6 +1304,7 @@ impl MdsService {
 
     /// Applies a mutation; objects allocated for it that it did not use (an existing file was
     /// opened, or it failed) go back to their pools.
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &self,
         m: Mutation,
@@ -1310,6 +1313,7 @@ impl MdsService {
         size_gen: Option<u64>,
         objects: Vec<StripeObject>,
         behind: bool,
+        time: Option<proto::md::Time>,
     ) -> Result<crate::store::Done, RemoteError> {
         // Other clients' leases on what the change touches are recalled first; the check is
         // made again as it applies, and the change goes round again if one was granted since.
@@ -1320,10 +1324,15 @@ impl MdsService {
             let _recall = self.leases.recall(&touched, except).await;
             let clear = |fids: &[proto::Fid]| self.leases.clear(fids, except);
             let after = |f: &proto::Fid| except.is_some_and(|c| self.leases.holds(c, *f));
-            match self
-                .store
-                .apply_clear(m.clone(), creds.clone(), req, size_gen, &clear, &after)
-            {
+            match self.store.apply_clear(
+                m.clone(),
+                creds.clone(),
+                req,
+                size_gen,
+                time,
+                &clear,
+                &after,
+            ) {
                 Err(StoreError::Leased) => continue,
                 other => break other,
             }

@@ -153,6 +153,24 @@ pub fn wall_clock() -> Clock {
     })
 }
 
+/// The time a change is stamped with: the client's `asked`, where it is no more than
+/// [`proto::md::CLIENT_TIME_SKEW`] ahead of the clock's `now` and no more than
+/// [`proto::md::CLIENT_TIME_LAG`] behind it; `now` otherwise.
+fn stamp_time(now: Time, asked: Option<Time>) -> Time {
+    let nanos = |t: Time| i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
+    let Some(t) = asked else {
+        return now;
+    };
+    let ahead = nanos(t) - nanos(now);
+    let fits = ahead <= proto::md::CLIENT_TIME_SKEW.as_nanos() as i128
+        && -ahead <= proto::md::CLIENT_TIME_LAG.as_nanos() as i128;
+    if fits {
+        t
+    } else {
+        now
+    }
+}
+
 impl Store {
     /// Recovers the namespace kept in `dir` (or starts one) and starts the committer.
     pub fn open(dir: &Path, checkpoint_bytes: u64) -> Result<Store, StoreError> {
@@ -278,19 +296,23 @@ impl Store {
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
     ) -> Result<Done, StoreError> {
-        self.apply_clear(m, who, req, size_gen, &|_| true, &|_| false)
+        self.apply_clear(m, who, req, size_gen, None, &|_| true, &|_| false)
     }
 
     /// As [`Store::apply_behind`], if `clear` holds for the inodes the change touches, as
     /// they are under the namespace's lock (no other client holds a lease on them); otherwise
     /// [`StoreError::Leased`], and nothing changes. The touched inodes `after` picks (other
-    /// than the one the change answers with) come back as the change left them.
+    /// than the one the change answers with) come back as the change left them. The change
+    /// is stamped with `time` where it is close enough to the MDS's clock (see
+    /// [`proto::md::CLIENT_TIME_SKEW`]), with the clock's time otherwise.
+    #[allow(clippy::too_many_arguments)]
     pub fn apply_clear(
         &self,
         m: Mutation,
         who: Creds,
         req: Option<proto::md::ReqId>,
         size_gen: Option<u64>,
+        time: Option<Time>,
         clear: &dyn Fn(&[proto::Fid]) -> bool,
         after: &dyn Fn(&proto::Fid) -> bool,
     ) -> Result<Done, StoreError> {
@@ -318,7 +340,7 @@ impl Store {
             let rec = Record {
                 seq: *seq + 1,
                 creds: who,
-                time: (self.clock)(),
+                time: stamp_time((self.clock)(), time),
                 mutation: m,
                 req,
             };
@@ -650,5 +672,36 @@ impl Drop for Store {
         if let Some(t) = self.committer.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_time;
+    use proto::md::Time;
+
+    #[test]
+    fn a_clients_time_is_taken_only_near_the_mds_clock() {
+        let now = Time {
+            sec: 1_000_000,
+            nsec: 500,
+        };
+        let at = |sec: i64, nsec: u32| Some(Time { sec, nsec });
+        assert_eq!(stamp_time(now, None), now);
+        // A create that waited in its client's queue, and a client a little ahead.
+        assert_eq!(stamp_time(now, at(999_990, 7)), at(999_990, 7).unwrap());
+        assert_eq!(
+            stamp_time(now, at(1_000_000, 900)),
+            at(1_000_000, 900).unwrap()
+        );
+        assert_eq!(
+            stamp_time(now, at(1_000_001, 500)),
+            at(1_000_001, 500).unwrap()
+        );
+        // Too far ahead or behind: the MDS's own.
+        assert_eq!(stamp_time(now, at(1_000_001, 501)), now);
+        assert_eq!(stamp_time(now, at(999_969, 0)), now);
+        assert_eq!(stamp_time(now, at(i64::MAX, 0)), now);
+        assert_eq!(stamp_time(now, at(i64::MIN, 0)), now);
     }
 }

@@ -431,7 +431,20 @@ pub struct MdsReint {
     /// Lease the inode the change returns to the caller (the `req` client), when it may
     /// (see [`MdsLeaseWait`]).
     pub lease: bool,
+    /// With a [`Mutation::CreateAt`] the client answered ahead: the time it stamped the new
+    /// file with (and showed its caller). The MDS stamps the change with it, as Lustre's MDS
+    /// takes the client's time for the change it makes, so the attributes the client gave out
+    /// stay true; a time further than [`CLIENT_TIME_SKEW`] from the MDS's clock is not taken.
+    pub time: Option<Time>,
 }
+
+/// How far a client's clock may be from the MDS's for a create's time to be taken
+/// ([`MdsReint::time`]): later by this much at most, or earlier (the create waited in the
+/// client's queue) by [`CLIENT_TIME_LAG`] at most.
+pub const CLIENT_TIME_SKEW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// See [`CLIENT_TIME_SKEW`].
+pub const CLIENT_TIME_LAG: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A client's own numbering of its modifying requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

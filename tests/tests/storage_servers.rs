@@ -263,6 +263,7 @@ fn reint(m: Mutation) -> MdsReint {
         size_gen: None,
         behind: false,
         lease: false,
+        time: None,
     }
 }
 

@@ -574,10 +574,10 @@ impl Filesystem for LodeFs {
             return;
         }
         // A file this mount created ahead whose create the MDS has not answered yet: its
-        // attributes are those made here (the kernel's permission check at the create's open
-        // asks for them), not kept by the kernel, as the create's were not.
+        // attributes are those made here, times included (the MDS stamps the create with
+        // them).
         if let Some(i) = self.made_here(fid) {
-            return reply.attr(&Duration::ZERO, &attr(&i, Self::size_of(&files, &i)));
+            return reply.attr(&TTL, &attr(&i, Self::size_of(&files, &i)));
         }
         if let Some(i) = c.dir_attr_ahead(fid) {
             // A directory this mount's creates or unlinks answered ahead are still on their
@@ -1044,9 +1044,10 @@ impl Filesystem for LodeFs {
                 Ok(f) => {
                     let i = f.inode();
                     let a = attr(&i, i.size);
-                    // A file created ahead has this client's times until the MDS answers with
-                    // its own: the kernel keeps neither, so the next stat sees the MDS's.
-                    let ttl = if f.answered() { TTL } else { Duration::ZERO };
+                    // A file created ahead has this client's times, which the MDS stamps
+                    // its create with: the kernel may keep them as it keeps any (its
+                    // permission check at the open then needs no request of its own).
+                    let ttl = TTL;
                     // The kernel has no pages of it after this (a new file has none; an old
                     // one's are dropped, as no FOPEN_KEEP_CACHE is given).
                     pages.opened(i.fid, c.holds_lease(i.fid));

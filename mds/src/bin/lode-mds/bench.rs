@@ -389,6 +389,7 @@ async fn lode_round(
                 size_gen: None,
                 behind: false,
                 lease: false,
+                time: None,
             },
             T,
         )
@@ -423,6 +424,7 @@ async fn lode_round(
                             size_gen: None,
                             behind: false,
                             lease: false,
+                            time: None,
                         },
                         T,
                     )
@@ -518,6 +520,7 @@ async fn lode_round(
                             size_gen: None,
                             behind: false,
                             lease: false,
+                            time: None,
                         },
                         T,
                     )
@@ -551,6 +554,7 @@ async fn lode_round(
                             size_gen: None,
                             behind: false,
                             lease: false,
+                            time: None,
                         },
                         T,
                     )
