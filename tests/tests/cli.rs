@@ -128,3 +128,17 @@ fn the_command_prints_and_fails_as_coreutils_do() {
     let (_, out, _) = c.lode(&["cp", "--help"]);
     assert!(out.contains("local:"), "{out}");
 }
+
+/// `cluster up` checks the new cluster with a client of its own, which leaves no lease behind:
+/// one it had not given back would hold up the first change to what it cached (the root, where
+/// its test file went) until the lease's term ran out.
+#[test]
+fn cluster_up_leaves_no_lease_to_hold_up_the_first_change() {
+    let c = Cluster::up("cli-leases", 9741);
+    assert_eq!(c.lode(&["mkdir", "/first"]).0, 0);
+    let log = std::fs::read_to_string(c.dir.join("logs").join("mds.log")).unwrap();
+    assert!(
+        !log.contains("did not acknowledge a lease recall"),
+        "a client of cluster up held a lease: {log}"
+    );
+}
