@@ -1360,8 +1360,21 @@ impl Client {
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
-        // A listing shows the sizes closes finishing behind will publish.
+        // A listing shows the sizes closes finishing behind will publish: those of the files
+        // made in this directory. A file closing behind under another name (a hard link made
+        // while it was open) shows up among the entries: then every close is waited for and
+        // the listing read again.
+        self.inner.closings.dir(dir).await;
+        let listed = self.read_pages(dir, plus).await?;
+        if !self.inner.closings.any_busy(listed.0.iter().map(|e| e.fid)) {
+            return Ok(listed);
+        }
         self.after_closings().await;
+        self.read_pages(dir, plus).await
+    }
+
+    /// The listing of `dir` from the lease cache, or read from the MDS page by page.
+    async fn read_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.listing(dir, &self.creds, plus) {
             return hit;

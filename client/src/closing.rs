@@ -9,9 +9,11 @@
 //! sees its bytes and its size, as close-to-open promises.
 //!
 //! This client's own calls keep their order too: whatever reads or changes a file waits for
-//! that file's close to finish (its attributes, an open, a truncate, an fsync), and whatever
-//! may see it through its directory waits for every close begun before it (a listing, a
-//! rename, a link, an unlink, `sync`). Calls a close itself makes (its writes, a capability's
+//! that file's close to finish (its attributes, an open, a truncate, an fsync), a listing waits
+//! for the closes begun before it in its directory (and, should an entry it read be a file
+//! still closing under another name, for every close), and whatever else may see a file
+//! through its directory waits for every close begun before it (a rename, a link, an unlink,
+//! `sync`). Calls a close itself makes (its writes, a capability's
 //! renewal, the size it publishes) never wait for closes, so none waits on itself.
 //!
 //! A close that fails behind (a write refused, the storage full) publishes no size over the
@@ -46,10 +48,22 @@ pub(crate) struct Closings {
 struct State {
     /// The number of the last close begun.
     begun: u64,
-    /// Closes not finished, by number.
-    live: BTreeMap<u64, Fid>,
+    /// Closes not finished, by number: the file and the directory it was made in.
+    live: BTreeMap<u64, (Fid, Fid)>,
     /// How many of them each file has.
     files: crate::FastMap<Fid, u32>,
+    /// How many of them each directory has.
+    dirs: crate::FastMap<Fid, u32>,
+}
+
+/// Counts one down in `counts`, dropping its entry at zero.
+fn count_down(counts: &mut crate::FastMap<Fid, u32>, key: Fid) {
+    if let Some(n) = counts.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(&key);
+        }
+    }
 }
 
 /// A close finishing behind; finished when dropped.
@@ -70,13 +84,14 @@ impl Closings {
         self.state.lock().live.len() < MAX_BEHIND
     }
 
-    /// Begins a close of `fid` finishing behind.
-    pub fn begin(self: &Arc<Self>, fid: Fid) -> Closing {
+    /// Begins a close of `fid`, made in directory `dir`, finishing behind.
+    pub fn begin(self: &Arc<Self>, fid: Fid, dir: Fid) -> Closing {
         let mut s = self.state.lock();
         s.begun += 1;
         let seq = s.begun;
-        s.live.insert(seq, fid);
+        s.live.insert(seq, (fid, dir));
         *s.files.entry(fid).or_default() += 1;
+        *s.dirs.entry(dir).or_default() += 1;
         Closing {
             closings: self.clone(),
             seq,
@@ -85,13 +100,9 @@ impl Closings {
 
     fn end(&self, seq: u64) {
         let mut s = self.state.lock();
-        if let Some(fid) = s.live.remove(&seq) {
-            if let Some(n) = s.files.get_mut(&fid) {
-                *n -= 1;
-                if *n == 0 {
-                    s.files.remove(&fid);
-                }
-            }
+        if let Some((fid, dir)) = s.live.remove(&seq) {
+            count_down(&mut s.files, fid);
+            count_down(&mut s.dirs, dir);
         }
         drop(s);
         self.done.notify_waiters();
@@ -100,6 +111,12 @@ impl Closings {
     /// Whether a close of `fid` is finishing behind.
     pub fn busy(&self, fid: Fid) -> bool {
         self.state.lock().files.contains_key(&fid)
+    }
+
+    /// Whether a close of any of `fids` is finishing behind.
+    pub fn any_busy(&self, fids: impl IntoIterator<Item = Fid>) -> bool {
+        let s = self.state.lock();
+        !s.files.is_empty() && fids.into_iter().any(|f| s.files.contains_key(&f))
     }
 
     /// A close behind queued its size as change `seq` ([`crate::pending`]).
@@ -122,6 +139,24 @@ impl Closings {
         loop {
             let done = self.done.notified();
             if !self.busy(fid) {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    /// Waits until every close of a file made in `dir` begun so far has finished (later ones
+    /// are not waited for).
+    pub async fn dir(&self, dir: Fid) {
+        let upto = self.begun();
+        loop {
+            let done = self.done.notified();
+            let left = {
+                let s = self.state.lock();
+                s.dirs.contains_key(&dir)
+                    && s.live.range(..=upto).any(|(_, (_, in_dir))| *in_dir == dir)
+            };
+            if !left {
                 return;
             }
             done.await;
@@ -158,14 +193,14 @@ mod tests {
     #[tokio::test]
     async fn a_wait_for_all_waits_only_for_closes_begun_before_it() {
         let c = Arc::new(Closings::default());
-        let first = c.begin(fid(1));
+        let first = c.begin(fid(1), fid(100));
         let all = {
             let c = c.clone();
             tokio::spawn(async move { c.all().await })
         };
         tokio::task::yield_now().await;
         // Begun after the wait: it does not hold the wait back.
-        let later = c.begin(fid(2));
+        let later = c.begin(fid(2), fid(100));
         assert!(!all.is_finished());
         drop(first);
         tokio::time::timeout(std::time::Duration::from_secs(5), all)
@@ -180,9 +215,9 @@ mod tests {
     #[tokio::test]
     async fn a_wait_for_a_file_ends_when_its_last_close_finishes() {
         let c = Arc::new(Closings::default());
-        let a = c.begin(fid(1));
-        let b = c.begin(fid(1));
-        let other = c.begin(fid(3));
+        let a = c.begin(fid(1), fid(100));
+        let b = c.begin(fid(1), fid(100));
+        let other = c.begin(fid(3), fid(100));
         let wait = {
             let c = c.clone();
             tokio::spawn(async move { c.file(fid(1)).await })
@@ -199,5 +234,31 @@ mod tests {
         // Another file's close is not waited for.
         assert!(c.busy(fid(3)));
         drop(other);
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_a_directory_waits_only_for_closes_begun_before_it_there() {
+        let c = Arc::new(Closings::default());
+        let here = c.begin(fid(1), fid(100));
+        let elsewhere = c.begin(fid(2), fid(200));
+        let wait = {
+            let c = c.clone();
+            tokio::spawn(async move { c.dir(fid(100)).await })
+        };
+        tokio::task::yield_now().await;
+        // Begun after the wait, in the same directory: it does not hold the wait back.
+        let later = c.begin(fid(3), fid(100));
+        assert!(!wait.is_finished());
+        assert!(c.any_busy([fid(9), fid(1)]));
+        drop(here);
+        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+            .await
+            .expect("the wait ended once the earlier close there finished")
+            .unwrap();
+        // The other directory's close was not waited for.
+        assert!(c.busy(fid(2)));
+        assert!(!c.any_busy([fid(1), fid(9)]));
+        drop((elsewhere, later));
+        assert!(!c.any_busy([fid(2), fid(3)]));
     }
 }

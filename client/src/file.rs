@@ -1937,7 +1937,7 @@ impl File {
             return None;
         }
         let fid = self.fid();
-        let closing = inner.closings.begin(fid);
+        let closing = inner.closings.begin(fid, parent);
         inner.leases.moving(fid);
         self.behind.store(true, Ordering::SeqCst);
         Some(Behind {
