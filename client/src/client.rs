@@ -998,8 +998,8 @@ impl Client {
 
     /// The attributes of directory `dir` while changes of this client's own in it are still
     /// queued (creates and unlinks answered ahead), without waiting for their answers: those
-    /// last learnt under the lease held now, with this client's time as the directory's mtime
-    /// and ctime, as a file created ahead has this client's times until the MDS answers. Its
+    /// last learnt under the lease held now, with this client's time now as the directory's
+    /// mtime and ctime (the MDS stamps the queued creates with their own times, no later). Its
     /// kind, mode and owners are the MDS's (own changes in a directory leave them); its times
     /// and link count are the MDS's only once the queue is answered. `None` where nothing of
     /// this client's is queued in `dir`, or its lease or attributes are not held.
