@@ -385,10 +385,12 @@ fn a_second_mounts_change_shows_at_once_on_the_first() {
 /// The first mount keeps a file's pages across its opens while it holds the file's lease; a
 /// second mount that overwrites the file in place (same size: only the mtime changes at the
 /// MDS) and closes it recalls that lease, so the first mount's next open reads the new bytes
-/// (close-to-open), never the pages it kept.
+/// (close-to-open), never the pages it kept; a handle it held open across that close reads
+/// them too, its pages dropped with the lease.
 #[test]
 fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
     use std::io::Write;
+    use std::os::unix::fs::FileExt;
     let Some(two) = TwoMounts::start("leases-pages") else {
         return;
     };
@@ -413,6 +415,22 @@ fn pages_kept_across_opens_give_way_to_another_mounts_write_at_its_close() {
             .unwrap();
         w.write_all(&version(round)).unwrap();
         drop(w);
+        // The handle held open across the other mount's close reads the new bytes too: the
+        // close recalled the lease, and its pages were dropped with it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let mut seen = vec![0u8; 200_000];
+            held.read_exact_at(&mut seen, 0).unwrap();
+            if seen == version(round) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: a handle open across the other mount's close still reads the \
+                 pages of the older version"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         drop(held);
         let got = fs::read(a.join("p")).unwrap();
         assert!(

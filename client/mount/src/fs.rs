@@ -156,6 +156,8 @@ pub struct LodeFs {
     pages: Arc<crate::pages::PageTrust>,
     /// Directories' parents, for `..` in their listings.
     parents: Arc<crate::pages::Parents>,
+    /// Drops files' pages in the kernel.
+    dropper: crate::invalidate::PageDropper,
     /// The last statfs answer, and when it came.
     statfs: Arc<Mutex<Option<(std::time::Instant, proto::md::FsStats)>>>,
     next_fh: AtomicU64,
@@ -279,7 +281,8 @@ impl LodeFs {
         let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> = Arc::default();
         let pages: Arc<crate::pages::PageTrust> = Arc::default();
         let parents: Arc<crate::pages::Parents> = Arc::default();
-        crate::invalidate::start(&client, notifier.clone(), pages.clone(), parents.clone());
+        let dropper =
+            crate::invalidate::start(&client, notifier.clone(), pages.clone(), parents.clone());
         LodeFs {
             client,
             rt,
@@ -294,6 +297,7 @@ impl LodeFs {
             uring: false,
             pages,
             parents,
+            dropper,
             statfs: Arc::default(),
             next_fh: AtomicU64::new(1),
             metrics: None,
@@ -405,9 +409,15 @@ impl LodeFs {
         f: impl std::future::Future<Output = Result<Inode, ClientError>> + Send + 'static,
     ) {
         let files = self.files.clone();
+        let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
         self.inline(async move {
             match f.await {
-                Ok(i) => reply.entry(&TTL, &attr(&i, Self::size_of(&files, &i)), Generation(0)),
+                Ok(i) => {
+                    if pages.moved(&i) {
+                        dropper.drop_pages(ino_of(i.fid));
+                    }
+                    reply.entry(&TTL, &attr(&i, Self::size_of(&files, &i)), Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -483,9 +493,12 @@ impl Filesystem for LodeFs {
             let _ = config.set_max_readahead(most);
         }
         let _ = config.set_max_background(64);
-        // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, page
-        // cache dropped when a file's mtime or size changes under the kernel, and O_DIRECT
-        // requests submitted asynchronously (so io_depth reaches the daemon). O_TRUNC is not
+        // readdirplus (adaptive, as libfuse does), parallel lookups in one directory, and
+        // O_DIRECT requests submitted asynchronously (so io_depth reaches the daemon). The
+        // kernel drops a file's pages when its size moves under it, not when its mtime does
+        // (no FUSE_AUTO_INVAL_DATA): this mount's own writes move the mtime of pages that are
+        // the file's, and the daemon drops pages another client's change made old (see
+        // `pages.rs`). O_TRUNC is not
         // taken with the open (FUSE_ATOMIC_O_TRUNC): the kernel checks that no process runs
         // the file only after the open, and a read-only open with O_TRUNC of a running
         // program would have truncated it before failing with ETXTBSY. The kernel truncates
@@ -494,7 +507,6 @@ impl Filesystem for LodeFs {
             fuser::InitFlags::FUSE_DO_READDIRPLUS
                 | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
                 | fuser::InitFlags::FUSE_PARALLEL_DIROPS
-                | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
                 | fuser::InitFlags::FUSE_ASYNC_DIO,
         );
         // The write-back cache: buffered writes stay in the page cache and reach the daemon
@@ -588,12 +600,16 @@ impl Filesystem for LodeFs {
             // MDS's times.
             return reply.attr(&TTL, &attr(&i, i.size));
         }
+        let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
         self.inline(async move {
             let fid = fid_of(ino);
             let before = c.lease_recalls();
             match c.getattr(fid).await {
                 Ok(i) => {
                     let leased = c.leased_attr(fid);
+                    if !leased && pages.moved(&i) {
+                        dropper.drop_pages(ino);
+                    }
                     let ttl = if leased { LEASED_TTL } else { TTL };
                     reply.attr(&ttl, &attr(&i, Self::size_of(&files, &i)));
                     if leased && c.lease_recalls() != before {

@@ -4,6 +4,10 @@
 //! entry takes the kernel's lock on its directory, which a call in that directory may hold
 //! while it waits on this daemon (and it, through the MDS, on this recall). Entries are given
 //! to the kernel with the short timeout, so one dropped late is stale for that long at most.
+//! Cached pages are dropped on a third thread, which a recall waits for only briefly as well:
+//! dropping them takes the locks of pages a read may hold while it waits on this daemon. An
+//! open never keeps pages whose lease dropped ([`crate::pages::PageTrust`]), whenever this
+//! thread gets to them.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -19,12 +23,14 @@ use crate::kernel::ino_of;
 
 enum Job {
     Attrs(INodeNo),
+    /// A file's cached pages, or a directory's cached listing.
+    Pages(INodeNo),
     Entries(INodeNo, Vec<Vec<u8>>),
     /// Answered once every job before it is done.
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
-/// Longest a recall waits for the kernel's entries to be dropped.
+/// Longest a recall waits for the kernel's entries and pages to be dropped.
 const ENTRIES_WAIT: Duration = Duration::from_millis(50);
 
 fn worker(name: &str, notifier: Arc<OnceLock<fuser::Notifier>>) -> mpsc::Sender<Job> {
@@ -37,6 +43,10 @@ fn worker(name: &str, notifier: Arc<OnceLock<fuser::Notifier>>) -> mpsc::Sender<
                 match (job, n) {
                     (Job::Attrs(ino), Some(n)) => {
                         let _ = n.inval_inode(ino, -1, 0);
+                    }
+                    (Job::Pages(ino), Some(n)) => {
+                        // From the first byte to the last (a length the end cannot overflow).
+                        let _ = n.inval_inode(ino, 0, i64::MAX);
                     }
                     (Job::Entries(dir, names), Some(n)) => {
                         for name in &names {
@@ -56,37 +66,58 @@ fn worker(name: &str, notifier: Arc<OnceLock<fuser::Notifier>>) -> mpsc::Sender<
     tx
 }
 
+/// Drops files' cached pages in the kernel, on the thread nothing waits for.
+#[derive(Clone)]
+pub(crate) struct PageDropper(mpsc::Sender<Job>);
+
+impl PageDropper {
+    pub(crate) fn drop_pages(&self, ino: INodeNo) {
+        let _ = self.0.send(Job::Pages(ino));
+    }
+}
+
 /// Starts the threads; they send through the session's notifier once there is one, and hear
-/// every lease `client` drops.
+/// every lease `client` drops. A lease dropped drops the kernel's attributes, entries and
+/// pages of what it covered: another client's change recalls it before it is made.
 pub(crate) fn start(
     client: &Client,
     notifier: Arc<OnceLock<fuser::Notifier>>,
     pages: Arc<crate::pages::PageTrust>,
     parents: Arc<crate::pages::Parents>,
-) {
+) -> PageDropper {
     let attrs = worker("lode-inval-attr", notifier.clone());
-    let entries = worker("lode-inval-entry", notifier);
-    let (a, e) = (attrs.clone(), entries.clone());
+    let entries = worker("lode-inval-entry", notifier.clone());
+    let dropper = PageDropper(worker("lode-inval-pages", notifier));
+    let (a, e, p) = (attrs.clone(), entries.clone(), dropper.clone());
     client.on_lease_dropped(move |d: Dropped| {
         pages.dropped(d.fid);
         parents.dropped(d.fid);
         let ino = ino_of(d.fid);
         let _ = a.send(Job::Attrs(ino));
+        p.drop_pages(ino);
         if !d.names.is_empty() {
             let _ = e.send(Job::Entries(ino, d.names));
         }
     });
+    let paged = dropper.0.clone();
     client.on_lease_barrier(move || {
         let (done, wait) = tokio::sync::oneshot::channel();
         let (a_done, a_wait) = tokio::sync::oneshot::channel();
         let (e_done, e_wait) = tokio::sync::oneshot::channel();
+        let (p_done, p_wait) = tokio::sync::oneshot::channel();
         let _ = attrs.send(Job::Flush(a_done));
         let _ = entries.send(Job::Flush(e_done));
+        let _ = paged.send(Job::Flush(p_done));
         tokio::spawn(async move {
             let _ = a_wait.await;
-            let _ = tokio::time::timeout(ENTRIES_WAIT, e_wait).await;
+            let _ = tokio::time::timeout(ENTRIES_WAIT, async {
+                let _ = e_wait.await;
+                let _ = p_wait.await;
+            })
+            .await;
             let _ = done.send(());
         });
         wait
     });
+    dropper
 }

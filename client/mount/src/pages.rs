@@ -11,6 +11,12 @@
 //! the kernel drops them before the open returns) made while the lease was held; they are
 //! trusted from that handle's release on, and no longer from the moment the lease is dropped
 //! (the drop is heard before a recall is acknowledged).
+//!
+//! The kernel does not drop a file's pages itself when its mtime moves (no
+//! `FUSE_AUTO_INVAL_DATA`): it would drop the pages this mount's own writes left, at the
+//! first stat after their close. Pages are dropped instead when the lease on the file is,
+//! and when attributes read without a lease show a size or mtime other than those the kernel
+//! was given last.
 
 use std::collections::HashSet;
 
@@ -31,6 +37,8 @@ struct Sets {
     /// The attributes the kernel was last given from the lease cache (size, mtime, ctime),
     /// under a lease held since.
     given: std::collections::HashMap<Fid, Given>,
+    /// The size and mtime the kernel was last given without a lease.
+    shown: std::collections::HashMap<Fid, (u64, proto::md::Time)>,
 }
 
 /// What of a file's attributes an open compares: what close-to-open may have moved.
@@ -72,6 +80,7 @@ impl PageTrust {
         s.fresh.remove(&fid);
         s.trusted.remove(&fid);
         s.given.remove(&fid);
+        s.shown.remove(&fid);
     }
 
     /// The kernel was given `i`'s attributes from the lease cache; `still`: the lease has held
@@ -87,6 +96,26 @@ impl PageTrust {
         if !still() {
             self.sets.lock().given.remove(&i.fid);
         }
+    }
+
+    /// The kernel is given `i`'s attributes, read without a lease: whether its size or mtime
+    /// moved from those it was given last (its cached pages may be older than the file).
+    pub(crate) fn moved(&self, i: &proto::md::Inode) -> bool {
+        if i.kind != proto::md::Kind::File {
+            return false;
+        }
+        let mut s = self.sets.lock();
+        let now = (i.size, i.mtime);
+        let before = s
+            .shown
+            .get(&i.fid)
+            .copied()
+            .or_else(|| s.given.get(&i.fid).map(|g| (g.0, g.1)));
+        if s.shown.len() >= MAX_GIVEN {
+            s.shown.clear();
+        }
+        s.shown.insert(i.fid, now);
+        before.is_some_and(|b| b != now)
     }
 
     /// Whether the kernel's attributes of a file are `now` (the lease cache's, the lease held
@@ -184,6 +213,29 @@ mod tests {
             target: vec![],
         };
         assert!(!t.current(&i), "nothing given yet");
+        // Attributes read without a lease: the first sight moves nothing; a size or mtime
+        // other than the last shown does, once.
+        assert!(!t.moved(&i));
+        assert!(!t.moved(&i));
+        let later = Inode {
+            mtime: Time { sec: 5, nsec: 0 },
+            ..i.clone()
+        };
+        assert!(t.moved(&later));
+        assert!(!t.moved(&later));
+        assert!(t.moved(&Inode {
+            size: 12,
+            ..later.clone()
+        }));
+        assert!(
+            !t.moved(&Inode {
+                kind: Kind::Dir,
+                size: 1,
+                ..i.clone()
+            }),
+            "a directory's listing is not a file's pages"
+        );
+        t.dropped(fid(1));
         t.gave(&i, || true);
         assert!(t.current(&i));
         // The cache moved on (a write published a new size): the kernel's copy is older.
