@@ -582,6 +582,24 @@ impl File {
             .then(|| self.inode.lock().clone())
     }
 
+    /// Whether this handle created the file ahead ([`crate::pending`]).
+    pub fn created_ahead(&self) -> bool {
+        self.ahead.is_some()
+    }
+
+    /// For a file this handle created ahead: waits for the create's answer, and tells whether
+    /// no other client can have changed the file since it was made: the MDS leased the file to
+    /// this client with the create, and this client has had no lease recalled or lost since
+    /// (another client's change recalls the lease first). False for any other handle.
+    pub async fn untouched_since_create(&self) -> bool {
+        let Some(sent) = &self.ahead else {
+            return false;
+        };
+        // Work behind a caller that returned: the create goes with the next batch.
+        let leased = sent.reply_after(false).await.is_ok_and(|r| r.leased);
+        leased && self.client.lease_recalls() == self.recalls_at_create
+    }
+
     /// Whether the MDS has answered for the file: false for a file created ahead until its
     /// create's answer was taken in (its times are this client's clock, which the MDS stamps
     /// the create with).

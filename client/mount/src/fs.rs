@@ -1067,6 +1067,9 @@ impl Filesystem for LodeFs {
                     // The kernel has no pages of it after this (a new file has none; an old
                     // one's are dropped, as no FOPEN_KEEP_CACHE is given).
                     pages.opened(i.fid, c.holds_lease(i.fid));
+                    if f.created_ahead() {
+                        pages.created(i.fid);
+                    }
                     files.lock().insert(fh, Arc::new(f));
                     reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
                 }
@@ -1159,19 +1162,35 @@ impl Filesystem for LodeFs {
         match self.file(fh) {
             Ok(f) => {
                 let streams = self.streams.clone();
+                let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
+                let fid = f.fid();
+                // Pages of writes that did not land are not the file's.
+                let failed = move || {
+                    pages.dropped(fid);
+                    dropper.drop_pages(ino_of(fid));
+                };
                 if let Some(behind) = f.close_behind() {
                     // A small file made here that no one else can see yet: its writes land
                     // and its size is published behind the caller (see client::closing).
-                    let fid = f.fid();
                     reply.ok();
                     return self.inline(async move {
                         let landed = streams.settle(fid).await;
+                        if landed.is_err() {
+                            failed();
+                        }
                         behind.finish(landed).await;
                     });
                 }
                 self.empty(reply, async move {
-                    streams.settle(f.fid()).await?;
-                    f.flush().await
+                    let done = async {
+                        streams.settle(fid).await?;
+                        f.flush().await
+                    }
+                    .await;
+                    if done.is_err() {
+                        failed();
+                    }
+                    done
                 })
             }
             Err(e) => reply.error(errno(&e)),
@@ -1249,7 +1268,7 @@ impl Filesystem for LodeFs {
     fn fsync(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
@@ -1258,9 +1277,21 @@ impl Filesystem for LodeFs {
         match self.file(fh) {
             Ok(f) => {
                 let streams = self.streams.clone();
+                let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
                 self.empty(reply, async move {
-                    streams.settle(f.fid()).await?;
-                    f.fsync().await
+                    let fid = f.fid();
+                    let done = async {
+                        streams.settle(fid).await?;
+                        f.fsync().await
+                    }
+                    .await;
+                    if done.is_err() {
+                        // Writes a storage server lost or never took: the pages that
+                        // hold them are not the file's.
+                        pages.dropped(fid);
+                        dropper.drop_pages(ino);
+                    }
+                    done
                 })
             }
             Err(e) => reply.error(errno(&e)),
@@ -1302,6 +1333,7 @@ impl Filesystem for LodeFs {
         let fid = f.fid();
         self.pages.released(fid, self.client.holds_lease(fid));
         let client = self.client.clone();
+        let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
         let work = async move {
             if let Some(w) = window {
                 w.lock().await.stop().await;
@@ -1309,6 +1341,16 @@ impl Filesystem for LodeFs {
             // After a close finishing behind: its size goes first, then the handle's close.
             client.after_closing(fid).await;
             let landed = streams.release(f.fid()).await;
+            if landed.is_err() {
+                // Pages of writes that did not land are not the file's.
+                pages.dropped(fid);
+                dropper.drop_pages(ino_of(fid));
+            } else if f.created_ahead() {
+                // The pages of a file made here are the file's if no one else can have
+                // changed it since: its own writes made them.
+                let untouched = f.untouched_since_create().await;
+                pages.released_created(fid, untouched && client.holds_lease(fid));
+            }
             // Requests still in flight on this handle finish first; past a bound it closes
             // itself when the last of them drops it.
             for _ in 0..1000 {

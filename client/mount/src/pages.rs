@@ -34,6 +34,9 @@ struct Sets {
     fresh: HashSet<Fid>,
     /// Pages the next open may keep.
     trusted: HashSet<Fid>,
+    /// Created ahead here, with no pages yet: trusted at the creating handle's release if no
+    /// other client can have changed the file since.
+    made: HashSet<Fid>,
     /// The attributes the kernel was last given from the lease cache (size, mtime, ctime),
     /// under a lease held since.
     given: std::collections::HashMap<Fid, Given>,
@@ -74,10 +77,27 @@ impl PageTrust {
         }
     }
 
-    /// The lease on `fid` was dropped: its pages are no longer known to be current.
+    /// `fid` created ahead through this mount: the kernel has no pages of it.
+    pub(crate) fn created(&self, fid: Fid) {
+        self.sets.lock().made.insert(fid);
+    }
+
+    /// The handle that created `fid` ahead released; `untouched`: no other client can have
+    /// changed the file since it was made, and the lease on it is held now (checked before this
+    /// call, so a drop between the two is seen by [`PageTrust::dropped`] first).
+    pub(crate) fn released_created(&self, fid: Fid, untouched: bool) {
+        let mut s = self.sets.lock();
+        if s.made.remove(&fid) && untouched {
+            s.trusted.insert(fid);
+        }
+    }
+
+    /// The lease on `fid` was dropped, or writes through this mount failed to land: its pages
+    /// are no longer known to be the file's.
     pub(crate) fn dropped(&self, fid: Fid) {
         let mut s = self.sets.lock();
         s.fresh.remove(&fid);
+        s.made.remove(&fid);
         s.trusted.remove(&fid);
         s.given.remove(&fid);
         s.shown.remove(&fid);
@@ -183,6 +203,19 @@ mod tests {
         assert!(!t.keep(fid(2), true));
         t.dropped(fid(1));
         assert!(!t.keep(fid(1), true));
+
+        // A file created ahead: trusted at its creating handle's release only if untouched,
+        // and not if the lease dropped in between.
+        t.created(fid(5));
+        t.released_created(fid(5), true);
+        assert!(t.keep(fid(5), true));
+        t.created(fid(6));
+        t.released_created(fid(6), false);
+        assert!(!t.keep(fid(6), true));
+        t.created(fid(7));
+        t.dropped(fid(7));
+        t.released_created(fid(7), true);
+        assert!(!t.keep(fid(7), true));
 
         // An open without the lease, or a release without it, trusts nothing.
         t.opened(fid(3), false);
