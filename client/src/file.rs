@@ -587,17 +587,12 @@ impl File {
         self.ahead.is_some()
     }
 
-    /// For a file this handle created ahead: waits for the create's answer, and tells whether
-    /// no other client can have changed the file since it was made: the MDS leased the file to
-    /// this client with the create, and this client has had no lease recalled or lost since
-    /// (another client's change recalls the lease first). False for any other handle.
-    pub async fn untouched_since_create(&self) -> bool {
-        let Some(sent) = &self.ahead else {
-            return false;
-        };
-        // Work behind a caller that returned: the create goes with the next batch.
-        let leased = sent.reply_after(false).await.is_ok_and(|r| r.leased);
-        leased && self.client.lease_recalls() == self.recalls_at_create
+    /// For a file this handle created ahead: its create's answer to come, and this client's
+    /// count of lease recalls and losses when it was made. The file is untouched by any other
+    /// client since if the answer leased it to this client and the count has not moved
+    /// (another client's change recalls the lease first). `None` for any other handle.
+    pub fn create_check(&self) -> Option<(crate::pending::Sent, u64)> {
+        Some((self.ahead.clone()?, self.recalls_at_create))
     }
 
     /// Whether the MDS has answered for the file: false for a file created ahead until its

@@ -953,6 +953,7 @@ impl Filesystem for LodeFs {
             // The write-back cache reads the rest of a page a write covers in part, through
             // whichever handle wrote: a write-only open reads too where the caller may.
             let fid = fid_of(ino);
+            pages.resolve_made(fid, c.holds_lease(fid), c.lease_recalls());
             // A small file to be read whose pages the kernel will not keep: its bytes are on
             // their way while the MDS counts the open, where the client can read them early.
             let mut early =
@@ -1341,15 +1342,16 @@ impl Filesystem for LodeFs {
             // After a close finishing behind: its size goes first, then the handle's close.
             client.after_closing(fid).await;
             let landed = streams.release(f.fid()).await;
-            if landed.is_err() {
+            match (&landed, f.create_check()) {
                 // Pages of writes that did not land are not the file's.
-                pages.dropped(fid);
-                dropper.drop_pages(ino_of(fid));
-            } else if f.created_ahead() {
+                (Err(_), _) => {
+                    pages.dropped(fid);
+                    dropper.drop_pages(ino_of(fid));
+                }
                 // The pages of a file made here are the file's if no one else can have
                 // changed it since: its own writes made them.
-                let untouched = f.untouched_since_create().await;
-                pages.released_created(fid, untouched && client.holds_lease(fid));
+                (Ok(()), Some(check)) => pages.released_created(fid, check),
+                (Ok(()), None) => {}
             }
             // Requests still in flight on this handle finish first; past a bound it closes
             // itself when the last of them drops it.

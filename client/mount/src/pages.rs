@@ -34,9 +34,10 @@ struct Sets {
     fresh: HashSet<Fid>,
     /// Pages the next open may keep.
     trusted: HashSet<Fid>,
-    /// Created ahead here, with no pages yet: trusted at the creating handle's release if no
-    /// other client can have changed the file since.
-    made: HashSet<Fid>,
+    /// Created ahead here, with no pages but those its creating handle's writes left:
+    /// `None` while that handle is open, then what tells whether another client can have
+    /// changed the file since (see [`PageTrust::resolve_made`]).
+    made: std::collections::HashMap<Fid, Option<Made>>,
     /// The attributes the kernel was last given from the lease cache (size, mtime, ctime),
     /// under a lease held since.
     given: std::collections::HashMap<Fid, Given>,
@@ -49,6 +50,13 @@ type Given = (u64, proto::md::Time, proto::md::Time);
 
 /// Most files whose attributes given to the kernel are remembered.
 const MAX_GIVEN: usize = 1 << 20;
+
+/// Most files created here remembered until their next open.
+const MAX_MADE: usize = 1 << 16;
+
+/// A create answered ahead: its answer to come, and the client's count of lease recalls and
+/// losses when it was made ([`client::File::create_check`]).
+pub(crate) type Made = (client::pending::Sent, u64);
 
 fn given(i: &proto::md::Inode) -> Given {
     (i.size, i.mtime, i.ctime)
@@ -79,15 +87,38 @@ impl PageTrust {
 
     /// `fid` created ahead through this mount: the kernel has no pages of it.
     pub(crate) fn created(&self, fid: Fid) {
-        self.sets.lock().made.insert(fid);
+        let mut s = self.sets.lock();
+        if s.made.len() >= MAX_MADE {
+            s.made.clear();
+        }
+        s.made.insert(fid, None);
     }
 
-    /// The handle that created `fid` ahead released; `untouched`: no other client can have
-    /// changed the file since it was made, and the lease on it is held now (checked before this
-    /// call, so a drop between the two is seen by [`PageTrust::dropped`] first).
-    pub(crate) fn released_created(&self, fid: Fid, untouched: bool) {
+    /// The handle that created `fid` ahead released, its writes landed: the pages they left
+    /// are the file's if no other client can have changed it, which `check` tells once the
+    /// create is answered.
+    pub(crate) fn released_created(&self, fid: Fid, check: Made) {
+        if let Some(slot) = self.sets.lock().made.get_mut(&fid) {
+            *slot = Some(check);
+        }
+    }
+
+    /// Before an open of `fid` asks whether it may keep the pages: a file created here whose
+    /// creating handle released, and whose create was answered, is trusted if the answer
+    /// leased it to this client, whose count of lease recalls (`recalls`) has not moved since
+    /// the create, and the lease is held now (`leased`, checked before this call, so a drop
+    /// between the two is seen by [`PageTrust::dropped`] first).
+    pub(crate) fn resolve_made(&self, fid: Fid, leased: bool, recalls: u64) {
         let mut s = self.sets.lock();
-        if s.made.remove(&fid) && untouched {
+        let Some(Some((sent, at))) = s.made.get(&fid) else {
+            return;
+        };
+        let Some(answer) = sent.now() else {
+            return; // not known yet: the pages are not kept this time
+        };
+        let untouched = answer.is_ok_and(|r| r.leased) && recalls == *at;
+        s.made.remove(&fid);
+        if untouched && leased {
             s.trusted.insert(fid);
         }
     }
@@ -203,19 +234,6 @@ mod tests {
         assert!(!t.keep(fid(2), true));
         t.dropped(fid(1));
         assert!(!t.keep(fid(1), true));
-
-        // A file created ahead: trusted at its creating handle's release only if untouched,
-        // and not if the lease dropped in between.
-        t.created(fid(5));
-        t.released_created(fid(5), true);
-        assert!(t.keep(fid(5), true));
-        t.created(fid(6));
-        t.released_created(fid(6), false);
-        assert!(!t.keep(fid(6), true));
-        t.created(fid(7));
-        t.dropped(fid(7));
-        t.released_created(fid(7), true);
-        assert!(!t.keep(fid(7), true));
 
         // An open without the lease, or a release without it, trusts nothing.
         t.opened(fid(3), false);
