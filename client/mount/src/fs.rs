@@ -1165,11 +1165,7 @@ impl Filesystem for LodeFs {
                 let streams = self.streams.clone();
                 let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
                 let fid = f.fid();
-                // Pages of writes that did not land are not the file's.
-                let failed = move || {
-                    pages.dropped(fid);
-                    dropper.drop_pages(ino_of(fid));
-                };
+                let failed = move || dropper.lost_writes(&pages, fid);
                 if let Some(behind) = f.close_behind() {
                     // A small file made here that no one else can see yet: its writes land
                     // and its size is published behind the caller (see client::closing).
@@ -1269,7 +1265,7 @@ impl Filesystem for LodeFs {
     fn fsync(
         &self,
         req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
@@ -1287,10 +1283,8 @@ impl Filesystem for LodeFs {
                     }
                     .await;
                     if done.is_err() {
-                        // Writes a storage server lost or never took: the pages that
-                        // hold them are not the file's.
-                        pages.dropped(fid);
-                        dropper.drop_pages(ino);
+                        // Writes a storage server lost or never took.
+                        dropper.lost_writes(&pages, fid);
                     }
                     done
                 })
@@ -1343,11 +1337,7 @@ impl Filesystem for LodeFs {
             client.after_closing(fid).await;
             let landed = streams.release(f.fid()).await;
             match (&landed, f.create_check()) {
-                // Pages of writes that did not land are not the file's.
-                (Err(_), _) => {
-                    pages.dropped(fid);
-                    dropper.drop_pages(ino_of(fid));
-                }
+                (Err(_), _) => dropper.lost_writes(&pages, fid),
                 // The pages of a file made here are the file's if no one else can have
                 // changed it since: its own writes made them.
                 (Ok(()), Some(check)) => pages.released_created(fid, check),

@@ -74,6 +74,13 @@ impl PageDropper {
     pub(crate) fn drop_pages(&self, ino: INodeNo) {
         let _ = self.0.send(Job::Pages(ino));
     }
+
+    /// Writes to `fid` failed to land: the pages that hold them are not the file's. No open
+    /// keeps them, and the kernel drops them.
+    pub(crate) fn lost_writes(&self, pages: &crate::pages::PageTrust, fid: proto::Fid) {
+        pages.dropped(fid);
+        self.drop_pages(ino_of(fid));
+    }
 }
 
 /// Starts the threads; they send through the session's notifier once there is one, and hear
