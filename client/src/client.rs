@@ -696,13 +696,18 @@ impl Client {
         if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
             return None;
         }
-        if inner.leases.may_create(parent, name, &self.creds).is_none() {
+        let may = || {
+            inner
+                .leases
+                .may_create(parent, name, &self.creds, |_, _| ())
+        };
+        if may().is_none() {
             // The first create in a directory held without its listing: read it once.
             if inner.leases.wants_listing(parent) {
                 let _ = self.readdir_pages(parent, false).await;
             }
             self.hold_alone(parent).await;
-            inner.leases.may_create(parent, name, &self.creds)?;
+            may()?;
         }
         inner.pending.room().await;
         let fid = match inner.pending.next_fid(inner, self).await {
@@ -711,9 +716,12 @@ impl Client {
         };
         let _gate = inner.pending.gate.lock();
         // Checked again: a recall may have come while the FID was fetched.
-        let (dir, who) = inner.leases.may_create(parent, name, &self.creds)?;
         let now = inner.now();
-        let inode = new_inode(fid, Kind::File, mode, b"", None, &dir, &who, now);
+        let inode = inner
+            .leases
+            .may_create(parent, name, &self.creds, |dir, who| {
+                new_inode(fid, Kind::File, mode, b"", None, dir, &who, now)
+            })?;
         inner.leases.created_here(parent, name, &inode);
         let r = MdsReint {
             creds: self.creds.clone(),

@@ -818,20 +818,30 @@ impl Leases {
 
     /// Whether a create of `name` in `parent` by `creds` can be answered here: the directory
     /// held whole, `name` absent from it, and the caller (mapped as the MDS maps it) allowed
-    /// to write and search it. The directory's attributes and the mapped identity.
-    pub fn may_create(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<(Inode, Creds)> {
+    /// to write and search it. Then `f`'s result, given the directory's attributes and the
+    /// mapped identity under the lock (nothing is copied out).
+    pub fn may_create<R>(
+        &self,
+        parent: Fid,
+        name: &[u8],
+        creds: &Creds,
+        f: impl FnOnce(&Inode, Creds) -> R,
+    ) -> Option<R> {
         if !plain(name) {
             return None;
         }
         let s = self.live_state()?;
-        let who = s.idmap.map(creds.clone());
         let h = s.held.get(&parent).filter(|h| h.alone)?;
         let attr = h.attr.as_ref()?;
         let absent = match h.names.get(name) {
             Some(n) => n.entry.is_none(),
             None => h.complete,
         };
-        (absent && attr.kind == Kind::Dir && attr.permits(&who, 3)).then(|| (attr.clone(), who))
+        if !absent || attr.kind != Kind::Dir {
+            return None;
+        }
+        let who = s.idmap.map(creds.clone());
+        attr.permits(&who, 3).then(|| f(attr, who))
     }
 
     /// Whether an unlink of `name` in `parent` by `creds` can be answered here: the directory

@@ -138,13 +138,9 @@ impl Allocator {
 
     /// Targets new stripes may go to, among `known` (the registry's list, taken once for a
     /// whole layout).
-    fn eligible_in(&self, known: &[TargetInfo]) -> Vec<TargetInfo> {
+    fn eligible_in<'a>(&self, known: &'a [TargetInfo]) -> Vec<&'a TargetInfo> {
         let ready = self.ready.lock();
-        known
-            .iter()
-            .filter(|t| takes_stripes(&ready, t))
-            .cloned()
-            .collect()
+        known.iter().filter(|t| takes_stripes(&ready, t)).collect()
     }
 
     /// Whether any target can take new stripes.
@@ -169,7 +165,7 @@ impl Allocator {
         exclude: &HashSet<u32>,
         copies_left: u16,
     ) -> Result<Vec<u32>, NsError> {
-        let eligible: Vec<TargetInfo> = self
+        let eligible: Vec<&TargetInfo> = self
             .eligible_in(known)
             .into_iter()
             .filter(|t| !avoid.contains(&t.oss) && !exclude.contains(&t.index))
@@ -293,12 +289,17 @@ impl Allocator {
         // The servers each mirror's stripes are on: no server holds two copies of a byte.
         let mut servers_of: Vec<HashSet<Nid>> = vec![HashSet::new(); usize::from(copies)];
         for c in &mut out.components {
-            let avoid: HashSet<Nid> = servers_of
-                .iter()
-                .enumerate()
-                .filter(|(m, _)| *m != usize::from(c.mirror))
-                .flat_map(|(_, s)| s.iter().cloned())
-                .collect();
+            // With one copy there is no other mirror's server to avoid.
+            let avoid: HashSet<Nid> = if copies > 1 {
+                servers_of
+                    .iter()
+                    .enumerate()
+                    .filter(|(m, _)| *m != usize::from(c.mirror))
+                    .flat_map(|(_, s)| s.iter().cloned())
+                    .collect()
+            } else {
+                HashSet::new()
+            };
             if c.is_instantiated() {
                 // A mirror the file already has (extending it keeps the old copies).
                 servers_of[usize::from(c.mirror)].extend(c.objects.iter().filter_map(|o| {
@@ -330,6 +331,11 @@ impl Allocator {
             }
             .await;
             match result {
+                Ok(objects) if copies <= 1 => {
+                    taken.extend(&objects);
+                    c.stripe_count = StripeCount::Count(objects.len() as u32);
+                    c.objects = objects;
+                }
                 Ok(objects) => {
                     servers_of[usize::from(c.mirror)].extend(objects.iter().filter_map(|o| {
                         known

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,6 +30,10 @@ const VERSION: u32 = 1;
 pub const MAX_TARGETS: usize = 65_536;
 /// A target not heard from for this long is reported down, unless the MDS is set otherwise.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a list made for [`Registry::targets`] stays the answer, unless a registration or a
+/// heartbeat changed the registry meanwhile: creates read it many times a millisecond, and
+/// a target's liveness moves on the scale of its heartbeat timeout.
+const SNAPSHOT_AGE: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -59,6 +64,8 @@ pub struct Registry {
     entries: Mutex<BTreeMap<u32, Entry>>,
     /// A target not heard from for this long is down.
     heartbeat_timeout: Duration,
+    /// The list as last made, and when; dropped by every change.
+    snapshot: Mutex<Option<(Instant, Arc<[TargetInfo]>)>>,
 }
 
 /// The targets a registry file lists, (index, uuid, server), or why the file is damaged. An
@@ -128,12 +135,14 @@ impl Registry {
             path,
             entries: Mutex::new(entries),
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            snapshot: Mutex::new(None),
         })
     }
 
     /// Reports a target down once it has not been heard from for `timeout`.
     pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Registry {
         self.heartbeat_timeout = timeout;
+        *self.snapshot.get_mut() = None;
         self
     }
 
@@ -227,6 +236,8 @@ impl Registry {
             self.persist(&next)?;
         }
         *entries = next;
+        drop(entries);
+        *self.snapshot.lock() = None;
         Ok(out)
     }
 
@@ -247,6 +258,25 @@ impl Registry {
                 }
             }
         }
+        drop(entries);
+        *self.snapshot.lock() = None;
+    }
+
+    /// The same as [`Registry::list`], shared: made again once it is [`SNAPSHOT_AGE`] old or
+    /// the registry changed.
+    pub fn targets(&self) -> Arc<[TargetInfo]> {
+        let mut snap = self.snapshot.lock();
+        let now = Instant::now();
+        if let Some((at, list)) = &*snap {
+            if now.saturating_duration_since(*at) < SNAPSHOT_AGE {
+                return list.clone();
+            }
+        }
+        // Made under the snapshot's lock: a change drops it only after releasing the
+        // entries, so the list kept is never older than a change that dropped it.
+        let list: Arc<[TargetInfo]> = self.list().into();
+        *snap = Some((now, list.clone()));
+        list
     }
 
     pub fn list(&self) -> Vec<TargetInfo> {
@@ -326,6 +356,32 @@ mod tests {
         assert_eq!(r.register(&oss, &[], &[report(None, 3)]).unwrap(), vec![2]);
         let up: Vec<u32> = r.list().iter().filter(|t| t.up).map(|t| t.index).collect();
         assert_eq!(up, vec![2]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_shared_list_is_kept_until_a_change_and_no_longer() {
+        let dir = std::env::temp_dir().join(format!("lode-registry-snap-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+        let r = Registry::open(&dir).unwrap();
+        assert!(r.targets().is_empty());
+        // A registration shows at once, not after the snapshot's age.
+        r.register(&oss, &[], &[report(None, 1)]).unwrap();
+        let first = r.targets();
+        assert_eq!(first.len(), 1);
+        assert!(first[0].up);
+        assert_eq!(first[0].free, 50);
+        // Nothing changed: the same list, not a copy.
+        assert!(Arc::ptr_eq(&first, &r.targets()));
+        // A heartbeat's space shows at once too.
+        let mut beat = report(Some(0), 1);
+        beat.free = 7;
+        r.heartbeat(&oss, &[], &[beat]);
+        let after = r.targets();
+        assert!(!Arc::ptr_eq(&first, &after));
+        assert_eq!(after[0].free, 7);
         fs::remove_dir_all(&dir).unwrap();
     }
 

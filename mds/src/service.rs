@@ -338,14 +338,14 @@ impl MdsService {
         template: Option<Layout>,
     ) -> Result<(Option<Layout>, Vec<StripeObject>), RemoteError> {
         // One look at the registry for the whole create, unless no target is in service.
-        let mut known = self.registry.list();
+        let mut known = self.registry.targets();
         let registered = !known.is_empty();
         if !self.alloc.has_targets_in(&known) && registered {
             // A pass may bring a target into service now; a long one (a big orphan cleanup)
             // goes on in the background while this request is answered Busy and resent.
             let pass = self.alloc.maintain(&self.store);
             let _ = tokio::time::timeout(MAINTAIN_IN_REQUEST, pass).await;
-            known = self.registry.list();
+            known = self.registry.list().into();
         }
         if !self.alloc.has_targets_in(&known) {
             if registered {
