@@ -715,14 +715,16 @@ impl Leases {
             let Some(h) = s.held.get_mut(&parent) else {
                 return;
             };
-            match h.names.get(name) {
+            match h.names.get_mut(name) {
                 Some(old) if old.transno > t && t != 0 => {}
                 _ if t == 0 => {
                     // Answered from the reply cache: which order it came in is unknown.
                     h.names.remove(name);
                     h.complete = false;
                 }
-                _ => {
+                // Already named (a create answered here): changed in place.
+                Some(old) => *old = Name { entry, transno: t },
+                None => {
                     h.names.insert(name.to_vec(), Name { entry, transno: t });
                 }
             }
