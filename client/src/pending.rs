@@ -22,10 +22,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use proto::md::{BatchOp, BatchResult, MdsBatch, MdsReintReply, MdsReserve, MAX_BATCH};
-use proto::{Fid, FsErrorKind};
+use proto::{Fid, FsErrorKind, StatusCode};
 use tokio::sync::{watch, Notify};
 
 use crate::client::Inner;
@@ -41,7 +42,7 @@ const MAX_ERRORS: usize = 1024;
 /// How long the sender holds a short queue for more changes to join it, unless someone waits
 /// for an answer: one round trip and one wake-up of the MDS carry what a loop of creates or
 /// unlinks queues meanwhile, instead of one each.
-pub const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+pub const LINGER: Duration = Duration::from_millis(2);
 /// A queue this long goes at once.
 const LINGER_BATCH: usize = 128;
 
@@ -406,9 +407,6 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
     if inner.uncommitted.full() {
         let _ = client.sync_committed().await; // back-pressure: the MDS commits first
     }
-    let req = MdsBatch {
-        ops: batch.iter().map(|q| q.op.clone()).collect(),
-    };
     let stamp = inner.leases.stamp();
     let last = batch.last().map_or(0, |q| q.seq);
     let mds = inner.mds.clone();
@@ -420,26 +418,47 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
         });
         Err((e.kind(), e.to_string()))
     };
-    let results: Vec<Outcome> = match client.rpc(&mds, &req).await {
-        Ok(r) if r.results.len() == batch.len() => r
-            .results
-            .into_iter()
-            .map(|r| match r {
-                BatchResult::Reint(reply) => Ok(reply),
-                // A close answers nothing anyone waits for.
-                BatchResult::Closed => Err((FsErrorKind::Io, "a close, not a change".to_owned())),
-                BatchResult::Failed(e) => failed(e),
-            })
-            .collect(),
-        Ok(_) => batch
-            .iter()
-            .map(|_| Err((FsErrorKind::Io, "the MDS answered a batch short".to_owned())))
-            .collect(),
-        Err(e) => batch
-            .iter()
-            .map(|_| Err((e.kind(), e.to_string())))
-            .collect(),
-    };
+    // The MDS stops a batch at a change it refuses for now (Busy: no storage target in
+    // service yet, after its restart); that change and the rest are sent again, in order, as
+    // a call sent alone would be. They were answered here already: failing them would lose
+    // them.
+    let (start, mut pause) = (tokio::time::Instant::now(), Duration::from_millis(20));
+    let mut results: Vec<Outcome> = Vec::with_capacity(batch.len());
+    while results.len() < batch.len() {
+        let rest = &batch[results.len()..];
+        let req = MdsBatch {
+            ops: rest.iter().map(|q| q.op.clone()).collect(),
+        };
+        match client.rpc(&mds, &req).await {
+            Ok(r) if r.results.len() == rest.len() => {
+                let retry = start.elapsed() < inner.cfg.retry_for;
+                for r in r.results {
+                    results.push(match r {
+                        BatchResult::Reint(reply) => Ok(reply),
+                        // A close answers nothing anyone waits for.
+                        BatchResult::Closed => {
+                            Err((FsErrorKind::Io, "a close, not a change".to_owned()))
+                        }
+                        BatchResult::Failed(e) if e.code == StatusCode::Busy && retry => break,
+                        BatchResult::Failed(e) => failed(e),
+                    });
+                }
+                if results.len() < batch.len() {
+                    tracing::debug!(
+                        left = batch.len() - results.len(),
+                        "resending changes refused for now"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+            Ok(_) => results.extend(
+                rest.iter()
+                    .map(|_| Err((FsErrorKind::Io, "the MDS answered a batch short".to_owned()))),
+            ),
+            Err(e) => results.extend(rest.iter().map(|_| Err((e.kind(), e.to_string())))),
+        }
+    }
     for (q, out) in batch.iter_mut().zip(results) {
         let out = match (&q.op, out) {
             (BatchOp::Close(_), _) => continue,

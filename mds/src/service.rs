@@ -562,7 +562,15 @@ impl MdsService {
                     ));
                 }
                 let mut results = Vec::with_capacity(r.ops.len());
+                // An operation refused for now (Busy: no storage target in service yet) stops
+                // the batch there: the later ones may depend on it, and the client sends them
+                // all again, in order.
+                let mut busy: Option<RemoteError> = None;
                 for op in r.ops {
+                    if let Some(e) = &busy {
+                        results.push(BatchResult::Failed(e.clone()));
+                        continue;
+                    }
                     let out = match op {
                         BatchOp::Reint(r) => self.reint_from(&req, r).await.map(BatchResult::Reint),
                         BatchOp::Close(c) => {
@@ -570,6 +578,11 @@ impl MdsService {
                             Ok(BatchResult::Closed)
                         }
                     };
+                    if let Err(e) = &out {
+                        if e.code == StatusCode::Busy {
+                            busy = Some(e.clone());
+                        }
+                    }
                     results.push(out.unwrap_or_else(BatchResult::Failed));
                 }
                 // The attributes a change left on an inode that a later change of the batch

@@ -169,3 +169,95 @@ async fn uncommitted_changes_of_two_clients_are_replayed_in_order_after_kill_9_a
     b.close().await.unwrap();
     drop(m);
 }
+
+/// After an MDS restart, files created ahead while no storage target is in service yet (the
+/// MDS answers their creates Busy) are sent again until one is, not failed: the caller was
+/// told they exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_answered_ahead_wait_out_storage_not_yet_in_service_after_a_restart() {
+    let root = scratch("replay-busy");
+    let m = mds(&root, "127.0.0.1:0");
+    let listen = m.nid.to_string().trim_end_matches("@tcp").to_owned();
+    let oss_dir = root.join("oss0");
+    let storage = oss(&oss_dir, &m.nid);
+    let a = connect(&m.nid).await;
+    let start = Instant::now();
+    loop {
+        let probe = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(&a, "/probe")
+            .await;
+        if probe.is_ok_and(|f| {
+            f.inode()
+                .layout
+                .is_some_and(|l| !l.components[0].objects.is_empty())
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no storage in service"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.mkdir("/d", 0o755).await.unwrap();
+    a.sync().await.unwrap();
+
+    // The storage server and then the MDS go; the MDS comes back alone: its only target is
+    // registered but not heard from, so a create is refused for now.
+    storage.kill();
+    m.kill();
+    let m = mds(&root, &listen);
+    let dir = a.stat("/d").await.unwrap().fid;
+    // The leases of the last run lapse (or go with the new run's first answer) before any of
+    // this run's is granted.
+    let start = Instant::now();
+    while a.holds_lease(dir) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "a lease of the last run outlived its term"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    while !a.holds_lease(dir) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no lease on the directory after the restart"
+        );
+        let _ = a.readdir("/d").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Answered here, ahead of the MDS: a create sent and waited for would wait for storage.
+    let made = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut made = BTreeMap::new();
+        for i in 0..20 {
+            let p = format!("/d/f{i}");
+            let fid = create(&a, &p).await;
+            made.insert(format!("f{i}"), fid);
+        }
+        made
+    })
+    .await
+    .expect("creates in a directory held alone are answered without waiting for storage");
+    // Refused for now while no target is in service; the storage server's return lets them in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _storage = oss(&oss_dir, &m.nid);
+    a.settle_ahead().await.unwrap();
+    a.sync()
+        .await
+        .expect("no create answered ahead was failed for being refused for now");
+    let b = connect(&m.nid).await;
+    let mut seen = names(&b, "/d").await;
+    assert_eq!(seen, made, "every file answered ahead is at the MDS");
+    for n in std::mem::take(&mut seen).keys() {
+        let i = b.stat(&format!("/d/{n}")).await.unwrap();
+        assert!(
+            i.layout
+                .is_some_and(|l| !l.components[0].objects.is_empty()),
+            "{n} got its objects once storage was in service"
+        );
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
