@@ -62,6 +62,7 @@ pub type Barrier = Arc<dyn Fn() -> tokio::sync::oneshot::Receiver<()> + Send + S
 pub struct Stamp {
     recalls: u64,
     own: u64,
+    retired: u64,
 }
 
 pub struct Leases {
@@ -70,6 +71,8 @@ pub struct Leases {
     recalls: AtomicU64,
     /// Moves on with every change of this client's own applied to the cache.
     own: AtomicU64,
+    /// Moves on with every answered wait that retired cancels (leases given back).
+    retired: AtomicU64,
     hook: OnceLock<Hook>,
     barrier: OnceLock<Barrier>,
     max: usize,
@@ -104,6 +107,12 @@ struct State {
     /// No answer sent before this count of own changes is kept (a change whose inodes are not
     /// all known, or the table above grew too long and was cleared).
     touched_all: u64,
+    /// For each inode whose lease this client gave back, the count of waits whose cancels the
+    /// MDS had taken when it heard of it ([`Leases::retired`]): a grant of it in an answer
+    /// sent before then may predate the cancel, and is not kept.
+    given_back: crate::FastMap<Fid, u64>,
+    /// No grant in an answer sent before this count is kept (the table above was cleared).
+    given_back_all: u64,
 }
 
 /// Most inodes remembered as touched by own changes; past it the table is cleared and every
@@ -165,6 +174,7 @@ impl Leases {
             state: Mutex::default(),
             recalls: AtomicU64::new(0),
             own: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
             hook: OnceLock::new(),
             barrier: OnceLock::new(),
             max: max.max(16),
@@ -199,6 +209,7 @@ impl Leases {
         Stamp {
             recalls: self.recalls.load(Ordering::SeqCst),
             own: self.own.load(Ordering::SeqCst),
+            retired: self.retired.load(Ordering::SeqCst),
         }
     }
 
@@ -510,7 +521,10 @@ impl Leases {
             || granted
                 .iter()
                 .chain(about)
-                .any(|f| s.touched.get(f).is_some_and(|t| *t > stamp.own));
+                .any(|f| s.touched.get(f).is_some_and(|t| *t > stamp.own))
+            || granted
+                .iter()
+                .any(|g| Self::given_back_since(&s, stamp, *g));
         if moved || given_back {
             for g in granted {
                 if !s.held.contains_key(g) && !s.cancel.contains(g) {
@@ -780,9 +794,16 @@ impl Leases {
             }
         }
         if let Some(i) = reply.inode.as_ref().filter(|_| reply.leased) {
-            let h = Self::held_mut(s, i.fid);
-            h.attr = Some(i.clone());
-            h.stale = false;
+            let cancelled = s.cancelling.iter().any(|(_, c)| *c == i.fid)
+                || Self::given_back_since(s, stamp, i.fid);
+            if !cancelled {
+                let h = Self::held_mut(s, i.fid);
+                h.attr = Some(i.clone());
+                h.stale = false;
+            } else if !s.held.contains_key(&i.fid) && !s.cancel.contains(&i.fid) {
+                // Granted before the MDS took this client's cancel, perhaps: given back again.
+                s.cancel.push(i.fid);
+            }
         }
         for i in &reply.after {
             let Some(h) = s.held.get_mut(&i.fid) else {
@@ -803,6 +824,13 @@ impl Leases {
         touched.extend(reply.inode.iter().map(|i| i.fid));
         touched.extend(reply.after.iter().map(|i| i.fid));
         self.moved_here(s, &touched);
+    }
+
+    /// Whether this client gave back `fid`'s lease after `stamp` was taken (the MDS took the
+    /// cancel since): a grant of it in an answer sent before may predate the cancel.
+    fn given_back_since(s: &State, stamp: Stamp, fid: Fid) -> bool {
+        stamp.retired < s.given_back_all
+            || s.given_back.get(&fid).is_some_and(|t| *t > stamp.retired)
     }
 
     /// Counts a change of this client's own that touched `fids` (under the state's lock, so
@@ -1004,11 +1032,26 @@ impl Leases {
     pub fn answered(&self, nr: u64, sent: Instant, r: &MdsLeaseRecall) -> bool {
         let mut s = self.state.lock();
         // The MDS has taken every cancel up to this wait, or never will. Answers to requests
-        // sent before now may carry grants it made before it took them: none is kept.
-        let before = s.cancelling.len();
-        s.cancelling.retain(|(n, _)| *n > nr);
-        if s.cancelling.len() != before {
-            self.recalls.fetch_add(1, Ordering::SeqCst);
+        // sent before now may carry grants of those inodes it made before it took them: none
+        // of those is kept. Grants of other inodes are: giving leases back must not unsettle
+        // the rest (every batch on its way would otherwise drop what it touched, and give
+        // that back in turn).
+        let taken: Vec<Fid> = s
+            .cancelling
+            .iter()
+            .filter(|(n, _)| *n <= nr)
+            .map(|(_, f)| *f)
+            .collect();
+        if !taken.is_empty() {
+            s.cancelling.retain(|(n, _)| *n > nr);
+            let now = self.retired.fetch_add(1, Ordering::SeqCst) + 1;
+            if s.given_back.len() + taken.len() > MAX_TOUCHED {
+                s.given_back.clear();
+                s.given_back_all = now;
+            }
+            for f in taken {
+                s.given_back.insert(f, now);
+            }
         }
         let dropped = r.instance != s.instance || r.epoch != s.epoch || !r.fids.is_empty();
         if r.instance != s.instance || r.epoch != s.epoch {
@@ -1287,6 +1330,63 @@ mod tests {
         l.answered(nr, Instant::now(), &recall_of(fid(97), 3));
         l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
         assert!(l.getattr(dir).is_some());
+    }
+
+    #[test]
+    fn a_lease_given_back_keeps_other_grants_in_flight_and_only_refuses_its_own() {
+        let l = live();
+        let (dir, back, made) = (fid(2), fid(40), fid(30));
+        l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
+        l.learn_listing(l.stamp(), dir, &[], &[]);
+        // A grant of `back` read across a recall goes back: its cancel rides the next wait.
+        let old = l.stamp();
+        l.answered(0, Instant::now(), &recall_of(fid(99), 1));
+        l.learn_attr(old, &inode(back, Kind::File), true);
+        let (nr, _, _, cancel) = l.next_wait();
+        assert_eq!(cancel, vec![back]);
+        // Changes on their way while the MDS takes that cancel.
+        let st = l.stamp();
+        let empty = MdsLeaseRecall {
+            fids: vec![],
+            ..recall_of(fid(99), 1)
+        };
+        l.answered(nr, Instant::now(), &empty);
+        let create = Mutation::Create {
+            parent: dir,
+            name: b"f".to_vec(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        l.learn_change(
+            st,
+            &create,
+            &reply(Some(inode(made, Kind::File)), 5, vec![]),
+            &|_| true,
+        );
+        assert!(
+            l.getattr(made).is_some(),
+            "a grant of another inode was given up for a lease given back"
+        );
+        assert!(l.holds(dir), "the directory's lease was dropped");
+        // A grant of the inode given back, sent before the MDS took the cancel, is not kept.
+        let setattr = Mutation::Setattr {
+            fid: back,
+            attr: Default::default(),
+        };
+        l.learn_change(
+            st,
+            &setattr,
+            &reply(Some(inode(back, Kind::File)), 6, vec![]),
+            &|_| true,
+        );
+        assert!(
+            l.getattr(back).is_none(),
+            "a grant predating its cancel was kept"
+        );
+        assert_eq!(l.next_wait().3, vec![back], "and it goes back again");
     }
 
     /// A recall of `f` (number `seq`) in the run and epoch [`live`] knows.
