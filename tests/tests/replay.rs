@@ -24,6 +24,30 @@ async fn create(c: &Client, path: &str) -> Fid {
     fid
 }
 
+/// Waits until storage is in service: a file made then gets objects.
+async fn storage_in_service(c: &Client) {
+    let start = Instant::now();
+    loop {
+        let probe = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(c, "/probe")
+            .await;
+        if probe.is_ok_and(|f| {
+            f.inode()
+                .layout
+                .is_some_and(|l| !l.components[0].objects.is_empty())
+        }) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no storage in service"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn names(c: &Client, dir: &str) -> BTreeMap<String, Fid> {
     c.readdir(dir)
         .await
@@ -46,27 +70,7 @@ async fn uncommitted_changes_of_two_clients_are_replayed_in_order_after_kill_9_a
     let a = connect(&m.nid).await;
     let b = connect(&m.nid).await;
     let gone = connect(&m.nid).await;
-    // Storage in service: a file gets objects.
-    let start = Instant::now();
-    loop {
-        let probe = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .open(&a, "/probe")
-            .await;
-        if probe.is_ok_and(|f| {
-            f.inode()
-                .layout
-                .is_some_and(|l| !l.components[0].objects.is_empty())
-        }) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no storage in service"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    storage_in_service(&a).await;
     a.mkdir("/shared", 0o755).await.unwrap();
     // B's first create answered ahead sets inode numbers aside, which the MDS commits (with
     // everything before it): done here, so that what follows stays uncommitted.
@@ -181,26 +185,7 @@ async fn creates_answered_ahead_wait_out_storage_not_yet_in_service_after_a_rest
     let oss_dir = root.join("oss0");
     let storage = oss(&oss_dir, &m.nid);
     let a = connect(&m.nid).await;
-    let start = Instant::now();
-    loop {
-        let probe = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .open(&a, "/probe")
-            .await;
-        if probe.is_ok_and(|f| {
-            f.inode()
-                .layout
-                .is_some_and(|l| !l.components[0].objects.is_empty())
-        }) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no storage in service"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    storage_in_service(&a).await;
     a.mkdir("/d", 0o755).await.unwrap();
     a.sync().await.unwrap();
 
