@@ -419,6 +419,11 @@ impl Client {
         self.inner.uncommitted.len()
     }
 
+    /// Changes answered ahead that the MDS has not answered yet.
+    pub fn unanswered(&self) -> u64 {
+        self.inner.pending.unanswered()
+    }
+
     /// Whether every change this client acknowledged is known committed: none answered ahead
     /// is still unanswered, and none answered is still uncommitted.
     pub fn all_committed(&self) -> bool {
@@ -756,6 +761,15 @@ impl Client {
         }
         if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
             self.hold_alone(parent).await;
+            // A file made here whose create is still on its way: the create's answer brings
+            // the file's lease, sooner than an unlink sent alone behind it would be answered.
+            if let Some(seq) = inner
+                .leases
+                .entry_fid(parent, name)
+                .and_then(|f| inner.pending.touching(f))
+            {
+                inner.pending.settle_to(seq).await;
+            }
             if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
                 return false;
             }
@@ -902,13 +916,17 @@ impl Client {
 
     /// Waits until no close of `fid` is finishing behind its caller ([`crate::closing`]).
     pub async fn after_closing(&self, fid: Fid) {
+        if self.inner.closings.busy(fid) {
+            // A close behind lets its create go with the next batch; now someone waits.
+            self.inner.pending.hurry_queued();
+        }
         self.inner.closings.file(fid).await;
     }
 
     /// Waits until every close begun behind its caller so far has finished
     /// ([`crate::closing`]).
     pub async fn after_closings(&self) {
-        self.inner.closings.all().await;
+        after_closings(&self.inner).await;
     }
 
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
@@ -1372,6 +1390,9 @@ impl Client {
         // made in this directory. A file closing behind under another name (a hard link made
         // while it was open) shows up among the entries: then every close is waited for and
         // the listing read again.
+        if self.inner.closings.any_in(dir) {
+            self.inner.pending.hurry_queued();
+        }
         self.inner.closings.dir(dir).await;
         let listed = self.read_pages(dir, plus).await?;
         if !self.inner.closings.any_busy(listed.0.iter().map(|e| e.fid)) {
@@ -1532,6 +1553,15 @@ impl Client {
 /// Keeps the lease channel open while the client lives and is joined: one wait at a time,
 /// held by the MDS until a recall comes or its hold passes; each answer applies the recalls
 /// and renews the leases, and the next wait acknowledges them.
+/// Waits until every close begun behind its caller so far has finished, sending the creates
+/// they wait for at once (a close behind lets its create go with the next batch).
+async fn after_closings(inner: &Inner) {
+    if inner.closings.any() {
+        inner.pending.hurry_queued();
+    }
+    inner.closings.all().await;
+}
+
 async fn lease_channel(inner: std::sync::Weak<Inner>) {
     let hold = Duration::from_millis(proto::md::LEASE_TERM_MS);
     loop {
@@ -1544,7 +1574,7 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
         let (nr, acked, epoch, cancel) = strong.leases.next_wait();
         if !cancel.is_empty() {
             // A lease given back lets other clients in: closes behind finish first.
-            strong.closings.all().await;
+            after_closings(&strong).await;
             strong.pending.settle_to(strong.closings.published()).await;
         }
         let req = MdsLeaseWait {
@@ -1578,7 +1608,7 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
                 if dropped {
                     // What this client answered ahead, and closed behind, reaches the MDS
                     // before the recall is acknowledged: the change that recalled sees it.
-                    strong.closings.all().await;
+                    after_closings(&strong).await;
                     let upto = upto.max(strong.closings.published());
                     strong.pending.settle_to(upto).await;
                     strong.leases.barrier().await;

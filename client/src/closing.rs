@@ -113,6 +113,16 @@ impl Closings {
         self.state.lock().files.contains_key(&fid)
     }
 
+    /// Whether a close of a file made in `dir` is finishing behind.
+    pub fn any_in(&self, dir: Fid) -> bool {
+        self.state.lock().dirs.contains_key(&dir)
+    }
+
+    /// Whether any close is finishing behind.
+    pub fn any(&self) -> bool {
+        !self.state.lock().live.is_empty()
+    }
+
     /// Whether a close of any of `fids` is finishing behind.
     pub fn any_busy(&self, fids: impl IntoIterator<Item = Fid>) -> bool {
         let s = self.state.lock();

@@ -162,6 +162,12 @@ impl Pending {
         self.settle_to(self.queued()).await
     }
 
+    /// Sends every change queued so far with the next batch, without lingering: someone waits
+    /// on one of them (a close finishing behind that waits for its create's answer).
+    pub fn hurry_queued(&self) {
+        self.hurry.to(self.queued());
+    }
+
     /// How many changes were queued so far.
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::SeqCst)

@@ -611,6 +611,43 @@ async fn a_lookup_of_a_file_created_ahead_waits_for_its_create_and_asks_nothing_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlink_of_a_file_whose_create_is_still_queued_is_answered_ahead_too() {
+    let (cluster, _fabric, dir) = on_fabric("ahead-unlink", 8).await;
+    let a = ahead_in_d(&cluster, "first").await;
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    let create = OpenOptions::new().write(true).create_new(true);
+    let d = a.stat("/d").await.unwrap().fid;
+    let mut queued = 0;
+    for i in 0..20 {
+        let name = format!("u{i}");
+        let f = create.open(&a, &format!("/d/{name}")).await.unwrap();
+        if i % 2 == 1 {
+            f.write_at(0, b"some bytes").await.unwrap();
+        }
+        f.close().await.unwrap();
+        queued += usize::from(a.unanswered() > 0);
+        // Its create's answer brings the file's lease: the unlink need not go alone.
+        assert!(
+            a.unlink_ahead(d, name.as_bytes()).await,
+            "the unlink of {name} was sent alone"
+        );
+    }
+    assert!(
+        queued > 0,
+        "no create was still queued at its file's unlink"
+    );
+    a.settle_ahead().await.unwrap();
+    for i in 0..20 {
+        let e = b.stat(&format!("/d/u{i}")).await.unwrap_err();
+        assert!(e.is(FsErrorKind::NotFound), "u{i}: {e}");
+    }
+    b.stat("/d/first").await.unwrap();
+    assert!(a.sync().await.is_ok(), "no change failed");
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_made_or_closed_behind_here_is_kept_for_its_next_open() {
     let (cluster, fabric, dir) = on_fabric("kept-ahead", 7).await;
     let a = ahead_in_d(&cluster, "first").await;
