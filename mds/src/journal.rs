@@ -88,16 +88,12 @@ fn io_err(name: &'static str) -> impl Fn(io::Error) -> JournalError {
 /// A record as it goes in a batch: its length, then its body. Refused past [`MAX_RECORD`].
 pub fn encode_record(r: &Record) -> Result<Vec<u8>, JournalError> {
     // Records are plain data: encoding cannot fail.
-    let body = postcard::to_allocvec(r).unwrap_or_default();
-    if body.len() > MAX_RECORD as usize {
-        return Err(JournalError::TooLarge {
-            seq: r.seq,
-            len: body.len(),
-        });
+    let mut out = proto::msg::encode_after(&[0; 4], r).unwrap_or_default();
+    let len = out.len().saturating_sub(4);
+    if len > MAX_RECORD as usize {
+        return Err(JournalError::TooLarge { seq: r.seq, len });
     }
-    let mut out = Vec::with_capacity(4 + body.len());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&body);
+    out[..4].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(out)
 }
 

@@ -180,9 +180,56 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     }
 }
 
+/// postcard's output into a growing `Vec`, copying short runs (varints, small fields: most of
+/// what a body holds) byte by byte rather than through a call to `memmove` each, which took
+/// an eighth of the MDS's time under a stream of creates.
+struct Out(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Out {
+    type Output = Vec<u8>;
+
+    #[inline(always)]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if data.len() <= 16 {
+            self.0.reserve(data.len());
+            for &b in data {
+                self.0.push(b);
+            }
+        } else {
+            self.0.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
+}
+
+/// Length the encoding of a value starts with room for: most messages and records fit.
+const FIRST_ROOM: usize = 256;
+
+/// `value` in postcard's encoding, as `postcard::to_allocvec` makes it.
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> postcard::Result<Vec<u8>> {
+    postcard::serialize_with_flavor(value, Out(Vec::with_capacity(FIRST_ROOM)))
+}
+
+/// `head`, then `value` in postcard's encoding.
+pub fn encode_after<T: Serialize + ?Sized>(head: &[u8], value: &T) -> postcard::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(FIRST_ROOM);
+    out.extend_from_slice(head);
+    postcard::serialize_with_flavor(value, Out(out))
+}
+
 /// Encodes a body. Bodies are plain data, so this only fails on a body past [`crate::MAX_BODY`].
 pub fn encode_body<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
-    let out = postcard::to_allocvec(value).map_err(|e| FrameError::Body(e.to_string()))?;
+    let out = encode(value).map_err(|e| FrameError::Body(e.to_string()))?;
     if out.len() > crate::MAX_BODY as usize {
         return Err(FrameError::BodyTooLarge {
             len: u32::try_from(out.len()).unwrap_or(u32::MAX),
@@ -310,6 +357,10 @@ mod tests {
 
     fn round_trips<T: Serialize + DeserializeOwned + PartialEq + Debug>(v: T) {
         let body = encode_body(&v).unwrap();
+        // Byte for byte what postcard's own output makes, alone and after a head.
+        assert_eq!(body, postcard::to_allocvec(&v).unwrap());
+        let after = encode_after(b"head", &v).unwrap();
+        assert_eq!((&after[..4], &after[4..]), (&b"head"[..], &body[..]));
         assert_eq!(decode_body::<T>(&body).unwrap(), v);
         // A body with a byte missing or a byte extra is refused, not half-read.
         if !body.is_empty() {
