@@ -923,6 +923,12 @@ impl Client {
         self.inner.closings.file(fid).await;
     }
 
+    /// As [`Client::after_closing`], for a caller nobody waits on (a mount's release): the
+    /// create the close waits for goes with the next batch, as it would have.
+    pub async fn after_closing_unhurried(&self, fid: Fid) {
+        self.inner.closings.file(fid).await;
+    }
+
     /// Waits until every close begun behind its caller so far has finished
     /// ([`crate::closing`]).
     pub async fn after_closings(&self) {

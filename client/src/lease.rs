@@ -113,6 +113,16 @@ struct State {
     given_back: crate::FastMap<Fid, u64>,
     /// No grant in an answer sent before this count is kept (the table above was cleared).
     given_back_all: u64,
+    /// For each inode whose lease was dropped (recalled, lost, evicted, or a change to it
+    /// failed), the count of recalls once it was ([`Leases::recalls`]): an answer about it
+    /// sent before then may predate the recall, and is not kept. Answers about other inodes
+    /// are: a recall of one inode says nothing of the rest, and dropping them too unsettled
+    /// the whole cache (every batch on its way gave back what it touched, the directory held
+    /// alone among it, each drop unsettling the next batch in turn).
+    dropped: crate::FastMap<Fid, u64>,
+    /// No answer sent before this count of recalls is kept (every lease was lost, or the
+    /// table above grew too long and was cleared).
+    dropped_all: u64,
 }
 
 /// Most inodes remembered as touched by own changes; past it the table is cleared and every
@@ -516,7 +526,10 @@ impl Leases {
         let given_back = granted
             .iter()
             .any(|g| s.cancelling.iter().any(|(_, c)| c == g));
-        let moved = stamp.recalls != self.recalls.load(Ordering::SeqCst)
+        let moved = granted
+            .iter()
+            .chain(about)
+            .any(|f| Self::dropped_since(&s, stamp, *f))
             || stamp.own < s.touched_all
             || granted
                 .iter()
@@ -714,8 +727,15 @@ impl Leases {
             .collect();
         touched.extend(before.iter().flatten().map(|(f, _)| *f));
         touched.extend(named.iter().map(|(p, _)| *p));
-        if stamp.recalls != self.recalls.load(Ordering::SeqCst) {
-            // A recall came in meanwhile: what is cached of these may predate it.
+        let spoken_of = touched
+            .iter()
+            .chain(reply.inode.iter().map(|i| &i.fid))
+            .chain(reply.after.iter().map(|i| &i.fid));
+        if spoken_of
+            .into_iter()
+            .any(|f| Self::dropped_since(s, stamp, *f))
+        {
+            // One of these was recalled meanwhile: what the answer says may predate it.
             touched.sort_unstable();
             touched.dedup();
             for f in &touched {
@@ -953,8 +973,9 @@ impl Leases {
             h.complete = false;
             h.stale = true;
         }
+        let now = self.recalls.fetch_add(1, Ordering::SeqCst) + 1;
+        Self::mark_dropped(&mut s, parent, now);
         drop(s);
-        self.recalls.fetch_add(1, Ordering::SeqCst);
         if let Some(hook) = self.hook.get() {
             hook(Dropped {
                 fid: parent,
@@ -965,7 +986,8 @@ impl Leases {
 
     /// Drops the lease on `fid`, giving it back to the MDS if `cancel`.
     fn drop_one(&self, s: &mut State, fid: Fid, cancel: bool) {
-        self.recalls.fetch_add(1, Ordering::SeqCst);
+        let now = self.recalls.fetch_add(1, Ordering::SeqCst) + 1;
+        Self::mark_dropped(s, fid, now);
         if let Some(h) = s.held.remove(&fid) {
             if cancel {
                 s.cancel.push(fid);
@@ -987,6 +1009,23 @@ impl Leases {
         }
         s.cancel.clear();
         s.cancelling.clear();
+        s.dropped.clear();
+        s.dropped_all = self.recalls.load(Ordering::SeqCst);
+    }
+
+    /// Notes that what was cached of `fid` was dropped when the recalls stood at `now`.
+    fn mark_dropped(s: &mut State, fid: Fid, now: u64) {
+        if s.dropped.len() >= MAX_TOUCHED {
+            s.dropped.clear();
+            s.dropped_all = now;
+        }
+        s.dropped.insert(fid, now);
+    }
+
+    /// Whether what was cached of `fid` was dropped after `stamp` was taken: an answer sent
+    /// before may say what the recall made untrue.
+    fn dropped_since(s: &State, stamp: Stamp, fid: Fid) -> bool {
+        stamp.recalls < s.dropped_all || s.dropped.get(&fid).is_some_and(|t| *t > stamp.recalls)
     }
 
     /// Gives back the least recently used leases past the bound.
@@ -1305,9 +1344,9 @@ mod tests {
     fn a_lease_given_back_is_not_kept_from_a_grant_until_the_wait_is_answered() {
         let l = live();
         let dir = fid(6);
-        // An answer read across a recall is not kept: its grant goes back.
+        // An answer read across a recall of the inode is not kept: its grant goes back.
         let old = l.stamp();
-        l.answered(0, Instant::now(), &recall_of(fid(99), 1));
+        l.answered(0, Instant::now(), &recall_of(dir, 1));
         l.learn_attr(old, &inode(dir, Kind::Dir), true);
         let (nr, _, _, cancel) = l.next_wait();
         assert_eq!(cancel, vec![dir]);
@@ -1338,9 +1377,9 @@ mod tests {
         let (dir, back, made) = (fid(2), fid(40), fid(30));
         l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
         l.learn_listing(l.stamp(), dir, &[], &[]);
-        // A grant of `back` read across a recall goes back: its cancel rides the next wait.
+        // A grant of `back` read across its recall goes back: its cancel rides the next wait.
         let old = l.stamp();
-        l.answered(0, Instant::now(), &recall_of(fid(99), 1));
+        l.answered(0, Instant::now(), &recall_of(back, 1));
         l.learn_attr(old, &inode(back, Kind::File), true);
         let (nr, _, _, cancel) = l.next_wait();
         assert_eq!(cancel, vec![back]);
@@ -1387,6 +1426,49 @@ mod tests {
             "a grant predating its cancel was kept"
         );
         assert_eq!(l.next_wait().3, vec![back], "and it goes back again");
+    }
+
+    #[test]
+    fn a_recall_of_one_inode_keeps_answers_in_flight_about_others() {
+        let l = live();
+        let (dir, other) = (fid(2), fid(50));
+        l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
+        l.learn_listing(l.stamp(), dir, &[], &[]);
+        l.learn_attr(l.stamp(), &inode(other, Kind::Dir), true);
+        let create = |name: &str| Mutation::Create {
+            parent: dir,
+            name: name.as_bytes().to_vec(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        // Another directory is recalled while a create in `dir` is on its way.
+        let st = l.stamp();
+        l.answered(0, Instant::now(), &recall_of(other, 1));
+        assert!(!l.holds(other));
+        let made = inode(fid(31), Kind::File);
+        l.learn_change(st, &create("f"), &reply(Some(made), 5, vec![]), &|_| true);
+        assert!(
+            l.holds(dir),
+            "the directory was given up for another's recall"
+        );
+        assert!(
+            l.getattr(fid(31)).is_some(),
+            "the file made was given up for another's recall"
+        );
+        assert!(l.next_wait().3.is_empty(), "nothing goes back");
+        // A recall of the directory itself, crossing the next create, drops what it says.
+        let st = l.stamp();
+        l.answered(1, Instant::now(), &recall_of(dir, 2));
+        let made = inode(fid(32), Kind::File);
+        l.learn_change(st, &create("g"), &reply(Some(made), 6, vec![]), &|_| true);
+        assert!(
+            l.getattr(fid(32)).is_none(),
+            "kept across its directory's recall"
+        );
+        assert!(!l.holds(dir));
     }
 
     /// A recall of `f` (number `seq`) in the run and epoch [`live`] knows.

@@ -1334,7 +1334,7 @@ impl Filesystem for LodeFs {
                 w.lock().await.stop().await;
             }
             // After a close finishing behind: its size goes first, then the handle's close.
-            client.after_closing(fid).await;
+            client.after_closing_unhurried(fid).await;
             let landed = streams.release(f.fid()).await;
             match (&landed, f.create_check()) {
                 (Err(_), _) => dropper.lost_writes(&pages, fid),
