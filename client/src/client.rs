@@ -140,6 +140,10 @@ pub(crate) struct Inner {
     /// Where each target's storage server is, learnt from the MDS and kept: the data path
     /// asks the MDS again only for a target it has not seen.
     servers: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
+    /// Held while the target list is read again: calls that all missed a target at once (a
+    /// mount's first writes, hundreds of closes behind landing together) wait for one read
+    /// instead of each asking the MDS.
+    listing_targets: tokio::sync::Mutex<()>,
     /// Each target's window: how many of this client's reads and writes may be in flight to
     /// it at once, over all files and calls (Lustre's RPCs in flight per target).
     windows: parking_lot::Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Semaphore>>>,
@@ -249,6 +253,7 @@ impl Client {
                 net,
                 cfg,
                 servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
+                listing_targets: tokio::sync::Mutex::new(()),
                 windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: id,
                 next_req: AtomicU64::new(1),
@@ -1487,6 +1492,10 @@ impl Client {
         };
         if let Some(found) = known(&self.inner.servers.lock()) {
             return Ok(found);
+        }
+        let _one = self.inner.listing_targets.lock().await;
+        if let Some(found) = known(&self.inner.servers.lock()) {
+            return Ok(found); // read meanwhile
         }
         let fresh: std::collections::HashMap<u32, Nid> = self
             .targets()

@@ -710,3 +710,42 @@ async fn a_file_made_or_closed_behind_here_is_kept_for_its_next_open() {
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_writes_that_all_miss_the_target_list_read_it_once() {
+    let (cluster, fabric, dir) = on_fabric("targets-once", 9).await;
+    let c = cluster.client("c", ClientConfig::default()).await.unwrap();
+    cluster
+        .wait_ready(&c, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    c.mkdir("/w", 0o755).await.unwrap();
+    let create = OpenOptions::new().write(true).create_new(true);
+    let mut files = vec![];
+    for i in 0..32 {
+        files.push(Arc::new(
+            create.open(&c, &format!("/w/f{i}")).await.unwrap(),
+        ));
+    }
+    // A client that has not yet learnt where any target is writes 32 files at once: one
+    // reading of the target list serves them all.
+    let before = requests_to_mds(&fabric, "c");
+    let mut writes = tokio::task::JoinSet::new();
+    for f in &files {
+        let f = f.clone();
+        writes.spawn(async move { f.write_at(0, b"first bytes").await });
+    }
+    while let Some(w) = writes.join_next().await {
+        w.unwrap().unwrap();
+    }
+    let asked = requests_to_mds(&fabric, "c") - before;
+    assert!(
+        asked <= 2,
+        "{asked} requests to the MDS for 32 first writes"
+    );
+    for f in files {
+        Arc::into_inner(f).unwrap().close().await.unwrap();
+    }
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
