@@ -1565,9 +1565,6 @@ impl Client {
     }
 }
 
-/// Keeps the lease channel open while the client lives and is joined: one wait at a time,
-/// held by the MDS until a recall comes or its hold passes; each answer applies the recalls
-/// and renews the leases, and the next wait acknowledges them.
 /// Waits until every close begun behind its caller so far has finished, sending the creates
 /// they wait for at once (a close behind lets its create go with the next batch).
 async fn after_closings(inner: &Inner) {
@@ -1577,6 +1574,9 @@ async fn after_closings(inner: &Inner) {
     inner.closings.all().await;
 }
 
+/// Keeps the lease channel open while the client lives and is joined: one wait at a time,
+/// held by the MDS until a recall comes or its hold passes; each answer applies the recalls
+/// and renews the leases, and the next wait acknowledges them.
 async fn lease_channel(inner: std::sync::Weak<Inner>) {
     let hold = Duration::from_millis(proto::md::LEASE_TERM_MS);
     loop {

@@ -88,7 +88,7 @@ fn io_err(name: &'static str) -> impl Fn(io::Error) -> JournalError {
 /// A record as it goes in a batch: its length, then its body. Refused past [`MAX_RECORD`].
 pub fn encode_record(r: &Record) -> Result<Vec<u8>, JournalError> {
     // Records are plain data: encoding cannot fail.
-    let mut out = proto::msg::encode_after(&[0; 4], r).unwrap_or_default();
+    let mut out = proto::msg::encode_after(&[0; 4], r).unwrap_or_else(|_| vec![0; 4]);
     let len = out.len().saturating_sub(4);
     if len > MAX_RECORD as usize {
         return Err(JournalError::TooLarge { seq: r.seq, len });
