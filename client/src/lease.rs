@@ -1171,6 +1171,19 @@ mod tests {
         l
     }
 
+    /// A create of the file `name` in `dir`.
+    fn create_of(dir: Fid, name: &[u8]) -> Mutation {
+        Mutation::Create {
+            parent: dir,
+            name: name.to_vec(),
+            kind: Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        }
+    }
+
     fn reply(inode: Option<Inode>, transno: u64, changed: Vec<Fid>) -> MdsReintReply {
         MdsReintReply {
             inode,
@@ -1196,15 +1209,7 @@ mod tests {
         l.learn_listing(st, dir, &[], &[]);
         assert!(l.lookup(dir, b"a", &me).unwrap().is_err());
         let st = l.stamp();
-        let m = Mutation::Create {
-            parent: dir,
-            name: b"a".to_vec(),
-            kind: Kind::File,
-            mode: 0o644,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        };
+        let m = create_of(dir, b"a");
         l.learn_change(
             st,
             &m,
@@ -1222,15 +1227,7 @@ mod tests {
         let (dir, me) = (fid(2), Creds::root());
         let st = l.stamp();
         l.learn_attr(st, &inode(dir, Kind::Dir), true);
-        let create = |name: &[u8]| Mutation::Create {
-            parent: dir,
-            name: name.to_vec(),
-            kind: Kind::File,
-            mode: 0o644,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        };
+        let create = |name: &[u8]| create_of(dir, name);
         let dir_at = |secs: i64, nlink: u32| Inode {
             mtime: Time { sec: secs, nsec: 0 },
             ctime: Time { sec: secs, nsec: 0 },
@@ -1390,15 +1387,7 @@ mod tests {
             ..recall_of(fid(99), 1)
         };
         l.answered(nr, Instant::now(), &empty);
-        let create = Mutation::Create {
-            parent: dir,
-            name: b"f".to_vec(),
-            kind: Kind::File,
-            mode: 0o644,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        };
+        let create = create_of(dir, b"f");
         l.learn_change(
             st,
             &create,
@@ -1435,15 +1424,7 @@ mod tests {
         l.learn_attr(l.stamp(), &inode(dir, Kind::Dir), true);
         l.learn_listing(l.stamp(), dir, &[], &[]);
         l.learn_attr(l.stamp(), &inode(other, Kind::Dir), true);
-        let create = |name: &str| Mutation::Create {
-            parent: dir,
-            name: name.as_bytes().to_vec(),
-            kind: Kind::File,
-            mode: 0o644,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        };
+        let create = |name: &str| create_of(dir, name.as_bytes());
         // Another directory is recalled while a create in `dir` is on its way.
         let st = l.stamp();
         l.answered(0, Instant::now(), &recall_of(other, 1));
