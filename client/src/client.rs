@@ -514,29 +514,17 @@ impl Client {
             .clone()
     }
 
-    /// The same connection, acting as another user (a mount serving many users).
     /// Whether new files can be striped over `want` targets now: the targets are up and the
     /// MDS's allocator has taken each of them into service (after a start, it first cleans up
-    /// each target's orphans). Probes with a file at the root, removed again.
+    /// each target's orphans), as the MDS's target list says. Makes nothing in the namespace.
     pub async fn can_stripe_over(&self, want: u32) -> Result<bool> {
-        if self.statfs().await?.targets_up < want {
-            return Ok(false);
-        }
-        let root = self.as_user(Creds::root());
-        let name = format!("/.lode-probe-{:032x}", self.inner.client_id);
-        let f = crate::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .stripe_all()
-            .open(&root, &name)
-            .await?;
-        let n = f
-            .inode()
-            .layout
-            .map_or(0, |l| l.components[0].objects.len());
-        f.close().await?;
-        root.unlink(&name).await?;
-        Ok(n as u32 >= want)
+        let taking = self
+            .targets()
+            .await?
+            .iter()
+            .filter(|t| t.takes_stripes)
+            .count();
+        Ok(taking >= want as usize)
     }
 
     /// A handle on the connection `inner`, acting as its configured user.
@@ -550,6 +538,7 @@ impl Client {
         &self.creds
     }
 
+    /// The same connection, acting as another user (a mount serving many users).
     pub fn as_user(&self, creds: Creds) -> Client {
         Client {
             inner: self.inner.clone(),

@@ -86,6 +86,71 @@ async fn a_target_joins_goes_silent_is_marked_down_and_comes_back() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A target heard from but whose orphans the MDS could not clean up yet is up, yet takes
+/// no new stripes, and the target list says so: `lode health` and the readiness checks rest
+/// on it, so a file made with `-c -1` once they pass is striped over every target. (The
+/// cleanup call to the cut-off server waits out its deadline, a minute, before the next try:
+/// the other tests here show targets taken into service.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_up_before_its_cleanup_is_listed_as_taking_no_stripes() {
+    let dir = scratch("cleanup");
+    let fabric = Fabric::new(12);
+    // The MDS's allocator cannot reach the second server; its heartbeats still arrive.
+    fabric.partition("oss1", "mds-alloc");
+    let cluster = ClusterBuilder::new(Network::Fabric(fabric.clone()), &dir)
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(5))
+        .maintain_every(Duration::from_millis(50))
+        .storage_server(vec![memory()])
+        .storage_server(vec![memory()])
+        .start()
+        .await
+        .unwrap();
+    let c = cluster
+        .client("client", ClientConfig::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_ready(&c, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let list = loop {
+        let list = c.targets().await.unwrap();
+        if list.iter().all(|t| t.up) || tokio::time::Instant::now() > deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Several maintenance passes go by; the cleanup keeps failing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taking = |l: &[proto::registry::TargetInfo]| {
+        l.iter()
+            .filter(|t| t.takes_stripes)
+            .map(|t| t.index)
+            .collect::<Vec<_>>()
+    };
+    assert!(list.iter().all(|t| t.up), "both targets heard: {list:?}");
+    assert_eq!(taking(&c.targets().await.unwrap()), vec![0]);
+    assert!(!c.can_stripe_over(2).await.unwrap());
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .stripe_all()
+        .open(&c, "/before-cleanup")
+        .await
+        .unwrap();
+    let on: Vec<u32> = f.inode().layout.unwrap().components[0]
+        .objects
+        .iter()
+        .map(|o| o.target)
+        .collect();
+    assert_eq!(on, vec![0], "no stripe on a target not cleaned up");
+    f.close().await.unwrap();
+
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_cluster_runs_on_loopback_tcp() {
     let dir = scratch("tcp");

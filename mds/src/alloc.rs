@@ -143,6 +143,14 @@ impl Allocator {
         known.iter().filter(|t| takes_stripes(&ready, t)).collect()
     }
 
+    /// Marks which of `list` (the registry's) take new stripes now, for those who ask.
+    pub fn mark_takes_stripes(&self, list: &mut [TargetInfo]) {
+        let ready = self.ready.lock();
+        for t in list {
+            t.takes_stripes = takes_stripes(&ready, t);
+        }
+    }
+
     /// Whether any target can take new stripes.
     pub fn has_targets(&self) -> bool {
         self.has_targets_in(&self.registry.list())

@@ -293,6 +293,8 @@ impl Registry {
                 up: e
                     .last_seen
                     .is_some_and(|t| t.elapsed() < self.heartbeat_timeout),
+                // The allocator's to say (`Allocator::mark_takes_stripes`).
+                takes_stripes: false,
             })
             .collect()
     }

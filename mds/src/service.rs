@@ -544,9 +544,9 @@ impl MdsService {
             }
             opcodes::MDS_LIST_TARGETS => {
                 let _: ListTargets = req.decode()?;
-                reply::<ListTargets>(&TargetList {
-                    targets: self.registry.list(),
-                })
+                let mut targets = self.registry.list();
+                self.alloc.mark_takes_stripes(&mut targets);
+                reply::<ListTargets>(&TargetList { targets })
             }
             opcodes::MDS_REINT => {
                 let r: MdsReint = req.decode()?;

@@ -276,7 +276,7 @@ mod tests {
             round_trips(Registered { indices: (0..n as u32).collect() });
             round_trips(Heartbeat { oss: oss.clone(), rails: vec![], targets: reports });
             round_trips(ListTargets {});
-            round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), rails: vec![oss.clone()], total, free, up: sync }).collect() });
+            round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), rails: vec![oss.clone()], total, free, up: sync, takes_stripes: !sync }).collect() });
         }
     }
 }

@@ -64,6 +64,9 @@ pub struct TargetInfo {
     pub free: u64,
     /// Heard from within the heartbeat timeout.
     pub up: bool,
+    /// Taking new stripes: up, its orphans cleaned up in this MDS run, and not full. A target
+    /// just heard from after an MDS start is up some time before it takes new files.
+    pub takes_stripes: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -421,7 +421,7 @@ async fn wait_ready(
                         _ => "not every target takes new stripes yet".to_owned(),
                     }
                 }
-                Err(e) => why = format!("a test file could not be made: {e}"),
+                Err(e) => why = format!("the target list could not be read: {e}"),
             }
         }
         if Instant::now() > deadline {
@@ -436,8 +436,7 @@ async fn wait_ready(
 
 /// A probe's client: gives up quickly, and, like any one-shot command's, has its changes
 /// answered once durable and holds no leases. A client that leaves without giving its leases
-/// back holds up the next change to what it cached (a file system's root, for the probe's
-/// test file) until its lease term runs out.
+/// back holds up the next change to what it cached until its lease term runs out.
 fn quick() -> client::ClientConfig {
     client::ClientConfig {
         retry_for: Duration::from_millis(200),
@@ -473,7 +472,11 @@ async fn status(dir: &Path) -> Result<()> {
                         t.oss.to_string(),
                         crate::human(t.free),
                         crate::human(t.total),
-                        if t.up { "up" } else { "down" }
+                        match (t.up, t.takes_stripes) {
+                            (false, _) => "down",
+                            (true, false) => "up, taking no new files",
+                            (true, true) => "up",
+                        }
                     );
                 }
             }

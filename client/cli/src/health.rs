@@ -130,15 +130,22 @@ pub fn checks(s: &Snapshot) -> Vec<(Level, String)> {
             r if r < SPACE_WARN => Level::Warn,
             _ => Level::Ok,
         };
-        out.push((
-            level,
-            format!(
-                "{name}: in service, {} free of {} ({:.0}%)",
-                human(free as f64),
-                human(total as f64),
-                ratio * 100.0
-            ),
-        ));
+        let space = format!(
+            "{} free of {} ({:.0}%)",
+            human(free as f64),
+            human(total as f64),
+            ratio * 100.0
+        );
+        if !t.takes_stripes && level != Level::Fail {
+            // Up, but the MDS has not cleaned up its orphans in this run yet: new files
+            // get no stripes there until it has.
+            out.push((
+                Level::Warn,
+                format!("{name}: up, not taking new files yet (orphan cleanup), {space}"),
+            ));
+            continue;
+        }
+        out.push((level, format!("{name}: in service, {space}")));
     }
     out
 }
