@@ -88,9 +88,8 @@ async fn a_target_joins_goes_silent_is_marked_down_and_comes_back() {
 
 /// A target heard from but whose orphans the MDS could not clean up yet is up, yet takes
 /// no new stripes, and the target list says so: `lode health` and the readiness checks rest
-/// on it, so a file made with `-c -1` once they pass is striped over every target. (The
-/// cleanup call to the cut-off server waits out its deadline, a minute, before the next try:
-/// the other tests here show targets taken into service.)
+/// on it, so a file made with `-c -1` once they pass is striped over every target. Once the
+/// server can be reached, the cleanup sent again takes it into service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_up_before_its_cleanup_is_listed_as_taking_no_stripes() {
     let dir = scratch("cleanup");
@@ -145,6 +144,22 @@ async fn a_target_up_before_its_cleanup_is_listed_as_taking_no_stripes() {
         .map(|o| o.target)
         .collect();
     assert_eq!(on, vec![0], "no stripe on a target not cleaned up");
+    f.close().await.unwrap();
+
+    fabric.heal();
+    cluster
+        .wait_ready(&c, 2, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(taking(&c.targets().await.unwrap()), vec![0, 1]);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .stripe_all()
+        .open(&c, "/after-cleanup")
+        .await
+        .unwrap();
+    assert_eq!(f.inode().layout.unwrap().components[0].objects.len(), 2);
     f.close().await.unwrap();
 
     cluster.stop().await;

@@ -376,37 +376,17 @@ impl Allocator {
     /// removed objects.
     pub async fn maintain(&self, store: &Store) {
         self.probe_silent().await;
-        for t in self.registry.list().into_iter().filter(|t| t.up) {
-            if !self.ready.lock().contains(&t.index) {
-                if self.replaying_now() {
-                    continue; // replayed creates will name objects above the namespace's highest
-                }
-                // Passes may overlap (the timer's, and those creates start while no target
-                // is in service), and a cleanup may be sent twice: the target takes a second
-                // one from this run as a no-op (`run`).
-                let keep = store.read(|ns| ns.highest_object(t.index));
-                let req = OstDestroyAbove {
-                    target: t.index,
-                    keep_up_to: keep,
-                    run: self.run,
-                };
-                match call(&self.net, &t.oss, &req, RPC_DEADLINE * 6).await {
-                    Ok(r) => {
-                        if r.destroyed > 0 {
-                            tracing::info!(
-                                target = t.index,
-                                destroyed = r.destroyed,
-                                "destroyed orphan objects"
-                            );
-                        }
-                        self.ready.lock().insert(t.index);
-                    }
-                    Err(e) => {
-                        tracing::warn!(target = t.index, error = %e, "orphan cleanup failed; will retry")
-                    }
-                }
-                continue;
-            }
+        let up: Vec<TargetInfo> = self.registry.list().into_iter().filter(|t| t.up).collect();
+        let (ready, new): (Vec<&TargetInfo>, Vec<&TargetInfo>) = {
+            let ready = self.ready.lock();
+            up.iter().partition(|t| ready.contains(&t.index))
+        };
+        // Replayed creates will name objects above the namespace's highest.
+        if !new.is_empty() && !self.replaying_now() {
+            // At once: a target slow to answer holds up no other's.
+            futures_util::future::join_all(new.into_iter().map(|t| self.clean_up(store, t))).await;
+        }
+        for t in ready {
             let low = self
                 .pools
                 .lock()
@@ -419,6 +399,36 @@ impl Allocator {
             }
         }
         self.destroy_removed(store).await;
+    }
+
+    /// Destroys `t`'s orphans (objects above the namespace's highest on it, precreated by an
+    /// earlier run), then takes it into service. A target answers one cleanup at a time, and
+    /// a second one from this run only after the first is done, as a no-op (`run`): so passes
+    /// may overlap (the timer's, and those creates start while no target is in service), a
+    /// cleanup whose answer is late is sent again at the next pass, and any answer means the
+    /// orphans are gone.
+    async fn clean_up(&self, store: &Store, t: &TargetInfo) {
+        let keep = store.read(|ns| ns.highest_object(t.index));
+        let req = OstDestroyAbove {
+            target: t.index,
+            keep_up_to: keep,
+            run: self.run,
+        };
+        match call(&self.net, &t.oss, &req, RPC_DEADLINE).await {
+            Ok(r) => {
+                if r.destroyed > 0 {
+                    tracing::info!(
+                        target = t.index,
+                        destroyed = r.destroyed,
+                        "destroyed orphan objects"
+                    );
+                }
+                self.ready.lock().insert(t.index);
+            }
+            Err(e) => {
+                tracing::warn!(target = t.index, error = %e, "orphan cleanup failed; will retry")
+            }
+        }
     }
 
     /// Asks targets not heard from lately whether they are up (after an MDS restart, before
