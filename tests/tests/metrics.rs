@@ -289,5 +289,14 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
         read, size as u64,
         "the reader's bytes, under its job:\n{text}"
     );
+
+    // A small file made through the mount is read back from the mount's copy of its bytes
+    // (the O_DIRECT read above went to the storage server).
+    let before = scrape(&addr);
+    assert!(std::fs::read(mnt.join("d/f7")).unwrap() == vec![7u8; size]);
+    let after = scrape(&addr);
+    let moved = |key: &str| get(&after, key) - get(&before, key);
+    assert_eq!(moved("lode_mount_copy_read_bytes_total"), size as f64);
+    assert_eq!(moved(r#"lode_client_calls_total{op="ost_read"}"#), 0.0);
     assert!(mount.terminate().success(), "the mount unmounts on SIGTERM");
 }

@@ -699,6 +699,9 @@ impl Filesystem for LodeFs {
         let times_now = is_now(&atime) && is_now(&mtime);
         let (atime, mtime) = (atime.map(t), mtime.map(t));
         let streams = self.streams.clone();
+        if size.is_some() {
+            self.pages.changed(fid_of(ino));
+        }
         self.inline(async move {
             let fid = fid_of(ino);
             let result = async {
@@ -953,6 +956,9 @@ impl Filesystem for LodeFs {
             // The write-back cache reads the rest of a page a write covers in part, through
             // whichever handle wrote: a write-only open reads too where the caller may.
             let fid = fid_of(ino);
+            if raw & libc::O_TRUNC != 0 {
+                pages.changed(fid);
+            }
             pages.resolve_made(fid, c.holds_lease(fid), c.lease_recalls());
             // A small file to be read whose pages the kernel will not keep: its bytes are on
             // their way while the MDS counts the open, where the client can read them early.
@@ -1070,6 +1076,8 @@ impl Filesystem for LodeFs {
                     pages.opened(i.fid, c.holds_lease(i.fid));
                     if f.created_ahead() {
                         pages.created(i.fid);
+                    } else if flags & libc::O_TRUNC != 0 {
+                        pages.changed(i.fid);
                     }
                     files.lock().insert(fh, Arc::new(f));
                     reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
@@ -1086,7 +1094,7 @@ impl Filesystem for LodeFs {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -1095,6 +1103,21 @@ impl Filesystem for LodeFs {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
+        let fid = f.fid();
+        // A small file made here, trusted as kept pages are: its bytes are this mount's. Not
+        // for O_DIRECT, which asks for the storage itself.
+        let copy = (flags.0 & libc::O_DIRECT == 0)
+            .then(|| {
+                let leased = self.client.holds_lease(fid);
+                self.pages.read_copy(fid, leased, offset, size as usize)
+            })
+            .flatten();
+        if let Some(data) = copy {
+            if let Some(m) = &self.metrics {
+                m.read_copy(data.len());
+            }
+            return reply.data(&data);
+        }
         let window = self.windows.lock().entry(fh.0).or_default().clone();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
@@ -1127,9 +1150,16 @@ impl Filesystem for LodeFs {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
         };
+        if f.appends() {
+            // Placed at the end the writes before it leave, not at `offset`.
+            self.pages.changed(f.fid());
+        } else {
+            self.pages.wrote(f.fid(), offset, data);
+        }
         let data = data.to_vec();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
+        let pages = self.pages.clone();
         self.inline(async move {
             let n = data.len() as u32;
             let r = if f.appends() {
@@ -1146,7 +1176,11 @@ impl Filesystem for LodeFs {
             }
             match r {
                 Ok(()) => reply.written(n),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => {
+                    // Refused: the copy has bytes the file may not.
+                    pages.changed(f.fid());
+                    reply.error(errno(&e))
+                }
             }
         });
     }
@@ -1224,6 +1258,7 @@ impl Filesystem for LodeFs {
         else {
             return reply.error(Errno::EFBIG);
         };
+        self.pages.changed(f.fid());
         self.empty(reply, async move {
             // Objects are sparse and space is not reserved: allocating is extending the size
             // (ENOSPC comes at write time); a punched or zeroed range reads as zeros.

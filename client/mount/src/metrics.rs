@@ -1,5 +1,6 @@
 //! What the mount counts, for its metrics endpoint (`lode mount --metrics ADDR`): the kernel's
-//! requests by operation, bytes read and written through it, and, brought up to date at each
+//! requests by operation, bytes read and written through it (and read from its copies of
+//! small files made through it), and, brought up to date at each
 //! scrape, the files it holds open, the leases its client holds and the changes the MDS has
 //! not committed yet. The client's calls to the servers are counted beside these
 //! (`lnet::metrics::CallMetrics`).
@@ -23,6 +24,7 @@ pub struct MountMetrics {
     requests: Family<OpLabel, Counter>,
     errors: Family<OpLabel, Counter>,
     read_bytes: Counter,
+    copy_read_bytes: Counter,
     written_bytes: Counter,
     open_files: Gauge,
     leases: Gauge,
@@ -46,6 +48,7 @@ impl MountMetrics {
             requests: Family::default(),
             errors: Family::default(),
             read_bytes: Counter::default(),
+            copy_read_bytes: Counter::default(),
             written_bytes: Counter::default(),
             open_files: Gauge::default(),
             leases: Gauge::default(),
@@ -67,6 +70,11 @@ impl MountMetrics {
             "read_bytes",
             "Bytes returned to reads",
             m.read_bytes.clone(),
+        );
+        r.register(
+            "copy_read_bytes",
+            "Bytes returned to reads from the mount's own copies of small files made through it",
+            m.copy_read_bytes.clone(),
         );
         r.register(
             "written_bytes",
@@ -119,6 +127,13 @@ impl MountMetrics {
                 self.errors.get_or_create(&OpLabel { op: "read" }).inc();
             }
         }
+    }
+
+    /// Bytes returned from the mount's copy of a small file made through it (counted in the
+    /// bytes read as well).
+    pub(crate) fn read_copy(&self, n: usize) {
+        self.read_bytes.inc_by(n as u64);
+        self.copy_read_bytes.inc_by(n as u64);
     }
 
     pub(crate) fn written(&self, r: &Result<usize, ()>) {

@@ -17,6 +17,12 @@
 //! first stat after their close. Pages are dropped instead when the lease on the file is,
 //! and when attributes read without a lease show a size or mtime other than those the kernel
 //! was given last.
+//!
+//! A small file made here keeps a copy of its bytes in this mount, as its writes came in
+//! ([`Written`]): the kernel keeps no page a write covered only in part (without the write-back
+//! cache), so the first read of a small file written in one go would otherwise go to a
+//! storage server. That copy answers reads on the same terms as kept pages: while the file is
+//! trusted and its lease held.
 
 use std::collections::HashSet;
 
@@ -43,6 +49,70 @@ struct Sets {
     given: std::collections::HashMap<Fid, Given>,
     /// The size and mtime the kernel was last given without a lease.
     shown: std::collections::HashMap<Fid, (u64, proto::md::Time)>,
+    /// Copies of small files made here.
+    written: Written,
+}
+
+/// The bytes of small files made through this mount, as its writes left them: every write to
+/// such a file through this mount lands in its copy before it is acknowledged, and anything
+/// else that changes its bytes (a size change, an append placed here, a range copied or
+/// allocated into it) drops the copy. A file grown past [`WRITTEN_FILE`] loses its copy; once
+/// [`WRITTEN_BUDGET`] bytes are held, new files get none (a copy held is freed when a read
+/// has reached its end, since the kernel's pages then hold it, or when its trust ends).
+#[derive(Default)]
+struct Written {
+    of: std::collections::HashMap<Fid, Vec<u8>>,
+    bytes: usize,
+}
+
+/// Largest file whose bytes are copied.
+pub(crate) const WRITTEN_FILE: usize = 64 << 10;
+/// Most bytes held in copies.
+pub(crate) const WRITTEN_BUDGET: usize = 128 << 20;
+
+impl Written {
+    fn start(&mut self, fid: Fid) {
+        if self.bytes < WRITTEN_BUDGET {
+            self.forget(fid);
+            self.of.insert(fid, Vec::new());
+        }
+    }
+
+    fn forget(&mut self, fid: Fid) {
+        if let Some(b) = self.of.remove(&fid) {
+            self.bytes -= b.len();
+        }
+    }
+
+    fn wrote(&mut self, fid: Fid, offset: u64, data: &[u8]) {
+        let Some(b) = self.of.get_mut(&fid) else {
+            return;
+        };
+        let end = offset.saturating_add(data.len() as u64);
+        if end > WRITTEN_FILE as u64 || self.bytes >= WRITTEN_BUDGET && end > b.len() as u64 {
+            self.forget(fid);
+            return;
+        }
+        let (offset, end) = (offset as usize, end as usize);
+        if end > b.len() {
+            // A write past the end leaves zeros between, as the file reads.
+            self.bytes += end - b.len();
+            b.resize(end, 0);
+        }
+        b[offset..end].copy_from_slice(data);
+    }
+
+    /// Up to `size` bytes at `offset`; frees the copy once a read returns its last byte.
+    fn read(&mut self, fid: Fid, offset: u64, size: usize) -> Option<Vec<u8>> {
+        let b = self.of.get(&fid)?;
+        let start = (offset.min(b.len() as u64)) as usize;
+        let end = start.saturating_add(size).min(b.len());
+        let out = b[start..end].to_vec();
+        if start < end && end == b.len() {
+            self.forget(fid);
+        }
+        Some(out)
+    }
 }
 
 /// What of a file's attributes an open compares: what close-to-open may have moved.
@@ -85,13 +155,41 @@ impl PageTrust {
         }
     }
 
-    /// `fid` created ahead through this mount: the kernel has no pages of it.
+    /// `fid` created ahead through this mount: the kernel has no pages of it, and this mount
+    /// copies its bytes as they are written (while it has room).
     pub(crate) fn created(&self, fid: Fid) {
         let mut s = self.sets.lock();
         if s.made.len() >= MAX_MADE {
             s.made.clear();
         }
         s.made.insert(fid, None);
+        s.written.start(fid);
+    }
+
+    /// A write of `data` at `offset` to `fid` through this mount, before it is acknowledged.
+    pub(crate) fn wrote(&self, fid: Fid, offset: u64, data: &[u8]) {
+        self.sets.lock().written.wrote(fid, offset, data);
+    }
+
+    /// `fid`'s bytes changed other than by a write placed here: its copy is dropped.
+    pub(crate) fn changed(&self, fid: Fid) {
+        self.sets.lock().written.forget(fid);
+    }
+
+    /// A read of `fid` answered from this mount's copy of its bytes, when it has one and the
+    /// file is trusted as for [`PageTrust::keep`] (`leased`: the lease on it is held now).
+    pub(crate) fn read_copy(
+        &self,
+        fid: Fid,
+        leased: bool,
+        offset: u64,
+        size: usize,
+    ) -> Option<Vec<u8>> {
+        let mut s = self.sets.lock();
+        if !leased || !s.trusted.contains(&fid) {
+            return None;
+        }
+        s.written.read(fid, offset, size)
     }
 
     /// The handle that created `fid` ahead released, its writes landed: the pages they left
@@ -132,6 +230,7 @@ impl PageTrust {
         s.trusted.remove(&fid);
         s.given.remove(&fid);
         s.shown.remove(&fid);
+        s.written.forget(fid);
     }
 
     /// The kernel was given `i`'s attributes from the lease cache; `still`: the lease has held
@@ -242,6 +341,87 @@ mod tests {
         t.opened(fid(4), true);
         t.released(fid(4), false);
         assert!(!t.keep(fid(4), true));
+    }
+
+    #[test]
+    fn a_copy_of_a_file_made_here_answers_reads_only_while_trusted_and_follows_its_writes() {
+        let t = PageTrust::default();
+        t.created(fid(1));
+        t.wrote(fid(1), 0, b"hello world");
+        t.wrote(fid(1), 6, b"XY");
+        assert_eq!(t.read_copy(fid(1), true, 0, 100), None, "not trusted yet");
+        t.opened(fid(1), true);
+        t.released(fid(1), true);
+        assert_eq!(
+            t.read_copy(fid(1), false, 0, 100),
+            None,
+            "not without the lease"
+        );
+        assert_eq!(
+            t.read_copy(fid(1), true, 2, 3).as_deref(),
+            Some(&b"llo"[..])
+        );
+        assert_eq!(t.read_copy(fid(1), true, 20, 3).as_deref(), Some(&b""[..]));
+        // A read to the end frees the copy: the kernel's pages hold the bytes from then on.
+        assert_eq!(
+            t.read_copy(fid(1), true, 0, 100).as_deref(),
+            Some(&b"hello XYrld"[..])
+        );
+        assert_eq!(t.read_copy(fid(1), true, 0, 100), None);
+        assert_eq!(t.sets.lock().written.bytes, 0);
+
+        // A write past the end leaves zeros; a size change, an append or a drop ends the copy.
+        t.created(fid(2));
+        t.wrote(fid(2), 3, b"z");
+        t.opened(fid(2), true);
+        t.released(fid(2), true);
+        assert_eq!(
+            t.read_copy(fid(2), true, 0, 2).as_deref(),
+            Some(&[0u8, 0][..])
+        );
+        t.changed(fid(2));
+        assert_eq!(t.read_copy(fid(2), true, 0, 4), None);
+        t.created(fid(3));
+        t.opened(fid(3), true);
+        t.released(fid(3), true);
+        t.dropped(fid(3));
+        t.opened(fid(3), true);
+        t.released(fid(3), true);
+        assert_eq!(
+            t.read_copy(fid(3), true, 0, 4),
+            None,
+            "a drop ends it for good"
+        );
+        t.wrote(fid(3), 0, b"late");
+        assert_eq!(t.read_copy(fid(3), true, 0, 4), None);
+
+        // A file grown past the limit loses its copy; writes to files with none are ignored.
+        t.created(fid(4));
+        t.wrote(fid(4), 0, &vec![1; WRITTEN_FILE]);
+        assert_eq!(t.sets.lock().written.bytes, WRITTEN_FILE);
+        t.wrote(fid(4), WRITTEN_FILE as u64, b"!");
+        assert_eq!(t.sets.lock().written.bytes, 0);
+        t.opened(fid(4), true);
+        t.released(fid(4), true);
+        assert_eq!(t.read_copy(fid(4), true, 0, 4), None);
+    }
+
+    #[test]
+    fn copies_stop_at_their_budget() {
+        let t = PageTrust::default();
+        let per = WRITTEN_FILE;
+        let fit = WRITTEN_BUDGET / per;
+        for n in 0..fit as u32 + 2 {
+            t.created(fid(n));
+            t.wrote(fid(n), 0, &vec![7; per]);
+        }
+        let s = t.sets.lock();
+        assert_eq!(s.written.bytes, WRITTEN_BUDGET);
+        assert_eq!(
+            s.written.of.len(),
+            fit,
+            "no copy begun once the budget is held"
+        );
     }
 
     #[test]
