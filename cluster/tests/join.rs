@@ -27,6 +27,24 @@ fn up(c: &cluster::Cluster) -> Vec<u32> {
     list.iter().filter(|t| t.up).map(|t| t.index).collect()
 }
 
+/// The targets a new file made with `-c -1` at `path` gets, in stripe order.
+async fn striped_over(c: &client::Client, path: &str) -> Vec<u32> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .stripe_all()
+        .open(c, path)
+        .await
+        .unwrap();
+    let on = f.inode().layout.unwrap().components[0]
+        .objects
+        .iter()
+        .map(|o| o.target)
+        .collect();
+    f.close().await.unwrap();
+    on
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_joins_goes_silent_is_marked_down_and_comes_back() {
     let dir = scratch("join");
@@ -59,21 +77,8 @@ async fn a_target_joins_goes_silent_is_marked_down_and_comes_back() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(up(&cluster), vec![0, 1], "a silent target is down");
     assert_eq!(c.statfs().await.unwrap().targets_up, 2);
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .stripe_all()
-        .open(&c, "/while-down")
-        .await
-        .unwrap();
-    let layout = f.inode().layout.unwrap();
-    let on: Vec<u32> = layout.components[0]
-        .objects
-        .iter()
-        .map(|o| o.target)
-        .collect();
+    let on = striped_over(&c, "/while-down").await;
     assert!(!on.contains(&2), "no new stripe on a down target: {on:?}");
-    f.close().await.unwrap();
 
     // Heard again: up again, and new files stripe over it.
     fabric.heal();
@@ -131,20 +136,11 @@ async fn a_target_up_before_its_cleanup_is_listed_as_taking_no_stripes() {
     assert!(list.iter().all(|t| t.up), "both targets heard: {list:?}");
     assert_eq!(taking(&c.targets().await.unwrap()), vec![0]);
     assert!(!c.can_stripe_over(2).await.unwrap());
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .stripe_all()
-        .open(&c, "/before-cleanup")
-        .await
-        .unwrap();
-    let on: Vec<u32> = f.inode().layout.unwrap().components[0]
-        .objects
-        .iter()
-        .map(|o| o.target)
-        .collect();
-    assert_eq!(on, vec![0], "no stripe on a target not cleaned up");
-    f.close().await.unwrap();
+    assert_eq!(
+        striped_over(&c, "/before-cleanup").await,
+        vec![0],
+        "no stripe on a target not cleaned up"
+    );
 
     fabric.heal();
     cluster
@@ -152,15 +148,7 @@ async fn a_target_up_before_its_cleanup_is_listed_as_taking_no_stripes() {
         .await
         .unwrap();
     assert_eq!(taking(&c.targets().await.unwrap()), vec![0, 1]);
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .stripe_all()
-        .open(&c, "/after-cleanup")
-        .await
-        .unwrap();
-    assert_eq!(f.inode().layout.unwrap().components[0].objects.len(), 2);
-    f.close().await.unwrap();
+    assert_eq!(striped_over(&c, "/after-cleanup").await.len(), 2);
 
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
