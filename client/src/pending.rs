@@ -100,12 +100,12 @@ impl Sent {
         self.seq
     }
 
-    /// The reply if it came already.
     /// Whether the MDS's answer has come.
     pub fn arrived(&self) -> bool {
         self.rx.borrow().is_some()
     }
 
+    /// The reply if it came already.
     pub fn now(&self) -> Option<Result<MdsReintReply>> {
         self.rx.borrow().as_ref().map(|o| match o {
             Ok(r) => Ok(r.clone()),

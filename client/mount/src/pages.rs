@@ -56,12 +56,16 @@ struct Sets {
 /// The bytes of small files made through this mount, as its writes left them: every write to
 /// such a file through this mount lands in its copy before it is acknowledged, and anything
 /// else that changes its bytes (a size change, an append placed here, a range copied or
-/// allocated into it) drops the copy. A file grown past [`WRITTEN_FILE`] loses its copy; once
-/// [`WRITTEN_BUDGET`] bytes are held, new files get none (a copy held is freed when a read
-/// has reached its end, since the kernel's pages then hold it, or when its trust ends).
+/// allocated into it) drops the copy. A copy answers reads only once vouched for: its file's
+/// create was answered with the lease and nothing was recalled since ([`PageTrust::resolve_made`]),
+/// so no other client can have written to the file unseen; a copy that cannot be vouched for
+/// is dropped. A file grown past [`WRITTEN_FILE`] loses its copy; once [`WRITTEN_BUDGET`] bytes
+/// are held, new files get none (a copy held is freed when a read has reached its end, since
+/// the kernel's pages then hold it, or when its trust ends).
 #[derive(Default)]
 struct Written {
-    of: std::collections::HashMap<Fid, Vec<u8>>,
+    /// Each copy, and whether it is vouched for.
+    of: std::collections::HashMap<Fid, (Vec<u8>, bool)>,
     bytes: usize,
 }
 
@@ -74,18 +78,36 @@ impl Written {
     fn start(&mut self, fid: Fid) {
         if self.bytes < WRITTEN_BUDGET {
             self.forget(fid);
-            self.of.insert(fid, Vec::new());
+            self.of.insert(fid, (Vec::new(), false));
         }
     }
 
     fn forget(&mut self, fid: Fid) {
-        if let Some(b) = self.of.remove(&fid) {
+        if let Some((b, _)) = self.of.remove(&fid) {
             self.bytes -= b.len();
         }
     }
 
+    fn vouch(&mut self, fid: Fid) {
+        if let Some((_, v)) = self.of.get_mut(&fid) {
+            *v = true;
+        }
+    }
+
+    /// Drops every copy not vouched for (their creates' answers are forgotten).
+    fn forget_unvouched(&mut self) {
+        let mut freed = 0;
+        self.of.retain(|_, (b, vouched)| {
+            if !*vouched {
+                freed += b.len();
+            }
+            *vouched
+        });
+        self.bytes -= freed;
+    }
+
     fn wrote(&mut self, fid: Fid, offset: u64, data: &[u8]) {
-        let Some(b) = self.of.get_mut(&fid) else {
+        let Some((b, _)) = self.of.get_mut(&fid) else {
             return;
         };
         let end = offset.saturating_add(data.len() as u64);
@@ -104,7 +126,9 @@ impl Written {
 
     /// Up to `size` bytes at `offset`; frees the copy once a read returns its last byte.
     fn read(&mut self, fid: Fid, offset: u64, size: usize) -> Option<Vec<u8>> {
-        let b = self.of.get(&fid)?;
+        let (b, true) = self.of.get(&fid)? else {
+            return None;
+        };
         let start = (offset.min(b.len() as u64)) as usize;
         let end = start.saturating_add(size).min(b.len());
         let out = b[start..end].to_vec();
@@ -161,6 +185,7 @@ impl PageTrust {
         let mut s = self.sets.lock();
         if s.made.len() >= MAX_MADE {
             s.made.clear();
+            s.written.forget_unvouched();
         }
         s.made.insert(fid, None);
         s.written.start(fid);
@@ -218,6 +243,10 @@ impl PageTrust {
         s.made.remove(&fid);
         if untouched && leased {
             s.trusted.insert(fid);
+            s.written.vouch(fid);
+        } else {
+            // Another client may have written to it unseen: the copy may not be the file.
+            s.written.forget(fid);
         }
     }
 
@@ -343,6 +372,14 @@ mod tests {
         assert!(!t.keep(fid(4), true));
     }
 
+    /// Trusts `fid` as an open under its lease does, and vouches for its copy as a create
+    /// answered with the lease, nothing recalled since, does ([`PageTrust::resolve_made`]).
+    fn trust(t: &PageTrust, fid: Fid) {
+        t.opened(fid, true);
+        t.released(fid, true);
+        t.sets.lock().written.vouch(fid);
+    }
+
     #[test]
     fn a_copy_of_a_file_made_here_answers_reads_only_while_trusted_and_follows_its_writes() {
         let t = PageTrust::default();
@@ -350,8 +387,12 @@ mod tests {
         t.wrote(fid(1), 0, b"hello world");
         t.wrote(fid(1), 6, b"XY");
         assert_eq!(t.read_copy(fid(1), true, 0, 100), None, "not trusted yet");
+        // Pages trusted by an open under the lease: not the copy, which nothing vouched for
+        // (another client may have written before this one held the lease).
         t.opened(fid(1), true);
         t.released(fid(1), true);
+        assert_eq!(t.read_copy(fid(1), true, 0, 100), None, "not vouched for");
+        trust(&t, fid(1));
         assert_eq!(
             t.read_copy(fid(1), false, 0, 100),
             None,
@@ -373,8 +414,7 @@ mod tests {
         // A write past the end leaves zeros; a size change, an append or a drop ends the copy.
         t.created(fid(2));
         t.wrote(fid(2), 3, b"z");
-        t.opened(fid(2), true);
-        t.released(fid(2), true);
+        trust(&t, fid(2));
         assert_eq!(
             t.read_copy(fid(2), true, 0, 2).as_deref(),
             Some(&[0u8, 0][..])
@@ -382,11 +422,9 @@ mod tests {
         t.changed(fid(2));
         assert_eq!(t.read_copy(fid(2), true, 0, 4), None);
         t.created(fid(3));
-        t.opened(fid(3), true);
-        t.released(fid(3), true);
+        trust(&t, fid(3));
         t.dropped(fid(3));
-        t.opened(fid(3), true);
-        t.released(fid(3), true);
+        trust(&t, fid(3));
         assert_eq!(
             t.read_copy(fid(3), true, 0, 4),
             None,
@@ -401,9 +439,28 @@ mod tests {
         assert_eq!(t.sets.lock().written.bytes, WRITTEN_FILE);
         t.wrote(fid(4), WRITTEN_FILE as u64, b"!");
         assert_eq!(t.sets.lock().written.bytes, 0);
-        t.opened(fid(4), true);
-        t.released(fid(4), true);
+        trust(&t, fid(4));
         assert_eq!(t.read_copy(fid(4), true, 0, 4), None);
+    }
+
+    #[test]
+    fn copies_no_create_answer_can_vouch_for_any_longer_are_dropped() {
+        let t = PageTrust::default();
+        t.created(fid(1));
+        t.wrote(fid(1), 0, b"kept");
+        trust(&t, fid(1));
+        t.created(fid(2));
+        t.wrote(fid(2), 0, b"gone");
+        // The files made here and not opened since overflow what is remembered of them.
+        for n in 3..MAX_MADE as u32 + 4 {
+            t.created(fid(n));
+        }
+        trust(&t, fid(2));
+        assert_eq!(t.read_copy(fid(2), true, 0, 4), None);
+        assert_eq!(
+            t.read_copy(fid(1), true, 0, 4).as_deref(),
+            Some(&b"kept"[..])
+        );
     }
 
     #[test]
