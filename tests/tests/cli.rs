@@ -142,3 +142,58 @@ fn cluster_up_leaves_no_lease_to_hold_up_the_first_change() {
         "a client of cluster up held a lease: {log}"
     );
 }
+
+/// A server of a cluster killed with SIGKILL is started again by `cluster up`, which leaves the
+/// servers still running alone; the files made before are all there, and new ones can be made.
+#[test]
+fn cluster_up_starts_again_only_the_servers_that_stopped() {
+    let c = Cluster::up("cli-restart", 9751);
+    let local = c.dir.join("hello.txt");
+    std::fs::write(&local, b"hello\n").unwrap();
+    let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), "/before"]);
+    assert_eq!(code, 0, "{err}");
+    let pids = || -> Vec<(String, i32)> {
+        std::fs::read_to_string(c.dir.join("cluster.pids"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let (r, p) = l.split_once(' ').unwrap();
+                (r.to_owned(), p.parse().unwrap())
+            })
+            .collect()
+    };
+    let before = pids();
+    let victims: Vec<i32> = before
+        .iter()
+        .filter(|(r, _)| r == "mds" || r == "oss1")
+        .map(|(_, p)| *p)
+        .collect();
+    assert_eq!(victims.len(), 2, "{before:?}");
+    for p in &victims {
+        // SAFETY: kill with a pid the cluster recorded, and a plain signal.
+        assert_eq!(unsafe { libc::kill(*p, libc::SIGKILL) }, 0);
+    }
+    let dir = c.dir.to_str().unwrap();
+    let (code, out, err) = c.lode(&["cluster", "up", "--dir", dir]);
+    assert_eq!(code, 0, "cluster up again: {out}{err}");
+    assert!(out.contains("starting mds again"), "{out}");
+    assert!(out.contains("starting oss1 again"), "{out}");
+    let after = pids();
+    assert_eq!(after.len(), before.len(), "{after:?}");
+    for ((role, old), (role2, new)) in before.iter().zip(&after) {
+        assert_eq!(role, role2);
+        assert_eq!(
+            old == new,
+            !victims.contains(old),
+            "{role}: pid {old} then {new}"
+        );
+    }
+    let (code, out, err) = c.lode(&["cat", "/before"]);
+    assert_eq!((code, out.as_str()), (0, "hello\n"), "{err}");
+    let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), "/after"]);
+    assert_eq!(code, 0, "{err}");
+    // With every server running, `up` refuses, and says how to stop the cluster.
+    let (code, _, err) = c.lode(&["cluster", "up", "--dir", dir]);
+    assert_eq!(code, 1);
+    assert!(err.contains("already runs"), "{err}");
+}

@@ -26,7 +26,8 @@ use client::Client;
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
-    /// Start the cluster (or start it again) and wait until it is ready.
+    /// Start the cluster (or start again the servers of it that stopped) and wait until it is
+    /// ready.
     Up(UpArgs),
     /// Show which processes run and the targets' state.
     Status {
@@ -89,6 +90,19 @@ impl Conf {
     fn mds_addr(&self) -> String {
         format!("{}:{}", self.host(None), self.port)
     }
+
+    /// Where the server `role` (`mds`, `oss0`, ...) listens.
+    fn addr_of(&self, role: &str) -> Option<String> {
+        if role == "mds" {
+            return Some(self.mds_addr());
+        }
+        let i: u32 = role.strip_prefix("oss")?.parse().ok()?;
+        Some(format!(
+            "{}:{}",
+            self.host(Some(i)),
+            u32::from(self.port) + 100 + i
+        ))
+    }
 }
 
 fn read_conf(dir: &Path) -> Option<Conf> {
@@ -139,6 +153,20 @@ fn alive(pid: i32) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_none_or(|state| state != "Z" && state != "X"),
         Err(_) => false,
+    }
+}
+
+/// Waits (up to 10 s) until a stopped process has let go of what it held. A process killed
+/// with SIGKILL shows as a zombie as soon as its first thread has exited, while its other
+/// threads may still hold its descriptors, and with them the lock on its data directory.
+async fn gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+        if threads <= 1 && !alive(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -194,27 +222,50 @@ pub async fn run(cmd: ClusterCmd) -> Result<()> {
 async fn up(a: UpArgs) -> Result<()> {
     let dir = a.dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    if pids(&dir).iter().any(|(_, p)| alive(*p)) {
+    let recorded = pids(&dir);
+    let running: Vec<(String, i32)> = recorded
+        .iter()
+        .filter(|(_, p)| alive(*p))
+        .cloned()
+        .collect();
+    let conf = match read_conf(&dir) {
+        Some(c) => c,
+        None if running.is_empty() => new_conf(&dir, &a)?,
+        None => bail!("{} has running servers but no cluster.conf", dir.display()),
+    };
+    let mds_addr = conf.mds_addr();
+    let roles = std::iter::once("mds".to_owned()).chain((0..conf.oss).map(|i| format!("oss{i}")));
+    let missing: Vec<String> = roles
+        .filter(|r| !running.iter().any(|(role, _)| role == r))
+        .collect();
+    if missing.is_empty() {
         bail!(
             "a cluster already runs in {} (lode cluster down --dir {0})",
             dir.display()
         );
     }
-    let conf = match read_conf(&dir) {
-        Some(c) => c,
-        None => new_conf(&dir, &a)?,
-    };
-    let mds_addr = conf.mds_addr();
-    match &conf.netns {
-        Some(net) => netns::create(&dir, net, conf.oss)?,
-        None => ports_free(&conf)?,
+    // A server started again waits until the one before it has let go of its data directory
+    // and its port.
+    for (role, pid) in recorded.iter().filter(|(r, _)| missing.contains(r)) {
+        gone(*pid).await;
+        if !running.is_empty() {
+            out!("lode cluster up: starting {role} again (pid {pid} stopped)");
+        }
+    }
+    // With the rest of the cluster running, only what stopped is started again, in the
+    // network namespaces it had.
+    if running.is_empty() {
+        match &conf.netns {
+            Some(net) => netns::create(&dir, net, conf.oss)?,
+            None => ports_free(&conf)?,
+        }
     }
     if conf.auth {
         make_keys(&dir)?;
     }
-    let started = start_servers(&dir, &conf, &mds_addr)?;
+    let started = start_servers(&dir, &conf, &mds_addr, &missing, &running)?;
     let want = conf.oss * conf.targets;
-    wait_ready(&dir, &started, &mds_addr, want, &conf).await?;
+    wait_ready(&dir, &started, &missing, &mds_addr, want, &conf).await?;
     out!(
         "lode cluster up: MDS at {mds_addr}, {want} targets on {} storage servers, data in {}",
         conf.oss,
@@ -309,10 +360,18 @@ fn ports_free(conf: &Conf) -> Result<()> {
     Ok(())
 }
 
-/// Starts the MDS and the storage servers, recording each one's pid as it starts.
-fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String, i32)>> {
+/// Starts the servers named in `missing` (the MDS is `mds`, storage servers `oss0`, `oss1`, ...),
+/// recording each one's pid as it starts beside those of `running`. Returns every server's.
+fn start_servers(
+    dir: &Path,
+    conf: &Conf,
+    mds_addr: &str,
+    missing: &[String],
+    running: &[(String, i32)],
+) -> Result<Vec<(String, i32)>> {
     let d = |p: &str| dir.join(p).to_string_lossy().into_owned();
-    let mut started = vec![];
+    let mut started: Vec<(String, i32)> = running.to_vec();
+    let wanted = |role: &str| missing.iter().any(|m| m == role);
     let auth: Vec<String> = if conf.auth {
         vec!["--key".into(), d("cluster.key")]
     } else {
@@ -335,18 +394,24 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
     .into_iter()
     .chain(auth.iter().cloned())
     .collect();
-    started.push((
-        "mds".to_owned(),
-        spawn(
-            dir,
-            "mds",
-            names.as_ref().map(|n| n.ns("mds")).as_deref(),
-            &sibling("lode-mds")?,
-            &mds_args,
-        )?,
-    ));
-    write_pids(dir, &started)?;
+    if wanted("mds") {
+        started.push((
+            "mds".to_owned(),
+            spawn(
+                dir,
+                "mds",
+                names.as_ref().map(|n| n.ns("mds")).as_deref(),
+                &sibling("lode-mds")?,
+                &mds_args,
+            )?,
+        ));
+        write_pids(dir, &started)?;
+    }
     for i in 0..conf.oss {
+        let role = format!("oss{i}");
+        if !wanted(&role) {
+            continue;
+        }
         let args: Vec<String> = [
             "--data-dir".into(),
             d(&format!("oss{i}")),
@@ -360,7 +425,6 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
         .into_iter()
         .chain(auth.iter().cloned())
         .collect();
-        let role = format!("oss{i}");
         started.push((
             role.clone(),
             spawn(
@@ -377,6 +441,9 @@ fn start_servers(dir: &Path, conf: &Conf, mds_addr: &str) -> Result<Vec<(String,
 }
 
 fn write_pids(dir: &Path, started: &[(String, i32)]) -> Result<()> {
+    let mut started = started.to_vec();
+    // The MDS first, then the storage servers in order.
+    started.sort_by_key(|(r, _)| (r != "mds", r.len(), r.clone()));
     let text: String = started.iter().map(|(r, p)| format!("{r} {p}\n")).collect();
     Ok(std::fs::write(dir.join("cluster.pids"), text)?)
 }
@@ -385,6 +452,7 @@ fn write_pids(dir: &Path, started: &[(String, i32)]) -> Result<()> {
 async fn wait_ready(
     dir: &Path,
     started: &[(String, i32)],
+    fresh: &[String],
     mds_addr: &str,
     want: u32,
     conf: &Conf,
@@ -402,7 +470,18 @@ async fn wait_ready(
             );
         }
         let mut why = "the MDS does not answer".to_owned();
-        if let Ok(c) = Client::connect_with(mds_addr, cfg.clone()).await {
+        // A server started again listens before it is counted: until then the MDS may still
+        // list the targets of the one that stopped as up.
+        let deaf = fresh.iter().find(|role| {
+            conf.addr_of(role)
+                .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+                .is_some_and(|a| {
+                    std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err()
+                })
+        });
+        if let Some(role) = deaf {
+            why = format!("{role} does not listen yet");
+        } else if let Ok(c) = Client::connect_with(mds_addr, cfg.clone()).await {
             match c.can_stripe_over(want).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
