@@ -7,7 +7,7 @@ mount must show exactly the acknowledged names, each with the bytes of its last 
 write (the one change in flight per writer when it stopped may have happened or not).
 
     scripts/meta-crash-campaign.py --dir /tmp/lode-camp [--rounds 10] [--writers 3]
-                                   [--seed 1] [--kill mds|oss|any]
+                                   [--seed 1] [--kill mds|oss|any] [--port 9400]
 
 Needs root, /dev/fuse and `lode` on PATH (or --bin DIR). The cluster is made under --dir (4
 storage servers), used, then stopped; it exits 1 if anything acknowledged is missing, extra or
@@ -114,15 +114,16 @@ def main():
     p.add_argument("--writers", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--kill", choices=["mds", "oss", "any"], default="any")
+    p.add_argument("--port", type=int, default=9400, help="the MDS's (storage servers: after)")
     p.add_argument("--bin", default="", help="where lode, lode-mds and lode-oss are")
     a = p.parse_args()
     bin_dir = a.bin.rstrip("/") + "/" if a.bin else ""
     cluster = os.path.abspath(a.dir)
-    env = dict(os.environ, LODE_MDS="127.0.0.1:9400", LODE_KEY=f"{cluster}/client.key")
+    env = dict(os.environ, LODE_MDS=f"127.0.0.1:{a.port}", LODE_KEY=f"{cluster}/client.key")
     if bin_dir:
         env["PATH"] = bin_dir + ":" + env["PATH"]
     up = [f"{bin_dir}lode", "cluster", "up", "--dir", cluster]
-    subprocess.run(up, check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(up + ["--port", str(a.port)], check=True, env=env, stdout=subprocess.DEVNULL)
     mnt, check = f"{cluster}/mnt", f"{cluster}/check"
     mount(bin_dir, mnt, env)
     rnd = random.Random(a.seed)
