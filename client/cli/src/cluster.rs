@@ -409,16 +409,16 @@ fn start_servers(
     }
     for i in 0..conf.oss {
         let role = format!("oss{i}");
-        if !wanted(&role) {
+        let Some(listen) = conf.addr_of(&role).filter(|_| wanted(&role)) else {
             continue;
-        }
+        };
         let args: Vec<String> = [
             "--data-dir".into(),
-            d(&format!("oss{i}")),
+            d(&role),
             "--mds".into(),
             mds_addr.into(),
             "--listen".into(),
-            format!("{}:{}", conf.host(Some(i)), u32::from(conf.port) + 100 + i),
+            listen,
             "--targets".into(),
             conf.targets.to_string(),
         ]
