@@ -708,12 +708,17 @@ impl Client {
             self.hold_alone(parent).await;
             may()?;
         }
-        inner.pending.room().await;
-        let fid = match inner.pending.next_fid(inner, self).await {
-            Ok(f) => f,
-            Err(e) => return Some(Err(e)),
+        let (fid, _gate) = loop {
+            inner.pending.room().await;
+            if let Err(e) = inner.pending.fids_at_hand(inner, self).await {
+                return Some(Err(e));
+            }
+            // Taken and queued under the gate at once (see `Pending::fids_at_hand`).
+            let gate = inner.pending.gate.lock();
+            if let Some(fid) = inner.pending.take_fid() {
+                break (fid, gate);
+            }
         };
-        let _gate = inner.pending.gate.lock();
         // Checked again: a recall may have come while the FID was fetched.
         let now = inner.now();
         let inode = inner

@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use proto::md::{BatchOp, BatchResult, MdsBatch, MdsReintReply, MdsReserve, MAX_BATCH};
+use proto::fid::INODE_SEQ;
+use proto::md::{
+    BatchOp, BatchResult, MdsBatch, MdsReintReply, MdsReserve, MAX_BATCH, RESERVATIONS_KEPT,
+};
 use proto::{Fid, FsErrorKind, StatusCode};
 use tokio::sync::{watch, Notify};
 
@@ -147,8 +150,10 @@ pub(crate) struct Pending {
     /// Wakes the sender: the queue has something, is long, or someone waits.
     hurry: std::sync::Arc<Hurry>,
     room: Notify,
-    /// Inode numbers set aside for this client: the next and the end.
+    /// Inode numbers set aside for this client not yet taken: the next and the end.
     fids: Mutex<VecDeque<(u32, u32)>>,
+    /// The ranges the MDS keeps for this client: the last it gave, oldest first.
+    given: Mutex<VecDeque<(u32, u32)>>,
     reserving: tokio::sync::Mutex<()>,
     errors: Mutex<VecDeque<Failed>>,
     /// For each inode a change queued (or on its way) touches (its directory, the inode
@@ -302,36 +307,71 @@ impl Pending {
         }
     }
 
-    /// A FID set aside for this client, asking the MDS for more when none is left.
-    pub async fn next_fid(&self, inner: &Inner, client: &crate::Client) -> Result<Fid> {
+    /// Waits until a FID set aside for this client is at hand, asking the MDS for more when
+    /// none is left. The caller takes it with [`Pending::take_fid`] under the gate and queues
+    /// its create before letting the gate go.
+    pub async fn fids_at_hand(&self, inner: &Inner, client: &crate::Client) -> Result<()> {
+        let at_hand = || self.fids.lock().iter().any(|(n, e)| n < e);
         loop {
-            if let Some(f) = self.take_fid() {
-                return Ok(f);
+            if at_hand() {
+                return Ok(());
             }
             let _one = self.reserving.lock().await;
-            if self.fids.lock().iter().any(|(n, e)| n < e) {
+            if at_hand() {
                 continue;
+            }
+            // The MDS keeps the last few ranges it gave this client: the next one pushes the
+            // oldest out, and a create from it the MDS has yet to see would be refused after
+            // it was answered here.
+            let oldest = {
+                let given = self.given.lock();
+                (given.len() >= RESERVATIONS_KEPT).then(|| given[0])
+            };
+            if let Some(range) = oldest {
+                self.answered_from(range).await;
             }
             let r = MdsReserve {
                 client: inner.client_id(),
                 count: RESERVE,
             };
             let got = client.rpc(&inner.mds.clone(), &r).await?;
-            let end = got.first.oid.saturating_add(got.count);
-            let mut fids = self.fids.lock();
-            fids.push_back((got.first.oid, end));
-            // The MDS keeps the last few ranges a client was given.
-            while fids.len() > crate::pending::KEPT_RANGES {
-                fids.pop_front();
+            let range = (got.first.oid, got.first.oid.saturating_add(got.count));
+            self.fids.lock().push_back(range);
+            let mut given = self.given.lock();
+            given.push_back(range);
+            while given.len() > RESERVATIONS_KEPT {
+                given.pop_front();
             }
         }
     }
 
-    fn take_fid(&self) -> Option<Fid> {
+    /// Waits until every create naming a FID of `first..end` has been answered. Each FID is
+    /// taken and its create queued under the gate: once the gate was free, every create from
+    /// a range no longer handed out shows among the changes on their way.
+    async fn answered_from(&self, (first, end): (u32, u32)) {
+        loop {
+            drop(self.gate.lock());
+            let last = self
+                .touching
+                .lock()
+                .iter()
+                .filter(|(f, _)| f.seq == INODE_SEQ && f.ver == 0 && (first..end).contains(&f.oid))
+                .map(|(_, seq)| *seq)
+                .max();
+            match last {
+                Some(seq) => self.settle_to(seq).await,
+                None => return,
+            }
+        }
+    }
+
+    /// A FID set aside for this client, if one is at hand: taken under the gate, with the
+    /// create that names it queued before the gate is let go.
+    pub(crate) fn take_fid(&self) -> Option<Fid> {
         let mut fids = self.fids.lock();
         while let Some((next, end)) = fids.front_mut() {
             if *next < *end {
-                let f = Fid::new(proto::fid::INODE_SEQ, *next, 0);
+                let f = Fid::new(INODE_SEQ, *next, 0);
                 *next += 1;
                 return Some(f);
             }
@@ -363,9 +403,6 @@ impl Pending {
         errors.push_back(f);
     }
 }
-
-/// Ranges of inode numbers the client keeps (as many as the MDS does).
-pub(crate) const KEPT_RANGES: usize = 3;
 
 /// Sends the queue in batches while the client lives: one batch on its way at a time, holding
 /// whatever was queued while the last one was out. A short queue nobody waits on lingers for

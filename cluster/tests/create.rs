@@ -203,6 +203,50 @@ async fn creates_in_a_leased_directory_are_answered_ahead_and_sent_in_batches() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A client far ahead of a slow MDS: more creates answered and on their way than two of the
+/// ranges of FIDs set aside for it. The MDS keeps only its last few ranges, so the client must
+/// not ask for one more before the creates from the range it pushes out have been answered:
+/// none of them may be refused after it was answered here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_far_ahead_of_a_slow_mds_all_land() {
+    let (cluster, fabric, dir) = on_fabric("far-ahead", 11).await;
+    let a = ahead_in_d(&cluster, "f0").await;
+    // Requests held back at random, later ones overtaking them: as a batch the MDS is still
+    // working through when the next request, on another task, is already done.
+    fabric
+        .set_link(
+            "a",
+            "mds",
+            LinkParams {
+                reorder: 0.5,
+                reorder_window: Duration::from_millis(100),
+                ..LinkParams::default()
+            },
+        )
+        .unwrap();
+    let n = proto::md::RESERVATIONS_KEPT * proto::md::MAX_RESERVE as usize + 2_000;
+    let create = OpenOptions::new().write(true).create_new(true);
+    let mut most = 0;
+    for i in 1..n {
+        let f = create.open(&a, &format!("/d/f{i}")).await.unwrap();
+        f.close().await.unwrap();
+        most = most.max(a.unanswered());
+    }
+    assert!(
+        most > proto::md::MAX_RESERVE as u64,
+        "the client ran only {most} changes ahead"
+    );
+    a.settle_ahead().await.unwrap();
+    assert!(
+        a.sync().await.is_ok(),
+        "a create answered ahead failed at the MDS"
+    );
+    let b = cluster.client("b", ClientConfig::default()).await.unwrap();
+    assert_eq!(b.readdir("/d").await.unwrap().len(), n);
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_answered_ahead_are_seen_at_once_by_a_client_without_leases() {
     let dir = std::env::temp_dir().join(format!("lode-cluster-alone-{}", std::process::id()));

@@ -26,7 +26,7 @@ const MAGIC: [u8; 8] = *b"LODERSV\0";
 const FILE: &str = "reserved";
 /// Ranges kept per client: a client asks for the next while creates from the last are still on
 /// their way.
-pub const KEPT: usize = 3;
+pub const KEPT: usize = proto::md::RESERVATIONS_KEPT;
 
 /// The ranges each client holds: `(first, end)` of inode numbers.
 pub struct Reservations {

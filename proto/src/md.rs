@@ -844,6 +844,10 @@ pub const LEASE_TERM_MS: u64 = 5_000;
 pub const MAX_BATCH: usize = 512;
 /// Most inode numbers one [`MdsReserve`] sets aside.
 pub const MAX_RESERVE: u32 = 4096;
+/// Reservations the MDS keeps per client: the last this many it gave. A create naming a FID of
+/// an older one is refused, so a client asks for a new range only once every create from the
+/// one it pushes out has been answered.
+pub const RESERVATIONS_KEPT: usize = 3;
 
 /// One operation of a batch.
 #[allow(clippy::large_enum_variant)] // nearly every operation is a change
@@ -886,7 +890,7 @@ impl Rpc for MdsBatch {
 /// Sets aside `count` inode numbers (at most [`MAX_RESERVE`]) for `client`, which must have
 /// joined ([`MdsConnect`]): its creates may then name them ([`Mutation::CreateAt`]). The
 /// reservation is durable before it is answered and lasts while the client stays in the
-/// table; the client's older reservations beyond the last few lapse.
+/// table; the client's older reservations beyond the last [`RESERVATIONS_KEPT`] lapse.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsReserve {
     pub client: u128,
