@@ -559,11 +559,15 @@ impl File {
     /// How far this handle reads: the size as of open (close-to-open), or further if this
     /// handle wrote further; a file removed while open stays readable, so this does not ask
     /// the MDS.
+    /// How far a read may go: the size as last learnt, or further where this client's own
+    /// writes (through any handle) went further and are not published yet.
     fn readable_size(&self) -> u64 {
-        self.inode
-            .lock()
-            .size
-            .max(self.written_to.load(Ordering::Relaxed))
+        let (fid, size) = {
+            let i = self.inode.lock();
+            (i.fid, i.size)
+        };
+        size.max(self.written_to.load(Ordering::Relaxed))
+            .max(self.client.inner.writes.end_of(fid))
     }
 
     /// The file's FID (without copying the rest of its inode).
@@ -792,6 +796,20 @@ impl File {
                 "the file is not open for writing",
             ));
         }
+        // An append waits for the appends before it from this client (any handle, any
+        // process of a mount) and goes where the last of them ended: it finds that end in the
+        // size each publishes before letting the next go.
+        let turn = match self.append {
+            true => Some(
+                self.client
+                    .inner
+                    .writes
+                    .append_turn(self.fid())
+                    .lock_owned()
+                    .await,
+            ),
+            false => None,
+        };
         let offset = if self.append {
             self.size().await?
         } else {
@@ -843,6 +861,11 @@ impl File {
             self.unpublished.store(true, Ordering::SeqCst);
         }
         self.written_to.fetch_max(end, Ordering::Relaxed);
+        self.client.inner.writes.wrote_to(self.fid(), end);
+        if turn.is_some() {
+            self.publish_size().await?;
+        }
+        drop(turn);
         Ok(offset)
     }
 
@@ -1879,6 +1902,7 @@ impl File {
     /// handle shows and publishes includes it.
     pub fn issued_to(&self, end: u64) {
         self.written_to.fetch_max(end, Ordering::Relaxed);
+        self.client.inner.writes.wrote_to(self.fid(), end);
         self.unpublished.store(true, Ordering::SeqCst);
     }
 
@@ -1896,6 +1920,7 @@ impl File {
     /// longer claims to have written past it.
     pub fn truncated(&self, size: u64) {
         self.written_to.fetch_min(size, Ordering::Relaxed);
+        self.client.inner.writes.cut(self.fid(), size);
     }
 
     /// Makes the size this handle wrote visible to every client (what close(2) does).
@@ -2100,6 +2125,7 @@ impl File {
             size.min(self.written_to.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
+        self.client.inner.writes.cut(fid, size);
         Ok(())
     }
 

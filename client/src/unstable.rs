@@ -39,6 +39,10 @@ pub(crate) struct Unstable {
 struct FileWrites {
     handles: u32,
     objects: HashMap<StripeObject, Unstable>,
+    /// Taken by each append of this client to the file, for the whole of it ([`Writes::append_turn`]).
+    appending: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// The furthest end any handle of this client wrote, less what it truncated since.
+    end: u64,
 }
 
 /// The client's unsynced writes and write order.
@@ -106,6 +110,39 @@ impl Writes {
         }
     }
 
+    /// The turn every append of this client to `file` takes, through whichever handle: one
+    /// at a time, each placed at the end the one before it left and publishing that end
+    /// before the next looks for it.
+    pub fn append_turn(&self, file: Fid) -> Arc<tokio::sync::Mutex<()>> {
+        self.files
+            .lock()
+            .entry(file)
+            .or_default()
+            .appending
+            .get_or_insert_with(Default::default)
+            .clone()
+    }
+
+    /// A handle of this client wrote `file` up to `end`.
+    pub fn wrote_to(&self, file: Fid, end: u64) {
+        let mut files = self.files.lock();
+        let f = files.entry(file).or_default();
+        f.end = f.end.max(end);
+    }
+
+    /// `file` was cut to `size` through this client.
+    pub fn cut(&self, file: Fid, size: u64) {
+        if let Some(f) = self.files.lock().get_mut(&file) {
+            f.end = f.end.min(size);
+        }
+    }
+
+    /// The furthest end any handle of this client wrote `file` to while one is open: every
+    /// handle reads up to it, whether or not the size is published yet.
+    pub fn end_of(&self, file: Fid) -> u64 {
+        self.files.lock().get(&file).map_or(0, |f| f.end)
+    }
+
     pub fn opened(&self, file: Fid) {
         self.files.lock().entry(file).or_default().handles += 1;
     }
@@ -117,6 +154,8 @@ impl Writes {
         if let Some(f) = files.get_mut(&file) {
             f.handles = f.handles.saturating_sub(1);
             if f.handles == 0 {
+                // Published by the closes: the size says it from now on.
+                f.end = 0;
                 f.objects.retain(|_, u| !u.lost);
                 if f.objects.is_empty() {
                     files.remove(&file);

@@ -217,6 +217,56 @@ async fn disjoint_writers_of_one_file_and_close_to_open() {
         .unwrap();
     assert_eq!(&buf[..n], b"one\ntwo\nthree\n");
 
+    // O_APPEND through several handles of one client at once (the processes of one mount):
+    // each record lands whole at the end, none over another.
+    let mut handles = vec![];
+    for _ in 0..3 {
+        let f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&a, "/shared-log")
+            .await
+            .unwrap();
+        handles.push(Arc::new(f));
+    }
+    let writers: Vec<_> = handles
+        .iter()
+        .enumerate()
+        .map(|(h, f)| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    f.write_at(0, format!("{h}:{i:02}\n").as_bytes())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    for f in handles {
+        Arc::into_inner(f).unwrap().close().await.unwrap();
+    }
+    let log = OpenOptions::new()
+        .open(&reader, "/shared-log")
+        .await
+        .unwrap();
+    let mut all = vec![0u8; 1024];
+    let n = log.read_at(0, &mut all).await.unwrap();
+    let mut lines: Vec<&[u8]> = all[..n].split(|b| *b == b'\n').collect();
+    assert_eq!(lines.pop(), Some(&b""[..]), "ends with a whole record");
+    lines.sort();
+    let want: Vec<String> = (0..3)
+        .flat_map(|h| (0..40).map(move |i| format!("{h}:{i:02}")))
+        .collect();
+    assert_eq!(
+        lines,
+        want.iter().map(|w| w.as_bytes()).collect::<Vec<_>>(),
+        "every append once, whole"
+    );
+
     // The errors a caller expects.
     assert!(OpenOptions::new()
         .open(&a, "/missing")

@@ -661,6 +661,21 @@ fn buffered_writes_scenario(name: &str, opts: &str) {
     let back = fs::read(m("w")).unwrap();
     assert!(back[..1000].iter().all(|&b| b == 7) && &back[1000..] == b"tail");
 
+    // Appends from several processes at once (`>>`, each an open, a write and a close): every
+    // line whole, none over another.
+    let (ok, out) = sh(
+        &mnt,
+        "for w in 1 2 3; do (for i in $(seq 10 39); do echo w$w-$i >> apps; done) & done; wait",
+    );
+    assert!(ok, "{out}");
+    let apps = String::from_utf8(fs::read(m("apps")).unwrap()).unwrap();
+    let mut lines: Vec<&str> = apps.lines().collect();
+    lines.sort();
+    let want: Vec<String> = (1..=3)
+        .flat_map(|w| (10..40).map(move |i| format!("w{w}-{i}")))
+        .collect();
+    assert_eq!(lines, want, "appends of three processes");
+
     // A write by another user clears the set-user-ID and set-group-ID bits.
     fs::write(m("suid"), b"#!/bin/sh\n").unwrap();
     fs::set_permissions(m("suid"), fs::Permissions::from_mode(0o6777)).unwrap();

@@ -1279,6 +1279,25 @@ impl Filesystem for LodeFs {
         });
     }
 
+    // lode has no ioctls of its own. Callers probe for them often (Python's `open` asks each
+    // file whether it is a terminal, `cp` tries to clone): "not a terminal / no such
+    // request", answered on this thread and not logged.
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        self.begin("ioctl", req);
+        tracing::trace!(cmd, "ioctl refused");
+        reply.error(Errno::ENOTTY);
+    }
+
     fn copy_file_range(
         &self,
         req: &Request,
