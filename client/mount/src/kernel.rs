@@ -98,9 +98,14 @@ pub(crate) fn attr(i: &Inode, size: u64) -> FileAttr {
 
 pub(crate) fn errno(e: &ClientError) -> Errno {
     let n = e.errno();
-    if n == libc::EIO || n == libc::ESTALE {
+    if n == libc::EIO {
         // Not the caller's mistake: the operator wants to know.
         tracing::warn!(error = %e, errno = n, "an operation failed");
+    } else if n == libc::ESTALE {
+        // A file removed since the kernel last asked: the kernel drops its inode and looks the
+        // name up again. Under the write-back cache it is every unlinked file's last
+        // attributes, written back as its inode goes.
+        tracing::debug!(error = %e, errno = n, "an operation on a removed file");
     }
     Errno::from_i32(n)
 }
