@@ -798,7 +798,7 @@ impl File {
         }
         // An append waits for the appends before it from this client (any handle, any
         // process of a mount) and goes where the last of them ended: it finds that end in the
-        // size each publishes before letting the next go.
+        // size each publishes before letting the next go, and in the client's own count.
         let turn = match self.append {
             true => Some(
                 self.client
@@ -811,7 +811,8 @@ impl File {
             false => None,
         };
         let offset = if self.append {
-            self.size().await?
+            let mine = self.client.inner.writes.end_of(self.fid());
+            self.size().await?.max(mine)
         } else {
             offset
         };
