@@ -94,6 +94,11 @@ impl<E> WriteBehind<E> {
     pub fn take_error(&mut self) -> Option<E> {
         self.error.take()
     }
+
+    /// Whether a failure waits to be reported.
+    pub fn has_error(&self) -> bool {
+        self.error.is_some()
+    }
 }
 
 #[cfg(test)]

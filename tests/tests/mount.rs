@@ -676,6 +676,49 @@ fn buffered_writes_scenario(name: &str, opts: &str) {
         .collect();
     assert_eq!(lines, want, "appends of three processes");
 
+    // One file written in interleaved, unaligned records by four threads, two through one
+    // handle each and two opening and closing a handle per record: a close forgets nothing
+    // another handle has gathered or in flight.
+    {
+        use std::os::unix::fs::FileExt;
+        const B: u64 = 47008;
+        let path = m("strided");
+        fs::File::create(&path).unwrap();
+        let record = |p: u64, i: u64| -> Vec<u8> {
+            (0..B)
+                .map(|k| ((p * 31 + i * 7 + k) % 251 + 1) as u8)
+                .collect()
+        };
+        std::thread::scope(|s| {
+            for p in 0..4u64 {
+                let path = &path;
+                s.spawn(move || {
+                    let open = || fs::OpenOptions::new().write(true).open(path).unwrap();
+                    let mut kept = (p < 2).then(open);
+                    for i in 0..40u64 {
+                        let once = kept.is_none().then(open);
+                        let f = kept.as_ref().or(once.as_ref()).unwrap();
+                        f.write_all_at(&record(p, i), (i * 4 + p) * B).unwrap();
+                    }
+                    if let Some(f) = kept.take() {
+                        f.sync_all().unwrap();
+                    }
+                });
+            }
+        });
+        let back = fs::read(&path).unwrap();
+        assert_eq!(back.len() as u64, 160 * B);
+        for i in 0..40u64 {
+            for p in 0..4u64 {
+                let at = ((i * 4 + p) * B) as usize;
+                assert!(
+                    back[at..at + B as usize] == record(p, i)[..],
+                    "record {i} of writer {p} at {at}"
+                );
+            }
+        }
+    }
+
     // A write by another user clears the set-user-ID and set-group-ID bits.
     fs::write(m("suid"), b"#!/bin/sh\n").unwrap();
     fs::set_permissions(m("suid"), fs::Permissions::from_mode(0o6777)).unwrap();

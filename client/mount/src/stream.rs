@@ -58,6 +58,15 @@ impl Default for Behind {
 }
 
 impl Behind {
+    /// Nothing gathered, in flight, or failed and not yet reported: the file's state may be
+    /// forgotten with nothing lost.
+    fn idle(&self) -> bool {
+        self.gather.is_none()
+            && self.tasks.is_empty()
+            && self.plan.in_flight() == 0
+            && !self.plan.has_error()
+    }
+
     /// Puts a write in flight.
     fn spawn(&mut self, file: Arc<File>, offset: u64, data: Vec<u8>) {
         let end = offset + data.len() as u64;
@@ -302,9 +311,20 @@ impl Streams {
     /// Forgets a file no handle holds any more, once its writes have landed.
     pub async fn release(&self, fid: Fid) -> Result<()> {
         let r = self.settle(fid).await;
-        let mut files = self.files.lock();
-        if files.get(&fid).is_some_and(|p| Arc::strong_count(p) == 1) {
-            files.remove(&fid);
+        let Some(per) = self.files.lock().get(&fid).cloned() else {
+            return r;
+        };
+        // Another handle of the file may have written since the settle: its writes, gathered
+        // or in flight, live in this state, and are forgotten with it only once landed.
+        let b = per.behind.lock().await;
+        if b.idle() {
+            let mut files = self.files.lock();
+            if files
+                .get(&fid)
+                .is_some_and(|p| Arc::ptr_eq(p, &per) && Arc::strong_count(p) == 2)
+            {
+                files.remove(&fid);
+            }
         }
         r
     }
@@ -443,7 +463,10 @@ impl Streams {
     /// failed or went without reading).
     pub fn forget_unused(&self, fid: Fid) {
         let mut files = self.files.lock();
-        if files.get(&fid).is_some_and(|p| Arc::strong_count(p) == 1) {
+        let idle = files.get(&fid).is_some_and(|p| {
+            Arc::strong_count(p) == 1 && p.behind.try_lock().is_ok_and(|b| b.idle())
+        });
+        if idle {
             files.remove(&fid);
         }
     }
