@@ -245,6 +245,14 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
         .keys()
         .any(|k| k.starts_with("lode_client_call_latency_seconds_bucket")));
     drop(held);
+    // Each close of a written file flushed; the closes of those opened only to be read sent
+    // nothing the caller waited for.
+    let closed = scrape(&addr);
+    assert_eq!(
+        get(&closed, r#"lode_mount_requests_total{op="flush"}"#)
+            - get(&before, r#"lode_mount_requests_total{op="flush"}"#),
+        files as f64
+    );
 
     // Requests through the mount carry the job of the process that made them.
     // The shell opens the file (its job is read meanwhile), then becomes dd, same process.

@@ -941,11 +941,18 @@ impl Filesystem for LodeFs {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
             let direct = raw & libc::O_DIRECT != 0;
-            let fopen = if direct {
+            let mut fopen = if direct {
                 FopenFlags::FOPEN_DIRECT_IO
             } else {
                 FopenFlags::empty()
             };
+            if acc == libc::O_RDONLY && !writeback {
+                // Nothing to flush at its close: it writes nothing, and locks are the
+                // kernel's (released at close without the daemon). Its close then costs no
+                // request the caller waits for. (The write-back cache flushes at every close,
+                // whatever the open said.)
+                fopen |= FopenFlags::FOPEN_NOFLUSH;
+            }
             let opts = |read: bool| {
                 OpenOptions::new()
                     .read(read)
