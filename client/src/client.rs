@@ -180,6 +180,9 @@ pub(crate) struct Inner {
     pub(crate) grants: crate::early::Grants,
     /// Handles kept at the MDS past their close, for the next open of the same file.
     pub(crate) kept: crate::kept::Kept,
+    /// Per directory held whole, how many lookups of names known in it had to ask the MDS
+    /// for attributes (see [`Client::statahead_due`]).
+    statahead: parking_lot::Mutex<crate::FastMap<Fid, usize>>,
 }
 
 impl Inner {
@@ -187,6 +190,15 @@ impl Inner {
         self.client_id
     }
 }
+
+/// Lookups of names known in a directory, without attributes, before it is read whole with
+/// them ([`Client::statahead_due`]).
+const STATAHEAD_AFTER: usize = 16;
+/// In a directory of more entries than `STATAHEAD_AFTER` times this, one such lookup per this
+/// many entries.
+const STATAHEAD_PER: usize = 64;
+/// Directories whose lookups are counted at once; past it the counts start again.
+const STATAHEAD_DIRS: usize = 1024;
 
 /// Requests to the MDS that do not wait for the changes queued before them: those recovery
 /// and the queue itself are made of.
@@ -271,6 +283,7 @@ impl Client {
                 closings: Default::default(),
                 grants: Default::default(),
                 kept: Default::default(),
+                statahead: Default::default(),
             }),
             creds,
         };
@@ -910,7 +923,7 @@ impl Client {
         if self.inner.closings.busy(fid) || self.inner.pending.touching(fid).is_some() {
             return None;
         }
-        self.inner.leases.getattr(fid)
+        self.inner.leases.getattr_posix(fid)
     }
 
     /// Waits until no close of `fid` is finishing behind its caller ([`crate::closing`]).
@@ -969,6 +982,25 @@ impl Client {
                 return hit;
             }
         }
+        if let Some(entries) = leases.unlisted(parent, name) {
+            if self.statahead_due(parent, entries) {
+                // Names looked up one after another in a directory held without its
+                // entries' attributes (a data loader opening the files of a manifest, `stat`
+                // of each): read them all in one pass, leased, as Lustre's statahead does,
+                // and answer this lookup and the next from them. A directory that could not
+                // be read so (too large to hold, not leased whole, not readable by the
+                // caller) is not tried again.
+                let read = self
+                    .readdir_upto(parent, true, crate::lease::MAX_LISTING)
+                    .await;
+                if let Ok(Some(_)) = read {
+                    if let Some(hit) = leases.lookup(parent, name, &self.creds) {
+                        return hit;
+                    }
+                }
+                self.inner.statahead.lock().insert(parent, usize::MAX);
+            }
+        }
         // The MDS may hold a file closed behind without the size its close will publish.
         self.after_closings().await;
         let stamp = leases.stamp();
@@ -990,6 +1022,28 @@ impl Client {
                 Err(e)
             }
         }
+    }
+
+    /// Counts a lookup in `dir` (held whole, `entries` names) that must ask the MDS for a known
+    /// name's attributes; true once such lookups are enough to pay for reading the whole
+    /// directory with attributes: [`STATAHEAD_AFTER`] of them, or one for every
+    /// [`STATAHEAD_PER`] entries in a larger directory, so that reading it stays a small part
+    /// of what the lookups would cost. The count starts again after.
+    fn statahead_due(&self, dir: Fid, entries: usize) -> bool {
+        let mut counts = self.inner.statahead.lock();
+        if counts.len() >= STATAHEAD_DIRS && !counts.contains_key(&dir) {
+            counts.clear();
+        }
+        let n = counts.entry(dir).or_default();
+        if *n == usize::MAX {
+            return false;
+        }
+        *n += 1;
+        if *n < STATAHEAD_AFTER.max(entries / STATAHEAD_PER) {
+            return false;
+        }
+        counts.remove(&dir);
+        true
     }
 
     /// Leases the directory `dir` and, when it is small, reads it whole under the lease.
@@ -1239,12 +1293,23 @@ impl Client {
 
     /// `stat`: follows a final symlink.
     pub async fn stat(&self, path: &str) -> Result<Inode> {
-        self.resolve(path, true).await
+        let i = self.resolve(path, true).await?;
+        self.whole(i).await
     }
 
     /// `lstat`: does not follow a final symlink.
     pub async fn lstat(&self, path: &str) -> Result<Inode> {
-        self.resolve(path, false).await
+        let i = self.resolve(path, false).await?;
+        self.whole(i).await
+    }
+
+    /// `i` with its xattrs, layout and target, where the cache gave only the POSIX attributes
+    /// a listing brought.
+    async fn whole(&self, i: Inode) -> Result<Inode> {
+        if self.inner.leases.is_bare(i.fid) {
+            return self.getattr(i.fid).await;
+        }
+        Ok(i)
     }
 
     async fn create_node(
@@ -1391,6 +1456,19 @@ impl Client {
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
+        self.readdir_upto(dir, plus, usize::MAX)
+            .await?
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "a listing without end"))
+    }
+
+    /// As [`Client::readdir_pages`], giving up (`None`) once the directory has more than
+    /// `limit` entries.
+    async fn readdir_upto(
+        &self,
+        dir: Fid,
+        plus: bool,
+        limit: usize,
+    ) -> Result<Option<(Vec<DirEntry>, Vec<Inode>)>> {
         // A listing shows the sizes closes finishing behind will publish: those of the files
         // made in this directory. A file closing behind under another name (a hard link made
         // while it was open) shows up among the entries: then every close is waited for and
@@ -1399,19 +1477,27 @@ impl Client {
             self.inner.pending.hurry_queued();
         }
         self.inner.closings.dir(dir).await;
-        let listed = self.read_pages(dir, plus).await?;
+        let Some(listed) = self.read_pages(dir, plus, limit).await? else {
+            return Ok(None);
+        };
         if !self.inner.closings.any_busy(listed.0.iter().map(|e| e.fid)) {
-            return Ok(listed);
+            return Ok(Some(listed));
         }
         self.after_closings().await;
-        self.read_pages(dir, plus).await
+        self.read_pages(dir, plus, limit).await
     }
 
-    /// The listing of `dir` from the lease cache, or read from the MDS page by page.
-    async fn read_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
+    /// The listing of `dir` from the lease cache, or read from the MDS page by page; `None`
+    /// past `limit` entries.
+    async fn read_pages(
+        &self,
+        dir: Fid,
+        plus: bool,
+        limit: usize,
+    ) -> Result<Option<(Vec<DirEntry>, Vec<Inode>)>> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.listing(dir, &self.creds, plus) {
-            return hit;
+            return hit.map(Some);
         }
         let stamp = leases.stamp();
         let lease = leases.live().then_some(self.inner.client_id);
@@ -1435,11 +1521,14 @@ impl Client {
             }
             entries.extend(page.entries);
             attrs.extend(page.attrs);
+            if entries.len() > limit {
+                return Ok(None);
+            }
             if page.end {
                 if leased && lease.is_some() {
                     leases.learn_listing(stamp, dir, &entries, &attrs);
                 }
-                return Ok((entries, attrs));
+                return Ok(Some((entries, attrs)));
             }
         }
     }
@@ -1555,7 +1644,8 @@ impl Client {
 
     /// The layout of a file, or a directory's default.
     pub async fn getstripe(&self, path: &str) -> Result<Option<Layout>> {
-        Ok(self.resolve(path, true).await?.layout)
+        let i = self.resolve(path, true).await?;
+        Ok(self.whole(i).await?.layout)
     }
 }
 

@@ -135,6 +135,10 @@ struct Held {
     /// The times, size and link count in `attr` moved on with a change of this client's own:
     /// it still serves permission checks, not getattr.
     stale: bool,
+    /// `attr` came with a listing (readdirplus): without xattrs, layout or symlink target.
+    /// It answers for the POSIX attributes (a mount's lookups and stats); whoever needs the
+    /// rest asks the MDS, which replaces it with the whole inode.
+    bare: bool,
     /// The transaction number of the change whose answer last brought `attr` (0: none).
     after: u64,
     names: BTreeMap<Vec<u8>, Name>,
@@ -311,19 +315,57 @@ impl Leases {
         let child = s.held.get_mut(&fid)?;
         child.used = tick;
         match &child.attr {
+            Some(a) if child.bare && a.kind == Kind::Symlink => None,
             Some(a) if !child.stale || walk => Some(Ok(a.clone())),
             _ => None,
         }
     }
 
-    /// An inode's attributes as cached.
+    /// Where the lease on directory `parent` is held but a lookup of `name` in it cannot be
+    /// answered here: not listed whole (0), or listed whole with `name` one of its entries
+    /// but the entry's attributes not cached (the number of names it holds).
+    pub fn unlisted(&self, parent: Fid, name: &[u8]) -> Option<usize> {
+        let s = self.live_state()?;
+        let dir = s.held.get(&parent)?;
+        if dir.attr.as_ref()?.kind != Kind::Dir {
+            return None;
+        }
+        if !dir.complete {
+            return Some(0);
+        }
+        let (fid, _) = dir.names.get(name)?.entry?;
+        let cached = s
+            .held
+            .get(&fid)
+            .is_some_and(|c| c.attr.is_some() && !c.stale);
+        (!cached).then_some(dir.names.len())
+    }
+
+    /// An inode's attributes as cached, whole (xattrs, layout and target included).
     pub fn getattr(&self, fid: Fid) -> Option<Inode> {
+        self.cached(fid, false)
+    }
+
+    /// An inode's POSIX attributes as cached: possibly without xattrs, layout or symlink
+    /// target (those a listing brought), which a kernel's getattr does not need.
+    pub fn getattr_posix(&self, fid: Fid) -> Option<Inode> {
+        self.cached(fid, true)
+    }
+
+    /// Whether `fid`'s cached attributes came with a listing, without xattrs, layout or
+    /// target.
+    pub fn is_bare(&self, fid: Fid) -> bool {
+        self.live_state()
+            .is_some_and(|s| s.held.get(&fid).is_some_and(|h| h.bare))
+    }
+
+    fn cached(&self, fid: Fid, bare: bool) -> Option<Inode> {
         let mut s = self.live_state()?;
         s.tick += 1;
         let tick = s.tick;
         let h = s.held.get_mut(&fid)?;
         h.used = tick;
-        h.attr.clone().filter(|_| !h.stale)
+        h.attr.clone().filter(|_| !h.stale && (bare || !h.bare))
     }
 
     /// The attributes of directory `dir` as last learnt under its lease held now, even where
@@ -412,7 +454,8 @@ impl Leases {
     pub fn mark(&self, fid: Fid) -> Option<(u64, u64)> {
         let s = self.live_state()?;
         let h = s.held.get(&fid)?;
-        (h.attr.is_some() && !h.stale).then(|| (h.since, self.own.load(Ordering::SeqCst)))
+        (h.attr.is_some() && !h.stale && !h.bare)
+            .then(|| (h.since, self.own.load(Ordering::SeqCst)))
     }
 
     /// The attributes of `fid` if the lease [`Leases::mark`] gave `mark` for is still held
@@ -426,7 +469,7 @@ impl Leases {
         s.tick += 1;
         let tick = s.tick;
         let h = s.held.get_mut(&fid)?;
-        if h.since != since || h.stale {
+        if h.since != since || h.stale || h.bare {
             return None;
         }
         h.used = tick;
@@ -594,6 +637,7 @@ impl Leases {
             let c = Self::held_mut(s, inode.fid);
             c.attr = Some(inode.clone());
             c.stale = false;
+            c.bare = false;
         });
     }
 
@@ -624,6 +668,7 @@ impl Leases {
             let h = Self::held_mut(s, inode.fid);
             h.attr = Some(inode.clone());
             h.stale = false;
+            h.bare = false;
         });
     }
 
@@ -654,6 +699,7 @@ impl Leases {
                 if c.attr.is_none() || c.stale {
                     c.attr = Some(a.clone());
                     c.stale = false;
+                    c.bare = true;
                 }
             }
         });
@@ -820,6 +866,7 @@ impl Leases {
                 let h = Self::held_mut(s, i.fid);
                 h.attr = Some(i.clone());
                 h.stale = false;
+                h.bare = false;
             } else if !s.held.contains_key(&i.fid) && !s.cancel.contains(&i.fid) {
                 // Granted before the MDS took this client's cancel, perhaps: given back again.
                 s.cancel.push(i.fid);
@@ -837,6 +884,7 @@ impl Leases {
             if newer && settled(i.fid) {
                 h.attr = Some(i.clone());
                 h.stale = false;
+                h.bare = false;
                 h.after = t;
             }
         }

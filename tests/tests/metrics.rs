@@ -308,3 +308,116 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     assert_eq!(moved(r#"lode_client_calls_total{op="ost_read"}"#), 0.0);
     assert!(mount.terminate().success(), "the mount unmounts on SIGTERM");
 }
+
+/// A mount looking up, one after another, names of a directory another client filled reads
+/// the directory with its entries' attributes once (statahead) instead of asking the MDS for
+/// each name; what such a listing leaves out (a symlink's target, xattrs, the layout) is still
+/// read whole where asked for, and another client's later change still shows.
+#[test]
+fn lookups_of_many_names_in_one_directory_read_it_whole_once() {
+    // SAFETY: geteuid has no preconditions.
+    if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let root = scratch("statahead");
+    let mds = lode_tests::mds_of(&root);
+    let _oss = lode_tests::oss_of(&root.join("oss"), &mds.nid);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let writer = rt.block_on(async {
+        Client::connect_with(
+            &mds.nid.to_string(),
+            ClientConfig {
+                security: Some(client_security()),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap()
+    });
+    let files = 300usize;
+    rt.block_on(async {
+        writer.mkdir_all("/sa", 0o755).await.unwrap();
+        for i in 0..files {
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&writer, &format!("/sa/f{i}"))
+                .await
+                .unwrap();
+            f.write_at(0, &vec![7u8; i + 1]).await.unwrap();
+            f.close().await.unwrap();
+        }
+        writer.symlink("f3", "/sa/ln").await.unwrap();
+        writer.sync().await.unwrap();
+    });
+    let mnt = root.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let addr = free_addr();
+    let _mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt.to_str().unwrap(),
+            "--metrics",
+            &addr,
+        ],
+    )
+    .unwrap();
+    let dir = mnt.join("sa");
+    let before = scrape(&addr);
+    for i in 0..files {
+        let m = std::fs::metadata(dir.join(format!("f{i}"))).unwrap();
+        assert_eq!(m.len(), i as u64 + 1, "f{i}");
+    }
+    // Absent names are answered from the listing too.
+    assert_eq!(
+        std::fs::metadata(dir.join("nothing")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    let after = scrape(&addr);
+    let asked = |key: &str| get(&after, key) - get(&before, key);
+    let asked = asked(r#"lode_client_calls_total{op="mds_lookup"}"#)
+        + asked(r#"lode_client_calls_total{op="mds_getattr"}"#);
+    assert!(
+        asked < 40.0,
+        "{asked} lookups and getattrs for {files} names"
+    );
+    // The listing left out the symlink's target: it is read whole.
+    assert_eq!(
+        std::fs::read_link(dir.join("ln")).unwrap(),
+        std::path::Path::new("f3")
+    );
+    assert_eq!(std::fs::metadata(dir.join("ln")).unwrap().len(), 4);
+    // So after a listing through the kernel (readdirplus).
+    for e in std::fs::read_dir(&dir).unwrap() {
+        e.unwrap().metadata().unwrap();
+    }
+    assert_eq!(
+        std::fs::read_link(dir.join("ln")).unwrap(),
+        std::path::Path::new("f3")
+    );
+    assert_eq!(std::fs::read(dir.join("ln")).unwrap(), vec![7u8; 4]);
+
+    // The writer's later change recalls what the mount read ahead.
+    rt.block_on(async {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&writer, "/sa/f7")
+            .await
+            .unwrap();
+        f.write_at(8, &[1u8; 992]).await.unwrap();
+        f.close().await.unwrap();
+        writer.sync().await.unwrap();
+    });
+    let start = std::time::Instant::now();
+    while std::fs::metadata(dir.join("f7")).unwrap().len() != 1000 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "the mount still shows the size before another client's write"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
