@@ -180,8 +180,9 @@ pub(crate) struct Inner {
     pub(crate) grants: crate::early::Grants,
     /// Handles kept at the MDS past their close, for the next open of the same file.
     pub(crate) kept: crate::kept::Kept,
-    /// Per directory held whole, how many lookups of names known in it had to ask the MDS
-    /// for attributes (see [`Client::statahead_due`]).
+    /// Per leased directory, how many lookups in it had to ask the MDS since it was last
+    /// read whole with attributes (see [`Client::statahead_due`]); `usize::MAX`: not to be
+    /// read so.
     statahead: parking_lot::Mutex<crate::FastMap<Fid, usize>>,
 }
 
@@ -191,8 +192,8 @@ impl Inner {
     }
 }
 
-/// Lookups of names known in a directory, without attributes, before it is read whole with
-/// them ([`Client::statahead_due`]).
+/// Lookups in a leased directory that must ask the MDS before it is read whole with its
+/// entries' attributes ([`Client::statahead_due`]).
 const STATAHEAD_AFTER: usize = 16;
 /// In a directory of more entries than `STATAHEAD_AFTER` times this, one such lookup per this
 /// many entries.
@@ -1024,8 +1025,8 @@ impl Client {
         }
     }
 
-    /// Counts a lookup in `dir` (held whole, `entries` names) that must ask the MDS for a known
-    /// name's attributes; true once such lookups are enough to pay for reading the whole
+    /// Counts a lookup in the leased directory `dir` (of `entries` names where its listing is
+    /// held, else 0) that must ask the MDS; true once such lookups are enough to pay for reading the whole
     /// directory with attributes: [`STATAHEAD_AFTER`] of them, or one for every
     /// [`STATAHEAD_PER`] entries in a larger directory, so that reading it stays a small part
     /// of what the lookups would cost. The count starts again after.

@@ -61,6 +61,30 @@ fn scrape(addr: &str) -> HashMap<String, f64> {
     samples
 }
 
+/// A mount of `mds` at `root/mnt` serving its metrics: the mount point, the metrics address
+/// and the mount's process.
+fn mount_with_metrics(
+    root: &std::path::Path,
+    mds: &Server,
+) -> (std::path::PathBuf, String, Server) {
+    let mnt = root.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let addr = free_addr();
+    let mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            mnt.to_str().unwrap(),
+            "--metrics",
+            &addr,
+        ],
+    )
+    .unwrap();
+    (mnt, addr, mount)
+}
+
 fn get(samples: &HashMap<String, f64>, key: &str) -> f64 {
     samples.get(key).copied().unwrap_or(0.0)
 }
@@ -189,21 +213,7 @@ fn the_mount_counts_its_requests_bytes_and_calls() {
     let root = scratch("mount-metrics");
     let mds = lode_tests::mds_of(&root);
     let _oss = lode_tests::oss_of(&root.join("oss"), &mds.nid);
-    let mnt = root.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let addr = free_addr();
-    let mount = Server::start(
-        "lode",
-        &[
-            "--mds",
-            &mds.nid.to_string(),
-            "mount",
-            mnt.to_str().unwrap(),
-            "--metrics",
-            &addr,
-        ],
-    )
-    .unwrap();
+    let (mnt, addr, mount) = mount_with_metrics(&root, &mds);
     let before = scrape(&addr);
     let (files, size) = (25, 3000);
     std::fs::create_dir(mnt.join("d")).unwrap();
@@ -351,21 +361,7 @@ fn lookups_of_many_names_in_one_directory_read_it_whole_once() {
         writer.symlink("f3", "/sa/ln").await.unwrap();
         writer.sync().await.unwrap();
     });
-    let mnt = root.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let addr = free_addr();
-    let _mount = Server::start(
-        "lode",
-        &[
-            "--mds",
-            &mds.nid.to_string(),
-            "mount",
-            mnt.to_str().unwrap(),
-            "--metrics",
-            &addr,
-        ],
-    )
-    .unwrap();
+    let (mnt, addr, _mount) = mount_with_metrics(&root, &mds);
     let dir = mnt.join("sa");
     let before = scrape(&addr);
     for i in 0..files {
