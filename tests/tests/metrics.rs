@@ -361,7 +361,7 @@ fn lookups_of_many_names_in_one_directory_read_it_whole_once() {
         writer.symlink("f3", "/sa/ln").await.unwrap();
         writer.sync().await.unwrap();
     });
-    let (mnt, addr, _mount) = mount_with_metrics(&root, &mds);
+    let (mnt, addr, mount) = mount_with_metrics(&root, &mds);
     let dir = mnt.join("sa");
     let before = scrape(&addr);
     for i in 0..files {
@@ -416,4 +416,5 @@ fn lookups_of_many_names_in_one_directory_read_it_whole_once() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    assert!(mount.terminate().success(), "the mount unmounts on SIGTERM");
 }
