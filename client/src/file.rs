@@ -2411,10 +2411,19 @@ async fn publish(
         Ok(r) => Ok((r.inode, r.size_gen)),
         Err(e) if e.is(FsErrorKind::Stale) => {
             let held = objects_extent(client, inode, caps).await?;
-            let r = client
+            match client
                 .reint_if(grow(end.min(held)), Some(handle), None)
-                .await?;
-            Ok((r.inode, r.size_gen))
+                .await
+            {
+                Ok(r) => Ok((r.inode, r.size_gen)),
+                // Without a size generation to check, only a file that is gone is stale: its
+                // last name was removed (here or by another client) while this handle held
+                // it open. No one can open it again, so there is no size to publish; its
+                // bytes stay in its objects for the handles still open, as POSIX keeps an
+                // unlinked open file.
+                Err(e) if e.is(FsErrorKind::Stale) => Ok((None, gen)),
+                Err(e) => Err(e),
+            }
         }
         Err(e) => Err(e),
     }

@@ -447,6 +447,45 @@ async fn an_unlinked_open_file_stays_readable_until_closed() {
     f.close().await.unwrap();
 }
 
+/// A file removed while open for writing, by this client or another, is still written, synced
+/// and closed without error, and its handle reads what it wrote (POSIX keeps an unlinked open
+/// file until its last close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_removed_while_open_for_writing_still_syncs_and_closes() {
+    let cluster = Cluster::start("client-unlinked-writer");
+    let (a, b) = (cluster.client().await, cluster.client().await);
+    for (name, remover) in [("/by-other", &b), ("/by-self", &a)] {
+        let first = pattern(5, 300_000);
+        let w = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&a, name)
+            .await
+            .unwrap();
+        w.write_at(0, &first).await.unwrap();
+        w.fsync().await.unwrap();
+        remover.unlink(name).await.unwrap();
+        let second = pattern(6, 200_000);
+        w.write_at(first.len() as u64, &second).await.unwrap();
+        w.fsync()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: fsync after the unlink: {e}"));
+        let mut back = vec![0u8; first.len() + second.len()];
+        assert_eq!(w.read_at(0, &mut back).await.unwrap(), back.len(), "{name}");
+        assert!(back[..first.len()] == first[..], "{name}: the first write");
+        assert!(
+            back[first.len()..] == second[..],
+            "{name}: the second write"
+        );
+        w.close()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: close after the unlink: {e}"));
+        assert!(a.stat(name).await.unwrap_err().is(FsErrorKind::NotFound));
+        assert!(b.stat(name).await.unwrap_err().is(FsErrorKind::NotFound));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_behind_and_readahead_stream_a_file_in_order() {
     let cluster = Cluster::start("client-stream");
