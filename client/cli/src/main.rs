@@ -189,7 +189,8 @@ enum Cmd {
     /// Mount the filesystem through FUSE (foreground; --daemon to detach). SIGTERM unmounts.
     Mount {
         mountpoint: std::path::PathBuf,
-        /// Mount options: allow_other, default_permissions, ro.
+        /// Mount options, comma-separated: ro, allow_other (the default as root), no_allow_other,
+        /// default_permissions, no_default_permissions, writeback, readahead_kb=N, ...
         #[arg(short = 'o')]
         options: Option<String>,
         /// Detach: start the mount in the background and return once it is mounted.

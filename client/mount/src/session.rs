@@ -13,7 +13,7 @@ use crate::fs::LodeFs;
 
 /// The mount options `lode mount -o` takes.
 pub const OPTIONS: &str =
-    "allow_other, allow_root, default_permissions, no_default_permissions, ro, rw, readahead_kb=N, \
+    "allow_other, allow_root, no_allow_other, default_permissions, no_default_permissions, ro, rw, readahead_kb=N, \
      readahead_memory_mb=N, writeback, no_writeback, uring, no_uring";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
@@ -143,6 +143,14 @@ fn allow_uring() {
 pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError> {
     let mut cfg = fuser::Config::default();
     cfg.n_threads = Some(4);
+    // Mounted by root, the filesystem serves every user of the node, as a kernel filesystem
+    // does (the kernel checks each caller's access: `default_permissions`); `no_allow_other`
+    // keeps it to root. Others mount for themselves alone unless they ask.
+    cfg.acl = if nix::unistd::geteuid().is_root() {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
     let mut out = vec![
         MountOption::FSName(format!("lode@{mds}")),
         MountOption::Subtype("lode".into()),
@@ -155,6 +163,10 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
             }
             "allow_root" => {
                 cfg.acl = fuser::SessionACL::RootAndOwner;
+                continue;
+            }
+            "no_allow_other" => {
+                cfg.acl = fuser::SessionACL::Owner;
                 continue;
             }
             "ro" => MountOption::RO,
@@ -268,4 +280,31 @@ pub async fn serve(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fuser::SessionACL;
+
+    #[test]
+    fn a_mount_by_root_serves_every_user_unless_told_otherwise() {
+        let acl = |o: Option<&str>| config(o, "127.0.0.1:9400").unwrap().acl;
+        let root = nix::unistd::geteuid().is_root();
+        assert_eq!(
+            acl(None),
+            if root {
+                SessionACL::All
+            } else {
+                SessionACL::Owner
+            }
+        );
+        assert_eq!(acl(Some("ro,no_allow_other")), SessionACL::Owner);
+        assert_eq!(acl(Some("allow_other")), SessionACL::All);
+        assert_eq!(acl(Some("allow_root")), SessionACL::RootAndOwner);
+        assert!(matches!(
+            config(Some("allow_everyone"), "127.0.0.1:9400"),
+            Err(MountError::UnknownOption(_))
+        ));
+    }
 }
