@@ -243,6 +243,7 @@ impl OpenOptions {
             append: self.append,
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
+            lost_from: AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: Some(sent),
@@ -439,6 +440,7 @@ impl OpenOptions {
             append: self.append,
             writable: self.write || self.append,
             written_to: AtomicU64::new(0),
+            lost_from: AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
             unpublished: AtomicBool::new(false),
             ahead: None,
@@ -492,6 +494,9 @@ pub struct File {
     writable: bool,
     /// The furthest end this handle has written.
     written_to: AtomicU64,
+    /// The first byte of a write through this handle, acknowledged before it landed, that
+    /// failed to land ([`File::landing_failed`]); `u64::MAX`: none.
+    lost_from: AtomicU64,
     closed: AtomicBool,
     /// Written since the size was last published.
     unpublished: AtomicBool,
@@ -535,6 +540,7 @@ impl File {
             append: false,
             writable: false,
             written_to: AtomicU64::new(0),
+            lost_from: AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(true),
             unpublished: AtomicBool::new(false),
             ahead: None,
@@ -1921,7 +1927,17 @@ impl File {
     /// longer claims to have written past it.
     pub fn truncated(&self, size: u64) {
         self.written_to.fetch_min(size, Ordering::Relaxed);
+        self.cut_loss(size);
         self.client.inner.writes.cut(self.fid(), size);
+    }
+
+    /// A write through this handle from `offset` on, acknowledged before it landed (a mount's
+    /// write-behind), failed to land. Its bytes are not in the file, and no size this handle
+    /// publishes covers them: what was lost reads as the file's end, never as zeros. (The
+    /// failure itself is reported by whoever waits for the write.)
+    pub fn landing_failed(&self, offset: u64) {
+        self.lost_from.fetch_min(offset, Ordering::SeqCst);
+        self.client.inner.writes.lost_from(self.fid(), offset);
     }
 
     /// Makes the size this handle wrote visible to every client (what close(2) does).
@@ -1935,7 +1951,12 @@ impl File {
         if !self.unpublished.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
-        let end = self.written_to.load(Ordering::Relaxed);
+        // Never over bytes this handle's writes failed to put there. (Published sizes only
+        // grow: what others made the file stays.)
+        let end = self
+            .written_to
+            .load(Ordering::Relaxed)
+            .min(self.lost_from.load(Ordering::SeqCst));
         let inode = self.inode.lock().clone();
         let gen = self.size_gen.load(Ordering::SeqCst);
         match publish(&self.client, &inode, &self.caps, self.handle, end, gen).await {
@@ -2126,8 +2147,18 @@ impl File {
             size.min(self.written_to.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
+        self.cut_loss(size);
         self.client.inner.writes.cut(fid, size);
         Ok(())
+    }
+
+    /// The file was cut to `size`: a loss at or past it is no longer in the file.
+    fn cut_loss(&self, size: u64) {
+        let _ = self
+            .lost_from
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |at| {
+                (size <= at).then_some(u64::MAX)
+            });
     }
 
     /// Deallocates `[offset, offset + len)`, which then reads as zeros; the size is kept

@@ -130,6 +130,14 @@ impl Writes {
         f.end = f.end.max(end);
     }
 
+    /// Writes to `file` from `offset` on, acknowledged before they landed, failed to land: no
+    /// handle of this client reads past `offset` on their account.
+    pub fn lost_from(&self, file: Fid, offset: u64) {
+        if let Some(f) = self.files.lock().get_mut(&file) {
+            f.end = f.end.min(offset);
+        }
+    }
+
     /// `file` was cut to `size` through this client.
     pub fn cut(&self, file: Fid, size: u64) {
         if let Some(f) = self.files.lock().get_mut(&file) {

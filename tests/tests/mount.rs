@@ -1126,3 +1126,136 @@ fn small_files_made_here_read_back_whole_through_every_kind_of_change() {
     });
     assert_eq!(fs::read(mnt.join("e")).unwrap(), b"HELLO world");
 }
+
+/// Unmounts the small filesystem a storage server's targets live on, when dropped.
+struct SmallDisk(PathBuf);
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+// The storage server's disk fills under writes the mount acknowledged before they landed. The
+// failure is reported, and what could not be kept is never read back as zeros: the file holds
+// exactly the bytes that landed, through this mount and a fresh one.
+#[test]
+fn writes_lost_to_a_full_disk_are_reported_and_never_read_back_as_zeros() {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let root = scratch("mount-full");
+    let disk = root.join("oss");
+    fs::create_dir_all(&disk).unwrap();
+    let made = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mounting a small tmpfs for the targets");
+    let _disk = SmallDisk(disk.clone());
+    let mds = mds_of(&root);
+    let _oss = Server::start(
+        "lode-oss",
+        &[
+            "--data-dir",
+            disk.to_str().unwrap(),
+            "--mds",
+            &mds.nid.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .unwrap();
+    let mount_at = |dir: &str| {
+        let mnt = root.join(dir);
+        fs::create_dir_all(&mnt).unwrap();
+        let m = Server::start(
+            "lode",
+            &[
+                "--mds",
+                &mds.nid.to_string(),
+                "mount",
+                mnt.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+        assert!(mounted(&mnt));
+        (mnt.clone(), m, Unmount(mnt))
+    };
+    let (mnt, mount, _unmount) = mount_at("mnt");
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253 + 1) as u8).collect();
+    let path = mnt.join("filling");
+    let mut f = fs::File::create(&path).unwrap();
+    let (mut acknowledged, mut failed) = (0u64, None);
+    for _ in 0..128 {
+        match f.write_all(&chunk) {
+            Ok(()) => acknowledged += 1,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let synced = f.sync_all();
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` is ours (taken from the File) and closed once.
+    let closed = unsafe { libc::close(fd) };
+    let reported = failed.is_some() || synced.is_err() || closed != 0;
+    assert!(reported, "128 MiB went to a 48 MiB disk and nothing failed");
+
+    // Every byte the file holds is one that was written: none reads as zero.
+    let check = |p: &Path, who: &str| {
+        let back = fs::read(p).unwrap();
+        assert!(
+            back.len() as u64 <= acknowledged << 20,
+            "{who}: {} bytes, past the {acknowledged} MiB acknowledged",
+            back.len()
+        );
+        assert!(!back.is_empty(), "{who}: nothing of the file was kept");
+        for (k, piece) in back.chunks(1 << 20).enumerate() {
+            assert!(
+                piece == &chunk[..piece.len()],
+                "{who}: MiB {k} of {} is not what was written",
+                back.len() >> 20
+            );
+        }
+        back.len()
+    };
+    let here = check(&path, "this mount");
+    let (other, other_mount, _other_unmount) = mount_at("other");
+    assert_eq!(check(&other.join("filling"), "a fresh mount"), here);
+
+    // Room made again, the filesystem takes writes as before.
+    fs::remove_file(&path).unwrap();
+    let again = mnt.join("again");
+    let four = chunk.repeat(4);
+    let mut ok = false;
+    for _ in 0..50 {
+        // The removed file's objects go at the MDS's next maintenance pass.
+        std::thread::sleep(Duration::from_millis(200));
+        // Synced: a small new file's close returns before its writes land.
+        let wrote = fs::File::create(&again).and_then(|mut g| {
+            g.write_all(&four)?;
+            g.sync_all()
+        });
+        if wrote.is_ok() {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "no write succeeded after the space was freed");
+    let back = fs::read(&again).unwrap();
+    let first = back.iter().zip(&four).position(|(a, b)| a != b);
+    assert!(
+        back == four,
+        "read back {} bytes of {}, first differing at {first:?}",
+        back.len(),
+        four.len()
+    );
+    assert!(other_mount.terminate().success());
+    assert!(mount.terminate().success());
+}

@@ -83,6 +83,10 @@ impl Behind {
                     .map(|_| ()),
                 Err(e) => Err(e),
             };
+            if r.is_err() {
+                // Acknowledged already: the file must not claim these bytes.
+                file.landing_failed(offset);
+            }
             (offset, end, r)
         });
     }
