@@ -1259,3 +1259,51 @@ fn writes_lost_to_a_full_disk_are_reported_and_never_read_back_as_zeros() {
     assert!(other_mount.terminate().success());
     assert!(mount.terminate().success());
 }
+
+// Times set outright through the handle that wrote the file, before it is closed (cp -a, tar
+// and rsync do so), stay once it is closed, as the writing mount and another one see them.
+#[test]
+fn an_mtime_set_before_the_close_survives_it() {
+    let Some((mnt, mds, _oss, mount, _unmount)) =
+        one_server_mount("mount-times", "allow_other,default_permissions")
+    else {
+        return;
+    };
+    let other = mnt.parent().unwrap().join("other");
+    fs::create_dir_all(&other).unwrap();
+    let second = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            other.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let _second_unmount = Unmount(other.clone());
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    let sizes = [("small", 5000usize), ("large", 3 << 20)];
+    for (name, len) in sizes {
+        let mut f = fs::File::create(mnt.join(name)).unwrap();
+        f.write_all(&vec![7u8; len]).unwrap();
+        f.set_modified(when).unwrap();
+        drop(f);
+    }
+    // The closes finish behind the callers: their work is done by now.
+    std::thread::sleep(Duration::from_secs(1));
+    for (name, len) in sizes {
+        for m in [&mnt, &other] {
+            let md = fs::metadata(m.join(name)).unwrap();
+            assert_eq!(md.len(), len as u64, "{name} through {}", m.display());
+            assert_eq!(
+                md.modified().unwrap(),
+                when,
+                "{name} through {}",
+                m.display()
+            );
+        }
+    }
+    assert!(second.terminate().success());
+    assert!(mount.terminate().success());
+}

@@ -697,6 +697,7 @@ impl Filesystem for LodeFs {
         };
         let is_now = |x: &Option<TimeOrNow>| matches!(x, None | Some(TimeOrNow::Now));
         let times_now = is_now(&atime) && is_now(&mtime);
+        let mtime_given = matches!(mtime, Some(TimeOrNow::SpecificTime(_)));
         let (atime, mtime) = (atime.map(t), mtime.map(t));
         let streams = self.streams.clone();
         if size.is_some() {
@@ -721,6 +722,23 @@ impl Filesystem for LodeFs {
                     f.set_len(size).await?;
                     for other in files.lock().values().filter(|o| o.fid() == fid) {
                         other.truncated(size);
+                    }
+                }
+                if mtime_given {
+                    // An mtime set outright (cp -a, tar and rsync set it through the handle
+                    // they wrote, before closing it) stays: the sizes this node's writes
+                    // reached are published first, since a publish moves the mtime to now,
+                    // as an NFS client writes back before a setattr. A failure stays with
+                    // the handle, for its fsync or close to report.
+                    streams.wait(fid).await;
+                    let writers: Vec<Arc<client::File>> = files
+                        .lock()
+                        .values()
+                        .filter(|o| o.fid() == fid && o.writable())
+                        .cloned()
+                        .collect();
+                    for w in writers {
+                        let _ = w.flush().await;
                     }
                 }
                 let a = SetAttr {
