@@ -741,6 +741,7 @@ impl Leases {
             } => vec![(*parent, name), (*new_parent, new_name)],
             Mutation::Setattr { fid, .. }
             | Mutation::SetXattr { fid, .. }
+            | Mutation::SetXattrIf { fid, .. }
             | Mutation::RemoveXattr { fid, .. }
             | Mutation::GrowSize { fid, .. }
             | Mutation::SetLayout { fid, .. }

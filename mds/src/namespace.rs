@@ -292,6 +292,7 @@ impl Namespace {
             }
             Mutation::Setattr { fid, .. }
             | Mutation::SetXattr { fid, .. }
+            | Mutation::SetXattrIf { fid, .. }
             | Mutation::RemoveXattr { fid, .. }
             | Mutation::GrowSize { fid, .. }
             | Mutation::SetLayout { fid, .. }
@@ -524,9 +525,15 @@ impl Namespace {
                 Ok(done)
             }
             Mutation::SetXattr { fid, name, value } => {
-                self.set_xattr(*fid, name, Some(value), who, now)
+                self.set_xattr(*fid, name, Some(value), None, who, now)
             }
-            Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, who, now),
+            Mutation::SetXattrIf {
+                fid,
+                name,
+                value,
+                replace,
+            } => self.set_xattr(*fid, name, Some(value), Some(*replace), who, now),
+            Mutation::RemoveXattr { fid, name } => self.set_xattr(*fid, name, None, None, who, now),
             Mutation::GrowSize { fid, size } => self.grow_size(*fid, *size, who, now),
             Mutation::WriteMdt { fid, offset, data } => {
                 self.write_mdt(*fid, *offset, data, who, now)
@@ -1426,11 +1433,14 @@ impl Namespace {
         })
     }
 
+    /// Sets (`value`) or removes `name`; with `there`, only if the inode has it (`true`) or
+    /// has not (`false`).
     fn set_xattr(
         &mut self,
         fid: Fid,
         name: &str,
         value: Option<&Vec<u8>>,
+        there: Option<bool>,
         who: &Creds,
         now: Time,
     ) -> Result<Applied> {
@@ -1447,6 +1457,15 @@ impl Namespace {
             );
         }
         let i = self.require(fid, who, 2)?;
+        match (there, i.xattrs.contains_key(name)) {
+            (Some(false), true) => {
+                return err(FsErrorKind::Exists, format!("xattr {name} exists"));
+            }
+            (Some(true), false) => {
+                return err(FsErrorKind::NoAttribute, format!("no xattr {name}"));
+            }
+            _ => {}
+        }
         match value {
             Some(v) if v.len() > MAX_XATTR_VALUE => {
                 return err(FsErrorKind::TooBig, "xattr value too large")

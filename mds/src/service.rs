@@ -230,7 +230,9 @@ impl MdsService {
                     Some(what.join(" ")),
                 )
             }
-            Mutation::SetXattr { fid, name, .. } | Mutation::RemoveXattr { fid, name } => a(
+            Mutation::SetXattr { fid, name, .. }
+            | Mutation::SetXattrIf { fid, name, .. }
+            | Mutation::RemoveXattr { fid, name } => a(
                 "setxattr",
                 Some(*fid),
                 ns.dir_path(*fid),

@@ -571,6 +571,26 @@ fn user_xattrs() {
         ),
         libc::ENODATA
     );
+    // XATTR_CREATE and XATTR_REPLACE: checked with the change, in one step.
+    let only = |name: &str, value: &[u8], replace| Mutation::SetXattrIf {
+        fid: f.fid,
+        name: name.into(),
+        value: value.to_vec(),
+        replace,
+    };
+    assert_eq!(
+        fs.errno(only("user.tag", b"v2", false), &root),
+        libc::EEXIST
+    );
+    assert_eq!(fs.errno(only("user.new", b"v", true), &root), libc::ENODATA);
+    assert!(!fs.ns.inode(f.fid).unwrap().xattrs.contains_key("user.new"));
+    fs.run(only("user.tag", b"v2", true), &root).unwrap();
+    fs.run(only("user.new", b"n", false), &root).unwrap();
+    let x = &fs.ns.inode(f.fid).unwrap().xattrs;
+    assert_eq!(
+        (&x["user.tag"][..], &x["user.new"][..]),
+        (&b"v2"[..], &b"n"[..])
+    );
     fs.run(
         Mutation::RemoveXattr {
             fid: f.fid,

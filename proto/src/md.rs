@@ -313,6 +313,16 @@ pub enum Mutation {
         #[serde(with = "crate::msg::bytes_field")]
         data: Vec<u8>,
     },
+    /// Sets an extended attribute only if the inode has it already (`replace`: setxattr's
+    /// XATTR_REPLACE, else ENODATA) or only if it has not (XATTR_CREATE, else EEXIST), checked
+    /// and set in one step.
+    SetXattrIf {
+        fid: Fid,
+        name: String,
+        #[serde(with = "crate::msg::bytes_field")]
+        value: Vec<u8>,
+        replace: bool,
+    },
 }
 
 impl Mutation {
@@ -335,6 +345,7 @@ impl Mutation {
             Mutation::CreateAt { .. } => "create",
             Mutation::ReserveInodes { .. } => "reserve_inodes",
             Mutation::WriteMdt { .. } => "write_mdt",
+            Mutation::SetXattrIf { .. } => "set_xattr",
         }
     }
 }

@@ -168,6 +168,34 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
             3
         );
         assert_eq!(&buf[..3], b"val");
+        // XATTR_CREATE on a name there, XATTR_REPLACE on one that is not: refused, unchanged.
+        let set = |name: &CString, flags| {
+            if libc::setxattr(c.as_ptr(), name.as_ptr(), b"new".as_ptr().cast(), 3, flags) == 0 {
+                0
+            } else {
+                std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+            }
+        };
+        let absent = CString::new("user.absent").unwrap();
+        assert_eq!(set(&v, libc::XATTR_CREATE), libc::EEXIST);
+        assert_eq!(set(&absent, libc::XATTR_REPLACE), libc::ENODATA);
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), absent.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            -1
+        );
+        assert_eq!(set(&v, libc::XATTR_REPLACE), 0);
+        assert_eq!(set(&absent, libc::XATTR_CREATE), 0);
+        assert_eq!(
+            libc::getxattr(c.as_ptr(), v.as_ptr(), buf.as_mut_ptr().cast(), 16),
+            3
+        );
+        assert_eq!(&buf[..3], b"new");
+    }
+    // A write past the largest file lode keeps is refused at once.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(m("big")).unwrap();
+        assert_eq!(errno_of(f.write_at(b"x", 1 << 60)), libc::EFBIG);
     }
 
     // Rename over an open file, and unlink of an open file: the open handles still read.

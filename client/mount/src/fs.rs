@@ -1181,6 +1181,15 @@ impl Filesystem for LodeFs {
         } else {
             self.pages.wrote(f.fid(), offset, data);
         }
+        // Past the largest file lode keeps, a write is refused now, not acknowledged and then
+        // failed behind the caller.
+        let past = offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > proto::md::MAX_FILE_SIZE);
+        if past && !f.appends() {
+            self.pages.changed(f.fid());
+            return reply.error(Errno::from_i32(libc::EFBIG));
+        }
         let data = data.to_vec();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
@@ -1655,7 +1664,7 @@ impl Filesystem for LodeFs {
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
-        _flags: i32,
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
@@ -1683,10 +1692,23 @@ impl Filesystem for LodeFs {
                     .map(|_| ())
             });
         }
-        let m = Mutation::SetXattr {
-            fid,
-            name,
-            value: value.to_vec(),
+        let value = value.to_vec();
+        // XATTR_CREATE and XATTR_REPLACE are checked by the MDS with the change, in one step.
+        let m = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
+            0 => Mutation::SetXattr { fid, name, value },
+            libc::XATTR_CREATE => Mutation::SetXattrIf {
+                fid,
+                name,
+                value,
+                replace: false,
+            },
+            libc::XATTR_REPLACE => Mutation::SetXattrIf {
+                fid,
+                name,
+                value,
+                replace: true,
+            },
+            _ => return reply.error(Errno::EINVAL),
         };
         self.empty(reply, async move { c.reint(m).await.map(|_| ()) });
     }
