@@ -1288,8 +1288,8 @@ fn writes_lost_to_a_full_disk_are_reported_and_never_read_back_as_zeros() {
     assert!(mount.terminate().success());
 }
 
-// Times set outright through the handle that wrote the file, before it is closed (cp -a, tar
-// and rsync do so), stay once it is closed, as the writing mount and another one see them.
+// Times set outright through the handle that wrote the file, before it is closed (cp -a and
+// tar do so), stay once it is closed, as the writing mount and another one see them.
 #[test]
 fn an_mtime_set_before_the_close_survives_it() {
     let Some((mnt, mds, _oss, mount, _unmount)) =

@@ -725,8 +725,8 @@ impl Filesystem for LodeFs {
                     }
                 }
                 if mtime_given {
-                    // An mtime set outright (cp -a, tar and rsync set it through the handle
-                    // they wrote, before closing it) stays: the sizes this node's writes
+                    // An mtime set outright (cp -a and tar set it through the handle they
+                    // wrote, before closing it) stays: the sizes this node's writes
                     // reached are published first, since a publish moves the mtime to now,
                     // as an NFS client writes back before a setattr. A failure stays with
                     // the handle, for its fsync or close to report.
