@@ -3,6 +3,7 @@
 
     scripts/mount-bench.py --mount /mnt/lode --local /var/tmp/fio-local [--rounds 3] [--size 2g]
                            [--files 20000] [--meta-only] [--small-files 20000]
+                           [--procs 4] [--peer NAME=DIR ...]
 
 Each round runs every job on both directories in rotated order; the report gives medians,
 lode's ratio to local, and CPU seconds per GB (fio's own plus every lode process's, read from
@@ -10,6 +11,9 @@ lode's ratio to local, and CPU seconds per GB (fio's own plus every lode process
 With --small-files N, N files of 8 KiB are written, the page cache dropped, and each is opened,
 read whole and closed; on lode twice: in a directory whose files keep their first 64 KiB on the
 MDS (Data-on-MDT, set through the lode.layout xattr) and in a plain one.
+With --procs P, --files files are also created and unlinked over 20 directories by P processes
+at once. With --peer NAME=DIR (repeatable), another filesystem mounted at DIR (MooseFS, NFS, ...) runs
+every job in the same rotation, and the report gives lode's ratio to it beside the local one.
 """
 import argparse
 import json
@@ -117,6 +121,50 @@ def run_meta(directory, n):
     return out
 
 
+def _meta_worker(names, start, results):
+    import time
+    start.wait()
+    t = time.perf_counter()
+    for p in names:
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+    created = time.perf_counter()
+    start.wait()
+    u = time.perf_counter()
+    for p in names:
+        os.unlink(p)
+    results.put((t, created, u, time.perf_counter()))
+
+
+def run_meta_parallel(directory, n, procs, ndirs=20):
+    """create, then unlink, n empty files spread over `ndirs` directories by `procs`
+    processes at once (each works in every procs-th directory); rates over the whole of each
+    phase, from the first process's start to the last one's end."""
+    import multiprocessing as mp
+    sub = os.path.join(directory, f"metap.{os.getpid()}")
+    shutil.rmtree(sub, ignore_errors=True)
+    dirs = [os.path.join(sub, f"d{d:02}") for d in range(ndirs)]
+    for d in dirs:
+        os.makedirs(d)
+    start, results = mp.Barrier(procs), mp.Queue()
+    workers = []
+    for w in range(procs):
+        mine = dirs[w::procs] or dirs[w % ndirs:][:1]
+        names = [os.path.join(mine[i % len(mine)], f"p{w}f{i:06}") for i in range(n // procs)]
+        workers.append(mp.Process(target=_meta_worker, args=(names, start, results)))
+    for w in workers:
+        w.start()
+    spans = [results.get() for _ in workers]
+    for w in workers:
+        w.join()
+        if w.exitcode != 0:
+            sys.exit(f"a worker of the parallel metadata run failed ({w.exitcode})")
+    done = procs * (n // procs)
+    shutil.rmtree(sub)
+    create = done / (max(s[1] for s in spans) - min(s[0] for s in spans))
+    unlink = done / (max(s[3] for s in spans) - min(s[2] for s in spans))
+    return {f"create x{procs}": create, f"unlink x{procs}": unlink}
+
+
 DOM = b"-E 64K -L mdt -E -1 -c -1"
 
 
@@ -163,19 +211,31 @@ def main():
     p.add_argument("--small-files", type=int, default=0,
                    help="also write (create, write, close) and read (open, read, close) "
                         "this many 8 KiB files")
+    p.add_argument("--procs", type=int, default=0,
+                   help="also create and unlink --files files over 20 directories with this "
+                        "many processes at once")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=DIR",
+                   help="another filesystem's directory, measured in the same run")
     a = p.parse_args()
     dirs = {"lode": os.path.join(a.mount, "fio"), "local": a.local}
+    peers = []
+    for spec in a.peer:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path or name in dirs:
+            p.error(f"--peer {spec!r}: expected NAME=DIR with a new NAME")
+        dirs[name] = os.path.join(path, "fio")
+        peers.append(name)
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)
     results = {}  # (job, side) -> list of dicts
     order = list(dirs)
     for rnd in range(a.rounds):
-        sides = order[rnd % 2:] + order[:rnd % 2]
+        sides = order[rnd % len(order):] + order[:rnd % len(order)]
         for label, side, args in ([] if a.meta_only else data_jobs(a.size)):
             for name in sides:
                 r = run_data(dirs[name], label, side, args)
                 results.setdefault((label, name), []).append(r)
-                print(f"round {rnd + 1} {name:5} {label:18} {r['GB/s']:.3f} GB/s "
+                print(f"round {rnd + 1} {name:7} {label:18} {r['GB/s']:.3f} GB/s "
                       f"{r['IOPS']:.0f} IOPS {r['cpu_s_per_GB']:.2f} CPU s/GB", file=sys.stderr)
         for name in sides if a.small_files else []:
             runs = [("small read", None)]
@@ -186,13 +246,18 @@ def main():
                 for what, rate in ((label.replace("read", "write"), w), (label, v)):
                     key = (f"{what} {a.small_files}", name)
                     results.setdefault(key, []).append({"ops/s": rate})
-                    print(f"round {rnd + 1} {name:5} {what:18} {rate:.0f} files/s", file=sys.stderr)
+                    print(f"round {rnd + 1} {name:7} {what:18} {rate:.0f} files/s", file=sys.stderr)
         for name in sides:
-            for k, v in run_meta(dirs[name], a.files).items():
+            meta = run_meta(dirs[name], a.files)
+            if a.procs:
+                meta.update(run_meta_parallel(dirs[name], a.files, a.procs))
+            for k, v in meta.items():
                 results.setdefault((f"{k} {a.files} files", name), []).append({"ops/s": v})
-                print(f"round {rnd + 1} {name:5} {k:18} {v:.0f} ops/s", file=sys.stderr)
-    print(f"\nmedians of {a.rounds} rounds (lode = {a.mount}, local = {a.local})")
-    print(f"{'job':24} {'lode':>12} {'local':>12} {'ratio':>6}  CPU s/GB lode / local")
+                print(f"round {rnd + 1} {name:7} {k:18} {v:.0f} ops/s", file=sys.stderr)
+    print(f"\nmedians of {a.rounds} rounds (lode = {a.mount}, local = {a.local}"
+          + "".join(f", {n} = {dirs[n][:-len('/fio')]}" for n in peers) + ")")
+    print(f"{'job':24} {'lode':>12} {'local':>12} {'ratio':>6}  CPU s/GB lode / local"
+          + "".join(f"  {n:>12} {'lode/' + n:>10}" for n in peers))
     jobs = []
     for (job, _) in results:
         if job not in jobs:
@@ -207,20 +272,27 @@ def main():
             print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}  ({x / z:.2f}x lode plain)")
             continue
         lo, lc = results[(job, "lode")], results[(job, "local")]
-        if "ops/s" in lo[0]:
-            x = statistics.median(r["ops/s"] for r in lo)
-            y = statistics.median(r["ops/s"] for r in lc)
-            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}")
-            continue
-        key = "IOPS" if "4K" in job else "GB/s"
+        key = "ops/s" if "ops/s" in lo[0] else "IOPS" if "4K" in job else "GB/s"
         x = statistics.median(r[key] for r in lo)
+        beside = ""
+        for n in peers:
+            z = statistics.median(r[key] for r in results[(job, n)])
+            shown = f"{z:.2f} GB/s" if key == "GB/s" else f"{z:.0f}" if key == "IOPS" else f"{z:.0f}/s"
+            beside += f"  {shown:>12} {x / z if z else 0:10.2f}"
+        if key == "ops/s":
+            y = statistics.median(r["ops/s"] for r in lc)
+            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}" + " " * 24 + beside)
+            continue
         y = statistics.median(r[key] for r in lc)
         cx = statistics.median(r["cpu_s_per_GB"] for r in lo)
         cy = statistics.median(r["cpu_s_per_GB"] for r in lc)
         unit = "" if key == "IOPS" else " GB/s"
         fmt = (lambda v: f"{v:.0f}") if key == "IOPS" else (lambda v: f"{v:.2f}")
-        print(f"{job:24} {fmt(x) + unit:>12} {fmt(y) + unit:>12} {x / y:6.2f}  {cx:.2f} / {cy:.2f}")
+        print(f"{job:24} {fmt(x) + unit:>12} {fmt(y) + unit:>12} {x / y:6.2f}  "
+              f"{cx:.2f} / {cy:.2f}".ljust(72) + beside)
     shutil.rmtree(dirs["lode"], ignore_errors=True)
+    for n in peers:
+        shutil.rmtree(dirs[n], ignore_errors=True)
 
 
 if __name__ == "__main__":

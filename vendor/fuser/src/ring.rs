@@ -258,8 +258,25 @@ impl Queue {
                 return Err(io::Error::other("fuse ring: submission queue full"));
             }
         }
-        self.ring.submitter().submit()?;
+        // On the queue's own thread the command goes with its next wait for completions (one
+        // system call per request instead of two); the queue has room for a command per entry.
+        if SERVING.get() == Some(self.qid) {
+            HELD.set(true);
+        } else {
+            self.ring.submitter().submit()?;
+        }
         Ok(())
+    }
+
+    /// Submits the commands this queue's thread has held back (before it dispatches another
+    /// request, whose handling might wait on the kernel for a reply held back here).
+    fn submit_held(&self) {
+        if HELD.replace(false) {
+            let _held = self.sq.lock();
+            if let Err(err) = self.ring.submitter().submit() {
+                warn!("fuse ring {}: cannot submit: {err}", self.qid);
+            }
+        }
     }
 
     /// Answers the request in entry `i` with an error, when it cannot be dispatched.
@@ -320,9 +337,17 @@ fn pin(cpu: usize) {
     }
 }
 
+thread_local! {
+    /// The queue this thread serves, if it is a queue's thread.
+    static SERVING: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+    /// Whether it has pushed commands it has not submitted yet.
+    static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn serve<FS: Filesystem>(queue: Arc<Queue>, se: &SessionEventLoop<FS>) {
     let qid = queue.qid;
     pin(qid as usize);
+    SERVING.set(Some(qid));
     let mut live = 0;
     for i in 0..queue.entries.len() {
         match queue.submit(i, CMD_REGISTER) {
@@ -333,6 +358,7 @@ fn serve<FS: Filesystem>(queue: Arc<Queue>, se: &SessionEventLoop<FS>) {
     let mut buf = Vec::with_capacity(IN_HEADER + OP_IN_SIZE + queue.payload_size);
     let mut done = Vec::with_capacity(2 * DEPTH);
     while live > 0 {
+        HELD.set(false);
         match queue.ring.submitter().submit_and_wait(1) {
             Ok(_) => {}
             Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,
@@ -345,6 +371,7 @@ fn serve<FS: Filesystem>(queue: Arc<Queue>, se: &SessionEventLoop<FS>) {
         // SAFETY: only this thread reads the completion queue.
         done.extend(unsafe { queue.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
         for &(i, res) in &done {
+            queue.submit_held();
             let i = i as usize;
             if i >= queue.entries.len() {
                 continue;
