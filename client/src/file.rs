@@ -1900,9 +1900,12 @@ impl File {
         Ok(())
     }
 
-    /// How far this handle has written (the size other clients see after `flush`).
+    /// How far this handle has written (the size other clients see after `flush`): short of
+    /// the first byte that failed to land ([`File::landing_failed`]), if one did.
     pub fn written_to(&self) -> u64 {
-        self.written_to.load(Ordering::Relaxed)
+        self.written_to
+            .load(Ordering::Relaxed)
+            .min(self.lost_from.load(Ordering::SeqCst))
     }
 
     /// Counts a write up to `end` as made, ahead of its landing (write-behind): the size this

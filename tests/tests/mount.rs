@@ -1229,12 +1229,6 @@ fn writes_lost_to_a_full_disk_are_reported_and_never_read_back_as_zeros() {
         }
     }
     let synced = f.sync_all();
-    let fd = f.into_raw_fd();
-    // SAFETY: `fd` is ours (taken from the File) and closed once.
-    let closed = unsafe { libc::close(fd) };
-    let reported = failed.is_some() || synced.is_err() || closed != 0;
-    assert!(reported, "128 MiB went to a 48 MiB disk and nothing failed");
-
     // Every byte the file holds is one that was written: none reads as zero.
     let check = |p: &Path, who: &str| {
         let back = fs::read(p).unwrap();
@@ -1253,6 +1247,17 @@ fn writes_lost_to_a_full_disk_are_reported_and_never_read_back_as_zeros() {
         }
         back.len()
     };
+    // Once the loss is known, the writer's own mount shows none of the lost bytes, even while
+    // the writing handle is still open.
+    if failed.is_some() || synced.is_err() {
+        check(&path, "this mount, the writer still open");
+    }
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` is ours (taken from the File) and closed once.
+    let closed = unsafe { libc::close(fd) };
+    let reported = failed.is_some() || synced.is_err() || closed != 0;
+    assert!(reported, "128 MiB went to a 48 MiB disk and nothing failed");
+
     let here = check(&path, "this mount");
     let (other, other_mount, _other_unmount) = mount_at("other");
     assert_eq!(check(&other.join("filling"), "a fresh mount"), here);

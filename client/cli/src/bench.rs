@@ -69,6 +69,11 @@ impl BenchArgs {
     pub fn local_dir(&self) -> Option<PathBuf> {
         self.local_dir.clone()
     }
+    /// Whether --meta-modes names modes of its own (the default runs local only with
+    /// --local-dir).
+    pub fn meta_modes_given(&self) -> bool {
+        self.meta_modes[..] != crate::metabench::Mode::ALL[..]
+    }
 }
 
 /// Bytes one write or read call moves, per stripe of the file: a file striped over four

@@ -170,6 +170,9 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
     if clients == 0 || files < clients || rounds == 0 {
         bail!("--clients, --files (at least one per client) and --rounds must be positive");
     }
+    if run_modes.contains(&Mode::Local) && local.is_none() && a.meta_modes_given() {
+        bail!("--meta-modes local needs --local-dir DIR, the local directory to run in");
+    }
     let per = files / clients;
     let runs = |m: Mode| run_modes.contains(&m);
     // The clients of one mode; none for a mode not run.
