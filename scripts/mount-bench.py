@@ -122,17 +122,23 @@ def run_meta(directory, n):
 
 
 def _meta_worker(names, start, results):
+    """Puts its four times, or its error (after breaking the barrier, so that no other worker
+    waits for it)."""
     import time
-    start.wait()
-    t = time.perf_counter()
-    for p in names:
-        os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
-    created = time.perf_counter()
-    start.wait()
-    u = time.perf_counter()
-    for p in names:
-        os.unlink(p)
-    results.put((t, created, u, time.perf_counter()))
+    try:
+        start.wait()
+        t = time.perf_counter()
+        for p in names:
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+        created = time.perf_counter()
+        start.wait()
+        u = time.perf_counter()
+        for p in names:
+            os.unlink(p)
+        results.put((t, created, u, time.perf_counter()))
+    except Exception as e:  # reported by the parent, whatever it was
+        start.abort()
+        results.put(f"{type(e).__name__}: {e}")
 
 
 def run_meta_parallel(directory, n, procs, ndirs=20):
@@ -156,8 +162,11 @@ def run_meta_parallel(directory, n, procs, ndirs=20):
     spans = [results.get() for _ in workers]
     for w in workers:
         w.join()
-        if w.exitcode != 0:
-            sys.exit(f"a worker of the parallel metadata run failed ({w.exitcode})")
+    # The worker that failed first, rather than those the broken barrier stopped.
+    failed = sorted((s for s in spans if isinstance(s, str)),
+                    key=lambda s: s.startswith("BrokenBarrierError"))
+    if failed:
+        sys.exit(f"{directory}: the parallel metadata run failed: {failed[0]}")
     done = procs * (n // procs)
     shutil.rmtree(sub)
     create = done / (max(s[1] for s in spans) - min(s[0] for s in spans))
@@ -281,7 +290,7 @@ def main():
             beside += f"  {shown:>12} {x / z if z else 0:10.2f}"
         if key == "ops/s":
             y = statistics.median(r["ops/s"] for r in lc)
-            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}" + " " * 24 + beside)
+            print(f"{job:24} {x:10.0f}/s {y:10.0f}/s {x / y:6.2f}".ljust(80) + beside)
             continue
         y = statistics.median(r[key] for r in lc)
         cx = statistics.median(r["cpu_s_per_GB"] for r in lo)
@@ -289,7 +298,7 @@ def main():
         unit = "" if key == "IOPS" else " GB/s"
         fmt = (lambda v: f"{v:.0f}") if key == "IOPS" else (lambda v: f"{v:.2f}")
         print(f"{job:24} {fmt(x) + unit:>12} {fmt(y) + unit:>12} {x / y:6.2f}  "
-              f"{cx:.2f} / {cy:.2f}".ljust(72) + beside)
+              f"{cx:.2f} / {cy:.2f}".ljust(80) + beside)
     shutil.rmtree(dirs["lode"], ignore_errors=True)
     for n in peers:
         shutil.rmtree(dirs[n], ignore_errors=True)
