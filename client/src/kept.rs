@@ -72,6 +72,11 @@ impl Kept {
         let Some(mark) = leases.mark(fid) else {
             return Err(handle);
         };
+        // A file with no name left cannot be opened again by one: its handle goes, so the
+        // MDS can let it go.
+        if leases.unmoved(fid, mark).is_none_or(|i| i.nlink == 0) {
+            return Err(handle);
+        }
         s.files.entry(fid).or_default().push(Entry {
             handle,
             caps,

@@ -752,6 +752,7 @@ impl Leases {
                 vec![]
             }
             Mutation::Destroyed { .. }
+            | Mutation::Released { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
         };

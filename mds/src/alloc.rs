@@ -69,6 +69,8 @@ pub struct Allocator {
     /// Clients replaying after a restart: orphans are not cleaned up (nor anything destroyed)
     /// until they are done, since objects of replayed creates are not named yet.
     replaying: std::sync::OnceLock<Arc<crate::recovery::Clients>>,
+    /// The service's leases: recalled on the files released here.
+    leases: std::sync::OnceLock<Arc<crate::lease::Leases>>,
 }
 
 /// Whether new stripes may go to target `t`: up, cleaned up (`ready`), more than 1% free.
@@ -99,6 +101,7 @@ impl Allocator {
             recovering_until: Instant::now(),
             evict_after: crate::server::EVICT_AFTER,
             replaying: std::sync::OnceLock::new(),
+            leases: std::sync::OnceLock::new(),
         })
     }
 
@@ -134,6 +137,11 @@ impl Allocator {
     /// Holds back orphan cleanup while `clients` recover.
     pub fn wait_for_replays(&self, clients: Arc<crate::recovery::Clients>) {
         let _ = self.replaying.set(clients);
+    }
+
+    /// The leases to recall on what maintenance removes (the service's).
+    pub fn recall_through(&self, leases: Arc<crate::lease::Leases>) {
+        let _ = self.leases.set(leases);
     }
 
     /// Targets new stripes may go to, among `known` (the registry's list, taken once for a
@@ -464,6 +472,22 @@ impl Allocator {
                 silent_s = self.evict_after.as_secs(),
                 "evicted a silent client: its open files may be destroyed"
             );
+        }
+        let released = store.releasable(DESTROY_BATCH, |f| self.open.is_open(f));
+        if !released.is_empty() {
+            let n = released.len();
+            // Whoever still holds their attributes drops them first, as for any change.
+            let _recall = match self.leases.get() {
+                Some(l) => Some(l.recall(&released, None).await),
+                None => None,
+            };
+            match store
+                .apply(Mutation::Released { fids: released }, Creds::root())
+                .await
+            {
+                Ok(_) => tracing::debug!(files = n, "released removed files' bytes on the MDS"),
+                Err(e) => tracing::warn!(error = %e, "cannot record released files"),
+            }
         }
         let doomed = store
             .doomed(DESTROY_BATCH, |owner| self.open.is_open(owner))

@@ -317,6 +317,7 @@ fn read_snapshot(disk: &dyn MetaDisk) -> Result<Option<(Namespace, u64)>, Journa
             )))
         }
     }
+    ns.find_unlinked();
     Ok(Some((ns, seq)))
 }
 

@@ -5,7 +5,7 @@
 //! Every operation is checked in full before anything changes, so a failed operation changes
 //! nothing. Errors are typed ([`FsErrorKind`]); the POSIX edges turn them into errno.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use concur::replies::ReplyCache;
 use proto::layout::Layout;
@@ -103,6 +103,11 @@ pub struct Namespace {
     /// ([`crate::journal`]), so a snapshot of the earlier format still reads.
     #[serde(skip)]
     mdt: HashMap<Fid, Vec<u8>>,
+    /// Files with a Data-on-MDT component whose last name is gone: kept (nlink 0, no entry)
+    /// with their bytes while a handle may still hold them, as objects wait in `doomed`, until
+    /// the MDS records them released. Not saved: they are the files with no link.
+    #[serde(skip)]
+    unlinked: BTreeSet<Fid>,
 }
 
 /// Truncates per file. Not part of what a namespace holds, so not compared.
@@ -199,6 +204,7 @@ impl Namespace {
             replies: ReplyCache::default(),
             truncates: Truncates::default(),
             mdt: HashMap::new(),
+            unlinked: BTreeSet::new(),
         }
     }
 
@@ -299,6 +305,7 @@ impl Namespace {
             | Mutation::MirrorState { fid, .. }
             | Mutation::PlaceMirror { fid, .. }
             | Mutation::WriteMdt { fid, .. } => vec![*fid],
+            Mutation::Released { fids } => fids.clone(),
             Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
@@ -562,6 +569,19 @@ impl Namespace {
                     reserved: None,
                 })
             }
+            Mutation::Released { fids } => {
+                for f in fids {
+                    if self.unlinked.remove(f) {
+                        self.inodes.remove(f);
+                        self.mdt.remove(f);
+                    }
+                }
+                Ok(Applied {
+                    inode: None,
+                    removed: vec![],
+                    reserved: None,
+                })
+            }
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -697,6 +717,10 @@ impl Namespace {
                 "directories cannot be hard-linked",
             );
         }
+        if inode.nlink == 0 {
+            // Removed, kept only for its open handles: no name brings it back.
+            return err(FsErrorKind::NotFound, format!("{fid} was removed"));
+        }
         if inode.nlink >= MAX_LINKS {
             return err(
                 FsErrorKind::TooManyLinks,
@@ -743,8 +767,19 @@ impl Namespace {
                 }
             }
         }
-        let gone = self.inodes.remove(&fid)?;
-        self.mdt.remove(&fid);
+        let dom = !dir
+            && self.inodes[&fid]
+                .layout
+                .as_ref()
+                .is_some_and(|l| l.mdt_end().is_some());
+        let gone = if dom {
+            // Its bytes live here: kept, with the inode, for the handles that may hold it.
+            self.unlinked.insert(fid);
+            self.inodes[&fid].clone()
+        } else {
+            self.mdt.remove(&fid);
+            self.inodes.remove(&fid)?
+        };
         if !dir {
             for o in gone
                 .layout
@@ -1092,6 +1127,26 @@ impl Namespace {
         self.mdt = mdt;
     }
 
+    /// Finds again, after a snapshot is read, the removed files kept for their handles.
+    pub(crate) fn find_unlinked(&mut self) {
+        self.unlinked = self
+            .inodes
+            .values()
+            .filter(|i| i.kind != Kind::Dir && i.nlink == 0)
+            .map(|i| i.fid)
+            .collect();
+    }
+
+    /// Up to `max` removed files kept for their handles that `held` says no handle holds now.
+    pub fn releasable(&self, max: usize, held: impl Fn(Fid) -> bool) -> Vec<Fid> {
+        self.unlinked
+            .iter()
+            .copied()
+            .filter(|f| !held(*f))
+            .take(max)
+            .collect()
+    }
+
     /// How many times `fid`'s size was set in this run.
     pub fn truncates(&self, fid: Fid) -> u64 {
         self.truncates.0.get(&fid).copied().unwrap_or(0)
@@ -1191,7 +1246,11 @@ impl Namespace {
         self.touch_dir(parent, now);
         let removed = self.drop_link(victim.fid, now);
         Ok(Applied {
-            inode: self.inodes.get(&victim.fid).cloned(),
+            inode: self
+                .inodes
+                .get(&victim.fid)
+                .filter(|i| i.nlink > 0)
+                .cloned(),
             removed: removed.into_iter().collect(),
             reserved: None,
         })
@@ -1539,7 +1598,7 @@ impl Namespace {
                     problems.push(format!("{fid} is not reachable from the root"));
                 }
             }
-            if i.kind != Kind::Dir && !links.contains_key(fid) {
+            if i.kind != Kind::Dir && !links.contains_key(fid) && !self.unlinked.contains(fid) {
                 problems.push(format!("{fid} is an orphan (no entry names it)"));
             }
         }

@@ -111,6 +111,9 @@ impl MdsService {
         if let Some(m) = &policy.metrics {
             store.set_metrics(m.clone());
         }
+        // Epochs follow the run's instance: random, unless a simulation named it.
+        let leases = Arc::new(Leases::default().epochs_from(instance));
+        alloc.recall_through(leases.clone());
         Arc::new(MdsService {
             registry,
             store,
@@ -121,8 +124,7 @@ impl MdsService {
             audit: policy.audit,
             metrics: policy.metrics,
             clients,
-            // Epochs follow the run's instance: random, unless a simulation named it.
-            leases: Arc::new(Leases::default().epochs_from(instance)),
+            leases,
         })
     }
 
@@ -265,6 +267,7 @@ impl MdsService {
             Mutation::GrowSize { .. }
             | Mutation::WriteMdt { .. }
             | Mutation::Destroyed { .. }
+            | Mutation::Released { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => None,
         })
@@ -513,9 +516,9 @@ impl MdsService {
                 *components = mine;
                 Ok(objects)
             }
-            Mutation::Destroyed { .. } => refuse(
+            Mutation::Destroyed { .. } | Mutation::Released { .. } => refuse(
                 FsErrorKind::NotPermitted,
-                "only the MDS records destroyed objects",
+                "only the MDS records destroyed objects and released files",
             ),
             Mutation::SkipInodes { .. } | Mutation::ReserveInodes { .. } => refuse(
                 FsErrorKind::NotPermitted,

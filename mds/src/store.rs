@@ -553,6 +553,12 @@ impl Store {
         }
     }
 
+    /// Up to `max` removed files kept for their handles (Data-on-MDT) that `held` says no
+    /// handle holds now.
+    pub fn releasable(&self, max: usize, held: impl Fn(proto::Fid) -> bool) -> Vec<proto::Fid> {
+        self.shared.ns.lock().0.releasable(max, held)
+    }
+
     async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {
         let mut rx = self.shared.durable.subscribe();
         if rx.borrow().is_ok_and(|d| d < seq) {

@@ -990,19 +990,63 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
     damaged[at] ^= 1;
     assert!(mds::journal::decode_snapshot(&damaged).is_err());
 
-    // The bytes go with the file's last name.
+    // The last name going keeps the file, its attributes and its bytes for the handles that
+    // may hold it: named by nothing, never linked again, still read and written by FID.
+    let unlinked = fs
+        .run(
+            Mutation::Unlink {
+                parent: ROOT,
+                name: "small".into(),
+                dir: false,
+            },
+            &root,
+        )
+        .unwrap();
+    assert_eq!(unlinked.inode, None, "no name is left to answer with");
+    assert_eq!(fs.ns.inode(f.fid).unwrap().nlink, 0);
+    assert_eq!(
+        fs.ns.lookup(ROOT, b"small", &root).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    let link = Mutation::Link {
+        fid: f.fid,
+        parent: ROOT,
+        name: "again".into(),
+    };
+    assert_eq!(fs.errno(link, &root), libc::ENOENT);
+    fs.run(write(0, b"still"), &root).unwrap();
+    assert_eq!(fs.ns.read_mdt(f.fid, 0, 12).unwrap(), b"still\0\0\0\0\0he");
+    assert!(fs.ns.releasable(10, |_| true).is_empty(), "held open");
+    assert_eq!(fs.ns.releasable(10, |_| false), vec![f.fid]);
+    // A snapshot keeps it, and it is found again as waiting to be released.
+    mds::journal::write_snapshot(&disk, &fs.ns, 8).unwrap();
+    let raw = mds::disk::MetaDisk::read(&disk, "snapshot")
+        .unwrap()
+        .unwrap();
+    let (back, _) = mds::journal::decode_snapshot(&raw).unwrap();
+    assert_eq!(back, fs.ns);
+    assert_eq!(back.releasable(10, |_| false), vec![f.fid]);
+    assert_eq!(back.check(), Vec::<String>::new());
+    // Released once no handle holds it: the bytes go.
+    fs.run(Mutation::Released { fids: vec![f.fid] }, &root)
+        .unwrap();
+    assert_eq!(
+        fs.ns.read_mdt(f.fid, 0, 1).unwrap_err().errno(),
+        libc::ESTALE
+    );
+    assert!(fs.ns.releasable(10, |_| false).is_empty());
+    assert_eq!(fs.ns.check(), Vec::<String>::new());
+    // A file without bytes on the MDS goes with its last name, as before.
+    let plain2 = fs.create(ROOT, "plain2", Kind::File, &root).unwrap();
     fs.run(
         Mutation::Unlink {
             parent: ROOT,
-            name: "small".into(),
+            name: "plain2".into(),
             dir: false,
         },
         &root,
     )
     .unwrap();
-    assert_eq!(
-        fs.ns.read_mdt(f.fid, 0, 1).unwrap_err().errno(),
-        libc::ESTALE
-    );
-    assert_eq!(fs.ns.check(), Vec::<String>::new());
+    assert_eq!(fs.ns.inode(plain2.fid).unwrap_err().errno(), libc::ESTALE);
+    assert!(fs.ns.releasable(10, |_| false).is_empty());
 }

@@ -323,6 +323,12 @@ pub enum Mutation {
         value: Vec<u8>,
         replace: bool,
     },
+    /// Removed files whose bytes on the MDS (Data-on-MDT) were kept for their open handles
+    /// are gone: no handle holds them any more (only the MDS records it).
+    Released {
+        #[serde(deserialize_with = "crate::seq::deserialize")]
+        fids: Vec<Fid>,
+    },
 }
 
 impl Mutation {
@@ -346,6 +352,7 @@ impl Mutation {
             Mutation::ReserveInodes { .. } => "reserve_inodes",
             Mutation::WriteMdt { .. } => "write_mdt",
             Mutation::SetXattrIf { .. } => "set_xattr",
+            Mutation::Released { .. } => "released",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Data-on-MDT with real processes: files whose first bytes the MDS keeps are written and read
 //! byte for byte by two clients, across an MDS killed with `kill -9` before it committed some
-//! of the writes (the clients replay them) and across a clean restart.
+//! of the writes (the clients replay them) and across a clean restart; and a file removed while
+//! open stays whole for its handle until the last close, across a kill too.
 
 use std::time::{Duration, Instant};
 
@@ -189,5 +190,104 @@ async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_an
     write(&c, "/dom/f4", 0, b"new").await;
     assert_eq!(read(&c, "/dom/f4").await, b"new");
     c.close().await.unwrap();
+    drop(m);
+}
+
+/// POSIX keeps a removed file until its last close (a temporary file is made so: created,
+/// removed at once, then used). The bytes the MDS keeps of one stay readable and writable
+/// through the handle, across an MDS killed with the removal and the writes uncommitted, and
+/// go once the handle is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_on_the_mds_removed_while_open_stays_whole_until_its_last_close() {
+    let root = scratch("dom-removed");
+    let m = mds(&root, "127.0.0.1:0");
+    let addr = m.nid.to_string();
+    let listen = addr.trim_end_matches("@tcp").to_owned();
+    let _oss = oss(&root.join("oss"), &m.nid);
+    let a = connect(&m.nid).await;
+    let b = connect(&m.nid).await;
+    let start = Instant::now();
+    while a.targets().await.map_or(true, |t| t.iter().all(|t| !t.up)) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no storage");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.mkdir("/dom", 0o755).await.unwrap();
+    let opts: Vec<String> = "-E 64K -L mdt -E -1 -c -1"
+        .split(' ')
+        .map(String::from)
+        .collect();
+    a.setstripe("/dom", client::stripe_args::parse(&opts).unwrap())
+        .await
+        .unwrap();
+    a.sync().await.unwrap();
+
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&a, "/dom/tmp")
+        .await
+        .unwrap();
+    let mut want = pattern(7, 50_000);
+    f.write_at(0, &want).await.unwrap();
+    f.fsync().await.unwrap();
+    // Removed by the other client, then written again through the handle: neither is
+    // committed when the MDS is killed.
+    b.unlink("/dom/tmp").await.unwrap();
+    assert!(a
+        .stat("/dom/tmp")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::NotFound));
+    f.write_at(1000, b"after the removal").await.unwrap();
+    want[1000..1017].copy_from_slice(b"after the removal");
+    let mut buf = vec![0u8; 60_000];
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(
+        &buf[..n],
+        &want[..],
+        "read through the handle after the removal"
+    );
+    assert_eq!(a.getattr(f.fid()).await.unwrap().nlink, 0);
+
+    m.kill();
+    let m = mds(&root, &listen);
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], &want[..], "after kill -9, the removal replayed");
+    f.write_at(60_000, b"past the MDS's part").await.unwrap();
+    want.resize(60_000, 0);
+    want.extend_from_slice(b"past the MDS's part");
+    buf.resize(70_000, 0);
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], &want[..], "a write after the restart");
+    assert!(b
+        .stat("/dom/tmp")
+        .await
+        .unwrap_err()
+        .is(FsErrorKind::NotFound));
+    // A new file under the name is another file.
+    write(&b, "/dom/tmp", 0, b"new").await;
+    assert_eq!(read(&a, "/dom/tmp").await, b"new");
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], &want[..], "the old file, beside the new one");
+
+    // The last close lets the MDS release it.
+    let fid = f.fid();
+    f.close().await.unwrap();
+    let start = Instant::now();
+    loop {
+        match a.getattr(fid).await {
+            Err(e) if e.is(FsErrorKind::Stale) || e.is(FsErrorKind::NotFound) => break,
+            other => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "still there 30 s after its last close: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
     drop(m);
 }
