@@ -499,9 +499,16 @@ impl Conn {
             }
         };
         if let Err(e) = outcome {
-            tracing::warn!(peer = %self.peer, xid = header.xid, error = %e, "bulk put refused");
-            if let Some(p) = self.pending.lock().get_mut(&header.xid) {
-                p.bulk_error.get_or_insert(e);
+            match self.pending.lock().get_mut(&header.xid) {
+                Some(p) => {
+                    tracing::warn!(peer = %self.peer, xid = header.xid, error = %e, "bulk put refused");
+                    p.bulk_error.get_or_insert(e);
+                }
+                // The caller gave up on the call (a deadline, or a read begun early that was
+                // not needed): its bytes arriving late are expected, not the peer's fault.
+                None => {
+                    tracing::debug!(peer = %self.peer, xid = header.xid, "bulk put for a call no longer waiting, dropped")
+                }
             }
         }
         Ok(())
