@@ -1384,6 +1384,20 @@ impl Client {
             .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
     }
 
+    /// Gives file `fid` the name `new` (a hard link by FID): also the one way to name a file
+    /// made with no name ([`crate::OpenOptions::open_unnamed`]) while it is open.
+    pub async fn link_fid(&self, fid: Fid, new: &str) -> Result<Inode> {
+        let (parent, name) = self.parent_of(new).await?;
+        let m = Mutation::Link {
+            fid,
+            parent: parent.fid,
+            name: name.to_vec(),
+        };
+        self.reint(m)
+            .await?
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))
+    }
+
     async fn remove(&self, path: &str, dir: bool) -> Result<()> {
         let (parent, name) = self.parent_of(path).await?;
         if !dir && self.unlink_ahead(parent.fid, name).await {

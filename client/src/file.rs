@@ -202,6 +202,40 @@ impl OpenOptions {
         self.open_inode(client, inode).await
     }
 
+    /// Creates a regular file with no name in directory `parent` (open(2)'s O_TMPFILE) and
+    /// opens it, in one round trip: the MDS keeps it while a handle holds it, and it is gone
+    /// after the last close unless a link names it first ([`Client::link_fid`]). Needs write
+    /// access; the mode is as for a create.
+    pub async fn open_unnamed(&self, client: &Client, parent: proto::Fid) -> Result<File> {
+        if !self.write {
+            return Err(ClientError::fs(
+                FsErrorKind::Invalid,
+                "a file with no name is opened for writing",
+            ));
+        }
+        let m = Mutation::CreateUnnamed {
+            parent,
+            mode: self.mode.unwrap_or(0o600),
+            layout: self.new_file_layout()?,
+        };
+        let handle = client.handle(client.inner.opens.next_handle());
+        let replays = client.inner.opens.replays();
+        let done = client.reint_with(m, Some(handle)).await?;
+        let inode = done
+            .inode
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
+        client.opened(handle, inode.fid, replays).await?;
+        let counted = Counted {
+            inode: inode.clone(),
+            handle,
+            gen: done.size_gen,
+            grant: done.grant.unwrap_or_default(),
+            mdt: None,
+            kept: None,
+        };
+        self.open_counted(client, inode, Some(counted), None).await
+    }
+
     /// Creates and opens the file without waiting for the MDS, when the client's leases let
     /// it ([`Client::create_ahead`]): its objects come with the MDS's answer, which the first
     /// read or write waits for.

@@ -753,6 +753,7 @@ impl Leases {
             }
             Mutation::Destroyed { .. }
             | Mutation::Released { .. }
+            | Mutation::CreateUnnamed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
         };

@@ -81,6 +81,9 @@ fn err<T>(kind: FsErrorKind, what: impl Into<String>) -> Result<T> {
 
 type Result<T> = std::result::Result<T, NsError>;
 
+/// A file kept with no name is released no sooner than this after its last change.
+pub const RELEASE_AFTER_S: i64 = 5;
+
 /// The whole namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Namespace {
@@ -306,6 +309,7 @@ impl Namespace {
             | Mutation::PlaceMirror { fid, .. }
             | Mutation::WriteMdt { fid, .. } => vec![*fid],
             Mutation::Released { fids } => fids.clone(),
+            Mutation::CreateUnnamed { .. } => vec![],
             Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => vec![],
@@ -503,6 +507,11 @@ impl Namespace {
                 who,
                 now,
             ),
+            Mutation::CreateUnnamed {
+                parent,
+                mode,
+                layout,
+            } => self.create_unnamed(*parent, *mode, layout.clone(), who, now),
             Mutation::ReserveInodes { count } => {
                 let first = self.next_oid;
                 let Some(next) = first.checked_add(*count) else {
@@ -572,8 +581,10 @@ impl Namespace {
             Mutation::Released { fids } => {
                 for f in fids {
                     if self.unlinked.remove(f) {
-                        self.inodes.remove(f);
                         self.mdt.remove(f);
+                        if let Some(gone) = self.inodes.remove(f) {
+                            self.doom(&gone);
+                        }
                     }
                 }
                 Ok(Applied {
@@ -717,10 +728,9 @@ impl Namespace {
                 "directories cannot be hard-linked",
             );
         }
-        if inode.nlink == 0 {
-            // Removed, kept only for its open handles: no name brings it back.
-            return err(FsErrorKind::NotFound, format!("{fid} was removed"));
-        }
+        // A file with no name is linked only while kept for its handles (made with no name,
+        // or removed while open): the kernel allows only the first (linkat of an O_TMPFILE).
+        let unnamed = inode.nlink == 0;
         if inode.nlink >= MAX_LINKS {
             return err(
                 FsErrorKind::TooManyLinks,
@@ -739,6 +749,9 @@ impl Namespace {
         i.nlink += 1;
         i.ctime = now;
         let inode = i.clone();
+        if unnamed {
+            self.unlinked.remove(&fid);
+        }
         if let Some(d) = self.entries.get_mut(&parent) {
             d.insert(name.to_vec(), fid);
         }
@@ -772,25 +785,69 @@ impl Namespace {
                 .layout
                 .as_ref()
                 .is_some_and(|l| l.mdt_end().is_some());
-        let gone = if dom {
-            // Its bytes live here: kept, with the inode, for the handles that may hold it.
+        if dom {
+            // Its bytes live here: kept, with the inode, for the handles that may hold it;
+            // its objects go when it is released.
             self.unlinked.insert(fid);
-            self.inodes[&fid].clone()
-        } else {
-            self.mdt.remove(&fid);
-            self.inodes.remove(&fid)?
-        };
+            return Some(self.inodes[&fid].clone());
+        }
+        let gone = self.inodes.remove(&fid)?;
+        self.mdt.remove(&fid);
         if !dir {
-            for o in gone
-                .layout
-                .iter()
-                .flat_map(|l| &l.components)
-                .flat_map(|c| &c.objects)
-            {
-                self.doomed.insert(o.fid, (o.target, gone.fid));
-            }
+            self.doom(&gone);
         }
         Some(gone)
+    }
+
+    /// Queues the objects of removed file `gone` for destruction.
+    fn doom(&mut self, gone: &Inode) {
+        for o in gone
+            .layout
+            .iter()
+            .flat_map(|l| &l.components)
+            .flat_map(|c| &c.objects)
+        {
+            self.doomed.insert(o.fid, (o.target, gone.fid));
+        }
+    }
+
+    /// A regular file in no directory (O_TMPFILE), made as `parent` would make it: kept, as
+    /// a file removed while open is, until a link names it or it is released.
+    fn create_unnamed(
+        &mut self,
+        parent: Fid,
+        mode: u32,
+        layout: Option<Layout>,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        self.dir(parent)?;
+        self.require(parent, who, 3)?;
+        check_new_inode(Kind::File, &[], layout.as_ref())?;
+        let oid = self.next_oid;
+        let Some(next) = oid.checked_add(1) else {
+            return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+        };
+        let p = self.inode(parent)?;
+        let mut inode = new_inode(
+            Fid::new(INODE_SEQ, oid, 0),
+            Kind::File,
+            mode,
+            &[],
+            layout,
+            p,
+            who,
+            now,
+        );
+        inode.nlink = 0;
+        self.next_oid = next;
+        self.inodes.insert(inode.fid, inode.clone());
+        self.unlinked.insert(inode.fid);
+        Ok(Applied {
+            inode: Some(inode),
+            removed: vec![],
+            reserved: None,
+        })
     }
 
     fn grow_size(&mut self, fid: Fid, size: u64, who: &Creds, now: Time) -> Result<Applied> {
@@ -1137,12 +1194,20 @@ impl Namespace {
             .collect();
     }
 
-    /// Up to `max` removed files kept for their handles that `held` says no handle holds now.
-    pub fn releasable(&self, max: usize, held: impl Fn(Fid) -> bool) -> Vec<Fid> {
+    /// Up to `max` files kept with no name for their handles that `held` says no handle holds
+    /// now, and that changed last at least [`RELEASE_AFTER_S`] before `now` (the open that
+    /// made a file with no name is counted only once the create has applied).
+    pub fn releasable(&self, max: usize, held: impl Fn(Fid) -> bool, now: Time) -> Vec<Fid> {
         self.unlinked
             .iter()
             .copied()
-            .filter(|f| !held(*f))
+            .filter(|f| {
+                !held(*f)
+                    && self
+                        .inodes
+                        .get(f)
+                        .is_none_or(|i| i.ctime.sec.saturating_add(RELEASE_AFTER_S) <= now.sec)
+            })
             .take(max)
             .collect()
     }

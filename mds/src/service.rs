@@ -173,6 +173,13 @@ impl MdsService {
                     None,
                 )
             }
+            Mutation::CreateUnnamed { parent, .. } => a(
+                "create",
+                None,
+                ns.dir_path(*parent),
+                None,
+                Some("no name (O_TMPFILE)".to_owned()),
+            ),
             Mutation::Link { fid, parent, name } => a(
                 "link",
                 Some(*fid),
@@ -404,7 +411,8 @@ impl MdsService {
                 layout,
                 parent,
                 ..
-            } => {
+            }
+            | Mutation::CreateUnnamed { layout, parent, .. } => {
                 if layout.as_ref().is_some_and(forged) {
                     return refuse(
                         FsErrorKind::Invalid,

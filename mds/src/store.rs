@@ -556,7 +556,8 @@ impl Store {
     /// Up to `max` removed files kept for their handles (Data-on-MDT) that `held` says no
     /// handle holds now.
     pub fn releasable(&self, max: usize, held: impl Fn(proto::Fid) -> bool) -> Vec<proto::Fid> {
-        self.shared.ns.lock().0.releasable(max, held)
+        let now = (self.clock)();
+        self.shared.ns.lock().0.releasable(max, held, now)
     }
 
     async fn wait_durable(&self, seq: u64, applied: Applied) -> Result<Applied, StoreError> {

@@ -991,7 +991,7 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
     assert!(mds::journal::decode_snapshot(&damaged).is_err());
 
     // The last name going keeps the file, its attributes and its bytes for the handles that
-    // may hold it: named by nothing, never linked again, still read and written by FID.
+    // may hold it: named by nothing, still read and written by FID.
     let unlinked = fs
         .run(
             Mutation::Unlink {
@@ -1008,16 +1008,18 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
         fs.ns.lookup(ROOT, b"small", &root).unwrap_err().errno(),
         libc::ENOENT
     );
-    let link = Mutation::Link {
-        fid: f.fid,
-        parent: ROOT,
-        name: "again".into(),
-    };
-    assert_eq!(fs.errno(link, &root), libc::ENOENT);
     fs.run(write(0, b"still"), &root).unwrap();
     assert_eq!(fs.ns.read_mdt(f.fid, 0, 12).unwrap(), b"still\0\0\0\0\0he");
-    assert!(fs.ns.releasable(10, |_| true).is_empty(), "held open");
-    assert_eq!(fs.ns.releasable(10, |_| false), vec![f.fid]);
+    let later = t(1000);
+    assert!(
+        fs.ns.releasable(10, |_| true, later).is_empty(),
+        "held open"
+    );
+    assert!(
+        fs.ns.releasable(10, |_| false, t(fs.clock)).is_empty(),
+        "removed just now: its opener may not be counted yet"
+    );
+    assert_eq!(fs.ns.releasable(10, |_| false, later), vec![f.fid]);
     // A snapshot keeps it, and it is found again as waiting to be released.
     mds::journal::write_snapshot(&disk, &fs.ns, 8).unwrap();
     let raw = mds::disk::MetaDisk::read(&disk, "snapshot")
@@ -1025,7 +1027,7 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
         .unwrap();
     let (back, _) = mds::journal::decode_snapshot(&raw).unwrap();
     assert_eq!(back, fs.ns);
-    assert_eq!(back.releasable(10, |_| false), vec![f.fid]);
+    assert_eq!(back.releasable(10, |_| false, later), vec![f.fid]);
     assert_eq!(back.check(), Vec::<String>::new());
     // Released once no handle holds it: the bytes go.
     fs.run(Mutation::Released { fids: vec![f.fid] }, &root)
@@ -1034,7 +1036,7 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
         fs.ns.read_mdt(f.fid, 0, 1).unwrap_err().errno(),
         libc::ESTALE
     );
-    assert!(fs.ns.releasable(10, |_| false).is_empty());
+    assert!(fs.ns.releasable(10, |_| false, later).is_empty());
     assert_eq!(fs.ns.check(), Vec::<String>::new());
     // A file without bytes on the MDS goes with its last name, as before.
     let plain2 = fs.create(ROOT, "plain2", Kind::File, &root).unwrap();
@@ -1048,5 +1050,62 @@ fn bytes_on_the_mds_follow_writes_truncates_and_removal_and_survive_a_snapshot()
     )
     .unwrap();
     assert_eq!(fs.ns.inode(plain2.fid).unwrap_err().errno(), libc::ESTALE);
-    assert!(fs.ns.releasable(10, |_| false).is_empty());
+    assert!(fs.ns.releasable(10, |_| false, later).is_empty());
+}
+
+#[test]
+fn a_file_made_with_no_name_is_kept_until_linked_or_released() {
+    use proto::layout::StripeObject;
+    let mut fs = Fs::new();
+    let root = Creds::root();
+    let alice = user(1000);
+    let later = t(1000);
+    let mut layout = Layout::new(vec![Component::raid0(StripeCount::Count(1), 1 << 20)]).unwrap();
+    let obj = |oid| StripeObject {
+        target: 0,
+        fid: proto::Fid::new(0x1_0000_0000, oid, 0),
+    };
+    layout.components[0].objects = vec![obj(1)];
+    let unnamed = |layout| Mutation::CreateUnnamed {
+        parent: ROOT,
+        mode: 0o600,
+        layout: Some(layout),
+    };
+    // As a create in the directory would be: refused without write permission there.
+    assert_eq!(fs.errno(unnamed(layout.clone()), &alice), libc::EACCES);
+    let f = fs
+        .run(unnamed(layout.clone()), &root)
+        .unwrap()
+        .inode
+        .unwrap();
+    assert_eq!((f.nlink, f.mode, f.kind), (0, 0o600, Kind::File));
+    assert!(fs.ns.readdir(ROOT, None, 100, &root).unwrap().is_empty());
+    assert_eq!(fs.ns.releasable(10, |_| false, later), vec![f.fid]);
+    // A link names it (linkat of an O_TMPFILE): a file like any other from then on.
+    let link = Mutation::Link {
+        fid: f.fid,
+        parent: ROOT,
+        name: "kept".into(),
+    };
+    assert_eq!(fs.run(link, &root).unwrap().inode.unwrap().nlink, 1);
+    assert!(fs.ns.releasable(10, |_| false, later).is_empty());
+    assert_eq!(fs.ns.lookup(ROOT, b"kept", &root).unwrap().fid, f.fid);
+    // One never named goes when released, its objects to the destroy queue.
+    layout.components[0].objects = vec![obj(2)];
+    let g = fs.run(unnamed(layout), &root).unwrap().inode.unwrap();
+    assert!(fs.ns.doomed(10, |_| false).is_empty());
+    fs.run(Mutation::Released { fids: vec![g.fid] }, &root)
+        .unwrap();
+    assert_eq!(fs.ns.inode(g.fid).unwrap_err().errno(), libc::ESTALE);
+    assert_eq!(fs.ns.doomed(10, |_| false), vec![obj(2)]);
+    // A release that comes again, or names a file with a name, changes nothing.
+    let before = fs.ns.clone();
+    fs.run(
+        Mutation::Released {
+            fids: vec![g.fid, f.fid],
+        },
+        &root,
+    )
+    .unwrap();
+    assert_eq!(fs.ns, before);
 }

@@ -323,11 +323,19 @@ pub enum Mutation {
         value: Vec<u8>,
         replace: bool,
     },
-    /// Removed files whose bytes on the MDS (Data-on-MDT) were kept for their open handles
-    /// are gone: no handle holds them any more (only the MDS records it).
+    /// Files kept with no name for their open handles (removed while open with bytes on the
+    /// MDS, or made with no name) are gone: no handle holds them any more (only the MDS
+    /// records it). Their objects go to the destroy queue.
     Released {
         #[serde(deserialize_with = "crate::seq::deserialize")]
         fids: Vec<Fid>,
+    },
+    /// A regular file in no directory (open(2)'s O_TMPFILE): link count 0, kept while a handle
+    /// holds it (asked with `open`, so it is counted with the create), until a link names it.
+    CreateUnnamed {
+        parent: Fid,
+        mode: u32,
+        layout: Option<Layout>,
     },
 }
 
@@ -353,6 +361,7 @@ impl Mutation {
             Mutation::WriteMdt { .. } => "write_mdt",
             Mutation::SetXattrIf { .. } => "set_xattr",
             Mutation::Released { .. } => "released",
+            Mutation::CreateUnnamed { .. } => "create",
         }
     }
 }

@@ -1340,3 +1340,120 @@ fn an_mtime_set_before_the_close_survives_it() {
     assert!(second.terminate().success());
     assert!(mount.terminate().success());
 }
+
+/// `linkat` of `fd`'s file (through /proc, as `linkat(2)`'s O_TMPFILE example does) to `to`.
+fn link_fd(fd: i32, to: &Path) -> std::io::Result<()> {
+    let from = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+    let to = CString::new(to.to_str().unwrap()).unwrap();
+    // SAFETY: both are valid C strings for the call's duration.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn statvfs(p: &Path) -> libc::statvfs {
+    let c = CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: an all-zero statvfs is valid, and `c` outlives the call.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s
+}
+
+// O_TMPFILE as editors, package managers and databases use it: a file written with no name,
+// then named at once by a link (an atomic publish), or dropped by closing it. And the files
+// df -i counts.
+#[test]
+fn a_file_made_with_no_name_is_named_by_a_link_or_gone_after_its_close() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some((mnt, mds, _oss, _mount, _unmount)) =
+        one_server_mount("mount-tmpfile", "allow_other,default_permissions")
+    else {
+        return;
+    };
+    let dir = mnt.join("d");
+    fs::create_dir(&dir).unwrap();
+    let tmp = |excl: bool| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o640)
+            .custom_flags(libc::O_TMPFILE | if excl { libc::O_EXCL } else { 0 })
+            .open(&dir)
+            .unwrap()
+    };
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut f = tmp(false);
+    f.write_all(&data).unwrap();
+    let md = f.metadata().unwrap();
+    assert_eq!(
+        (md.len(), md.nlink(), md.mode() & 0o7777),
+        (3_000_000, 0, 0o640)
+    );
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0, "it has no name");
+    link_fd(f.as_raw_fd(), &dir.join("named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let mut want = data.clone();
+    want.extend_from_slice(b"tail");
+    // Seen whole by another mount, which never saw it without its name.
+    let other = mnt.parent().unwrap().join("other");
+    fs::create_dir_all(&other).unwrap();
+    let second = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            other.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let _second_unmount = Unmount(other.clone());
+    assert_eq!(fs::read(other.join("d/named")).unwrap(), want);
+    // O_EXCL: never to be named, as the kernel decides.
+    let f = tmp(true);
+    assert_eq!(
+        errno_of(link_fd(f.as_raw_fd(), &dir.join("no"))),
+        libc::ENOENT
+    );
+    drop(f);
+    // Files never named are gone some seconds after their last close: df -i counts them
+    // until then, and never reports more files used than there are.
+    let before = statvfs(&mnt);
+    assert!(before.f_files >= before.f_ffree, "df -i: {before:?}");
+    let used = |s: &libc::statvfs| s.f_files - s.f_ffree;
+    for _ in 0..20 {
+        let mut f = tmp(false);
+        f.write_all(&[1; 10_000]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100)); // the mount answers statfs from a cache
+    let during = used(&statvfs(&mnt));
+    assert!(
+        during >= used(&before) + 20,
+        "{during} used, {} before",
+        used(&before)
+    );
+    let start = std::time::Instant::now();
+    while used(&statvfs(&mnt)) > used(&before) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "files with no name still counted 30 s after their close"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+    drop(second);
+}

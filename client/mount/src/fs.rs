@@ -1112,6 +1112,45 @@ impl Filesystem for LodeFs {
         });
     }
 
+    // O_TMPFILE: a file with no name, counted open with its create; a link (linkat of
+    // /proc/self/fd/N, or AT_EMPTY_PATH) names it, else it goes after its last close.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.begin("tmpfile", req);
+        let c = self.as_caller(req);
+        let files = self.files.clone();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let writeback = self.writeback;
+        let pages = self.pages.clone();
+        self.inline(async move {
+            let opened = OpenOptions::new()
+                // Under the write-back cache the kernel may read back through the handle.
+                .read(writeback || flags & libc::O_ACCMODE == libc::O_RDWR)
+                .write(true)
+                .append(flags & libc::O_APPEND != 0 && !writeback)
+                .mode(mode & !umask & 0o7777)
+                .open_unnamed(&c, fid_of(parent))
+                .await;
+            match opened {
+                Ok(f) => {
+                    let i = f.inode();
+                    let a = attr(&i, i.size);
+                    pages.opened(i.fid, c.holds_lease(i.fid));
+                    files.lock().insert(fh, Arc::new(f));
+                    reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     fn read(
         &self,
         req: &Request,
@@ -1642,12 +1681,14 @@ impl Filesystem for LodeFs {
             match answer {
                 Ok(s) => {
                     let bsize = 4096u64;
+                    // Inode numbers are 32 bits: that many files in all, less those there.
+                    let files = u64::from(u32::MAX).max(s.inodes);
                     reply.statfs(
                         s.total / bsize,
                         s.free / bsize,
                         s.free / bsize,
-                        s.inodes,
-                        u64::from(u32::MAX),
+                        files,
+                        files - s.inodes,
                         bsize as u32,
                         255,
                         bsize as u32,

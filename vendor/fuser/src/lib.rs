@@ -856,6 +856,25 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open a regular file with no name in directory `parent` (`O_TMPFILE`),
+    /// answered as `create` is. The kernel gives it a name only through a later `link`.
+    /// Unanswered (ENOSYS), the kernel makes `O_TMPFILE` fail with EOPNOTSUPP from then on.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,
