@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use lode_tests::{mds_of, scratch, Server};
+use lode_tests::{bin, client_key_file, mds_of, scratch, Server};
 
 fn mounted(p: &Path) -> bool {
     fs::read_to_string("/proc/self/mountinfo")
@@ -1456,4 +1456,84 @@ fn a_file_made_with_no_name_is_named_by_a_link_or_gone_after_its_close() {
     }
     assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
     drop(second);
+}
+
+// An operator's background mount: it returns once mounted, its log goes to the file asked
+// for (plain lines, no terminal colours), and a mount that cannot start fails at once with
+// the reason rather than after the 20 s wait.
+#[test]
+fn a_background_mount_logs_to_its_file_and_fails_early_when_it_cannot_start() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let root = scratch("mount-daemon");
+    let mds = mds_of(&root);
+    let mnt = root.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let log = root.join("mount.log");
+    let lode = |args: &[&str]| {
+        Command::new(bin("lode"))
+            .env("LODE_KEY", client_key_file())
+            .env("LODE_LOG", "info")
+            .args(["--mds", &mds.nid.to_string()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = lode(&[
+        "mount",
+        "--daemon",
+        "--log-file",
+        log.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _unmount = Unmount(mnt.clone());
+    assert!(mounted(&mnt));
+    fs::write(mnt.join("f"), b"x").unwrap();
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("mounted"), "the log: {text}");
+    assert!(
+        !text.contains('\x1b'),
+        "terminal colours in a log file: {text}"
+    );
+    assert_eq!(
+        fs::metadata(&log).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // A background process that cannot start (here: a key of another cluster) ends, and the
+    // caller hears of it at once, pointed to the log.
+    let other_key = root.join("other.key");
+    let made = lode(&["key", "new", other_key.to_str().unwrap()]);
+    assert!(made.status.success(), "{made:?}");
+    let second = root.join("second");
+    fs::create_dir_all(&second).unwrap();
+    let start = std::time::Instant::now();
+    let out = Command::new(bin("lode"))
+        .env("LODE_KEY", &other_key)
+        .args([
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            "--daemon",
+            "--log-file",
+        ])
+        .arg(&log)
+        .arg(&second)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("ended") && said.contains("mount.log"),
+        "{said}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!mounted(&second));
 }

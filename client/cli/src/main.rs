@@ -201,6 +201,10 @@ enum Cmd {
         /// each operation of the servers with their latency and errors.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Append the mount's log to FILE (made if missing) instead of standard error; with
+        /// --daemon, the background process's panics go there too.
+        #[arg(long, value_name = "FILE")]
+        log_file: Option<std::path::PathBuf>,
     },
     /// Unmount a lode mount.
     Umount { mountpoint: std::path::PathBuf },
@@ -372,14 +376,32 @@ fn posix(
 }
 
 fn run() -> Result<()> {
+    let mut cli = Cli::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("LODE_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    match &cli.cmd {
+        // A mount in the foreground with a log file writes there; a background one's parent
+        // hands the file to the child as its standard error.
+        Cmd::Mount {
+            log_file: Some(path),
+            daemon: false,
+            ..
+        } => {
+            let file = mount::open_log(path)?;
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        // Colours only for a terminal: a log file or journald gets plain lines.
+        _ => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     daemon::no_huge_pages();
-    let mut cli = Cli::parse();
     if let Cmd::Sim(c) = cli.cmd {
         // The testbed makes its own runtimes.
         return sim::run(c);
@@ -424,9 +446,17 @@ fn run() -> Result<()> {
                 options,
                 daemon: true,
                 metrics,
+                log_file,
             } => {
-                return mount::daemonize(&mds, &auth, &mountpoint, options.as_deref(), metrics)
-                    .await
+                return mount::daemonize(
+                    &mds,
+                    &auth,
+                    &mountpoint,
+                    options.as_deref(),
+                    metrics,
+                    log_file.as_deref(),
+                )
+                .await
             }
             other => other,
         };

@@ -106,13 +106,27 @@ async fn daemon_signal() -> Result<&'static str> {
     })
 }
 
-/// Starts the mount as a background process and returns once it is mounted.
+/// Opens a mount's log file for appending, made with mode 0600 if missing.
+pub fn open_log(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot open the log file {}", path.display()))
+}
+
+/// Starts the mount as a background process and returns once it is mounted. Its log goes to
+/// `log` if given, else to this process's standard error (a pipe read to its end would wait
+/// for the mount to end).
 pub async fn daemonize(
     mds: &str,
     auth: &crate::AuthArgs,
     mountpoint: &Path,
     opts: Option<&str>,
     metrics: Option<std::net::SocketAddr>,
+    log: Option<&Path>,
 ) -> Result<()> {
     use std::os::unix::process::CommandExt;
     mount::config(opts, mds)?; // refuse bad options here, not in a background process
@@ -133,17 +147,27 @@ pub async fn daemonize(
     if let Some(addr) = metrics {
         cmd.args(["--metrics", &addr.to_string()]);
     }
-    let child = cmd
+    if let Some(path) = log {
+        cmd.stderr(open_log(path)?);
+    }
+    let mut child = cmd
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .process_group(0)
         .spawn()
         .context("starting the mount")?;
+    let see = log.map_or(String::new(), |p| format!("; its log is {}", p.display()));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !mounted(mountpoint) {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "the mount process for {} ended ({status}) before mounting{see}",
+                mountpoint.display()
+            );
+        }
         if Instant::now() > deadline {
             bail!(
-                "{} was not mounted within 20 s (mount process {})",
+                "{} was not mounted within 20 s (mount process {}){see}",
                 mountpoint.display(),
                 child.id()
             );
