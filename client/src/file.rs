@@ -174,28 +174,15 @@ impl OpenOptions {
                 target: vec![],
                 layout: self.new_file_layout()?,
             };
-            let handle = client.handle(client.inner.opens.next_handle());
-            let replays = client.inner.opens.replays();
-            let done = client.reint_with(m, Some(handle)).await?;
-            let inode = done
-                .inode
-                .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
-            client.opened(handle, inode.fid, replays).await?;
-            if !done.created {
+            let (counted, created) = Self::create_counted(client, m).await?;
+            let inode = counted.inode.clone();
+            if !created {
                 // An existing file: opened with the access its mode gives, as any open.
                 if let Err(e) = self.check_access(client, &inode) {
-                    let _ = client.close_handle(handle, inode.fid).await;
+                    let _ = client.close_handle(counted.handle, inode.fid).await;
                     return Err(e);
                 }
             }
-            let counted = Counted {
-                inode: inode.clone(),
-                handle,
-                gen: done.size_gen,
-                grant: done.grant.unwrap_or_default(),
-                mdt: None,
-                kept: None,
-            };
             return self.open_counted(client, inode, Some(counted), None).await;
         }
         let inode = client.lookup(parent, name).await?;
@@ -218,6 +205,14 @@ impl OpenOptions {
             mode: self.mode.unwrap_or(0o600),
             layout: self.new_file_layout()?,
         };
+        let (counted, _) = Self::create_counted(client, m).await?;
+        let inode = counted.inode.clone();
+        self.open_counted(client, inode, Some(counted), None).await
+    }
+
+    /// Sends create `m` with a new handle, so the MDS counts the open with it (one round
+    /// trip), and records the handle: the open counted, and whether the file was made now.
+    async fn create_counted(client: &Client, m: Mutation) -> Result<(Counted, bool)> {
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
         let done = client.reint_with(m, Some(handle)).await?;
@@ -226,14 +221,14 @@ impl OpenOptions {
             .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
         client.opened(handle, inode.fid, replays).await?;
         let counted = Counted {
-            inode: inode.clone(),
+            inode,
             handle,
             gen: done.size_gen,
             grant: done.grant.unwrap_or_default(),
             mdt: None,
             kept: None,
         };
-        self.open_counted(client, inode, Some(counted), None).await
+        Ok((counted, done.created))
     }
 
     /// Creates and opens the file without waiting for the MDS, when the client's leases let
