@@ -106,9 +106,10 @@ pub struct Namespace {
     /// ([`crate::journal`]), so a snapshot of the earlier format still reads.
     #[serde(skip)]
     mdt: HashMap<Fid, Vec<u8>>,
-    /// Files with a Data-on-MDT component whose last name is gone: kept (nlink 0, no entry)
-    /// with their bytes while a handle may still hold them, as objects wait in `doomed`, until
-    /// the MDS records them released. Not saved: they are the files with no link.
+    /// Files kept with no name (nlink 0, no entry) for the handles that may hold them: files
+    /// with a Data-on-MDT component removed while open (their bytes are here), and files made
+    /// with no name (O_TMPFILE). When the MDS records one released, it goes and its objects
+    /// join `doomed`. Not saved: they are the files with no link.
     #[serde(skip)]
     unlinked: BTreeSet<Fid>,
 }
@@ -1184,7 +1185,7 @@ impl Namespace {
         self.mdt = mdt;
     }
 
-    /// Finds again, after a snapshot is read, the removed files kept for their handles.
+    /// Finds again, after a snapshot is read, the files kept with no name.
     pub(crate) fn find_unlinked(&mut self) {
         self.unlinked = self
             .inodes
