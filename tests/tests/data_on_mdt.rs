@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use client::{Client, OpenOptions};
 use lode_tests::{
-    client_riding_restarts as connect, mds_committing_late as mds, oss_of as oss, scratch,
+    client_riding_restarts as connect, mds_committing_late as mds, oss_of as oss, scratch, Server,
 };
 use proto::FsErrorKind;
 
@@ -49,13 +49,15 @@ async fn read(c: &Client, path: &str) -> Vec<u8> {
     buf
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_and_restart() {
-    let root = scratch("dom");
+/// An MDS committing late (kill -9 loses what it answered), a storage server, two clients once
+/// storage is in service, and `/dom` whose files keep their first 64 KiB on the MDS: the
+/// scratch directory, the MDS, the address it listens on, the storage server and the clients.
+async fn cluster(name: &str) -> (std::path::PathBuf, Server, String, Server, Client, Client) {
+    let root = scratch(name);
     let m = mds(&root, "127.0.0.1:0");
     let addr = m.nid.to_string();
     let listen = addr.trim_end_matches("@tcp").to_owned();
-    let _oss = oss(&root.join("oss"), &m.nid);
+    let oss = oss(&root.join("oss"), &m.nid);
     let a = connect(&m.nid).await;
     let b = connect(&m.nid).await;
     let start = Instant::now();
@@ -71,6 +73,12 @@ async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_an
     a.setstripe("/dom", client::stripe_args::parse(&opts).unwrap())
         .await
         .unwrap();
+    (root, m, listen, oss, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_and_restart() {
+    let (root, m, listen, _oss, a, b) = cluster("dom").await;
     let only: Vec<String> = "-E 128K -L mdt".split(' ').map(String::from).collect();
     a.mkdir("/small", 0o755).await.unwrap();
     a.setstripe("/small", client::stripe_args::parse(&only).unwrap())
@@ -199,26 +207,7 @@ async fn files_on_the_mds_read_back_byte_exact_from_two_clients_across_kill_9_an
 /// go once the handle is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_on_the_mds_removed_while_open_stays_whole_until_its_last_close() {
-    let root = scratch("dom-removed");
-    let m = mds(&root, "127.0.0.1:0");
-    let addr = m.nid.to_string();
-    let listen = addr.trim_end_matches("@tcp").to_owned();
-    let _oss = oss(&root.join("oss"), &m.nid);
-    let a = connect(&m.nid).await;
-    let b = connect(&m.nid).await;
-    let start = Instant::now();
-    while a.targets().await.map_or(true, |t| t.iter().all(|t| !t.up)) {
-        assert!(start.elapsed() < Duration::from_secs(30), "no storage");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    a.mkdir("/dom", 0o755).await.unwrap();
-    let opts: Vec<String> = "-E 64K -L mdt -E -1 -c -1"
-        .split(' ')
-        .map(String::from)
-        .collect();
-    a.setstripe("/dom", client::stripe_args::parse(&opts).unwrap())
-        .await
-        .unwrap();
+    let (root, m, listen, _oss, a, b) = cluster("dom-removed").await;
     a.sync().await.unwrap();
 
     let f = OpenOptions::new()

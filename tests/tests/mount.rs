@@ -635,6 +635,25 @@ fn one_server_mount(name: &str, opts: &str) -> Option<(PathBuf, Server, Server, 
     Some((mnt, mds, oss, mount, unmount))
 }
 
+/// A second mount of `mds`'s cluster, beside `mnt` (at `other`); the last part unmounts it
+/// when dropped.
+fn second_mount(mds: &Server, mnt: &Path) -> (PathBuf, Server, Unmount) {
+    let other = mnt.parent().unwrap().join("other");
+    fs::create_dir_all(&other).unwrap();
+    let second = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds.nid.to_string(),
+            "mount",
+            other.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let unmount = Unmount(other.clone());
+    (other, second, unmount)
+}
+
 // One mount, one scenario, in order: what other processes see of buffered writes, set-ID bits
 // dropped by another user's write, then the storage server lost under pending writes.
 #[test]
@@ -1302,19 +1321,7 @@ fn an_mtime_set_before_the_close_survives_it() {
     else {
         return;
     };
-    let other = mnt.parent().unwrap().join("other");
-    fs::create_dir_all(&other).unwrap();
-    let second = Server::start(
-        "lode",
-        &[
-            "--mds",
-            &mds.nid.to_string(),
-            "mount",
-            other.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
-    let _second_unmount = Unmount(other.clone());
+    let (other, second, _second_unmount) = second_mount(&mds, &mnt);
     let when = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
     let sizes = [("small", 5000usize), ("large", 3 << 20)];
     for (name, len) in sizes {
@@ -1409,19 +1416,7 @@ fn a_file_made_with_no_name_is_named_by_a_link_or_gone_after_its_close() {
     let mut want = data.clone();
     want.extend_from_slice(b"tail");
     // Seen whole by another mount, which never saw it without its name.
-    let other = mnt.parent().unwrap().join("other");
-    fs::create_dir_all(&other).unwrap();
-    let second = Server::start(
-        "lode",
-        &[
-            "--mds",
-            &mds.nid.to_string(),
-            "mount",
-            other.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
-    let _second_unmount = Unmount(other.clone());
+    let (other, second, _second_unmount) = second_mount(&mds, &mnt);
     assert_eq!(fs::read(other.join("d/named")).unwrap(), want);
     // O_EXCL: never to be named, as the kernel decides.
     let f = tmp(true);
