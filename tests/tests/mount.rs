@@ -1485,6 +1485,7 @@ fn a_background_mount_logs_to_its_file_and_fails_early_when_it_cannot_start() {
         mnt.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{out:?}");
+    let out_first = out;
     let _unmount = Unmount(mnt.clone());
     assert!(mounted(&mnt));
     fs::write(mnt.join("f"), b"x").unwrap();
@@ -1531,4 +1532,54 @@ fn a_background_mount_logs_to_its_file_and_fails_early_when_it_cannot_start() {
         start.elapsed()
     );
     assert!(!mounted(&second));
+
+    // Taken away from outside and mounted again on the same directory, the first process sees
+    // that its own mount is gone and ends; the second serves on.
+    let first = pid_said(&out_first);
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let again = lode(&[
+        "mount",
+        "--daemon",
+        "--log-file",
+        log.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+    ]);
+    assert!(again.status.success(), "{again:?}");
+    let next = pid_said(&again);
+    assert!(
+        ends_within(first, Duration::from_secs(10)),
+        "the first mount's process {first} still runs"
+    );
+    fs::create_dir(mnt.join("d")).unwrap();
+    assert!(mnt.join("f").exists());
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    assert!(ends_within(next, Duration::from_secs(10)));
+}
+
+/// The process a background `lode mount` said it started.
+fn pid_said(out: &std::process::Output) -> u32 {
+    let said = String::from_utf8_lossy(&out.stdout);
+    said.rsplit_once("(process ")
+        .and_then(|(_, rest)| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no process in {said:?}"))
+}
+
+/// Whether process `pid` ends (is gone or a zombie: `kill -0` alone would still find one)
+/// within `limit`.
+fn ends_within(pid: u32, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        let gone = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        };
+        if gone {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
 }

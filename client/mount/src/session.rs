@@ -243,8 +243,11 @@ pub async fn serve(
     set_readahead(mountpoint, readahead);
     tracing::info!(mountpoint = %mountpoint.display(), %mds, "mounted");
     mounted_now();
+    // The session ends when the kernel ends its connection: at an unmount from outside, or at
+    // a lazy one once no file is left open in it. Another mount may be made on the same
+    // directory meanwhile (with the same device number): that one is not this one.
     let unmounted = async {
-        while mounted(mountpoint) {
+        while !session.guard.is_finished() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
@@ -252,7 +255,7 @@ pub async fn serve(
         () = stop => tracing::info!("unmounting"),
         () = unmounted => tracing::info!("unmounted from outside"),
     }
-    if !mounted(mountpoint) {
+    if session.guard.is_finished() {
         // Already gone: nothing for the session to unmount (it would only complain).
         std::mem::forget(session);
         releasing.idle().await;
