@@ -1,6 +1,7 @@
 //! The floor of a FUSE filesystem on this kernel, for benchmarks: every request answered from
 //! memory on the thread that took it, mounted as lode's mount is (FUSE rings where the kernel
-//! has them, `default_permissions`, the write-back cache, readdirplus, the same cache times).
+//! has them, `default_permissions`, the write-back cache, the same cache times; listings are plain
+//! readdir).
 //! What lode's mount costs above it is lode's; what it costs below a local filesystem is
 //! FUSE's. Not a filesystem to keep anything in: it lives in this process and ends with it.
 //!
@@ -158,10 +159,7 @@ impl Filesystem for MemFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.add_capabilities(
-            fuser::InitFlags::FUSE_DO_READDIRPLUS
-                | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
-                | fuser::InitFlags::FUSE_PARALLEL_DIROPS
-                | fuser::InitFlags::FUSE_WRITEBACK_CACHE,
+            fuser::InitFlags::FUSE_PARALLEL_DIROPS | fuser::InitFlags::FUSE_WRITEBACK_CACHE,
         );
         if config
             .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
