@@ -29,6 +29,17 @@ struct Node {
     parent: u64,
 }
 
+impl Node {
+    fn new(attr: FileAttr, parent: u64) -> Node {
+        Node {
+            attr,
+            data: Vec::new(),
+            children: BTreeMap::new(),
+            parent,
+        }
+    }
+}
+
 struct Tree {
     nodes: HashMap<u64, Node>,
     next: u64,
@@ -38,7 +49,7 @@ struct MemFs {
     tree: Mutex<Tree>,
 }
 
-fn new_attr(ino: u64, kind: FileType, perm: u16, req: &Request) -> FileAttr {
+fn new_attr(ino: u64, kind: FileType, perm: u16, uid: u32, gid: u32) -> FileAttr {
     let now = SystemTime::now();
     FileAttr {
         ino: INodeNo(ino),
@@ -51,8 +62,8 @@ fn new_attr(ino: u64, kind: FileType, perm: u16, req: &Request) -> FileAttr {
         kind,
         perm,
         nlink: if kind == FileType::Directory { 2 } else { 1 },
-        uid: req.uid(),
-        gid: req.gid(),
+        uid,
+        gid,
         rdev: 0,
         blksize: 4096,
         flags: 0,
@@ -61,34 +72,9 @@ fn new_attr(ino: u64, kind: FileType, perm: u16, req: &Request) -> FileAttr {
 
 impl MemFs {
     fn new() -> MemFs {
-        let now = SystemTime::now();
-        let root = FileAttr {
-            ino: INodeNo(1),
-            size: 0,
-            blocks: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-            kind: FileType::Directory,
-            perm: 0o777,
-            nlink: 2,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        };
+        let root = new_attr(1, FileType::Directory, 0o777, 0, 0);
         let mut nodes = HashMap::new();
-        nodes.insert(
-            1,
-            Node {
-                attr: root,
-                data: Vec::new(),
-                children: BTreeMap::new(),
-                parent: 1,
-            },
-        );
+        nodes.insert(1, Node::new(root, 1));
         MemFs {
             tree: Mutex::new(Tree { nodes, next: 2 }),
         }
@@ -119,16 +105,8 @@ impl MemFs {
             dir.attr.nlink += 1;
         }
         t.next += 1;
-        let attr = new_attr(ino, kind, perm, req);
-        t.nodes.insert(
-            ino,
-            Node {
-                attr,
-                data: Vec::new(),
-                children: BTreeMap::new(),
-                parent: parent.0,
-            },
-        );
+        let attr = new_attr(ino, kind, perm, req.uid(), req.gid());
+        t.nodes.insert(ino, Node::new(attr, parent.0));
         Ok(attr)
     }
 
