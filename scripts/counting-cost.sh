@@ -17,6 +17,7 @@ rm -rf "$w"; mkdir -p "$w"
 declare -A pids
 up() { # name port extra-flags...
   local n=$1 p=$2; shift 2
+  "$BIN/lode-mds" format --data-dir "$w/$n/mds" >/dev/null
   "$BIN/lode-mds" --data-dir "$w/$n/mds" --listen "127.0.0.1:$p" --key "$w/cluster.key" \
     --trust 127.0.0.1 "$@" >/dev/null 2>&1 &
   pids[$n]=$!

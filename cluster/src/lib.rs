@@ -44,6 +44,8 @@ pub enum ClusterError {
     },
     #[error("formatting a target: {0}")]
     Format(#[from] TargetError),
+    #[error("formatting the MDS: {0}")]
+    FormatMds(#[from] mds::format::FormatError),
     #[error(transparent)]
     Net(#[from] NetError),
     #[error(transparent)]
@@ -226,6 +228,29 @@ impl ClusterBuilder {
         }
     }
 
+    /// Formats the MDS's disk as `lode-mds format` does, unless it holds a filesystem
+    /// already (a cluster started again on its scratch directory). A simulation's filesystem
+    /// is named after its instance, so that a seed replays exactly.
+    fn format_mds(&self, dir: &std::path::Path) -> Result<(), ClusterError> {
+        let disk: Arc<dyn mds::disk::MetaDisk> = match &self.mds_disk {
+            Some(d) => d.clone(),
+            None => Arc::new(mds::disk::DirDisk::new(dir)),
+        };
+        let name = dir.display().to_string();
+        match mds::format::check(&*disk, &name, 0) {
+            Err(mds::format::FormatError::NotFormatted { .. }) => {
+                let uuid = self
+                    .instance
+                    .map_or_else(rand::random, |i| (0x10de_f5_u128 << 64) | u128::from(i));
+                let now = self.clock.clone().unwrap_or_else(mds::store::wall_clock)();
+                mds::format::format(&*disk, &name, "lode", uuid, now)?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(()),
+        }
+    }
+
     /// Starts the MDS, formats every target (without an index) and starts the storage
     /// servers, which register and heartbeat. Returns once every server is serving; the
     /// allocator takes the targets into service shortly after ([`Cluster::wait_ready`]).
@@ -249,6 +274,7 @@ impl ClusterBuilder {
             audit: self.audit.clone(),
             ..MdsConfig::new(&mds_dir)
         };
+        self.format_mds(&mds_dir)?;
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;
         let mut oss = vec![];
         let mut all_homes = vec![];

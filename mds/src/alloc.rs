@@ -71,6 +71,9 @@ pub struct Allocator {
     replaying: std::sync::OnceLock<Arc<crate::recovery::Clients>>,
     /// The service's leases: recalled on the files released here.
     leases: std::sync::OnceLock<Arc<crate::lease::Leases>>,
+    /// Targets whose cleanup their server refused, with why: kept out of service, and the
+    /// refusal logged once per reason rather than at every pass.
+    refused: Mutex<HashMap<u32, String>>,
 }
 
 /// Whether new stripes may go to target `t`: up, cleaned up (`ready`), more than 1% free.
@@ -102,6 +105,7 @@ impl Allocator {
             evict_after: crate::server::EVICT_AFTER,
             replaying: std::sync::OnceLock::new(),
             leases: std::sync::OnceLock::new(),
+            refused: Mutex::new(HashMap::new()),
         })
     }
 
@@ -421,6 +425,7 @@ impl Allocator {
             target: t.index,
             keep_up_to: keep,
             run: self.run,
+            fs: self.registry.filesystem().uuid,
         };
         match call(&self.net, &t.oss, &req, RPC_DEADLINE).await {
             Ok(r) => {
@@ -431,7 +436,28 @@ impl Allocator {
                         "destroyed orphan objects"
                     );
                 }
+                if self.refused.lock().remove(&t.index).is_some() {
+                    tracing::info!(
+                        target = t.index,
+                        "the target's server accepts its cleanup now"
+                    );
+                }
                 self.ready.lock().insert(t.index);
+            }
+            // The server refuses to destroy what the namespace may still need (too many
+            // objects, a rolled-back LAST_ID, another filesystem): the target stays out of
+            // service until an operator says otherwise, and nothing is destroyed.
+            Err(lnet::NetError::Remote { err: e, .. }) if e.code == proto::StatusCode::Refused => {
+                let mut refused = self.refused.lock();
+                if refused.get(&t.index) != Some(&e.message) {
+                    tracing::error!(
+                        target = t.index,
+                        oss = %t.oss,
+                        reason = %e.message,
+                        "the target's server refused its orphan cleanup: it takes no new files"
+                    );
+                    refused.insert(t.index, e.message);
+                }
             }
             Err(e) => {
                 tracing::warn!(target = t.index, error = %e, "orphan cleanup failed; will retry")
@@ -454,6 +480,7 @@ impl Allocator {
                 let report = TargetReport {
                     index: Some(t.index),
                     uuid: t.uuid,
+                    fs: None,
                     total: space.total,
                     free: space.free,
                 };

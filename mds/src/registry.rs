@@ -24,6 +24,8 @@ use parking_lot::Mutex;
 use proto::registry::{TargetInfo, TargetReport};
 use proto::Nid;
 
+use crate::format::Identity;
+
 const MAGIC: [u8; 8] = *b"LODEREG\0";
 const VERSION: u32 = 1;
 /// Most targets one filesystem may have.
@@ -39,6 +41,22 @@ const SNAPSHOT_AGE: Duration = Duration::from_millis(50);
 pub enum RegistryError {
     #[error("target index {index} belongs to another target")]
     IndexTaken { index: u32 },
+    #[error(
+        "target {uuid:032x} belongs to filesystem {theirs:032x}, and this MDS serves {ours}: \
+         refusing it (is the storage server pointed at the wrong MDS, or the MDS at the wrong \
+         data directory?)"
+    )]
+    OtherFilesystem {
+        uuid: u128,
+        theirs: u128,
+        ours: Identity,
+    },
+    #[error(
+        "target {uuid:032x} says it is index {index}, which this MDS does not know: refusing \
+         it (is the MDS's data directory the right one?); if it belongs here, add it with \
+         `lode-mds target-add --data-dir DIR --index {index} --uuid {uuid:032x} --oss ADDR`"
+    )]
+    UnknownIndex { index: u32, uuid: u128 },
     #[error("the filesystem already has {MAX_TARGETS} targets")]
     Full,
     #[error("registry file {path}: {reason}")]
@@ -61,6 +79,9 @@ struct Entry {
 
 pub struct Registry {
     path: PathBuf,
+    /// The filesystem whose targets these are: every target records it, and one of another
+    /// is refused.
+    fs: Identity,
     entries: Mutex<BTreeMap<u32, Entry>>,
     /// A target not heard from for this long is down.
     heartbeat_timeout: Duration,
@@ -100,8 +121,8 @@ pub fn decode_file(raw: &[u8]) -> Result<Vec<(u32, u128, Nid)>, String> {
 }
 
 impl Registry {
-    /// Opens the registry kept in `dir`, empty if there is none yet.
-    pub fn open(dir: &Path) -> Result<Registry, RegistryError> {
+    /// Opens the registry of filesystem `fs` kept in `dir`, empty if there is none yet.
+    pub fn open(dir: &Path, fs: Identity) -> Result<Registry, RegistryError> {
         let path = dir.join("targets");
         let io = |source| RegistryError::Io {
             path: path.clone(),
@@ -133,10 +154,46 @@ impl Registry {
         }
         Ok(Registry {
             path,
+            fs,
             entries: Mutex::new(entries),
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             snapshot: Mutex::new(None),
         })
+    }
+
+    /// The filesystem whose targets these are.
+    pub fn filesystem(&self) -> &Identity {
+        &self.fs
+    }
+
+    /// Adds target `index` (`uuid`, on the server at `oss`) as an operator's word: a target
+    /// whose index this MDS does not know (its registry lost or restored from an older copy)
+    /// is refused at registration until it is added. Refused if the index is another's.
+    pub fn admit(&self, index: u32, uuid: u128, oss: &Nid) -> Result<(), RegistryError> {
+        let mut entries = self.entries.lock();
+        match entries.get(&index) {
+            Some(e) if e.uuid != uuid => return Err(RegistryError::IndexTaken { index }),
+            Some(_) => return Ok(()),
+            None if entries.len() >= MAX_TARGETS => return Err(RegistryError::Full),
+            None => {}
+        }
+        let mut next = entries.clone();
+        next.insert(
+            index,
+            Entry {
+                uuid,
+                oss: oss.clone(),
+                rails: vec![],
+                total: 0,
+                free: 0,
+                last_seen: None,
+            },
+        );
+        self.persist(&next)?;
+        *entries = next;
+        drop(entries);
+        *self.snapshot.lock() = None;
+        Ok(())
     }
 
     /// Reports a target down once it has not been heard from for `timeout`.
@@ -191,12 +248,28 @@ impl Registry {
         let mut out = Vec::with_capacity(targets.len());
         let now = Instant::now();
         for t in targets {
+            if let Some(theirs) = t.fs.filter(|f| *f != self.fs.uuid) {
+                return Err(RegistryError::OtherFilesystem {
+                    uuid: t.uuid,
+                    theirs,
+                    ours: self.fs.clone(),
+                });
+            }
             let index = match t.index {
                 Some(i) => match next.get(&i) {
                     Some(e) if e.uuid != t.uuid => {
                         return Err(RegistryError::IndexTaken { index: i })
                     }
-                    _ => i,
+                    Some(_) => i,
+                    // An index given by some MDS, not this one: the target holds objects
+                    // this namespace knows nothing of, which its orphan cleanup would take
+                    // for its own and destroy.
+                    None => {
+                        return Err(RegistryError::UnknownIndex {
+                            index: i,
+                            uuid: t.uuid,
+                        })
+                    }
                 },
                 None => match next.iter().find(|(_, e)| e.uuid == t.uuid) {
                     Some((i, _)) => *i,
@@ -317,9 +390,55 @@ mod tests {
         TargetReport {
             index,
             uuid,
+            fs: None,
             total: 100,
             free: 50,
         }
+    }
+
+    fn ours() -> Identity {
+        Identity {
+            uuid: 0xf5,
+            name: "test".into(),
+        }
+    }
+
+    #[test]
+    fn a_target_of_another_filesystem_or_of_an_unknown_index_is_refused_until_admitted() {
+        let dir = std::env::temp_dir().join(format!("lode-registry-fs-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+        let r = Registry::open(&dir, ours()).unwrap();
+        let mut foreign = report(None, 1);
+        foreign.fs = Some(0xbad);
+        assert!(matches!(
+            r.register(&oss, &[], &[foreign]),
+            Err(RegistryError::OtherFilesystem { theirs: 0xbad, .. })
+        ));
+        // A target that says it has an index this MDS never gave: an MDS started on an empty
+        // directory must not take it (and its objects) for its own.
+        let mut known_elsewhere = report(Some(3), 2);
+        known_elsewhere.fs = Some(ours().uuid);
+        assert!(matches!(
+            r.register(&oss, &[], &[known_elsewhere.clone()]),
+            Err(RegistryError::UnknownIndex { index: 3, uuid: 2 })
+        ));
+        assert!(
+            r.list().is_empty(),
+            "a refused registration records nothing"
+        );
+        r.admit(3, 2, &oss).unwrap();
+        assert!(matches!(
+            r.admit(3, 9, &oss),
+            Err(RegistryError::IndexTaken { index: 3 })
+        ));
+        assert_eq!(r.register(&oss, &[], &[known_elsewhere]).unwrap(), vec![3]);
+        // The admission is durable.
+        drop(r);
+        let r = Registry::open(&dir, ours()).unwrap();
+        assert_eq!(r.list()[0].uuid, 2);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -328,7 +447,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
-        let r = Registry::open(&dir).unwrap();
+        let r = Registry::open(&dir, ours()).unwrap();
         assert_eq!(
             r.register(&oss, &[], &[report(None, 1), report(None, 2)])
                 .unwrap(),
@@ -341,7 +460,7 @@ mod tests {
             Err(RegistryError::IndexTaken { index: 0 })
         ));
         drop(r);
-        let r = Registry::open(&dir).unwrap();
+        let r = Registry::open(&dir, ours()).unwrap();
         let list = r.list();
         assert_eq!(
             list.iter().map(|t| (t.index, t.uuid)).collect::<Vec<_>>(),
@@ -367,7 +486,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
-        let r = Registry::open(&dir).unwrap();
+        let r = Registry::open(&dir, ours()).unwrap();
         assert!(r.targets().is_empty());
         // A registration shows at once, not after the snapshot's age.
         r.register(&oss, &[], &[report(None, 1)]).unwrap();
@@ -393,7 +512,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
-        Registry::open(&dir)
+        Registry::open(&dir, ours())
             .unwrap()
             .register(&oss, &[], &[report(None, 1)])
             .unwrap();
@@ -403,7 +522,7 @@ mod tests {
         raw[last] ^= 1;
         fs::write(&path, raw).unwrap();
         assert!(matches!(
-            Registry::open(&dir),
+            Registry::open(&dir, ours()),
             Err(RegistryError::Damaged { .. })
         ));
         fs::remove_dir_all(&dir).unwrap();

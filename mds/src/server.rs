@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::alloc::Allocator;
 use crate::disk::MetaDisk;
+use crate::format::FormatError;
 use crate::registry::{Registry, RegistryError, HEARTBEAT_TIMEOUT};
 use crate::service::MdsService;
 use crate::store::{wall_clock, CommitMode, Store, StoreError, DEFAULT_CHECKPOINT_BYTES};
@@ -111,6 +112,8 @@ impl MdsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
     Lock(#[from] daemon::LockError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -147,25 +150,30 @@ pub struct MdsServer {
 impl MdsServer {
     /// Opens the MDS's state in `cfg.data_dir` (recovering the journal) and serves it at `at`.
     pub async fn start(cfg: MdsConfig, at: &Attach) -> Result<MdsServer, ServerError> {
+        let dir = cfg.data_dir.display().to_string();
+        // Never made here: a missing directory is a volume not mounted or a path mistyped.
+        if !cfg.data_dir.is_dir() {
+            return Err(FormatError::NotFormatted { dir }.into());
+        }
         let lock = daemon::DataDirLock::acquire(&cfg.data_dir)?;
-        let registry =
-            Arc::new(Registry::open(&cfg.data_dir)?.with_heartbeat_timeout(cfg.heartbeat_timeout));
+        let disk: Arc<dyn MetaDisk> = match &cfg.disk {
+            Some(disk) => disk.clone(),
+            None => Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
+        };
+        // Before anything is opened or served: which filesystem this is.
+        let fs = crate::format::check(&*disk, &dir, rand::random())?;
+        let registry = Arc::new(
+            Registry::open(&cfg.data_dir, fs.clone())?
+                .with_heartbeat_timeout(cfg.heartbeat_timeout),
+        );
         let instance = cfg.instance.unwrap_or_else(rand::random);
         let store = Arc::new(
-            match &cfg.disk {
-                Some(disk) => Store::open_with(
-                    disk.clone(),
-                    cfg.checkpoint_bytes,
-                    cfg.commit,
-                    cfg.clock.clone().unwrap_or_else(wall_clock),
-                )?,
-                None => Store::open_with(
-                    Arc::new(crate::disk::DirDisk::new(&cfg.data_dir)),
-                    cfg.checkpoint_bytes,
-                    cfg.commit,
-                    cfg.clock.clone().unwrap_or_else(wall_clock),
-                )?,
-            }
+            Store::open_with(
+                disk,
+                cfg.checkpoint_bytes,
+                cfg.commit,
+                cfg.clock.clone().unwrap_or_else(wall_clock),
+            )?
             .with_gen_salt(instance),
         );
         store.set_commit_interval(cfg.commit_interval);
@@ -221,7 +229,7 @@ impl MdsServer {
                 return Err(e.into());
             }
         };
-        tracing::info!(nid = %net.nid(), dir = %cfg.data_dir.display(), "MDS serving");
+        tracing::info!(nid = %net.nid(), dir = %cfg.data_dir.display(), filesystem = %fs, "MDS serving");
         Ok(MdsServer {
             net,
             caller,

@@ -912,11 +912,20 @@ impl MdsService {
                 let code = match e {
                     RegistryError::IndexTaken { .. } => StatusCode::Exists,
                     RegistryError::Full => StatusCode::NoSpace,
+                    RegistryError::OtherFilesystem { .. } | RegistryError::UnknownIndex { .. } => {
+                        tracing::error!(oss = %r.oss, error = %e, "refused a storage server's targets");
+                        StatusCode::Refused
+                    }
                     _ => StatusCode::Io,
                 };
                 RemoteError::new(code, e.to_string())
             })?;
-        reply::<RegisterTargets>(&Registered { indices })
+        let fs = self.registry.filesystem();
+        reply::<RegisterTargets>(&Registered {
+            indices,
+            fs: fs.uuid,
+            fs_name: fs.name.clone(),
+        })
     }
 
     /// Inodes, and the space of the targets that are up.

@@ -130,7 +130,8 @@ pub struct Store {
     deferred: bool,
     pub recovered_records: u64,
     pub torn_bytes: u64,
-    /// The filesystem was made by this open: no earlier run, no client of one.
+    /// No earlier run served this namespace (it was made, or formatted, for this one): no
+    /// client of one can hold changes to replay.
     pub fresh: bool,
     clock: Clock,
     /// Where this run's size generations start: random, so none of an earlier run matches.
@@ -196,9 +197,11 @@ impl Store {
                 source,
             })
         };
-        let fresh = !exists("snapshot")? && !exists("journal")?;
+        // A journal is made at the first open: without one, no run has served this namespace
+        // (it is new, or only formatted) and no client can hold changes of an earlier run.
+        let fresh = !exists("journal")?;
         let rec = journal::recover(&*disk, Namespace::new(now()))?;
-        if fresh {
+        if fresh && !exists("snapshot")? {
             // A new filesystem: its root (and the time it was made) is durable from the start.
             journal::write_snapshot(&*disk, &rec.namespace, 0)?;
         }

@@ -24,6 +24,20 @@ fn key_for(dir: &std::path::Path) -> (std::path::PathBuf, KeyFile) {
     (path, key)
 }
 
+/// `lode-mds format` on `dir`, as an operator makes a filesystem.
+fn format(dir: &std::path::Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+        .args(["format", "--data-dir", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("formatted filesystem lode"));
+}
+
 fn start(dir: &std::path::Path, listen: &str) -> (Child, Option<Nid>) {
     let (key, _) = key_for(dir);
     let mut child = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
@@ -48,6 +62,7 @@ fn start(dir: &std::path::Path, listen: &str) -> (Child, Option<Nid>) {
 async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     let dir = std::env::temp_dir().join(format!("lode-mds-proc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    format(&dir);
     let (mut mds, nid) = start(&dir, "127.0.0.1:0");
     let nid = nid.expect("lode-mds printed its NID");
 
@@ -74,6 +89,7 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     let forged = TargetReport {
         index: Some(0),
         uuid: 7,
+        fs: None,
         total: 10,
         free: 5,
     };
@@ -106,6 +122,7 @@ async fn registrations_survive_kill_9_and_a_second_instance_is_refused() {
     let reports = vec![TargetReport {
         index: None,
         uuid: 42,
+        fs: None,
         total: 10,
         free: 5,
     }];
@@ -174,6 +191,24 @@ fn a_config_file_sets_what_flags_do_not_and_typos_are_refused() {
         ),
     )
     .unwrap();
+    // Not formatted yet: refused, naming the directory and the format command.
+    refused(
+        std::fs::read_to_string(&conf).unwrap(),
+        "lode-mds format --data-dir",
+    );
+    assert!(
+        !dir.join("data").exists(),
+        "a refused start made the directory"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+        .args(["format", "--config", conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
         .args(["--config", conf.to_str().unwrap()])
         .stdout(Stdio::piped())
@@ -201,4 +236,97 @@ fn a_config_file_sets_what_flags_do_not_and_typos_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The operator's slip, as it happened: the MDS's data directory goes missing (a volume that
+/// did not mount) and the service manager starts `lode-mds` again with the same command line.
+#[tokio::test]
+async fn an_mds_on_a_missing_or_reformatted_directory_takes_no_target_of_the_old_filesystem() {
+    let dir = std::env::temp_dir().join(format!("lode-mds-slip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let moved = dir.with_extension("moved");
+    let _ = std::fs::remove_dir_all(&moved);
+    format(&dir);
+    let (_, key) = key_for(&dir);
+    let oss_end = TcpEndpoint::client(TcpConfig {
+        security: Security::server(Arc::new(Keyring::new(&key)), false).unwrap(),
+        ..TcpConfig::default()
+    });
+    let t = Duration::from_secs(10);
+    let oss: Nid = "127.0.0.1:9998@tcp".parse().unwrap();
+    let register = |index, fs| RegisterTargets {
+        oss: oss.clone(),
+        rails: vec![],
+        targets: vec![TargetReport {
+            index,
+            uuid: 42,
+            fs,
+            total: 10,
+            free: 5,
+        }],
+    };
+    let (mut mds, nid) = start(&dir, "127.0.0.1:0");
+    let nid = nid.unwrap();
+    let first = call(&oss_end, &nid, &register(None, None), t)
+        .await
+        .unwrap();
+    assert_eq!(first.indices, vec![0]);
+    assert_ne!(first.fs, 0);
+    mds.kill().unwrap();
+    mds.wait().unwrap();
+
+    // The directory is gone: the same command line refuses to serve, and makes nothing.
+    std::fs::rename(&dir, &moved).unwrap();
+    let (again, none) = start(&dir, "127.0.0.1:0");
+    assert!(none.is_none());
+    let out = again.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("lode-mds format"),
+        "{err}"
+    );
+    assert!(!dir.exists());
+    // An empty directory (the mount point without its volume) is refused the same way.
+    std::fs::create_dir_all(&dir).unwrap();
+    let (again, none) = start(&dir, "127.0.0.1:0");
+    assert!(none.is_none());
+    assert!(!again.wait_with_output().unwrap().status.success());
+
+    // Formatted afresh by mistake: a new filesystem, which refuses the old one's target,
+    // bound or (made before identities) not.
+    std::fs::remove_dir_all(&dir).unwrap();
+    format(&dir);
+    let (mut wrong, nid) = start(&dir, "127.0.0.1:0");
+    let nid = nid.unwrap();
+    let bound = call(&oss_end, &nid, &register(Some(0), Some(first.fs)), t)
+        .await
+        .unwrap_err();
+    assert!(
+        bound.to_string().contains("belongs to filesystem"),
+        "{bound}"
+    );
+    let unbound = call(&oss_end, &nid, &register(Some(0), None), t)
+        .await
+        .unwrap_err();
+    assert!(unbound.to_string().contains("does not know"), "{unbound}");
+    wrong.kill().unwrap();
+    wrong.wait().unwrap();
+
+    // The right directory back: the target is taken as before.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::rename(&moved, &dir).unwrap();
+    let (mut right, nid) = start(&dir, "127.0.0.1:0");
+    let back = call(
+        &oss_end,
+        &nid.unwrap(),
+        &register(Some(0), Some(first.fs)),
+        t,
+    )
+    .await
+    .unwrap();
+    assert_eq!((back.indices, back.fs), (vec![0], first.fs));
+    right.kill().unwrap();
+    right.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.with_extension("key"));
 }

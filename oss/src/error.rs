@@ -29,6 +29,10 @@ pub enum TargetError {
     /// A write that arrived after a newer overlapping one from its client: not applied.
     #[error("stale write: {0}")]
     Stale(String),
+    /// What would destroy data or join two filesystems: refused, with what an operator can
+    /// do.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl TargetError {
@@ -62,6 +66,7 @@ impl TargetError {
             TargetError::Invalid(_) => StatusCode::Invalid,
             TargetError::NoSpace => StatusCode::NoSpace,
             TargetError::Stale(_) => StatusCode::Fs(proto::FsErrorKind::Stale),
+            TargetError::Refused(_) => StatusCode::Refused,
             TargetError::Io { .. } | TargetError::Target { .. } | TargetError::Damaged(_) => {
                 StatusCode::Io
             }

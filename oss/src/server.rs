@@ -44,6 +44,10 @@ pub struct OssConfig {
     pub mds_timeout: Duration,
     /// Where reads, writes and space are counted, for the metrics endpoint.
     pub metrics: Option<Arc<crate::metrics::OssMetrics>>,
+    /// An operator's word for this run: the MDS's view of the targets' objects wins, so an
+    /// orphan cleanup may destroy past its bound and a rolled-back LAST_ID is moved on
+    /// ([`Target::trust_mds_objects`]).
+    pub trust_mds_objects: bool,
 }
 
 impl OssConfig {
@@ -54,6 +58,7 @@ impl OssConfig {
             heartbeat_every: Duration::from_secs(5),
             mds_timeout: Duration::from_secs(60),
             metrics: None,
+            trust_mds_objects: false,
         }
     }
 }
@@ -170,11 +175,21 @@ impl OssServer {
             });
         }
         let mut targets = vec![];
+        if registered.fs == 0 {
+            return Err(ServerError::Target(TargetError::Refused(
+                "the MDS named no filesystem".into(),
+            )));
+        }
         for (home, index) in homes.iter().zip(&registered.indices) {
-            Target::assign_index(&home.engine, &home.root, *index).await?;
-            targets.push(Arc::new(
-                Target::open(home.engine.clone(), &home.root).await?,
-            ));
+            Target::bind(&home.engine, &home.root, *index, registered.fs).await?;
+        }
+        tracing::info!(filesystem = %registered.fs_name, uuid = %format_args!("{:032x}", registered.fs), "registered with the MDS");
+        for home in &homes {
+            let target = Target::open(home.engine.clone(), &home.root).await?;
+            if cfg.trust_mds_objects {
+                target.trust_mds_objects();
+            }
+            targets.push(Arc::new(target));
         }
         let beat = tokio::spawn(heartbeat(
             caller.clone(),
@@ -237,14 +252,15 @@ impl OssServer {
 async fn reports(homes: &[TargetHome]) -> Result<Vec<TargetReport>, TargetError> {
     let mut out = vec![];
     for h in homes {
-        let (index, uuid) = Target::label(&h.engine, &h.root).await?;
+        let label = Target::label(&h.engine, &h.root).await?;
         let space = h.engine.space(&h.root).map_err(|e| TargetError::Target {
             what: format!("{} space", h.root.display()),
             source: e,
         })?;
         out.push(TargetReport {
-            index,
-            uuid,
+            index: label.index,
+            uuid: label.uuid,
+            fs: label.fs,
             total: space.total,
             free: space.free,
         });

@@ -224,7 +224,7 @@ impl OssService {
                 let r: OstDestroyAbove = req.decode()?;
                 let destroyed = self
                     .target(r.target)?
-                    .destroy_above(r.keep_up_to, r.run)
+                    .destroy_above(r.keep_up_to, r.run, r.fs)
                     .await?;
                 reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
             }

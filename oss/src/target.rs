@@ -2,8 +2,10 @@
 //! ldiskfs, and the counter that names new objects.
 //!
 //! ```text
-//! <root>/TARGET                      magic, version, index, uuid (32 bytes; index
-//!                                    0xffffffff until the MDS assigns one)
+//! <root>/TARGET                      magic, version u32, index u32, uuid u128, filesystem
+//!                                    u128 (48 bytes; index 0xffffffff until the MDS assigns
+//!                                    one, filesystem 0 until the first registration; the
+//!                                    first version had 32 bytes and no filesystem)
 //! <root>/LAST_ID                     the highest object id handed out (u64, little-endian)
 //! <root>/DEAD                        "LODEDEAD" | one bit per object id: destroyed
 //! <root>/EPOCH                       durability epoch (u64) | boot id length u8 | boot id
@@ -50,6 +52,10 @@ type Result<T> = std::result::Result<T, TargetError>;
 pub use proto::fid::OST_SEQ_BASE;
 /// Most objects created by one precreate.
 pub const MAX_PRECREATE: u32 = 20_000;
+/// Written objects an orphan cleanup destroys without an operator's word when they are more
+/// than a tenth of the target's: an MDS crash leaves a few files written whose creates were
+/// lost with it, never a target's worth.
+pub const MAX_ORPHANS: usize = 64;
 /// Objects kept open at once; beyond it, idle ones are closed.
 pub const MAX_OPEN_OBJECTS: usize = 4096;
 /// Subdirectories per sequence.
@@ -66,8 +72,22 @@ const TARGET_MAGIC: [u8; 8] = *b"LODEOST\0";
 const DEAD_MAGIC: [u8; 8] = *b"LODEDEAD";
 /// Where DEAD's bitmap starts.
 const DEAD_HEAD: u64 = 8;
-const TARGET_VERSION: u32 = 1;
+/// The label's version: 2 added the filesystem the target is bound to.
+const TARGET_VERSION: u32 = 2;
+/// The label's length (the first version's was 32 bytes).
+const LABEL_LEN: usize = 48;
 const UNASSIGNED: u32 = u32::MAX;
+
+/// What a target's `TARGET` file says about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Label {
+    /// `None` until the MDS assigns one.
+    pub index: Option<u32>,
+    /// Chosen when the target is formatted.
+    pub uuid: u128,
+    /// The filesystem whose MDS it first registered with; `None` until then.
+    pub fs: Option<u128>,
+}
 
 /// What a scrub found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -101,6 +121,10 @@ pub struct Target {
     cleanup: tokio::sync::Mutex<()>,
     /// The MDS run whose cleanup came last, and the highest id then handed out.
     cleaned: Mutex<Option<(u64, u32)>>,
+    /// The filesystem it is bound to, as its label said at open.
+    fs: Option<u128>,
+    /// The operator's word for this run ([`Target::trust_mds_objects`]).
+    trust_mds: std::sync::atomic::AtomicBool,
     /// Per object directory, the files of destroyed objects kept there, emptied, for new
     /// objects: a rename costs the file system far less than making a file (ext4 without a
     /// journal scans past every recently freed inode to allocate one). Changed only under
@@ -148,22 +172,19 @@ impl Target {
         engine.sync(&last).await.map_err(err("sync LAST_ID"))?;
         Self::write_dead(engine, root, &[]).await?;
         // TARGET last: a directory with a TARGET file is a whole target.
-        Self::write_label(
-            engine,
-            root,
+        let label = Label {
+            index,
             uuid,
-            index.unwrap_or(UNASSIGNED),
-            OpenMode::CreateNew,
-        )
-        .await?;
+            fs: None,
+        };
+        Self::write_label(engine, root, &label, OpenMode::CreateNew).await?;
         engine.sync_dir(root).map_err(err("sync"))
     }
 
     async fn write_label(
         engine: &Arc<dyn Engine>,
         root: &Path,
-        uuid: u128,
-        index: u32,
+        label: &Label,
         mode: OpenMode,
     ) -> Result<()> {
         let err = |what: &str| {
@@ -173,11 +194,12 @@ impl Target {
         let f = engine
             .open(&root.join("TARGET"), mode, false)
             .map_err(err("open TARGET"))?;
-        let mut head = AlignedBuf::zeroed(32);
+        let mut head = AlignedBuf::zeroed(LABEL_LEN);
         head[..8].copy_from_slice(&TARGET_MAGIC);
         head[8..12].copy_from_slice(&TARGET_VERSION.to_le_bytes());
-        head[12..16].copy_from_slice(&index.to_le_bytes());
-        head[16..32].copy_from_slice(&uuid.to_le_bytes());
+        head[12..16].copy_from_slice(&label.index.unwrap_or(UNASSIGNED).to_le_bytes());
+        head[16..32].copy_from_slice(&label.uuid.to_le_bytes());
+        head[32..48].copy_from_slice(&label.fs.unwrap_or(0).to_le_bytes());
         engine
             .write_at(&f, 0, head)
             .await
@@ -186,8 +208,9 @@ impl Target {
         engine.sync(&f).await.map_err(err("sync TARGET"))
     }
 
-    /// The index (if assigned) and uuid of the target in `root`.
-    pub async fn label(engine: &Arc<dyn Engine>, root: &Path) -> Result<(Option<u32>, u128)> {
+    /// The label of the target in `root`: its index (if assigned), uuid and filesystem (if
+    /// bound). A label of the first version (no filesystem) reads as unbound.
+    pub async fn label(engine: &Arc<dyn Engine>, root: &Path) -> Result<Label> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
@@ -195,11 +218,17 @@ impl Target {
         let target = engine
             .open(&root.join("TARGET"), OpenMode::Existing, false)
             .map_err(err("open TARGET (is it formatted?)"))?;
-        let (head, r) = engine.read_at(&target, 0, AlignedBuf::zeroed(32)).await;
-        if r.map_err(err("read TARGET"))? < 32
-            || head[..8] != TARGET_MAGIC
-            || word(&head, 8, 4) != u64::from(TARGET_VERSION)
-        {
+        let (head, r) = engine
+            .read_at(&target, 0, AlignedBuf::zeroed(LABEL_LEN))
+            .await;
+        let got = r.map_err(err("read TARGET"))?;
+        let version = if got >= 12 { word(&head, 8, 4) } else { 0 };
+        let whole = match version {
+            1 => got >= 32,
+            2 => got >= LABEL_LEN,
+            _ => false,
+        };
+        if !whole || head[..8] != TARGET_MAGIC {
             return Err(TargetError::Damaged(format!(
                 "{}/TARGET is not a lode target",
                 root.display()
@@ -208,22 +237,48 @@ impl Target {
         let index = word(&head, 12, 4) as u32;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&head[16..32]);
-        Ok((
-            (index != UNASSIGNED).then_some(index),
-            u128::from_le_bytes(uuid),
-        ))
+        let fs = if version >= 2 {
+            let mut fs = [0u8; 16];
+            fs.copy_from_slice(&head[32..48]);
+            Some(u128::from_le_bytes(fs)).filter(|f| *f != 0)
+        } else {
+            None
+        };
+        Ok(Label {
+            index: (index != UNASSIGNED).then_some(index),
+            uuid: u128::from_le_bytes(uuid),
+            fs,
+        })
     }
 
-    /// Records the index the MDS assigned to an unassigned target.
-    pub async fn assign_index(engine: &Arc<dyn Engine>, root: &Path, index: u32) -> Result<()> {
-        let (current, uuid) = Self::label(engine, root).await?;
-        match current {
-            Some(i) if i == index => Ok(()),
-            Some(i) => Err(TargetError::Invalid(format!(
-                "{} already has index {i}",
+    /// Records what the MDS of filesystem `fs` answered at registration: the index it
+    /// assigned, and the filesystem, which the target keeps from then on. Refused if the
+    /// target has another index, or belongs to another filesystem.
+    pub async fn bind(engine: &Arc<dyn Engine>, root: &Path, index: u32, fs: u128) -> Result<()> {
+        let current = Self::label(engine, root).await?;
+        match current.index {
+            Some(i) if i != index => {
+                return Err(TargetError::Invalid(format!(
+                    "{} already has index {i}",
+                    root.display()
+                )))
+            }
+            _ => {}
+        }
+        match current.fs {
+            Some(f) if f != fs => Err(TargetError::Refused(format!(
+                "{} belongs to filesystem {f:032x}, not to {fs:032x}, which the MDS serves",
                 root.display()
             ))),
-            None => Self::write_label(engine, root, uuid, index, OpenMode::Existing).await,
+            Some(_) if current.index == Some(index) => Ok(()),
+            _ => {
+                let bound = Label {
+                    index: Some(index),
+                    fs: Some(fs),
+                    ..current
+                };
+                Self::write_label(engine, root, &bound, OpenMode::Existing).await
+            }
         }
     }
 
@@ -233,8 +288,9 @@ impl Target {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
         };
-        let (index, _uuid) = Self::label(&engine, root).await?;
-        let index = index
+        let label = Self::label(&engine, root).await?;
+        let index = label
+            .index
             .ok_or_else(|| TargetError::Invalid(format!("{} has no index yet", root.display())))?;
         let last_id_file = engine
             .open(&root.join("LAST_ID"), OpenMode::Existing, false)
@@ -290,6 +346,8 @@ impl Target {
             floors: Mutex::new(HashMap::new()),
             cleanup: tokio::sync::Mutex::new(()),
             cleaned: Mutex::new(None),
+            fs: label.fs,
+            trust_mds: Default::default(),
             free: Mutex::new(vec![vec![]; FANOUT as usize]),
         };
         for d in 0..FANOUT {
@@ -510,6 +568,12 @@ impl Target {
         // Their bits in DEAD take room now: destroying them later, even on a full disk (when
         // destroying is how room is made), only writes inside the file.
         self.room_in_dead(new_last).await?;
+        self.write_last_id(&mut last, new_last).await?;
+        Ok(Fid::new(self.seq(), first, 0))
+    }
+
+    /// Moves LAST_ID to `new_last`, durably, under its lock (`last`).
+    async fn write_last_id(&self, last: &mut u32, new_last: u32) -> Result<()> {
         let mut raw = AlignedBuf::zeroed(8);
         raw.copy_from_slice(&u64::from(new_last).to_le_bytes());
         let err = |e| TargetError::target(format!("{} LAST_ID", self.root.display()), e);
@@ -521,7 +585,19 @@ impl Target {
         self.engine.sync(&self.last_id_file).await.map_err(err)?;
         *last = new_last;
         self.allocated.store(new_last, Ordering::SeqCst);
-        Ok(Fid::new(self.seq(), first, 0))
+        Ok(())
+    }
+
+    /// An operator's word for this run: the MDS's view of the objects wins. An orphan
+    /// cleanup may then destroy more than [`MAX_ORPHANS`] written objects, and a LAST_ID
+    /// behind what the filesystem references is moved past it.
+    pub fn trust_mds_objects(&self) {
+        self.trust_mds.store(true, Ordering::SeqCst);
+    }
+
+    /// The filesystem this target is bound to (`None` before its first registration).
+    pub fn filesystem(&self) -> Option<u128> {
+        self.fs
     }
 
     /// Makes DEAD long enough (its bytes written, not a hole) to hold the bits of every id up
@@ -865,15 +941,76 @@ impl Target {
     /// `run` names the MDS run asking. The ids precreated after a run's cleanup are that
     /// run's to hand out, so another cleanup from the same run (a message held back or
     /// duplicated on the way) reaches no higher than the first did.
-    pub async fn destroy_above(&self, keep_up_to: u32, run: u64) -> Result<u32> {
+    ///
+    /// Refused, destroying nothing: an MDS of another filesystem (`fs`), or of none yet; a
+    /// `keep_up_to` past LAST_ID (the target was rolled back: its ids would be handed out
+    /// twice); more written objects than [`MAX_ORPHANS`] that are also more than a tenth of
+    /// the target's (an MDS that lost its namespace would destroy the target's data as
+    /// orphans). [`Target::trust_mds_objects`] lifts the last two.
+    pub async fn destroy_above(&self, keep_up_to: u32, run: u64, fs: u128) -> Result<u32> {
+        if self.fs != Some(fs) {
+            return Err(TargetError::Refused(format!(
+                "{} belongs to filesystem {}, and an MDS of {fs:032x} asked to clean it up",
+                self.root.display(),
+                self.fs
+                    .map_or("(none yet)".to_string(), |f| format!("{f:032x}")),
+            )));
+        }
         let _one = self.cleanup.lock().await;
-        let mut last = *self.last_id.lock().await;
+        let trust = self.trust_mds.load(Ordering::SeqCst);
         {
-            let mut cleaned = self.cleaned.lock();
-            match *cleaned {
-                Some((r, reached)) if r == run => last = last.min(reached),
-                _ => *cleaned = Some((run, last)),
+            let mut last = self.last_id.lock().await;
+            if keep_up_to > *last {
+                if !trust {
+                    return Err(TargetError::Refused(format!(
+                        "target {} ({}): its LAST_ID is {} but the filesystem references its \
+                         objects up to {keep_up_to}: the target was rolled back or restored \
+                         from an older copy, and would hand out object ids twice; it takes no \
+                         new files. Restore the newer copy, or restart its server with \
+                         --trust-mds-objects to move LAST_ID past them (objects above {} are \
+                         lost and read as errors)",
+                        self.index,
+                        self.root.display(),
+                        *last,
+                        *last,
+                    )));
+                }
+                let lost = *last + 1..=keep_up_to;
+                tracing::warn!(target = self.index, last = *last, keep_up_to, "LAST_ID is behind the filesystem: moved past it on the operator's word; the objects between are lost");
+                self.room_in_dead(keep_up_to).await?;
+                self.mark_dead(lost).await?;
+                self.write_last_id(&mut last, keep_up_to).await?;
             }
+        }
+        let mut last = *self.last_id.lock().await;
+        let cleaned_before = *self.cleaned.lock();
+        if let Some((r, reached)) = cleaned_before {
+            if r == run {
+                last = last.min(reached);
+            }
+        }
+        let all = self.objects()?;
+        let doomed: Vec<Fid> = all
+            .iter()
+            .copied()
+            .filter(|f| f.oid > keep_up_to && f.oid <= last)
+            .collect();
+        if !trust && doomed.len() > MAX_ORPHANS && doomed.len() * 10 > all.len() {
+            return Err(TargetError::Refused(format!(
+                "target {} ({}): the MDS's namespace references none of its {} written objects \
+                 above id {keep_up_to} ({} of {} on the target): this is not an MDS crash's \
+                 handful of orphans but an MDS that lost its namespace (a wrong or restored \
+                 data directory?). Nothing was destroyed and the target takes no new files; if \
+                 the namespace is right, restart its server with --trust-mds-objects",
+                self.index,
+                self.root.display(),
+                doomed.len(),
+                doomed.len(),
+                all.len(),
+            )));
+        }
+        if cleaned_before.is_none_or(|(r, _)| r != run) {
+            *self.cleaned.lock() = Some((run, last));
         }
         if keep_up_to < last {
             let _opening = self.opening.lock().await;
@@ -886,8 +1023,7 @@ impl Target {
         };
         let mut n = 0;
         let mut dirs = std::collections::BTreeSet::new();
-        let doomed = |f: &Fid| f.oid > keep_up_to && f.oid <= last;
-        for fid in self.objects()?.into_iter().filter(doomed) {
+        for fid in doomed {
             self.objects.lock().remove(&fid);
             let (data, meta) = self.paths(fid);
             let err = |e| TargetError::io(fid, 0, e);

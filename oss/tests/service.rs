@@ -24,6 +24,9 @@ async fn oss_with(key: &KeyFile) -> (TcpEndpoint, Nid, TcpEndpoint) {
     Target::format(&engine, Path::new("/ost7"), 107, Some(7))
         .await
         .unwrap();
+    Target::bind(&engine, Path::new("/ost7"), 7, 0xf5)
+        .await
+        .unwrap();
     let target = Arc::new(Target::open(engine, Path::new("/ost7")).await.unwrap());
     let keys = Arc::new(Keyring::new(key));
     let server = TcpEndpoint::bind(
@@ -478,6 +481,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
                 target: 7,
                 keep_up_to: 0,
                 run: 1,
+                fs: 0xf5,
             },
             T,
         )

@@ -12,6 +12,8 @@ use oss::{Target, TargetError};
 use proto::Fid;
 
 const ROOT: &str = "/ost0";
+/// The filesystem the tests' targets are bound to.
+const FS: u128 = 0xf5;
 
 async fn mem_target(capacity: u64) -> (Arc<MemEngine>, Target) {
     let mem = Arc::new(MemEngine::new(capacity));
@@ -19,6 +21,7 @@ async fn mem_target(capacity: u64) -> (Arc<MemEngine>, Target) {
     Target::format(&engine, Path::new(ROOT), 100, Some(0))
         .await
         .unwrap();
+    Target::bind(&engine, Path::new(ROOT), 0, FS).await.unwrap();
     let t = Target::open(engine, Path::new(ROOT)).await.unwrap();
     (mem, t)
 }
@@ -510,7 +513,7 @@ async fn destroyed_ids_stay_dead_across_a_power_cut_and_an_orphan_cleanup() {
         .await
         .unwrap();
     // Objects above id(4) were never given to a file: an orphan cleanup takes them.
-    assert_eq!(t.destroy_above(id(4).oid, 1).await.unwrap(), 1);
+    assert_eq!(t.destroy_above(id(4).oid, 1, FS).await.unwrap(), 1);
     drop(t);
     mem.crash();
     let t = reopen(&mem).await;
@@ -532,13 +535,13 @@ async fn a_second_cleanup_from_the_same_mds_run_spares_what_that_run_precreated_
     let o = t.precreate(4).await.unwrap();
     let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
     // Run 7 starts: the ids above id(1) were its predecessor's orphans.
-    t.destroy_above(id(1).oid, 7).await.unwrap();
+    t.destroy_above(id(1).oid, 7, FS).await.unwrap();
     let fresh = t.precreate(4).await.unwrap();
     t.write(fresh, 0, b"new file", true, Default::default())
         .await
         .unwrap();
     // The same cleanup again (held back on the way): what run 7 precreated since stays.
-    assert_eq!(t.destroy_above(id(1).oid, 7).await.unwrap(), 0);
+    assert_eq!(t.destroy_above(id(1).oid, 7, FS).await.unwrap(), 0);
     assert_eq!(&t.read(fresh, 0, 100).await.unwrap()[..], b"new file");
     let unwritten = Fid::new(fresh.seq, fresh.oid + 1, 0);
     assert_eq!(t.size(unwritten).await.unwrap(), 0);
@@ -547,7 +550,7 @@ async fn a_second_cleanup_from_the_same_mds_run_spares_what_that_run_precreated_
         Err(TargetError::NotFound(_))
     ));
     // A new run's cleanup takes every id above the highest its files know.
-    assert_eq!(t.destroy_above(id(1).oid, 8).await.unwrap(), 1);
+    assert_eq!(t.destroy_above(id(1).oid, 8, FS).await.unwrap(), 1);
     assert!(matches!(
         t.read(fresh, 0, 10).await,
         Err(TargetError::NotFound(_))
@@ -700,4 +703,92 @@ async fn a_new_object_takes_a_destroyed_ones_files_and_none_of_its_bytes() {
         .await
         .unwrap();
     assert_eq!(&t.read(fid(4), 0, BLOCK).await.unwrap()[..], b"new files");
+}
+
+#[tokio::test]
+async fn a_cleanup_from_another_filesystem_or_none_is_refused_and_destroys_nothing() {
+    let (_mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(2).await.unwrap();
+    t.write(o, 0, b"data", true, Default::default())
+        .await
+        .unwrap();
+    assert!(matches!(
+        t.destroy_above(0, 1, FS + 1).await,
+        Err(TargetError::Refused(_))
+    ));
+    assert_eq!(&t.read(o, 0, 10).await.unwrap()[..], b"data");
+    // Bound once: a registration with another filesystem's MDS is refused too.
+    let engine: Arc<dyn Engine> = _mem.clone();
+    assert!(matches!(
+        Target::bind(&engine, Path::new(ROOT), 0, FS + 1).await,
+        Err(TargetError::Refused(_))
+    ));
+    assert_eq!(
+        Target::label(&engine, Path::new(ROOT)).await.unwrap().fs,
+        Some(FS)
+    );
+}
+
+#[tokio::test]
+async fn a_cleanup_that_would_destroy_a_targets_data_is_refused_until_an_operator_says_so() {
+    let (_mem, t) = mem_target(1 << 30).await;
+    let n = oss::target::MAX_ORPHANS as u32 + 10;
+    let o = t.precreate(n).await.unwrap();
+    for k in 0..n {
+        t.write(
+            Fid::new(o.seq, o.oid + k, 0),
+            0,
+            b"acknowledged",
+            false,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    // An MDS whose namespace is empty (formatted afresh on a missing data directory): it
+    // knows none of them.
+    let err = t.destroy_above(0, 1, FS).await.unwrap_err();
+    assert!(
+        matches!(&err, TargetError::Refused(m) if m.contains("lost its namespace")),
+        "{err}"
+    );
+    for k in 0..n {
+        let f = Fid::new(o.seq, o.oid + k, 0);
+        assert_eq!(&t.read(f, 0, 100).await.unwrap()[..], b"acknowledged");
+    }
+    // A handful of orphans is an MDS crash's: cleaned up as before.
+    assert_eq!(t.destroy_above(o.oid + n - 6, 2, FS).await.unwrap(), 5);
+    // The operator's word lifts the bound.
+    t.trust_mds_objects();
+    assert_eq!(t.destroy_above(0, 3, FS).await.unwrap(), n - 5);
+}
+
+#[tokio::test]
+async fn a_rolled_back_last_id_is_refused_and_never_hands_out_an_id_twice() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(4).await.unwrap();
+    // The filesystem references ids up to o + 9 (the target was restored from a copy taken
+    // before the last six were handed out).
+    let referenced = o.oid + 9;
+    let err = t.destroy_above(referenced, 1, FS).await.unwrap_err();
+    assert!(
+        matches!(&err, TargetError::Refused(m) if m.contains("rolled back")),
+        "{err}"
+    );
+    drop(t);
+    let t = reopen(&mem).await;
+    t.trust_mds_objects();
+    assert_eq!(t.destroy_above(referenced, 2, FS).await.unwrap(), 0);
+    // Ids past the referenced ones only; the lost ones read as errors, never as empty.
+    assert_eq!(t.precreate(1).await.unwrap().oid, referenced + 1);
+    assert!(matches!(
+        t.read(Fid::new(o.seq, o.oid + 6, 0), 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    drop(t);
+    mem.crash();
+    assert_eq!(
+        reopen(&mem).await.precreate(1).await.unwrap().oid,
+        referenced + 2
+    );
 }

@@ -185,6 +185,9 @@ pub struct OstDestroyAbove {
     pub target: u32,
     pub keep_up_to: u32,
     pub run: u64,
+    /// The filesystem the asking MDS serves: a target bound to another, or to none yet,
+    /// refuses.
+    pub fs: u128,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,9 +274,9 @@ mod tests {
             round_trips(OstStatfs { target });
             round_trips(TargetSpace { index: target, total, free });
             let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
-            let reports: Vec<_> = (0..n).map(|i| TargetReport { index: (i % 2 == 0).then_some(i as u32), uuid, total, free }).collect();
+            let reports: Vec<_> = (0..n).map(|i| TargetReport { index: (i % 2 == 0).then_some(i as u32), uuid, fs: (i % 3 == 0).then_some(uuid), total, free }).collect();
             round_trips(RegisterTargets { oss: oss.clone(), rails: vec![oss.clone()], targets: reports.clone() });
-            round_trips(Registered { indices: (0..n as u32).collect() });
+            round_trips(Registered { indices: (0..n as u32).collect(), fs: uuid, fs_name: "lode".into() });
             round_trips(Heartbeat { oss: oss.clone(), rails: vec![], targets: reports });
             round_trips(ListTargets {});
             round_trips(TargetList { targets: (0..n as u32).map(|index| TargetInfo { index, uuid, oss: oss.clone(), rails: vec![oss.clone()], total, free, up: sync, takes_stripes: !sync }).collect() });

@@ -13,6 +13,9 @@ pub struct TargetReport {
     pub index: Option<u32>,
     /// Chosen by the server when it formats the target; ties the index to this target.
     pub uuid: u128,
+    /// The filesystem the target was bound to at its first registration (its MDS's
+    /// [`Registered::fs`]); `None` for a target never registered since identities existed.
+    pub fs: Option<u128>,
     pub total: u64,
     pub free: u64,
 }
@@ -33,6 +36,11 @@ pub struct RegisterTargets {
 pub struct Registered {
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub indices: Vec<u32>,
+    /// The filesystem the MDS serves (its uuid, written by `lode-mds format`): every target
+    /// records it and refuses an MDS of any other.
+    pub fs: u128,
+    /// The filesystem's name, for messages.
+    pub fs_name: String,
 }
 
 /// A server is alive; its targets' space now.

@@ -31,6 +31,10 @@ pub enum StatusCode {
     Io,
     /// A filesystem error from the namespace (not empty, access denied, ...).
     Fs(FsErrorKind),
+    /// The server refuses what would destroy data or join two filesystems (a target of
+    /// another filesystem, an index the MDS does not know, a cleanup past its bound, a
+    /// rolled-back LAST_ID); the message names the problem and what an operator can do.
+    Refused,
 }
 
 /// Why a filesystem operation failed, in the filesystem's own terms. The MDS and the client
@@ -118,6 +122,7 @@ impl StatusCode {
             StatusCode::NoSpace => 28,    // ENOSPC
             StatusCode::Io => 5,          // EIO
             StatusCode::Fs(k) => k.errno(),
+            StatusCode::Refused => 1, // EPERM
         }
     }
 }

@@ -97,6 +97,7 @@ start() {
   done
   echo "$h did not start:"; cat "$work/$h.log"; exit 1
 }
+"$BIN/lode-mds" format --data-dir "$work/mds" >/dev/null
 start mds "$BIN/lode-mds" --data-dir "$work/mds" --listen "${addr[mds]}:9400" \
   --listen "${addr2[mds]}:9400" --key "$work/cluster.key" --trust "$net.0/24" \
   --trust "$net2.0/24"

@@ -100,6 +100,9 @@ impl Server {
                 path.display()
             ));
         }
+        if bin == "lode-mds" && !subcommand {
+            format_if_new(&path, &args)?;
+        }
         let mut child = Command::new(&path)
             .args(&args)
             .env("LODE_KEY", client_key_file())
@@ -152,6 +155,38 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `lode-mds format` on the data directory `args` name, if it holds no filesystem yet: the
+/// step an operator (or the first `lode cluster up`) takes once before the first start.
+fn format_if_new(mds: &Path, args: &[&str]) -> Result<(), String> {
+    let Some(dir) = args
+        .iter()
+        .position(|a| *a == "--data-dir")
+        .and_then(|i| args.get(i + 1))
+        .map(Path::new)
+    else {
+        return Ok(());
+    };
+    if ["filesystem", "snapshot", "journal"]
+        .iter()
+        .any(|f| dir.join(f).exists())
+    {
+        return Ok(());
+    }
+    let out = Command::new(mds)
+        .args(["format", "--data-dir"])
+        .arg(dir)
+        .output()
+        .map_err(|e| format!("running lode-mds format: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "lode-mds format --data-dir {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `bin` to completion and returns (success, stdout, stderr).

@@ -7,7 +7,7 @@
 //! DIR/cluster.key       the cluster key the servers authenticate with (mode 0600)
 //! DIR/client.key        its client key, for clients (`export LODE_KEY=DIR/client.key`)
 //! DIR/cluster.pids      one line per running process: role, pid
-//! DIR/mds/  DIR/oss<i>/ their data
+//! DIR/mds/  DIR/oss<i>/ their data (the MDS's formatted by the first `up`)
 //! DIR/logs/             their logs
 //! ```
 //!
@@ -230,7 +230,14 @@ async fn up(a: UpArgs) -> Result<()> {
         .collect();
     let conf = match read_conf(&dir) {
         Some(c) => c,
-        None if running.is_empty() => new_conf(&dir, &a)?,
+        None if running.is_empty() => {
+            let conf = new_conf(&dir, &a)?;
+            // The first `up` makes the filesystem, as an operator does once with
+            // `lode-mds format`; later ones serve what it made, and an MDS directory gone
+            // missing is refused rather than formatted again.
+            format_mds(&dir.join("mds"))?;
+            conf
+        }
         None => bail!("{} has running servers but no cluster.conf", dir.display()),
     };
     let mds_addr = conf.mds_addr();
@@ -284,6 +291,29 @@ async fn up(a: UpArgs) -> Result<()> {
         "  lode getstripe /data/hosts && lode df -h && lode cluster down --dir {}",
         dir.display()
     );
+    Ok(())
+}
+
+/// `lode-mds format` on the MDS's data directory, unless it holds a filesystem already (a
+/// directory from before `cluster.conf` recorded it).
+fn format_mds(mds_dir: &Path) -> Result<()> {
+    if mds_dir.join("filesystem").exists() {
+        return Ok(());
+    }
+    let out = Command::new(sibling("lode-mds")?)
+        .arg("format")
+        .arg("--data-dir")
+        .arg(mds_dir)
+        .stdin(Stdio::null())
+        .output()
+        .context("running lode-mds format")?;
+    if !out.status.success() {
+        bail!(
+            "lode-mds format --data-dir {}: {}",
+            mds_dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     Ok(())
 }
 

@@ -84,8 +84,16 @@ fn bench_service(
     metrics: Option<&mut prometheus_client::registry::Registry>,
 ) -> Result<Arc<MdsService>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let disk = mds::disk::DirDisk::new(dir);
+    let fs = mds::format::format(
+        &disk,
+        &dir.display().to_string(),
+        "bench",
+        rand::random(),
+        mds::store::wall_clock()(),
+    )?;
     let store = Arc::new(Store::open(dir, DEFAULT_CHECKPOINT_BYTES)?);
-    let registry = Arc::new(Registry::open(dir)?);
+    let registry = Arc::new(Registry::open(dir, fs)?);
     let alloc = mds::alloc::Allocator::new(registry.clone());
     let clients = mds::recovery::Clients::open(store.disk(), store.clone(), Duration::ZERO)?;
     Ok(MdsService::new(

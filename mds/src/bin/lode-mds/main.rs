@@ -1,7 +1,8 @@
 //! `lode-mds`: the metadata server.
 //!
-//! `lode-mds --data-dir DIR --listen ADDR` serves the namespace and the registry of storage
-//! targets; `lode-mds fsck --data-dir DIR` checks the namespace's invariants offline.
+//! `lode-mds format --data-dir DIR` makes a filesystem; `lode-mds --data-dir DIR --listen
+//! ADDR` serves its namespace and the registry of storage targets; `lode-mds fsck --data-dir
+//! DIR` checks the namespace's invariants offline.
 
 /// mimalloc: the servers and the mount allocate and free small buffers and maps on many
 /// threads at once, where glibc's allocator spent a tenth of their time (docs/decisions.md).
@@ -41,6 +42,36 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Make a new filesystem in a data directory: an empty namespace and the filesystem's
+    /// identity (a uuid and a name), which every storage target records at its first
+    /// registration. The MDS serves only a formatted directory; format refuses one that holds
+    /// a filesystem already.
+    Format {
+        /// Where the MDS will keep its state (made if missing).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// The configuration file, for its `data_dir`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The filesystem's name (1 to 32 letters, digits, '-' or '_').
+        #[arg(long, default_value = mds::format::DEFAULT_NAME)]
+        fsname: String,
+    },
+    /// Add a storage target the registry does not know (its registry file lost, or restored
+    /// from an older copy), by the index and uuid its server's refusal named. Offline: the
+    /// MDS must be stopped.
+    TargetAdd {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        index: u32,
+        /// The target's uuid, in hexadecimal.
+        #[arg(long)]
+        uuid: String,
+        /// Its storage server's address (host:port).
+        #[arg(long)]
+        oss: String,
+    },
     /// Check the namespace's invariants (entries point to inodes, link counts, no cycles, no
     /// orphans) without serving.
     Fsck {
@@ -280,9 +311,68 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Fsck { data_dir }) => fsck(&data_dir),
+        Some(Cmd::Format {
+            data_dir,
+            config,
+            fsname,
+        }) => format(data_dir, config, &fsname),
+        Some(Cmd::TargetAdd {
+            data_dir,
+            index,
+            uuid,
+            oss,
+        }) => target_add(&data_dir, index, &uuid, &oss),
         Some(Cmd::Bench(args)) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         None => serve(cli.serve),
     }
+}
+
+fn format(data_dir: Option<PathBuf>, config: Option<PathBuf>, name: &str) -> Result<()> {
+    let file: Config = daemon::telemetry::load_config(config.as_deref())?;
+    let dir = data_dir
+        .or(file.data_dir)
+        .context("--data-dir (or data_dir in the config) is required")?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _lock = daemon::DataDirLock::acquire(&dir)?;
+    let disk = mds::disk::DirDisk::new(&dir);
+    let id = mds::format::format(
+        &disk,
+        &dir.display().to_string(),
+        name,
+        rand::random(),
+        mds::store::wall_clock()(),
+    )?;
+    println!(
+        "formatted filesystem {} ({:032x}) in {}",
+        id.name,
+        id.uuid,
+        dir.display()
+    );
+    Ok(())
+}
+
+fn target_add(dir: &std::path::Path, index: u32, uuid: &str, oss: &str) -> Result<()> {
+    let uuid = u128::from_str_radix(uuid.trim_start_matches("0x"), 16)
+        .with_context(|| format!("{uuid:?} is not a hexadecimal uuid"))?;
+    let oss: proto::Nid = if oss.contains('@') {
+        oss.parse().map_err(anyhow::Error::msg)?
+    } else {
+        proto::Nid::Tcp(
+            oss.parse()
+                .with_context(|| format!("{oss:?} is not host:port"))?,
+        )
+    };
+    if !dir.is_dir() {
+        bail!("{} does not exist", dir.display());
+    }
+    let _lock = daemon::DataDirLock::acquire(dir)?;
+    let disk = mds::disk::DirDisk::new(dir);
+    let fs = mds::format::read(&disk, &dir.display().to_string())?
+        .with_context(|| format!("{} holds no formatted filesystem", dir.display()))?;
+    let registry = mds::registry::Registry::open(dir, fs)?;
+    registry.admit(index, uuid, &oss)?;
+    println!("target {index} ({uuid:032x}) at {oss} added");
+    Ok(())
 }
 
 fn fsck(dir: &std::path::Path) -> Result<()> {

@@ -83,6 +83,12 @@ struct ServeArgs {
     /// Seconds to keep trying to reach the MDS at start before giving up [default: 60].
     #[arg(long)]
     mds_timeout: Option<u64>,
+    /// For this run, take the MDS's view of the targets' objects: an orphan cleanup may
+    /// destroy more written objects than its safety bound, and a LAST_ID behind what the
+    /// filesystem references (a target rolled back) is moved past it. Only on an operator's
+    /// word, after the refusal that named the problem.
+    #[arg(long)]
+    trust_mds_objects: bool,
     #[command(flatten)]
     auth: daemon::AuthArgs,
     #[command(flatten)]
@@ -188,6 +194,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ),
         mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
         mds_rails,
+        trust_mds_objects: args.trust_mds_objects,
         ..OssConfig::new(mds)
     };
     if telemetry.counting() {

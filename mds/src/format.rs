@@ -1,0 +1,266 @@
+//! The filesystem's identity and the explicit format step, as `mkfs.lustre` gives Lustre.
+//!
+//! `lode-mds format` makes a new filesystem: a uuid and a name, written beside an empty
+//! namespace. The MDS serves only a data directory that holds both; a missing or empty one
+//! (a volume that failed to mount, a typo in `data_dir`) is refused with the directory named,
+//! never formatted behind the operator's back. Every storage target records the uuid at its
+//! first registration and refuses an MDS of any other filesystem, so an MDS started on the
+//! wrong directory cannot take another filesystem's targets (and destroy their objects as
+//! orphans of its own empty namespace).
+//!
+//! A namespace written before identities existed is adopted at its first start: the identity
+//! is written beside it, once.
+//!
+//! ```text
+//! filesystem:  "LODEFS\0\0" (8) | version u32 | uuid u128 | name_len u16 | name (UTF-8)
+//!              | crc32c of everything before it, u32            (all little-endian)
+//! ```
+//!
+//! The file is written last at a format and replaced atomically, so a crash while formatting
+//! leaves a directory that is refused as unformatted, never one that half-serves.
+
+use std::fmt;
+
+use crate::disk::MetaDisk;
+use crate::journal::{self, JournalError};
+use crate::namespace::{Namespace, Time};
+
+/// The identity's file on the MDS's disk.
+pub const FILE: &str = "filesystem";
+const MAGIC: [u8; 8] = *b"LODEFS\0\0";
+const VERSION: u32 = 1;
+/// Longest filesystem name.
+pub const MAX_NAME: usize = 32;
+/// The name a filesystem gets when the operator gives none.
+pub const DEFAULT_NAME: &str = "lode";
+
+/// Which filesystem a data directory holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub uuid: u128,
+    pub name: String,
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({:032x})", self.name, self.uuid)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "{dir} holds no lode filesystem (no namespace, no identity); if this is a new \
+         filesystem, format it with `lode-mds format --data-dir {dir}`; if it should hold one, \
+         check that its volume is mounted and the path is right"
+    )]
+    NotFormatted { dir: String },
+    #[error(
+        "{dir} is formatted for filesystem {identity} but its namespace (snapshot and journal) \
+         is missing: refusing to serve an empty namespace in its place"
+    )]
+    NamespaceMissing { dir: String, identity: Identity },
+    #[error("{dir} already holds a filesystem{}; format refuses to overwrite it", .identity.as_ref().map(|i| format!(" ({i})")).unwrap_or_default())]
+    AlreadyFormatted {
+        dir: String,
+        identity: Option<Identity>,
+    },
+    #[error("a filesystem name is 1 to {MAX_NAME} letters, digits, '-' or '_', not {0:?}")]
+    BadName(String),
+    #[error("{FILE} in {dir} is damaged: {reason}")]
+    Damaged { dir: String, reason: String },
+    #[error("{dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+fn check_name(name: &str) -> Result<(), FormatError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(FormatError::BadName(name.to_owned()))
+    }
+}
+
+fn encode(id: &Identity) -> Vec<u8> {
+    let mut out = Vec::with_capacity(34 + id.name.len() + 4);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&id.uuid.to_le_bytes());
+    out.extend_from_slice(&(id.name.len() as u16).to_le_bytes());
+    out.extend_from_slice(id.name.as_bytes());
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The identity in `raw`, or why it is not one.
+pub fn decode(raw: &[u8]) -> Result<Identity, String> {
+    if raw.len() < 34 + 4 || raw[..8] != MAGIC {
+        return Err("not a filesystem identity".into());
+    }
+    let (body, crc) = raw.split_at(raw.len() - 4);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err("checksum mismatch".into());
+    }
+    let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(format!("unknown version {version}"));
+    }
+    let uuid = u128::from_le_bytes(body[12..28].try_into().expect("16 bytes"));
+    let len = usize::from(u16::from_le_bytes([body[28], body[29]]));
+    let name = body
+        .get(30..)
+        .filter(|n| n.len() == len)
+        .ok_or("name length does not match")?;
+    let name = String::from_utf8(name.to_vec()).map_err(|_| "name is not UTF-8")?;
+    check_name(&name).map_err(|e| e.to_string())?;
+    Ok(Identity { uuid, name })
+}
+
+fn io(dir: &str) -> impl Fn(std::io::Error) -> FormatError + '_ {
+    move |source| FormatError::Io {
+        dir: dir.to_owned(),
+        source,
+    }
+}
+
+/// The identity kept on `disk` (`dir` names it in errors), if any.
+pub fn read(disk: &dyn MetaDisk, dir: &str) -> Result<Option<Identity>, FormatError> {
+    match disk.read(FILE).map_err(io(dir))? {
+        None => Ok(None),
+        Some(raw) => decode(&raw)
+            .map(Some)
+            .map_err(|reason| FormatError::Damaged {
+                dir: dir.to_owned(),
+                reason,
+            }),
+    }
+}
+
+fn namespace_present(disk: &dyn MetaDisk, dir: &str) -> Result<bool, FormatError> {
+    Ok(disk.exists("snapshot").map_err(io(dir))? || disk.exists("journal").map_err(io(dir))?)
+}
+
+/// Makes a new filesystem on `disk`: an empty namespace (its root made `now`), then its
+/// identity. Refuses a disk that holds a namespace or an identity already.
+pub fn format(
+    disk: &dyn MetaDisk,
+    dir: &str,
+    name: &str,
+    uuid: u128,
+    now: Time,
+) -> Result<Identity, FormatError> {
+    check_name(name)?;
+    let existing = read(disk, dir)?;
+    if existing.is_some() || namespace_present(disk, dir)? {
+        return Err(FormatError::AlreadyFormatted {
+            dir: dir.to_owned(),
+            identity: existing,
+        });
+    }
+    journal::write_snapshot(disk, &Namespace::new(now), 0)?;
+    let id = Identity {
+        uuid,
+        name: name.to_owned(),
+    };
+    disk.replace(FILE, &encode(&id)).map_err(io(dir))?;
+    Ok(id)
+}
+
+/// What the MDS serves on `disk`, checked before anything is opened: an identity with its
+/// namespace. A namespace without an identity (made before identities existed) is adopted
+/// once under `adopt_uuid` and the default name.
+pub fn check(disk: &dyn MetaDisk, dir: &str, adopt_uuid: u128) -> Result<Identity, FormatError> {
+    let id = read(disk, dir)?;
+    let present = namespace_present(disk, dir)?;
+    match (id, present) {
+        (Some(id), true) => Ok(id),
+        (Some(identity), false) => Err(FormatError::NamespaceMissing {
+            dir: dir.to_owned(),
+            identity,
+        }),
+        (None, false) => Err(FormatError::NotFormatted {
+            dir: dir.to_owned(),
+        }),
+        (None, true) => {
+            let id = Identity {
+                uuid: adopt_uuid,
+                name: DEFAULT_NAME.to_owned(),
+            };
+            disk.replace(FILE, &encode(&id)).map_err(io(dir))?;
+            tracing::warn!(dir, filesystem = %id, "a namespace without an identity: adopted, and its identity written");
+            Ok(id)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::MemDisk;
+
+    fn now() -> Time {
+        Time::default()
+    }
+
+    #[test]
+    fn an_empty_disk_is_refused_until_formatted_and_a_format_is_never_repeated() {
+        let disk = MemDisk::new();
+        assert!(matches!(
+            check(&disk, "d", 1),
+            Err(FormatError::NotFormatted { .. })
+        ));
+        let id = format(&disk, "d", "scratch", 7, now()).unwrap();
+        assert_eq!(check(&disk, "d", 1).unwrap(), id);
+        assert!(matches!(
+            format(&disk, "d", "again", 8, now()),
+            Err(FormatError::AlreadyFormatted { identity: Some(i), .. }) if i == id
+        ));
+    }
+
+    #[test]
+    fn a_namespace_without_identity_is_adopted_once_and_an_identity_without_namespace_refused() {
+        let disk = MemDisk::new();
+        journal::write_snapshot(&disk, &Namespace::new(now()), 0).unwrap();
+        let adopted = check(&disk, "d", 5).unwrap();
+        assert_eq!(adopted.uuid, 5);
+        // Adopted once: a later start keeps the uuid written.
+        assert_eq!(check(&disk, "d", 6).unwrap().uuid, 5);
+        let bare = MemDisk::new();
+        bare.replace(FILE, &encode(&adopted)).unwrap();
+        assert!(matches!(
+            check(&bare, "d", 1),
+            Err(FormatError::NamespaceMissing { .. })
+        ));
+    }
+
+    #[test]
+    fn a_damaged_identity_or_a_bad_name_is_refused() {
+        let id = Identity {
+            uuid: 3,
+            name: "fs-1".into(),
+        };
+        let raw = encode(&id);
+        assert_eq!(decode(&raw).unwrap(), id);
+        for at in 0..raw.len() {
+            let mut bad = raw.clone();
+            bad[at] ^= 0x40;
+            assert!(decode(&bad).is_err(), "a flip at byte {at} went unseen");
+        }
+        assert!(decode(&raw[..raw.len() - 1]).is_err());
+        let disk = MemDisk::new();
+        for name in ["", "a b", "x/y", &"n".repeat(MAX_NAME + 1)] {
+            assert!(matches!(
+                format(&disk, "d", name, 1, now()),
+                Err(FormatError::BadName(_))
+            ));
+        }
+    }
+}
