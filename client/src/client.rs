@@ -2,7 +2,7 @@
 //! component, and every call resent across a server's restart for a bounded time.
 
 use proto::FsErrorKind;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -150,7 +150,7 @@ pub(crate) struct Inner {
     pub(crate) net: AnyNet,
     pub(crate) cfg: ClientConfig,
     client_id: u128,
-    next_req: AtomicU64,
+    pub(crate) requests: crate::requests::Requests,
     /// Unsynced writes per file, and the order of writes.
     pub(crate) writes: Arc<crate::unstable::Writes>,
     /// The handles this client holds open, counted at the MDS.
@@ -269,7 +269,7 @@ impl Client {
                 listing_targets: tokio::sync::Mutex::new(()),
                 windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 client_id: id,
-                next_req: AtomicU64::new(1),
+                requests: Default::default(),
                 writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
                 opens: crate::opens::Opens::default(),
                 gpu: std::sync::OnceLock::new(),
@@ -650,10 +650,7 @@ impl Client {
         open: Option<OpenHandle>,
         size_gen: Option<u64>,
     ) -> Result<MdsReintReply> {
-        let req = ReqId {
-            client: self.inner.client_id,
-            seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
-        };
+        let req = self.next_req();
         let behind = self.inner.joined.load(Ordering::Relaxed);
         if behind && self.inner.uncommitted.full() {
             self.sync_committed().await?; // back-pressure: the MDS commits before more is kept
@@ -669,6 +666,7 @@ impl Client {
             creds: self.creds.clone(),
             mutation,
             req: Some(req),
+            acked: self.inner.requests.replied_below(),
             open,
             size_gen,
             behind,
@@ -676,7 +674,10 @@ impl Client {
             time: None,
         };
         let stamp = leases.stamp();
-        let mut reply = self.rpc(&self.inner.mds.clone(), &r).await?;
+        let sent = self.rpc(&self.inner.mds.clone(), &r).await;
+        // Answered or given up on: never sent again.
+        self.inner.requests.settle(req.seq);
+        let mut reply = sent?;
         let pending = &self.inner.pending;
         leases.learn_change(stamp, &r.mutation, &reply, &|f| pending.settled(f, 0));
         let ticket = std::mem::take(&mut reply.ticket);
@@ -690,7 +691,7 @@ impl Client {
     pub(crate) fn next_req(&self) -> ReqId {
         ReqId {
             client: self.inner.client_id,
-            seq: self.inner.next_req.fetch_add(1, Ordering::Relaxed),
+            seq: self.inner.requests.take(),
         }
     }
 
@@ -753,6 +754,7 @@ impl Client {
                 layout: None,
             },
             req: Some(self.next_req()),
+            acked: 0,
             open,
             size_gen: None,
             behind: true,
@@ -805,6 +807,7 @@ impl Client {
                 dir: false,
             },
             req: Some(self.next_req()),
+            acked: 0,
             open: None,
             size_gen: None,
             behind: true,

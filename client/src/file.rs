@@ -2060,6 +2060,7 @@ impl File {
                 size: self.written_to.load(Ordering::Relaxed),
             },
             req: Some(self.client.next_req()),
+            acked: 0,
             open: Some(self.handle),
             size_gen: Some(self.size_gen.load(Ordering::SeqCst)),
             behind: true,

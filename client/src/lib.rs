@@ -26,6 +26,7 @@ mod opens;
 pub mod pending;
 pub mod readahead;
 pub mod replay;
+mod requests;
 pub mod stripe_args;
 mod unstable;
 pub mod writebehind;

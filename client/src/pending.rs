@@ -27,7 +27,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use proto::fid::INODE_SEQ;
 use proto::md::{
-    BatchOp, BatchResult, MdsBatch, MdsReintReply, MdsReserve, MAX_BATCH, RESERVATIONS_KEPT,
+    BatchOp, BatchResult, MdsBatch, MdsReint, MdsReintReply, MdsReserve, MAX_BATCH,
+    RESERVATIONS_KEPT,
 };
 use proto::{Fid, FsErrorKind, StatusCode};
 use tokio::sync::{watch, Notify};
@@ -469,8 +470,16 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
     let mut results: Vec<Outcome> = Vec::with_capacity(batch.len());
     while results.len() < batch.len() {
         let rest = &batch[results.len()..];
+        // What this client had replies below, as it stands when the batch goes.
+        let acked = inner.requests.replied_below();
         let req = MdsBatch {
-            ops: rest.iter().map(|q| q.op.clone()).collect(),
+            ops: rest
+                .iter()
+                .map(|q| match &q.op {
+                    BatchOp::Reint(r) => BatchOp::Reint(MdsReint { acked, ..r.clone() }),
+                    other => other.clone(),
+                })
+                .collect(),
         };
         match client.rpc(&mds, &req).await {
             Ok(r) if r.results.len() == rest.len() => {
@@ -500,6 +509,12 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
                     .map(|_| Err((FsErrorKind::Io, "the MDS answered a batch short".to_owned()))),
             ),
             Err(e) => results.extend(rest.iter().map(|_| Err((e.kind(), e.to_string())))),
+        }
+    }
+    for q in &batch {
+        if let BatchOp::Reint(MdsReint { req: Some(r), .. }) = &q.op {
+            // Answered or given up on: never sent again.
+            inner.requests.settle(r.seq);
         }
     }
     for (q, out) in batch.iter_mut().zip(results) {
@@ -557,6 +572,7 @@ mod tests {
                 layout: None,
             },
             req: None,
+            acked: 0,
             open,
             size_gen: None,
             behind: true,

@@ -40,7 +40,7 @@ pub enum ClusterError {
     #[error("starting storage server {index}: {source}")]
     Oss {
         index: usize,
-        source: oss::server::ServerError,
+        source: Box<oss::server::ServerError>,
     },
     #[error("formatting a target: {0}")]
     Format(#[from] TargetError),
@@ -241,7 +241,7 @@ impl ClusterBuilder {
             Err(mds::format::FormatError::NotFormatted { .. }) => {
                 let uuid = self
                     .instance
-                    .map_or_else(rand::random, |i| (0x10de_f5_u128 << 64) | u128::from(i));
+                    .map_or_else(rand::random, |i| (0x0010_def5_u128 << 64) | u128::from(i));
                 let now = self.clock.clone().unwrap_or_else(mds::store::wall_clock)();
                 mds::format::format(&*disk, &name, "lode", uuid, now)?;
                 Ok(())
@@ -300,7 +300,10 @@ impl ClusterBuilder {
                 &self.attach(&format!("oss{i}")),
             )
             .await
-            .map_err(|source| ClusterError::Oss { index: i, source })?;
+            .map_err(|source| ClusterError::Oss {
+                index: i,
+                source: Box::new(source),
+            })?;
             oss.push(Some(server));
             all_homes.push(homes);
         }
@@ -365,7 +368,10 @@ impl Cluster {
         let attach = self.builder.attach(&format!("oss{i}"));
         let server = OssServer::start(self.oss_cfg.clone(), self.homes[i].clone(), &attach)
             .await
-            .map_err(|source| ClusterError::Oss { index: i, source })?;
+            .map_err(|source| ClusterError::Oss {
+                index: i,
+                source: Box::new(source),
+            })?;
         self.oss[i] = Some(server);
         Ok(())
     }

@@ -308,6 +308,16 @@ impl Allocator {
         let copies = out.mirror_count();
         // The servers each mirror's stripes are on: no server holds two copies of a byte.
         let mut servers_of: Vec<HashSet<Nid>> = vec![HashSet::new(); usize::from(copies)];
+        // The copies the file has already, wherever their components sit in the template: a
+        // mirror placed anew avoids all of their servers.
+        for c in out.components.iter().filter(|c| c.is_instantiated()) {
+            servers_of[usize::from(c.mirror)].extend(c.objects.iter().filter_map(|o| {
+                known
+                    .iter()
+                    .find(|t| t.index == o.target)
+                    .map(|t| t.oss.clone())
+            }));
+        }
         for c in &mut out.components {
             // With one copy there is no other mirror's server to avoid.
             let avoid: HashSet<Nid> = if copies > 1 {
@@ -322,12 +332,6 @@ impl Allocator {
             };
             if c.is_instantiated() {
                 // A mirror the file already has (extending it keeps the old copies).
-                servers_of[usize::from(c.mirror)].extend(c.objects.iter().filter_map(|o| {
-                    known
-                        .iter()
-                        .find(|t| t.index == o.target)
-                        .map(|t| t.oss.clone())
-                }));
                 continue;
             }
             let result = async {

@@ -59,11 +59,14 @@ pub enum FormatError {
         "{dir} is formatted for filesystem {identity} but its namespace (snapshot and journal) \
          is missing: refusing to serve an empty namespace in its place"
     )]
-    NamespaceMissing { dir: String, identity: Identity },
+    NamespaceMissing {
+        dir: String,
+        identity: Box<Identity>,
+    },
     #[error("{dir} already holds a filesystem{}; format refuses to overwrite it", .identity.as_ref().map(|i| format!(" ({i})")).unwrap_or_default())]
     AlreadyFormatted {
         dir: String,
-        identity: Option<Identity>,
+        identity: Option<Box<Identity>>,
     },
     #[error("a filesystem name is 1 to {MAX_NAME} letters, digits, '-' or '_', not {0:?}")]
     BadName(String),
@@ -162,7 +165,7 @@ pub fn format(
     if existing.is_some() || namespace_present(disk, dir)? {
         return Err(FormatError::AlreadyFormatted {
             dir: dir.to_owned(),
-            identity: existing,
+            identity: existing.map(Box::new),
         });
     }
     journal::write_snapshot(disk, &Namespace::new(now), 0)?;
@@ -184,7 +187,7 @@ pub fn check(disk: &dyn MetaDisk, dir: &str, adopt_uuid: u128) -> Result<Identit
         (Some(id), true) => Ok(id),
         (Some(identity), false) => Err(FormatError::NamespaceMissing {
             dir: dir.to_owned(),
-            identity,
+            identity: Box::new(identity),
         }),
         (None, false) => Err(FormatError::NotFormatted {
             dir: dir.to_owned(),
@@ -221,7 +224,7 @@ mod tests {
         assert_eq!(check(&disk, "d", 1).unwrap(), id);
         assert!(matches!(
             format(&disk, "d", "again", 8, now()),
-            Err(FormatError::AlreadyFormatted { identity: Some(i), .. }) if i == id
+            Err(FormatError::AlreadyFormatted { identity: Some(i), .. }) if *i == id
         ));
     }
 

@@ -128,13 +128,16 @@ impl Eq for Truncates {}
 
 /// The reply cache as snapshots keep it: the map of each client's replies.
 mod saved_replies {
-    use std::collections::{BTreeMap, VecDeque};
+    use std::collections::BTreeMap;
 
     use concur::replies::ReplyCache;
     use proto::md::Inode;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    type Saved = BTreeMap<u128, VecDeque<(u64, Option<Inode>)>>;
+    /// Each client's replies by request number. Written as a map, which postcard writes as a
+    /// length and pairs: the same bytes as the list of (number, reply) kept before, so older
+    /// snapshots load.
+    type Saved = BTreeMap<u128, BTreeMap<u64, Option<Inode>>>;
 
     pub fn serialize<S: Serializer>(
         c: &ReplyCache<Option<Inode>>,
@@ -398,6 +401,21 @@ impl Namespace {
             );
         }
         Ok(())
+    }
+
+    /// Forgets the replies to `client`'s requests numbered below `below` (it had them).
+    pub fn forget_replies(&mut self, client: u128, below: u64) {
+        self.replies.forget_below(client, below);
+    }
+
+    /// Whether a reply to `client` can be kept now (see [`ReplyCache::admits`]).
+    pub fn keeps_replies_of(&self, client: u128) -> bool {
+        self.replies.admits(client)
+    }
+
+    /// Replies kept for resends, in all.
+    pub fn replies_kept(&self) -> usize {
+        self.replies.len()
     }
 
     /// The reply already given to request `req`, if it was carried out.

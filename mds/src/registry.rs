@@ -49,7 +49,7 @@ pub enum RegistryError {
     OtherFilesystem {
         uuid: u128,
         theirs: u128,
-        ours: Identity,
+        ours: Box<Identity>,
     },
     #[error(
         "target {uuid:032x} says it is index {index}, which this MDS does not know: refusing \
@@ -252,7 +252,7 @@ impl Registry {
                 return Err(RegistryError::OtherFilesystem {
                     uuid: t.uuid,
                     theirs,
-                    ours: self.fs.clone(),
+                    ours: Box::new(self.fs.clone()),
                 });
             }
             let index = match t.index {

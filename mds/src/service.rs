@@ -94,6 +94,7 @@ fn ns_error(e: NsError) -> RemoteError {
 fn store_error(e: StoreError) -> RemoteError {
     match e {
         StoreError::Namespace(e) => ns_error(e),
+        StoreError::Busy => RemoteError::new(StatusCode::Busy, e.to_string()),
         other => RemoteError::new(StatusCode::Io, other.to_string()),
     }
 }
@@ -500,6 +501,8 @@ impl MdsService {
                         stale: true,
                         ..c
                     }));
+                // In mirror order, as a layout keeps them (stable: extents stay in order).
+                template.components.sort_by_key(|c| c.mirror);
                 if !self.alloc.has_targets() {
                     return Err(RemoteError::new(
                         StatusCode::Busy,
@@ -1176,7 +1179,10 @@ impl MdsService {
         let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
         let mut changed = vec![];
         let mut after = vec![];
-        let decided = self.store.decide(&r.mutation, &r.creds, r.req).await;
+        let decided = self
+            .store
+            .decide(&r.mutation, &r.creds, r.req, r.acked)
+            .await;
         let (inode, created) = match decided.map_err(store_error)? {
             Decision::Replied(done) => {
                 // The first attempt counted its open, if it asked for one (counting the same

@@ -42,6 +42,11 @@ pub enum StoreError {
     /// again.
     #[error("an inode the change touches is leased")]
     Leased,
+    /// The reply cache holds as many clients as it may: a new one waits until others catch
+    /// up (their replies forgotten as they say they had them), rather than push their
+    /// replies out.
+    #[error("the MDS keeps replies for as many clients as it may; try again")]
+    Busy,
 }
 
 struct Shared {
@@ -505,14 +510,24 @@ impl Store {
     /// What a request will do ([`Namespace::decide`]). What it answers without a change (a
     /// resend's first reply, an existing file opened) is answered once everything applied so
     /// far is durable, so nothing is acknowledged that a crash could take back.
+    ///
+    /// The requests of `req`'s client numbered below `acked` had their replies: theirs are
+    /// forgotten first.
     pub async fn decide(
         &self,
         m: &Mutation,
         who: &Creds,
         req: Option<proto::md::ReqId>,
+        acked: u64,
     ) -> Result<Decision, StoreError> {
         let (decision, seq) = {
-            let guard = self.shared.ns.lock();
+            let mut guard = self.shared.ns.lock();
+            if let Some(r) = req {
+                guard.0.forget_replies(r.client, acked);
+                if !guard.0.keeps_replies_of(r.client) {
+                    return Err(StoreError::Busy);
+                }
+            }
             (guard.0.decide(m, who, req)?, guard.1)
         };
         match &decision {

@@ -73,7 +73,7 @@ async fn a_resend_is_answered_only_once_its_change_is_durable() {
     // The first attempt is applied in memory, its commit stalled: the resend must wait too.
     let resend = tokio::time::timeout(
         Duration::from_millis(300),
-        store.decide(&create("a", None), &Creds::root(), req),
+        store.decide(&create("a", None), &Creds::root(), req, 0),
     )
     .await;
     assert!(

@@ -155,6 +155,64 @@ async fn a_resent_request_is_answered_not_redone_even_after_a_restart() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+#[tokio::test]
+async fn a_whole_batch_resent_is_answered_as_first_time_and_replies_go_only_when_acknowledged() {
+    use mds::namespace::{Decision, ReqId};
+    let d = dir("resend-batch");
+    let store = Store::open(&d, 1 << 30).unwrap();
+    let req = |seq| Some(ReqId { client: 78, seq });
+    // A batch of 512 creates and an unlink-then-create of one name, all answered while
+    // their replies were lost on the way.
+    for seq in 1..=512u64 {
+        store
+            .apply_request(create(format!("f{seq}")), Creds::root(), req(seq))
+            .await
+            .unwrap();
+    }
+    let unlink = Mutation::Unlink {
+        parent: ROOT,
+        name: b"f1".to_vec(),
+        dir: false,
+    };
+    store
+        .apply_request(unlink.clone(), Creds::root(), req(513))
+        .await
+        .unwrap();
+    let again = store
+        .apply_request(create("f1".into()), Creds::root(), req(514))
+        .await
+        .unwrap();
+    // The whole batch comes again: every change is answered as the first time, none redone
+    // (an unlink redone would remove the new f1; a create redone would say EEXIST).
+    for seq in 1..=514u64 {
+        let m = match seq {
+            513 => unlink.clone(),
+            514 => create("f1".into()),
+            s => create(format!("f{s}")),
+        };
+        assert!(
+            matches!(
+                store.decide(&m, &Creds::root(), req(seq), 0).await.unwrap(),
+                Decision::Replied(_)
+            ),
+            "request {seq} would be carried out twice"
+        );
+    }
+    let f1 = store.read(|ns| ns.lookup(ROOT, b"f1", &Creds::root()).unwrap().fid);
+    assert_eq!(f1, again.inode.unwrap().fid, "the new f1 is there");
+    // The client says it had the replies below 514: only the last one is kept.
+    let next = create("next".into());
+    assert!(matches!(
+        store
+            .decide(&next, &Creds::root(), req(515), 514)
+            .await
+            .unwrap(),
+        Decision::Applies
+    ));
+    assert_eq!(store.read(|ns| ns.replies_kept()), 1);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// Where the batches of a journal end (the header, then magic, length, seq, count, crc, body).
 fn journal_end(raw: &[u8]) -> usize {
     let mut at = 16;

@@ -29,6 +29,10 @@ pub enum TargetError {
     /// A write that arrived after a newer overlapping one from its client: not applied.
     #[error("stale write: {0}")]
     Stale(String),
+    /// A sync failed: the object's unsynced writes may be lost, and its syncs fail until
+    /// they are written again.
+    #[error("object {fid}: sync failed ({reason}): its unsynced writes may be lost")]
+    SyncFailed { fid: Fid, reason: String },
     /// What would destroy data or join two filesystems: refused, with what an operator can
     /// do.
     #[error("refused: {0}")]
@@ -67,9 +71,10 @@ impl TargetError {
             TargetError::NoSpace => StatusCode::NoSpace,
             TargetError::Stale(_) => StatusCode::Fs(proto::FsErrorKind::Stale),
             TargetError::Refused(_) => StatusCode::Refused,
-            TargetError::Io { .. } | TargetError::Target { .. } | TargetError::Damaged(_) => {
-                StatusCode::Io
-            }
+            TargetError::Io { .. }
+            | TargetError::Target { .. }
+            | TargetError::Damaged(_)
+            | TargetError::SyncFailed { .. } => StatusCode::Io,
         }
     }
 }

@@ -139,6 +139,29 @@ impl Dirty {
         self.0.insert(start, end);
     }
 
+    /// Takes blocks `start..end` out.
+    fn remove(&mut self, start: u64, end: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .filter(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in overlapping {
+            self.0.remove(&s);
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+        }
+    }
+
+    fn first(&self) -> Option<(u64, u64)> {
+        self.0.iter().next().map(|(&s, &e)| (s, e))
+    }
+
     fn truncate(&mut self, end: u64) {
         let above: Vec<u64> = self.0.range(end..).map(|(&s, _)| s).collect();
         for s in above {
@@ -226,6 +249,10 @@ pub struct Object {
     state: Mutex<State>,
     /// No sync yet in this run: no block's contents are known durable.
     unsynced_since_open: AtomicBool,
+    /// Blocks whose writes a failed sync may have lost (the kernel drops the pages of a
+    /// failed write-back and a later fsync succeeds): every sync fails until they are all
+    /// written again.
+    lost: Mutex<Dirty>,
     /// Made in this run, in this directory, whose entries are not known durable yet.
     new_in: Mutex<Option<std::path::PathBuf>>,
     /// Tests: the process "dies" right after a write's checksums are written.
@@ -244,7 +271,14 @@ impl Object {
         let meta = engine.open(meta, OpenMode::Create, false).map_err(io)?;
         let cached = engine.open(data, OpenMode::Create, false).map_err(io)?;
         let data = engine.open(data, OpenMode::Existing, true).map_err(io)?;
-        Object::with(engine, fid, data, cached, meta)
+        Object::with(engine, fid, data, cached, meta).map(Object::made_in_this_run)
+    }
+
+    /// A new object (made or reused empty in this run) has no earlier run's contents whose
+    /// durability is unknown.
+    fn made_in_this_run(self) -> Object {
+        self.unsynced_since_open.store(false, Ordering::Release);
+        self
     }
 
     /// Says that the object's files were just made in `dir`: its first sync makes their
@@ -292,7 +326,7 @@ impl Object {
             }
         }
         let data = engine.open(data, OpenMode::Existing, true).map_err(io)?;
-        Object::with(engine, fid, data, cached, meta)
+        Object::with(engine, fid, data, cached, meta).map(Object::made_in_this_run)
     }
 
     /// The object whose files are open as `data` and `meta`, its size read from the header.
@@ -317,6 +351,7 @@ impl Object {
                 dirty: Dirty::default(),
             }),
             unsynced_since_open: AtomicBool::new(true),
+            lost: Mutex::new(Dirty::default()),
             new_in: Mutex::new(None),
             stamps: Mutex::new(Stamps::default()),
             #[cfg(test)]
@@ -496,6 +531,7 @@ impl Object {
         floor: u64,
     ) -> Result<u64> {
         let end = check_range(offset, data.len() as u64)?;
+        self.settle().await?;
         {
             let _gate = self.gate.read().await;
             self.write_blocks(offset, end, data, Some((stamp, floor)))
@@ -610,6 +646,7 @@ impl Object {
             let _ = self.write_entries(b0, &before);
             return Err(e);
         }
+        self.lost.lock().remove(b0, b1);
         let mut st = self.state.lock();
         st.dirty.insert(b0, b1);
         if end > st.size {
@@ -625,7 +662,27 @@ impl Object {
         self.sync_alone().await
     }
 
+    /// The first change in this run to an object opened from disk makes what the page cache
+    /// holds of it durable first: the last run may have written without syncing, and which
+    /// contents are on the disk is unknown until then, so no write could move a block's
+    /// `synced` slot, and contents synced in the last run would be stranded by two
+    /// overwrites and a power cut. After it every block's durable contents are its `cur`.
+    async fn settle(&self) -> Result<()> {
+        if self.unsynced_since_open.load(Ordering::Acquire) {
+            self.sync().await?;
+        }
+        Ok(())
+    }
+
     async fn sync_alone(&self) -> Result<()> {
+        if let Some((first, end)) = self.lost.lock().first() {
+            return Err(TargetError::SyncFailed {
+                fid: self.fid,
+                reason: format!(
+                    "an earlier sync failed and blocks {first}..{end} (or more) were not rewritten since"
+                ),
+            });
+        }
         // The data file, the checksum file and a new object's directory are synced at once:
         // nothing orders their write-back before a sync (see docs/oss.md), so none needs to
         // wait for another, and the disk's journal takes them in one commit where it can.
@@ -640,7 +697,27 @@ impl Object {
                 }
             }
         );
-        data.and(meta).and(dir_synced).map_err(self.io(0))?;
+        if let Err(e) = data.and(meta).and(dir_synced) {
+            // What was unsynced may be gone while the page cache says it is clean: poisoned
+            // until rewritten. A sync that failed before anything was known durable in this
+            // run may have lost any block.
+            let (size, dirty) = {
+                let st = self.state.lock();
+                (st.size, st.dirty.0.clone())
+            };
+            let mut lost = self.lost.lock();
+            if self.unsynced_since_open.load(Ordering::Acquire) {
+                lost.insert(0, size.div_ceil(BLOCK).max(1));
+            }
+            for (s, e) in dirty {
+                lost.insert(s, e);
+            }
+            tracing::error!(fid = %self.fid, error = %e, "sync failed: the object's unsynced writes may be lost; its syncs fail until they are rewritten");
+            return Err(TargetError::SyncFailed {
+                fid: self.fid,
+                reason: e.to_string(),
+            });
+        }
         if dir.is_some() {
             *self.new_in.lock() = None;
         }
@@ -685,6 +762,7 @@ impl Object {
                     "range {offset}+{len} is past the object size limit"
                 ))
             })?;
+        self.settle().await?;
         let _gate = self.gate.write().await;
         let end = end.min(self.state.lock().size);
         if offset >= end {
@@ -786,10 +864,12 @@ mod tests {
         want[100..106].copy_from_slice(b"resent");
         assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &want[..]);
         drop(obj);
-        // A power cut now (nothing synced since the first write): the synced block is back.
+        // A power cut now: the restarted server made what it found durable before its first
+        // write (the last run's unsynced contents), so that is back, not the resent write.
         mem.crash();
         let obj = reopen(&engine).await;
-        assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &synced[..]);
+        assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &w1[..]);
+        assert_ne!(w1, synced);
     }
 
     #[test]

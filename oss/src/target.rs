@@ -114,7 +114,10 @@ pub struct Target {
     dead_io: tokio::sync::Mutex<()>,
     objects: Mutex<HashMap<Fid, Arc<Object>>>,
     opening: tokio::sync::Mutex<()>,
-    epoch: u64,
+    /// The durability epoch; moved on (durably) by a failed sync too.
+    epoch: std::sync::atomic::AtomicU64,
+    /// One writer of EPOCH at a time.
+    epoch_io: tokio::sync::Mutex<()>,
     /// Per client, the oldest write it still waits on (see [`proto::ost::WriteStamp`]).
     floors: Mutex<HashMap<u64, u64>>,
     /// Held by an orphan cleanup: one at a time, each seeing what the one before left.
@@ -342,7 +345,8 @@ impl Target {
             dead_io: tokio::sync::Mutex::new(()),
             objects: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
-            epoch,
+            epoch: epoch.into(),
+            epoch_io: tokio::sync::Mutex::new(()),
             floors: Mutex::new(HashMap::new()),
             cleanup: tokio::sync::Mutex::new(()),
             cleaned: Mutex::new(None),
@@ -507,7 +511,20 @@ impl Target {
         if same_boot {
             return Ok(epoch);
         }
-        let epoch = epoch + 1;
+        Self::write_epoch(engine, root, epoch + 1).await
+    }
+
+    /// Writes `epoch` (with this boot's id) into EPOCH, durably.
+    async fn write_epoch(engine: &Arc<dyn Engine>, root: &Path, epoch: u64) -> Result<u64> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", root.display());
+            move |e| TargetError::target(what, e)
+        };
+        let boot = engine.boot_id();
+        let boot = &boot.as_bytes()[..boot.len().min(64)];
+        let f = engine
+            .open(&root.join("EPOCH"), OpenMode::Create, false)
+            .map_err(err("open EPOCH"))?;
         let mut out = AlignedBuf::zeroed(128);
         out[..8].copy_from_slice(&epoch.to_le_bytes());
         out[8] = boot.len() as u8;
@@ -524,7 +541,23 @@ impl Target {
 
     /// The durability epoch (see the module's notes).
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// After a failed sync: writes answered before it may be lost although the kernel says
+    /// their pages are clean. The epoch moves on, durably (and in memory even if the disk
+    /// refuses that too), so every client whose writes were answered under the old one
+    /// learns at its next sync that they may be lost, in this run or the next.
+    async fn lose_unsynced<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(TargetError::SyncFailed { .. }) = &r {
+            let _one = self.epoch_io.lock().await;
+            let next = self.epoch() + 1;
+            if let Err(e) = Self::write_epoch(&self.engine, &self.root, next).await {
+                tracing::error!(target = self.index, error = %e, "cannot record the new durability epoch after a failed sync: it holds until this server restarts");
+            }
+            self.epoch.store(next, Ordering::SeqCst);
+        }
+        r
     }
 
     pub fn index(&self) -> u32 {
@@ -813,10 +846,12 @@ impl Target {
             *f
         };
         crate::object::check_range(offset, data.len() as u64)?;
-        self.made(fid)
+        let r = self
+            .made(fid)
             .await?
             .write(offset, data, sync, stamp, floor)
-            .await
+            .await;
+        self.lose_unsynced(r).await
     }
 
     pub async fn read(&self, fid: Fid, offset: u64, len: u64) -> Result<Bytes> {
@@ -835,16 +870,17 @@ impl Target {
 
     pub async fn truncate(&self, fid: Fid, size: u64) -> Result<()> {
         crate::object::check_range(size, 0)?;
-        match self.existing(fid).await? {
+        let r = match self.existing(fid).await? {
             Some(o) => o.truncate(size).await,
             // Empty already; a longer object is made.
             None if size == 0 => Ok(()),
             None => self.made(fid).await?.truncate(size).await,
-        }
+        };
+        self.lose_unsynced(r).await
     }
 
     pub async fn punch(&self, fid: Fid, offset: u64, len: u64) -> Result<()> {
-        match self.existing(fid).await? {
+        let r = match self.existing(fid).await? {
             Some(o) => o.punch(offset, len).await,
             None => match offset.checked_add(len) {
                 Some(end) if end <= crate::object::MAX_OBJECT_SIZE => Ok(()),
@@ -852,14 +888,16 @@ impl Target {
                     "range {offset}+{len} is past the object size limit"
                 ))),
             },
-        }
+        };
+        self.lose_unsynced(r).await
     }
 
     pub async fn sync(&self, fid: Fid) -> Result<()> {
-        match self.existing(fid).await? {
+        let r = match self.existing(fid).await? {
             Some(o) => o.sync().await,
             None => Ok(()),
-        }
+        };
+        self.lose_unsynced(r).await
     }
 
     /// Destroys an object: its id is recorded dead, then its files (if it was written) go;

@@ -294,9 +294,144 @@ async fn disk_errors_reach_the_caller_naming_the_object() {
     let err = t.read(o, 0, 8192).await.unwrap_err();
     assert!(matches!(err, TargetError::Io { .. }), "{err}");
     assert!(err.to_string().contains(&o.to_string()), "{err}");
+    // A failed sync with nothing unsynced loses nothing: the next one answers, under a new
+    // epoch (the disk is failing; every writer learns it at its next sync).
+    let epoch = t.epoch();
     mem.fail_next(Op::Sync, libc::EIO);
     assert!(t.sync(o).await.is_err());
     t.sync(o).await.unwrap();
+    assert!(t.epoch() > epoch);
+}
+
+#[tokio::test]
+async fn a_failed_sync_fails_every_later_sync_until_the_lost_writes_are_rewritten() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    t.write(
+        o,
+        0,
+        &bytes(1, 3 * BLOCK as usize),
+        true,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let before = t.epoch();
+    t.write(
+        o,
+        BLOCK,
+        &bytes(2, 2 * BLOCK as usize),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    // The kernel fails the write-back and drops the pages: a retried fsync would say Ok.
+    mem.fail_next(Op::Sync, libc::EIO);
+    let err = t.sync(o).await.unwrap_err();
+    assert!(matches!(err, TargetError::SyncFailed { .. }), "{err}");
+    for _ in 0..3 {
+        assert!(matches!(
+            t.sync(o).await,
+            Err(TargetError::SyncFailed { .. })
+        ));
+    }
+    // The epoch moved, durably: clients whose writes were answered before it learn of the
+    // loss at their sync, in this run or after a restart.
+    let moved = t.epoch();
+    assert!(moved > before);
+    drop(t);
+    let t = reopen(&mem).await;
+    assert!(t.epoch() >= moved);
+    // The writer, told, writes again: durable.
+    t.write(
+        o,
+        BLOCK,
+        &bytes(3, 2 * BLOCK as usize),
+        true,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let mut want = bytes(1, 3 * BLOCK as usize);
+    want[BLOCK as usize..].copy_from_slice(&bytes(3, 2 * BLOCK as usize));
+    assert_eq!(&t.read(o, 0, 3 * BLOCK).await.unwrap()[..], &want[..]);
+}
+
+#[tokio::test]
+async fn in_one_run_a_poisoned_object_syncs_again_only_once_every_lost_block_is_rewritten() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    t.write(
+        o,
+        0,
+        &bytes(1, 4 * BLOCK as usize),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    mem.fail_next(Op::Sync, libc::EIO);
+    assert!(t.sync(o).await.is_err());
+    // Half the lost blocks rewritten: still refused.
+    t.write(
+        o,
+        0,
+        &bytes(2, 2 * BLOCK as usize),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        t.sync(o).await,
+        Err(TargetError::SyncFailed { .. })
+    ));
+    t.write(
+        o,
+        2 * BLOCK,
+        &bytes(3, 2 * BLOCK as usize),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    t.sync(o).await.unwrap();
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    let mut want = bytes(2, 2 * BLOCK as usize);
+    want.extend_from_slice(&bytes(3, 2 * BLOCK as usize));
+    assert_eq!(&t.read(o, 0, 4 * BLOCK).await.unwrap()[..], &want[..]);
+}
+
+#[tokio::test]
+async fn contents_synced_in_an_earlier_run_survive_two_overwrites_and_a_lost_write_back() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let synced = bytes(7, BLOCK as usize);
+    t.write(o, 0, &synced, true, Default::default())
+        .await
+        .unwrap();
+    // The storage server's process restarts (the machine does not).
+    drop(t);
+    let t = reopen(&mem).await;
+    t.write(o, 0, &bytes(8, BLOCK as usize), false, Default::default())
+        .await
+        .unwrap();
+    t.write(o, 0, &bytes(9, BLOCK as usize), false, Default::default())
+        .await
+        .unwrap();
+    // Power is cut: the disk kept the checksums' write-back but not the data's, so the data
+    // file holds what was last synced.
+    let data = format!("{ROOT}/O/{:x}/d{}/{:x}", o.seq, o.oid % 32, o.oid);
+    mem.with_file(Path::new(&data), |img| {
+        img[..synced.len()].copy_from_slice(&synced)
+    })
+    .unwrap();
+    drop(t);
+    let t = reopen(&mem).await;
+    assert_eq!(&t.read(o, 0, BLOCK).await.unwrap()[..], &synced[..]);
 }
 
 #[tokio::test]

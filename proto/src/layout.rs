@@ -335,7 +335,13 @@ impl Layout {
 
     /// How many mirrors the file has (1 when it is not mirrored).
     pub fn mirror_count(&self) -> u16 {
-        self.components.last().map_or(1, |c| c.mirror + 1)
+        // Not the last component's: a layout being built (a mirror placed anew) may hold its
+        // components out of mirror order.
+        self.components
+            .iter()
+            .map(|c| c.mirror)
+            .max()
+            .map_or(1, |m| m.saturating_add(1))
     }
 
     /// Mirror `id` alone, as a layout of its own for the offset math.
@@ -481,6 +487,20 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mirror_count_holds_while_a_mirror_placed_anew_sits_after_the_others() {
+        // The template of mirror 0 placed again: the kept copy first, the new one last.
+        let mirror = |m| Component {
+            mirror: m,
+            ..Component::raid0(StripeCount::Count(2), 1 << 20)
+        };
+        let l = Layout {
+            generation: 1,
+            components: vec![mirror(1), mirror(0)],
+        };
+        assert_eq!(l.mirror_count(), 2);
+    }
 
     #[test]
     fn a_layout_naming_a_target_twice_is_refused_before_anything_is_allocated() {

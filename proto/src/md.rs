@@ -444,6 +444,9 @@ pub struct MdsReint {
     /// Names the request across resends: the MDS answers a resend of a request it already
     /// carried out with the reply it gave then, instead of doing it twice.
     pub req: Option<ReqId>,
+    /// The `req` client had replies to every one of its requests numbered below this (Lustre's
+    /// last-xid-replied): the MDS forgets those replies, and keeps every other until told.
+    pub acked: u64,
     /// Also count an open of the regular file the mutation returns, under this handle (a
     /// create that opens, in one round trip); the matching close is an `MdsClose`.
     pub open: Option<OpenHandle>,

@@ -1,22 +1,31 @@
-//! The reply cache: the replies to each client's latest requests, so that a resent request is
-//! answered as the first time instead of carried out twice. It is plain data; the MDS keeps it
-//! in its namespace, under the namespace's lock, and consults it twice: once to decide (a
-//! resend is answered at once), and again under the same lock as the change is applied (a
-//! resend that raced the first attempt finds the first reply there). `tests/loom.rs` checks
-//! that protocol.
+//! The reply cache: the replies to each client's requests that the client may still resend,
+//! so that a resent request is answered as the first time instead of carried out twice. It is
+//! plain data; the MDS keeps it in its namespace, under the namespace's lock, and consults it
+//! twice: once to decide (a resend is answered at once), and again under the same lock as the
+//! change is applied (a resend that raced the first attempt finds the first reply there).
+//! `tests/loom.rs` checks that protocol.
+//!
+//! A client says with every request which of its requests it has had replies to (every one
+//! numbered below a watermark, Lustre's last-xid-replied): those replies are forgotten, and
+//! only those. The client's requests in flight are bounded (a batch is at most 512 changes,
+//! and a client queues at most 8,192 of them), far below [`REPLIES_PER_CLIENT`]; that bound
+//! forgets the oldest replies only for a client that never says what it had (or a journal
+//! replayed without the watermarks it was pruned by). A client whose replies are all
+//! forgotten holds no room; when the cache holds [`MAX_CLIENTS`] clients with replies, a new
+//! client is refused (see [`ReplyCache::admits`]) rather than another's replies dropped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
-/// Replies kept per client: its latest requests.
-pub const REPLIES_PER_CLIENT: usize = 64;
-/// Clients kept; past it, the one that recorded a reply least recently is forgotten, so no
-/// client can push out the replies of one that is busy.
+/// Replies kept per client at most: its requests it may still resend.
+pub const REPLIES_PER_CLIENT: usize = 16_384;
+/// Clients with replies kept; past it, new clients are refused until one catches up.
 pub const MAX_CLIENTS: usize = 16_384;
 
 /// Replies `V` by client and request sequence number.
 #[derive(Clone, Debug)]
 pub struct ReplyCache<V> {
-    clients: BTreeMap<u128, VecDeque<(u64, V)>>,
+    /// Per client, its replies by request number.
+    clients: BTreeMap<u128, BTreeMap<u64, V>>,
     /// When each client last recorded a reply (a counter), and the clients by that time.
     last: HashMap<u128, u64>,
     by_last: BTreeMap<u64, u128>,
@@ -47,14 +56,47 @@ impl<V: Eq> Eq for ReplyCache<V> {}
 impl<V> ReplyCache<V> {
     /// The reply given to request `seq` of `client`, if it was carried out.
     pub fn get(&self, client: u128, seq: u64) -> Option<&V> {
-        self.clients
-            .get(&client)?
-            .iter()
-            .find(|(s, _)| *s == seq)
-            .map(|(_, v)| v)
+        self.clients.get(&client)?.get(&seq)
     }
 
-    /// Records the reply to request `seq` of `client`.
+    /// Whether a request of `client` may be carried out now: the client has replies kept
+    /// already, or there is room for one more client. A refused one is told to come back
+    /// (replies are forgotten as clients say they had them).
+    pub fn admits(&self, client: u128) -> bool {
+        self.clients.contains_key(&client) || self.clients.len() < MAX_CLIENTS
+    }
+
+    /// Forgets the replies to `client`'s requests numbered below `below`: the client says it
+    /// had them, and will not resend those requests.
+    pub fn forget_below(&mut self, client: u128, below: u64) {
+        let Some(slots) = self.clients.get_mut(&client) else {
+            return;
+        };
+        if slots.first_key_value().is_none_or(|(s, _)| *s >= below) {
+            return;
+        }
+        *slots = slots.split_off(&below);
+        if slots.is_empty() {
+            self.clients.remove(&client);
+            if let Some(t) = self.last.remove(&client) {
+                self.by_last.remove(&t);
+            }
+        }
+    }
+
+    /// Replies kept in all.
+    pub fn len(&self) -> usize {
+        self.clients.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether no reply is kept.
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    /// Records the reply to request `seq` of `client`. Past the bounds (a client that never
+    /// says what it had; a journal replayed without its watermarks), the client's lowest
+    /// numbered reply, or the client idle longest, goes.
     pub fn record(&mut self, client: u128, seq: u64, reply: V) {
         if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
             if let Some((_, idle)) = self.by_last.pop_first() {
@@ -64,19 +106,19 @@ impl<V> ReplyCache<V> {
         }
         self.touch(client);
         let slots = self.clients.entry(client).or_default();
-        if slots.len() >= REPLIES_PER_CLIENT {
-            slots.pop_front();
+        if slots.len() >= REPLIES_PER_CLIENT && !slots.contains_key(&seq) {
+            slots.pop_first();
         }
-        slots.push_back((seq, reply));
+        slots.insert(seq, reply);
     }
 
-    /// Every client's replies, oldest first (to save them).
-    pub fn clients(&self) -> &BTreeMap<u128, VecDeque<(u64, V)>> {
+    /// Every client's replies, by request number (to save them).
+    pub fn clients(&self) -> &BTreeMap<u128, BTreeMap<u64, V>> {
         &self.clients
     }
 
     /// A cache holding `clients` (as saved); their recency starts in the order given.
-    pub fn from_clients(clients: BTreeMap<u128, VecDeque<(u64, V)>>) -> ReplyCache<V> {
+    pub fn from_clients(clients: BTreeMap<u128, BTreeMap<u64, V>>) -> ReplyCache<V> {
         let mut c = ReplyCache {
             clients,
             ..ReplyCache::default()
@@ -100,6 +142,39 @@ impl<V> ReplyCache<V> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_are_kept_until_the_client_says_it_had_them_and_no_longer() {
+        let mut c = ReplyCache::default();
+        // A batch of 512 changes, and more, all in flight: none is forgotten by count.
+        for seq in 0..2048u64 {
+            c.record(7, seq, seq);
+        }
+        assert_eq!(c.get(7, 0), Some(&0));
+        c.forget_below(7, 1000);
+        assert_eq!(c.get(7, 999), None);
+        assert_eq!(c.get(7, 1000), Some(&1000));
+        assert_eq!(c.len(), 1048);
+        // Caught up: the client holds no room at all.
+        c.forget_below(7, 2048);
+        assert!(c.is_empty());
+        assert!(c.admits(7));
+    }
+
+    #[test]
+    fn a_full_cache_refuses_new_clients_instead_of_dropping_anothers_replies() {
+        let mut c = ReplyCache::default();
+        for client in 0..MAX_CLIENTS as u128 {
+            c.record(client, 1, 0u8);
+        }
+        assert!(
+            !c.admits(u128::MAX),
+            "a new client would push another's replies out"
+        );
+        assert!(c.admits(5), "a client with replies kept goes on");
+        c.forget_below(5, 2);
+        assert!(c.admits(u128::MAX), "room again once a client caught up");
+    }
 
     #[test]
     fn a_client_keeps_its_latest_replies() {

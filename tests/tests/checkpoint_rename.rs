@@ -21,6 +21,7 @@ fn reint(m: Mutation) -> MdsReint {
         creds: Creds::root(),
         mutation: m,
         req: None,
+        acked: 0,
         open: None,
         size_gen: None,
         behind: false,
