@@ -2,7 +2,7 @@
 //! component, and every call resent across a server's restart for a bounded time.
 
 use proto::FsErrorKind;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -164,6 +164,8 @@ pub(crate) struct Inner {
     shunned: parking_lot::Mutex<std::collections::HashMap<u32, Instant>>,
     /// Changes answered before they were durable, until the MDS commits them.
     pub(crate) uncommitted: crate::replay::Uncommitted,
+    /// Evictions [`Client::sync`] has reported.
+    pub(crate) evictions_reported: AtomicU64,
     /// In the MDS's table of clients (commit-behind on).
     pub(crate) joined: std::sync::atomic::AtomicBool,
     /// Wakes the pinger at once (a call to the MDS found it restarting or recovering).
@@ -276,6 +278,7 @@ impl Client {
                 staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
                 shunned: Default::default(),
                 uncommitted: Default::default(),
+                evictions_reported: AtomicU64::new(0),
                 joined: Default::default(),
                 kick: Arc::new(tokio::sync::Notify::new()),
                 replaying: tokio::sync::Mutex::new(()),
@@ -308,7 +311,9 @@ impl Client {
             client: self.inner.client_id,
         };
         let pong = self.rpc(&self.inner.mds.clone(), &ping).await?;
-        self.inner.uncommitted.committed(pong.committed);
+        self.inner
+            .uncommitted
+            .committed(pong.instance, pong.committed);
         if self.inner.opens.restarted(pong.instance) {
             let _one = self.inner.replaying.lock().await;
             if let Err(e) = self.recover().await {
@@ -326,7 +331,7 @@ impl Client {
             client: self.inner.client_id,
         };
         let c = self.rpc(&self.inner.mds.clone(), &r).await?;
-        self.inner.uncommitted.committed(c.committed);
+        self.inner.uncommitted.committed(c.instance, c.committed);
         self.inner.joined.store(true, Ordering::SeqCst);
         Ok(c.instance)
     }
@@ -339,9 +344,11 @@ impl Client {
         let joined = self.inner.joined.load(Ordering::SeqCst);
         let mut instance = 0;
         if joined {
+            let old_run = self.inner.uncommitted.run();
             instance = self.join().await?;
-            let mut tickets = self.inner.uncommitted.take_all().into_iter();
+            let mut tickets = self.inner.uncommitted.take_all(instance).into_iter();
             let (mut applied, mut refused) = (0u64, 0u64);
+            let mut why_refused = String::new();
             while let Some((transno, ticket)) = tickets.next() {
                 let r = MdsReplay {
                     client: self.inner.client_id,
@@ -354,11 +361,9 @@ impl Client {
                     Err(e) => {
                         // Not known replayed (the MDS restarted again, or is out of reach):
                         // kept for the next recovery, with those after it.
-                        let uncommitted = &self.inner.uncommitted;
-                        uncommitted.keep(transno, r.ticket, 0);
-                        for (t, ticket) in tickets {
-                            uncommitted.keep(t, ticket, 0);
-                        }
+                        self.inner
+                            .uncommitted
+                            .put_back(old_run, std::iter::once((transno, r.ticket)).chain(tickets));
                         return Err(e);
                     }
                 };
@@ -368,8 +373,12 @@ impl Client {
                     ReplayOutcome::Refused(why) => {
                         refused += 1;
                         tracing::error!(transno, %why, "an acknowledged change could not be replayed: it is lost");
+                        why_refused = why;
                     }
                 }
+            }
+            if refused > 0 {
+                self.inner.uncommitted.lost_in_replay(refused, &why_refused);
             }
             tracing::info!(
                 applied,
@@ -391,10 +400,32 @@ impl Client {
     /// Waits until the MDS has committed every change it applied so far (this client's and
     /// others'): what `fsync` of a file or directory and `sync` promise.
     pub async fn sync(&self) -> Result<()> {
+        self.sync_quiet().await?;
+        self.evicted_since(&self.inner.evictions_reported)
+    }
+
+    /// As [`Client::sync`], leaving a loss to an eviction for the caller to report (a file's
+    /// `fsync` reports it for its own handle).
+    pub(crate) async fn sync_quiet(&self) -> Result<()> {
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
-        self.inner.uncommitted.committed(r.committed);
+        self.inner.uncommitted.served_in(r.instance, r.committed);
         self.failed_ahead(None)
+    }
+
+    /// EIO if an eviction lost acknowledged changes since `seen` (which then moves on): each
+    /// such loss is reported once to each who asks (a `sync`, each file's `fsync` and close).
+    pub(crate) fn evicted_since(&self, seen: &AtomicU64) -> Result<()> {
+        let (n, what) = self.inner.uncommitted.evictions();
+        if seen.swap(n, Ordering::SeqCst) < n {
+            return Err(ClientError::fs(FsErrorKind::Io, what));
+        }
+        Ok(())
+    }
+
+    /// Evictions that lost acknowledged changes so far (a file remembers it at its open).
+    pub(crate) fn evictions(&self) -> u64 {
+        self.inner.uncommitted.evictions().0
     }
 
     /// Waits until the MDS has committed everything it answered this client, and reports a
@@ -402,7 +433,8 @@ impl Client {
     pub async fn sync_dir(&self, dir: Fid) -> Result<()> {
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
-        self.inner.uncommitted.committed(r.committed);
+        self.inner.uncommitted.served_in(r.instance, r.committed);
+        self.evicted_since(&self.inner.evictions_reported)?;
         self.failed_ahead(Some(dir))
     }
 
@@ -429,7 +461,7 @@ impl Client {
         let r = self
             .rpc_raw(&self.inner.mds.clone(), &MdsSync {}, None)
             .await?;
-        self.inner.uncommitted.committed(r.committed);
+        self.inner.uncommitted.served_in(r.instance, r.committed);
         Ok(())
     }
 
@@ -683,7 +715,7 @@ impl Client {
         let ticket = std::mem::take(&mut reply.ticket);
         self.inner
             .uncommitted
-            .keep(reply.transno, ticket, reply.committed);
+            .keep(reply.instance, reply.transno, ticket, reply.committed);
         Ok(reply)
     }
 

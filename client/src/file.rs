@@ -282,6 +282,7 @@ impl OpenOptions {
             ready: AtomicBool::new(false),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
+            evictions_seen: AtomicU64::new(client.evictions()),
         }))
     }
 
@@ -479,6 +480,7 @@ impl OpenOptions {
             ready: AtomicBool::new(true),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(mdt),
+            evictions_seen: AtomicU64::new(client.evictions()),
         };
         client.inner.writes.opened(file.inode.lock().fid);
         if self.truncate && (self.write || self.append) {
@@ -544,6 +546,9 @@ pub struct File {
     taking_in: Mutex<()>,
     /// The bytes the MDS keeps of the file (Data-on-MDT), as last read.
     mdt: Mutex<Option<MdtCopy>>,
+    /// The client's evictions that lost acknowledged changes, as this handle has reported
+    /// them (from its open on): a later one fails its next `fsync` and its close with EIO.
+    evictions_seen: AtomicU64,
 }
 
 impl std::fmt::Debug for File {
@@ -579,6 +584,7 @@ impl File {
             ready: AtomicBool::new(true),
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
+            evictions_seen: AtomicU64::new(client.evictions()),
         }
     }
 
@@ -1905,7 +1911,7 @@ impl File {
             self.publish_size().await?;
             // Its create (and every change before it) is durable at the MDS, not only
             // applied.
-            self.client.sync().await
+            self.client.sync_quiet().await
         };
         let ((), metadata) = tokio::join!(objects, metadata);
         metadata?;
@@ -1924,9 +1930,10 @@ impl File {
                     .await?;
             }
             // The copies marked stale are durable too before the sync succeeds.
-            self.client.sync().await?;
+            self.client.sync_quiet().await?;
         }
-        Ok(())
+        // Changes an eviction lost since this handle's open, or its last report.
+        self.client.evicted_since(&self.evictions_seen)
     }
 
     /// How far this handle has written (the size other clients see after `flush`): short of
@@ -2073,6 +2080,14 @@ impl File {
     /// Closes the file: its size becomes visible to every client that opens it next
     /// (close-to-open). Data is durable only after `fsync`.
     pub async fn close(self) -> Result<()> {
+        let client = self.client.clone();
+        let seen = AtomicU64::new(self.evictions_seen.load(Ordering::SeqCst));
+        let closed = self.close_here().await;
+        // Changes an eviction lost since this handle's open, or its last report.
+        closed.and_then(|()| client.evicted_since(&seen))
+    }
+
+    async fn close_here(self) -> Result<()> {
         self.closed.store(true, Ordering::SeqCst);
         if !self.ready.load(Ordering::SeqCst) {
             // Created ahead and not used: the close goes after the create, in the queue.

@@ -1243,6 +1243,7 @@ mod tests {
             grant: None,
             transno,
             committed: 0,
+            instance: 1,
             ticket: vec![],
             leased: true,
             changed,

@@ -527,7 +527,7 @@ async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
                 let ticket = std::mem::take(&mut reply.ticket);
                 inner
                     .uncommitted
-                    .keep(reply.transno, ticket, reply.committed);
+                    .keep(reply.instance, reply.transno, ticket, reply.committed);
                 Ok(reply)
             }
             (BatchOp::Reint(_), Err((kind, what))) => {

@@ -752,7 +752,10 @@ impl MdsService {
             opcodes::MDS_SYNC => {
                 let _: MdsSync = req.decode()?;
                 let committed = self.store.sync().await.map_err(store_error)?;
-                reply::<MdsSync>(&MdsSynced { committed })
+                reply::<MdsSync>(&MdsSynced {
+                    committed,
+                    instance: self.instance,
+                })
             }
             opcodes::MDS_STATFS => {
                 let _: MdsStatfs = req.decode()?;
@@ -1201,6 +1204,7 @@ impl MdsService {
                     grant,
                     transno: 0,
                     committed: self.store.committed(),
+                    instance: self.instance,
                     ticket: vec![],
                     leased: false,
                     changed: vec![],
@@ -1257,6 +1261,7 @@ impl MdsService {
             grant,
             transno: stamp.0,
             committed: self.store.committed(),
+            instance: self.instance,
             ticket,
             leased,
             changed,

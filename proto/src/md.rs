@@ -500,6 +500,8 @@ pub struct MdsReintReply {
     pub transno: u64,
     /// The MDS's last committed transaction number: every change up to it is durable.
     pub committed: u64,
+    /// The MDS run (its instance) `transno` and `committed` are numbers of.
+    pub instance: u64,
     /// With `behind` and a change not yet durable: what to replay it with after an MDS
     /// restart (sealed by the MDS; opaque to the client).
     #[serde(with = "crate::msg::bytes_field")]
@@ -792,6 +794,8 @@ pub struct MdsSync {}
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsSynced {
     pub committed: u64,
+    /// The MDS run `committed` is a number of.
+    pub instance: u64,
 }
 
 impl Rpc for MdsSync {
