@@ -741,16 +741,23 @@ impl File {
             stale: true,
             generation: layout.generation,
         };
+        let failed = |e: ClientError| {
+            ClientError::fs(
+                FsErrorKind::Io,
+                format!("{fid}: mirror {mirror} missed a write ({why}) and could not be marked stale: {e}"),
+            )
+        };
         let r = self
             .client
             .reint_if(m, Some(self.handle), None)
             .await
-            .map_err(|e| {
-                ClientError::fs(
-                    FsErrorKind::Io,
-                    format!("{fid}: mirror {mirror} missed a write ({why}) and could not be marked stale: {e}"),
-                )
-            })?;
+            .map_err(failed)?;
+        // Durable before the write it covers is acknowledged: an MDS that forgot the mark
+        // (a crash before its commit, the client gone too) would let readers take the copy
+        // that missed the write.
+        if r.transno > r.committed {
+            self.client.sync_committed().await.map_err(failed)?;
+        }
         if let Some(i) = r.inode {
             let mut mine = self.inode.lock();
             mine.layout = i.layout;
@@ -1855,10 +1862,20 @@ impl File {
                     fid: o.fid,
                     capa,
                 };
-                let ack = caps
+                let ack = match caps
                     .rpc_within(&client, &oss, o.target, o.fid, sync, failover)
                     .await
-                    .map_err(|e| (o, e))?;
+                {
+                    Ok(ack) => ack,
+                    Err(e) => {
+                        if let ClientError::Net(lnet::NetError::Remote { err, .. }) = &e {
+                            if err.code == proto::StatusCode::Io {
+                                client.inner.writes.sync_failed(fid, o);
+                            }
+                        }
+                        return Err((o, e));
+                    }
+                };
                 if client.inner.writes.synced(fid, o, seen, ack.epoch) {
                     Ok(())
                 } else {

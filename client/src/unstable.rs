@@ -192,6 +192,20 @@ impl Writes {
         u.generation = generation;
     }
 
+    /// The storage server failed to make `object`'s writes durable (its disk failed the
+    /// sync): they may be gone although a later sync would say Ok, so they count as lost,
+    /// reported by every `fsync` until the client's last handle on the file closes.
+    pub fn sync_failed(&self, file: Fid, object: StripeObject) {
+        if let Some(u) = self
+            .files
+            .lock()
+            .get_mut(&file)
+            .and_then(|f| f.objects.get_mut(&object))
+        {
+            u.lost = true;
+        }
+    }
+
     /// What `fsync` of `file` must sync, in object order (the same order every run, so that a
     /// simulation replays exactly).
     pub fn unsynced(&self, file: Fid) -> Vec<(StripeObject, Unstable)> {

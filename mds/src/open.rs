@@ -20,9 +20,34 @@ use proto::Fid;
 /// Most handles open at once; past it, opens are refused (EMFILE).
 pub const MAX_OPEN_HANDLES: usize = 1 << 20;
 
+/// The handles open on one file, each with the order it was opened in, and the order of the
+/// latest open: whether any other handle opened since a given one (a resync's, whose copy
+/// would miss that handle's writes).
+#[derive(Default)]
+struct Opens {
+    handles: HashMap<OpenHandle, u64>,
+    latest: u64,
+}
+
+impl Opens {
+    fn contains(&self, h: &OpenHandle) -> bool {
+        self.handles.contains_key(h)
+    }
+
+    fn remove(&mut self, h: &OpenHandle) -> bool {
+        self.handles.remove(h).is_some()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+}
+
 #[derive(Default)]
 struct Table {
-    files: FastMap<Fid, HashSet<OpenHandle>>,
+    files: FastMap<Fid, Opens>,
+    /// Counts opens, to order them.
+    opened: u64,
     /// Per client: when it was last heard from, and the files it holds open.
     clients: HashMap<u128, (Instant, HashSet<(Fid, u64)>)>,
     handles: usize,
@@ -49,7 +74,10 @@ impl OpenFiles {
         if t.handles >= MAX_OPEN_HANDLES {
             return false;
         }
-        t.files.entry(fid).or_default().insert(handle);
+        t.opened += 1;
+        let opens = t.files.entry(fid).or_default();
+        opens.handles.insert(handle, t.opened);
+        opens.latest = t.opened;
         let c = t
             .clients
             .entry(handle.client)
@@ -95,6 +123,20 @@ impl OpenFiles {
             .files
             .get(&fid)
             .is_some_and(|h| h.contains(&handle))
+    }
+
+    /// Whether `handle` holds `fid` alone, and no other handle opened it since `handle` did
+    /// (and closed it again): a copy resynced through `handle` then missed no one's writes.
+    pub fn alone_since(&self, fid: Fid, handle: OpenHandle) -> bool {
+        let t = self.table.lock();
+        let Some(opens) = t.files.get(&fid) else {
+            return false;
+        };
+        opens.handles.len() == 1
+            && opens
+                .handles
+                .get(&handle)
+                .is_some_and(|at| *at == opens.latest)
     }
 
     pub fn is_open(&self, fid: Fid) -> bool {
@@ -160,6 +202,24 @@ mod tests {
         t.close(f, h(2, 1));
         assert!(!t.is_open(f));
         assert_eq!(t.handles(), 0);
+    }
+
+    #[test]
+    fn a_handle_is_alone_since_its_open_only_if_no_other_opened_meanwhile() {
+        let t = OpenFiles::default();
+        let f = Fid::new(0x200000400, 1, 0);
+        t.open(f, h(1, 1));
+        t.open(f, h(9, 1)); // the resync's
+        t.close(f, h(1, 1)); // a writer from before, gone: its writes were in the source
+        assert!(t.alone_since(f, h(9, 1)));
+        // A writer opens and closes again while the copy is made: the copy may miss it.
+        t.open(f, h(2, 1));
+        assert!(!t.alone_since(f, h(9, 1)), "another handle is open");
+        t.close(f, h(2, 1));
+        assert!(!t.alone_since(f, h(9, 1)), "another handle opened since");
+        assert!(t.open(f, h(9, 1)), "the resync's resent open");
+        assert!(!t.alone_since(f, h(9, 1)), "a resend is not a new open");
+        assert!(!t.alone_since(f, h(3, 3)), "not open at all");
     }
 
     #[test]

@@ -1145,6 +1145,25 @@ impl MdsService {
     }
 
     async fn reint(&self, mut r: MdsReint) -> Result<MdsReintReply, RemoteError> {
+        // A stale copy is declared in sync only by a resync that held the file alone from
+        // before it copied: a writer open meanwhile (or opened and closed again) wrote only the
+        // copies in sync, and the cleared copy would lack its acknowledged writes.
+        if let Mutation::MirrorState {
+            fid, stale: false, ..
+        } = &r.mutation
+        {
+            let alone = r.open.is_some_and(|h| self.alloc.open.alone_since(*fid, h));
+            if !alone {
+                return Err(RemoteError::new(
+                    StatusCode::Fs(FsErrorKind::WouldBlock),
+                    format!(
+                        "{fid}: another handle opened the file during the resync; its writes may \
+                         be missing from the new copy, which stays stale (resync again once the \
+                         file is closed)"
+                    ),
+                ));
+            }
+        }
         // A change of size or times through an open handle needs no permission now: the open
         // was the check (ftruncate of a file created with mode 0). Times are now, or the
         // mtime the writer's page cache kept for its writes (never an atime of its choosing).

@@ -424,3 +424,76 @@ async fn a_wiped_target_is_rebuilt_and_a_copy_can_be_added() {
     assert!(f.read_copy(1, 0, one.len() as u64).await.unwrap() == one);
     f.close().await.unwrap();
 }
+
+/// A stale copy is declared in sync only by a resync that held the file alone from before it
+/// copied: a writer open meanwhile wrote only the copies in sync, and the copy would lack its
+/// acknowledged writes (readers would then alternate between copies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_not_declared_in_sync_while_another_handle_may_write_past_it() {
+    let cl = Cluster::start("mirror-writer").await;
+    let c = &cl.client;
+    // Each node its own client: a handle closed stays open at the MDS a while (the open
+    // cache), and counts as a writer's until its client lets it go.
+    let client = || async {
+        let cfg = ClientConfig {
+            security: Some(lode_tests::client_security()),
+            retry_for: Duration::from_secs(20),
+            ..Default::default()
+        };
+        Client::connect_with(&cl.mds.nid.to_string(), cfg)
+            .await
+            .unwrap()
+    };
+    let data = pattern(6, 3 << 20);
+    let first = client().await;
+    write_file(&first, "/w", &data).await;
+    first.close().await.unwrap();
+    let l = c.getstripe("/w").await.unwrap().unwrap();
+    let fid = c.stat("/w").await.unwrap().fid;
+    c.reint(proto::md::Mutation::MirrorState {
+        fid,
+        mirror: 1,
+        stale: true,
+        generation: l.generation,
+    })
+    .await
+    .unwrap();
+    // Another node resyncs (as `lode mirror resync` does) while a third writes.
+    let (r, w) = (client().await, client().await);
+    let rw = OpenOptions::new().read(true).write(true);
+    let resyncer = rw.open(&r, "/w").await.unwrap();
+    let writer = rw.open(&w, "/w").await.unwrap();
+    let err = resyncer.resync(|_, _| {}).await.unwrap_err();
+    assert!(err.is(proto::FsErrorKind::WouldBlock), "{err}");
+    let l = c.getstripe("/w").await.unwrap().unwrap();
+    assert_eq!(
+        l.stale_mirrors(),
+        vec![1],
+        "declared in sync under a writer"
+    );
+    // The writer writes (to the copy in sync only) and is gone: the resync that began before
+    // its open still may not clear the copy.
+    writer.write_at(0, b"late").await.unwrap();
+    writer.close().await.unwrap();
+    w.close().await.unwrap();
+    assert!(resyncer.resync(|_, _| {}).await.is_err());
+    resyncer.close().await.unwrap();
+    r.close().await.unwrap();
+    // A resync holding the file alone from its start clears it, with every write.
+    let r = client().await;
+    let alone = rw.open(&r, "/w").await.unwrap();
+    alone.resync(|_, _| {}).await.unwrap();
+    let mut want = data.clone();
+    want[..4].copy_from_slice(b"late");
+    let len = want.len() as u64;
+    assert!(alone.read_copy(1, 0, len).await.unwrap() == want);
+    assert!(c
+        .getstripe("/w")
+        .await
+        .unwrap()
+        .unwrap()
+        .stale_mirrors()
+        .is_empty());
+    alone.close().await.unwrap();
+    r.close().await.unwrap();
+}

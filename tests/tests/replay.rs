@@ -149,8 +149,12 @@ async fn uncommitted_changes_of_two_clients_are_replayed_in_order_after_kill_9_a
         "the dead client's change, and what depended on it, are gone"
     );
     eprintln!("first answer after the restart: {waited:?}");
-    // Nothing of it is held uncommitted any more once synced, and a new change works.
+    // Nothing of it is held uncommitted any more once synced, and a new change works. B's
+    // acknowledged change that could not be replayed is reported to it, once: never silent.
     a.sync().await.unwrap();
+    let lost = b.sync().await.unwrap_err();
+    assert!(lost.is(proto::FsErrorKind::Io), "{lost}");
+    assert!(lost.to_string().contains("could not be replayed"), "{lost}");
     b.sync().await.unwrap();
     assert_eq!(a.uncommitted(), 0);
     let fid = create(&a, "/a/new").await;
