@@ -74,6 +74,9 @@ pub struct Allocator {
     /// Targets whose cleanup their server refused, with why: kept out of service, and the
     /// refusal logged once per reason rather than at every pass.
     refused: Mutex<HashMap<u32, String>>,
+    /// Per target, the highest object id this run gave a file: an orphan cleanup keeps it
+    /// and every id below, whether or not the create that took it is applied yet.
+    handed: Mutex<HashMap<u32, u32>>,
 }
 
 /// Whether new stripes may go to target `t`: up, cleaned up (`ready`), more than 1% free.
@@ -106,6 +109,7 @@ impl Allocator {
             replaying: std::sync::OnceLock::new(),
             leases: std::sync::OnceLock::new(),
             refused: Mutex::new(HashMap::new()),
+            handed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -277,6 +281,9 @@ impl Allocator {
                 .get_mut(&target)
                 .and_then(VecDeque::pop_front)
             {
+                let mut handed = self.handed.lock();
+                let h = handed.entry(target).or_default();
+                *h = (*h).max(f.oid);
                 return Ok(f);
             }
             self.refill(target).await?;
@@ -380,6 +387,19 @@ impl Allocator {
         Ok(out)
     }
 
+    /// Storage server targets that registered (again): each is cleaned up again before it
+    /// takes new stripes, as at this MDS's start. Its server may have restarted on another
+    /// copy of it (restored, rolled back), and the objects precreated for the pool may be
+    /// gone; the cleanup checks LAST_ID against the namespace and refills the pool.
+    pub fn registered(&self, targets: &[u32]) {
+        let mut ready = self.ready.lock();
+        let mut pools = self.pools.lock();
+        for t in targets {
+            ready.remove(t);
+            pools.remove(t);
+        }
+    }
+
     /// Returns unused objects to their pools.
     pub fn give_back(&self, objects: &[StripeObject]) {
         let mut pools = self.pools.lock();
@@ -424,7 +444,9 @@ impl Allocator {
     /// cleanup whose answer is late is sent again at the next pass, and any answer means the
     /// orphans are gone.
     async fn clean_up(&self, store: &Store, t: &TargetInfo) {
-        let keep = store.read(|ns| ns.highest_object(t.index));
+        let keep = store
+            .read(|ns| ns.highest_object(t.index))
+            .max(self.handed.lock().get(&t.index).copied().unwrap_or(0));
         let req = OstDestroyAbove {
             target: t.index,
             keep_up_to: keep,

@@ -926,6 +926,7 @@ impl MdsService {
                 };
                 RemoteError::new(code, e.to_string())
             })?;
+        self.alloc.registered(&indices);
         let fs = self.registry.filesystem();
         reply::<RegisterTargets>(&Registered {
             indices,

@@ -144,6 +144,11 @@ class Filesystem:
         """Atomic, replacing `dst` if it exists."""
         self._fs.rename(src, dst)
 
+    def sync(self):
+        """Waits until every namespace change made so far (a rename, say) is durable, as
+        fsync of a directory does; raises OSError (EIO) if an acknowledged change was lost."""
+        self._fs.sync()
+
     def setstripe(self, path, stripe_count=1, stripe_size=4 << 20):
         self._fs.setstripe(path, stripe_count, stripe_size)
 

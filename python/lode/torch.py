@@ -186,7 +186,9 @@ class StreamingShards(IterableDataset):
 
 
 def _commit(fs, path, payload):
-    """Writes `payload` to a temporary name beside `path`, fsyncs, renames over `path`."""
+    """Writes `payload` to a temporary name beside `path`, fsyncs, renames over `path`, and
+    makes the rename durable (the directory's fsync): a checkpoint saved survives a crash of
+    the MDS and this process together."""
     parent, name = path.rsplit("/", 1) if "/" in path else ("", path)
     tmp = f"{parent}/.{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -197,6 +199,7 @@ def _commit(fs, path, payload):
                 f.write(view[at:at + step])
             f.fsync()
         fs.rename(tmp, path)
+        fs.sync()
     except BaseException:
         try:
             fs.rm(tmp)
