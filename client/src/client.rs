@@ -410,6 +410,9 @@ impl Client {
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
         self.inner.uncommitted.served_in(r.instance, r.committed);
+        // A replay under way holds the tickets it took: its outcome (a change it could not
+        // replay is lost) is part of what this sync reports.
+        drop(self.inner.replaying.lock().await);
         self.failed_ahead(None)
     }
 
@@ -434,6 +437,7 @@ impl Client {
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
         self.inner.uncommitted.served_in(r.instance, r.committed);
+        drop(self.inner.replaying.lock().await);
         self.evicted_since(&self.inner.evictions_reported)?;
         self.failed_ahead(Some(dir))
     }

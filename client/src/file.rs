@@ -2319,10 +2319,16 @@ impl File {
         for c in &layout.components {
             for (k, o) in c.objects.iter().enumerate() {
                 let osize = c.object_size(k as u64, size);
+                // In this client's order with its writes to the object: after the ones asked
+                // for before it, and never applied over one asked for after it.
+                let ticket = self.client.inner.writes.begin(*o, osize, u64::MAX);
+                ticket.ready().await;
+                let stamp = ticket.stamp;
                 let truncate = |capa| OstTruncate {
                     target: o.target,
                     fid: o.fid,
                     size: osize,
+                    stamp,
                     capa,
                 };
                 self.caps
@@ -2377,11 +2383,15 @@ impl File {
                 let mut epochs = vec![];
                 while at < to {
                     let len = (to - at).min(proto::ost::MAX_PUNCH);
+                    let ticket = client.inner.writes.begin(o, at, at + len);
+                    ticket.ready().await;
+                    let stamp = ticket.stamp;
                     let punch = |capa| OstPunch {
                         target: o.target,
                         fid: o.fid,
                         offset: at,
                         len,
+                        stamp,
                         capa,
                     };
                     let ack = caps

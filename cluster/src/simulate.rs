@@ -9,8 +9,14 @@
 //! restarted; one that loses power, losing everything not synced; the MDS killed; the MDS
 //! losing power with its last journal write torn; a storage server's disk full for a while;
 //! the MDS's disk full, then room made and the MDS restarted; a client cut off from a server
-//! for a while; a client dying together with the MDS, and a new client in its place)
-//! and the network's own faults (loss, duplication, reordering on every link).
+//! for a while; a client dying together with the MDS, and a new client in its place; the
+//! MDS's replies to a client lost for a while, so that whole batches of changes are resent
+//! after they were carried out; a storage server's disk failing a sync, as Linux does (the
+//! next sync says Ok without the dropped writes); a client cut off from the MDS across its
+//! restart and recovery, and so evicted) and the network's own faults (loss, duplication,
+//! reordering on every link). Bursts of up to 600 creates answered ahead, of names never used
+//! before, then their removal, put more changes in flight per client than a reply cache that
+//! keeps a fixed number per client would hold.
 //!
 //! The MDS commits behind, as the real one does: it answers changes before they are durable
 //! and commits them when the seed says so or a caller waits for durability
@@ -24,7 +30,10 @@
 //! reader holds open reads the same until it closes it, whatever is renamed over it and
 //! however the MDS restarts; every range an fsync acknowledged reads back exactly, never as
 //! zeros; the copies of a mirrored checkpoint whose layout calls both in sync hold the same
-//! bytes; after the faults stop, the cluster makes progress (a new checkpoint commits); the
+//! bytes; a burst's create of a name never used before never finds it there, nor its removal
+//! finds it gone, and the burst's directory ends empty (a resent change carried out twice
+//! shows as one of these); a client evicted with acknowledged changes is told by its next
+//! sync (else they are held to the rules above, and found missing); after the faults stop, the cluster makes progress (a new checkpoint commits); the
 //! namespace passes `fsck` and every target passes `scrub`. A change is held to this until its
 //! client knows it committed; a client dying with the MDS may take back its changes not yet
 //! committed and, with them, changes other clients made after them (recovery.md: lode has no
@@ -160,6 +169,10 @@ struct Sim {
     held: Vec<(client::File, usize, String, Vec<u8>)>,
     /// Clients started so far (each crash starts one in the crashed one's slot).
     started: u64,
+    /// The fabric names of the clients in their slots.
+    names: Vec<String>,
+    /// Names of bursts' files given out so far: none is ever given twice.
+    unique: u64,
 }
 
 fn client_config(clock: &mds::store::Clock) -> ClientConfig {
@@ -253,6 +266,8 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         last_error: String::new(),
         held: vec![],
         started: 2,
+        names: vec!["c0".into(), "c1".into()],
+        unique: 0,
     };
     let result = sim.drive(operations).await;
     let Sim {
@@ -350,7 +365,7 @@ impl Sim {
     async fn fault(&mut self) -> Result<(), Failure> {
         self.report.faults += 1;
         let server = self.rng.gen_range(0..SERVERS);
-        let kind = self.rng.gen_range(0..8);
+        let kind = self.rng.gen_range(0..11);
         self.note(|| {
             let what = [
                 "kill",
@@ -361,6 +376,9 @@ impl Sim {
                 "MDS disk full",
                 "partition",
                 "client and MDS crash",
+                "lost replies",
+                "failing sync",
+                "eviction",
             ];
             format!("fault: {} (storage server {server})", what[kind])
         });
@@ -417,6 +435,7 @@ impl Sim {
                 let id = u128::from(self.seed) << 64 | u128::from(self.started + 1);
                 let name = format!("c{slot}-{}", self.started);
                 self.started += 1;
+                self.names[slot] = name.clone();
                 // Its slot holds the other client until the MDS is back.
                 let other = self.clients[1 - slot].clone();
                 drop(std::mem::replace(&mut self.clients[slot], other));
@@ -433,6 +452,27 @@ impl Sim {
                 self.clients[slot] = self.connect(&name, cfg).await?;
                 Ok(())
             }
+            8 => {
+                // The MDS's replies to a client are lost for a while: whatever it sends then
+                // is carried out and sent again, batches of changes answered ahead included.
+                let slot = self.rng.gen_range(0..2);
+                let client = self.client_name(slot);
+                self.fabric.cut_oneway("mds", &client);
+                let fabric = self.fabric.clone();
+                let heal_after = Duration::from_millis(self.rng.gen_range(50..1500));
+                tokio::spawn(async move {
+                    tokio::time::sleep(heal_after).await;
+                    fabric.heal();
+                });
+                Ok(())
+            }
+            9 => {
+                // The next sync on a storage server's disk fails, and the writes it covered
+                // are dropped from the write-back while the retry would say Ok.
+                self.engines[server].fail_next(oss::engine::mem::Op::Sync, libc::EIO);
+                Ok(())
+            }
+            10 => self.evict().await,
             _ => {
                 let client = format!("c{}", self.rng.gen_range(0..2));
                 self.fabric.partition(&client, &format!("oss{server}"));
@@ -445,6 +485,112 @@ impl Sim {
                 Ok(())
             }
         }
+    }
+
+    /// The fabric name of the client in `slot` now.
+    fn client_name(&self, slot: usize) -> String {
+        self.names[slot].clone()
+    }
+
+    /// A client cut off from the MDS while it restarts and recovers without it: evicted, its
+    /// acknowledged changes not committed are lost. It must say so at its next sync; if it
+    /// says nothing, they are held to every rule still.
+    async fn evict(&mut self) -> Result<(), Failure> {
+        let slot = self.rng.gen_range(0..2);
+        let name = self.client_name(slot);
+        self.fabric.partition(&name, "mds");
+        self.cluster.kill_mds().await;
+        self.restart_mds().await?;
+        // Past the recovery window (the lease term at least).
+        tokio::time::sleep(mds::lease::TERM + Duration::from_secs(2)).await;
+        self.fabric.heal();
+        // Its held files may be gone with its handles.
+        self.held.retain(|(_, c, ..)| *c != slot);
+        let c = self.clients[slot].clone();
+        let held = c.uncommitted();
+        match c.sync().await {
+            Ok(()) => self.note(|| {
+                format!("client {slot} was cut off ({held} uncommitted), and not evicted")
+            }),
+            Err(e) => {
+                self.note(|| format!("client {slot} evicted: {e}"));
+                self.report.refused += 1;
+                self.model.client_lost(slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates `count` files of names never used, answered ahead where the client may, then
+    /// removes them; a change carried out twice shows as a name found there, or found gone.
+    async fn burst(&mut self, slot: usize, count: usize) -> Result<(), Failure> {
+        let c = self.clients[slot].clone();
+        let dir = format!("/u{slot}");
+        match c.mkdir(&dir, 0o755).await {
+            Ok(_) => {}
+            Err(e) if e.is(proto::FsErrorKind::Exists) => {}
+            Err(_) => {
+                self.report.refused += 1;
+                return Ok(());
+            }
+        }
+        let first = self.unique;
+        self.unique += count as u64;
+        let mut made = vec![];
+        let mut failed = false;
+        for n in first..first + count as u64 {
+            let path = format!("{dir}/n{n}");
+            let opened = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&c, &path)
+                .await;
+            match opened {
+                Ok(f) => {
+                    let _ = f.close().await;
+                    made.push(path);
+                }
+                Err(e) if e.is(proto::FsErrorKind::Exists) => {
+                    return Err(self.fail(format!(
+                        "{path}, a name never used, exists: a create was carried out twice ({e})"
+                    )))
+                }
+                Err(_) => failed = true,
+            }
+        }
+        match c.settle_ahead().await {
+            Ok(()) => {}
+            Err(e) if e.is(proto::FsErrorKind::Exists) => {
+                return Err(self.fail(format!(
+                    "a create answered ahead, of a name never used, failed with EEXIST: carried out twice ({e})"
+                )))
+            }
+            Err(_) => failed = true,
+        }
+        for path in &made {
+            match c.unlink(path).await {
+                Ok(()) => {}
+                Err(e) if e.is(proto::FsErrorKind::NotFound) && !failed => {
+                    return Err(self.fail(format!(
+                        "{path}, created and acknowledged, was gone before its removal: a change was carried out twice ({e})"
+                    )))
+                }
+                Err(_) => failed = true,
+            }
+        }
+        match c.settle_ahead().await {
+            Ok(()) => {}
+            Err(e) if e.is(proto::FsErrorKind::NotFound) && !failed => {
+                return Err(self.fail(format!(
+                    "a removal answered ahead found its file gone: carried out twice ({e})"
+                )))
+            }
+            Err(_) => failed = true,
+        }
+        if failed {
+            self.report.refused += 1;
+        }
+        Ok(())
     }
 
     /// Forgets the uncertainty of changes whose client knows them committed.
@@ -494,6 +640,10 @@ impl Sim {
         }
         if self.rng.gen_bool(0.1) {
             self.check_held().await?;
+        }
+        if self.rng.gen_bool(0.05) {
+            let count = self.rng.gen_range(1..=600);
+            return self.burst(slot, count).await;
         }
         match self.rng.gen_range(0..10) {
             0..=3 => {
@@ -584,7 +734,7 @@ impl Sim {
         let renamed = c.rename(&tmp, &name).await;
         self.note(|| {
             format!(
-                "checkpoint {name}: {} bytes written, rename {:?}",
+                "checkpoint {name} (client {slot}): {} bytes written, rename {:?}",
                 data.len(),
                 renamed.as_ref().map_err(|e| e.to_string())
             )

@@ -77,6 +77,9 @@ pub struct Allocator {
     /// Per target, the highest object id this run gave a file: an orphan cleanup keeps it
     /// and every id below, whether or not the create that took it is applied yet.
     handed: Mutex<HashMap<u32, u32>>,
+    /// Per target, moved on whenever its pool is dropped (a cleanup, a registration): a
+    /// precreate answered after that brings ids a cleanup may have destroyed, and is not used.
+    pool_epochs: Mutex<HashMap<u32, u64>>,
 }
 
 /// Whether new stripes may go to target `t`: up, cleaned up (`ready`), more than 1% free.
@@ -110,6 +113,7 @@ impl Allocator {
             leases: std::sync::OnceLock::new(),
             refused: Mutex::new(HashMap::new()),
             handed: Mutex::new(HashMap::new()),
+            pool_epochs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -256,6 +260,7 @@ impl Allocator {
             .find(|t| t.index == target)
             .map(|t| t.oss)
             .ok_or_else(|| no_space(format!("target {target} is unknown")))?;
+        let epoch = self.pool_epochs.lock().get(&target).copied();
         let r = call(
             &self.net,
             &oss,
@@ -268,6 +273,9 @@ impl Allocator {
         .await
         .map_err(|e| no_space(format!("precreating on target {target}: {e}")))?;
         let mut pools = self.pools.lock();
+        if self.pool_epochs.lock().get(&target).copied() != epoch {
+            return Ok(());
+        }
         let pool = pools.entry(target).or_default();
         pool.extend((0..r.count).map(|i| Fid::new(r.first.seq, r.first.oid + i, 0)));
         Ok(())
@@ -281,9 +289,22 @@ impl Allocator {
                 .get_mut(&target)
                 .and_then(VecDeque::pop_front)
             {
-                let mut handed = self.handed.lock();
-                let h = handed.entry(target).or_default();
-                *h = (*h).max(f.oid);
+                {
+                    let mut handed = self.handed.lock();
+                    let h = handed.entry(target).or_default();
+                    *h = (*h).max(f.oid);
+                }
+                // Checked after the id counts as handed: a cleanup that begins after this check
+                // keeps it, and one that began before took the target out of service first
+                // (its server registered again), so the id goes unused.
+                if !self.ready.lock().contains(&target) {
+                    return Err(NsError {
+                        kind: FsErrorKind::WouldBlock,
+                        what: format!(
+                            "target {target} is being checked after its server registered again"
+                        ),
+                    });
+                }
                 return Ok(f);
             }
             self.refill(target).await?;
@@ -393,11 +414,17 @@ impl Allocator {
     /// gone; the cleanup checks LAST_ID against the namespace and refills the pool.
     pub fn registered(&self, targets: &[u32]) {
         let mut ready = self.ready.lock();
-        let mut pools = self.pools.lock();
         for t in targets {
             ready.remove(t);
-            pools.remove(t);
+            self.drop_pool(*t);
         }
+    }
+
+    /// Forgets the ids precreated for `target`'s pool, and any a precreate under way brings.
+    fn drop_pool(&self, target: u32) {
+        let mut pools = self.pools.lock();
+        pools.remove(&target);
+        *self.pool_epochs.lock().entry(target).or_default() += 1;
     }
 
     /// Returns unused objects to their pools.
@@ -447,6 +474,9 @@ impl Allocator {
         let keep = store
             .read(|ns| ns.highest_object(t.index))
             .max(self.handed.lock().get(&t.index).copied().unwrap_or(0));
+        // Ids in the pool, and any a precreate under way brings, are above `keep`: the
+        // cleanup destroys them.
+        self.drop_pool(t.index);
         let req = OstDestroyAbove {
             target: t.index,
             keep_up_to: keep,

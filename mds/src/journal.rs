@@ -244,7 +244,11 @@ pub fn recover(disk: &dyn MetaDisk, fresh: Namespace) -> Result<Recovered, Journ
                 return Err(damaged(format!("record {} follows {last_seq}", rec.seq)));
             }
             ns.apply_request(&rec.mutation, &rec.creds, rec.time, rec.req)
-                .map_err(|e| damaged(format!("record {} does not replay: {e}", rec.seq)))?;
+                .map_err(|e| {
+                    let mut what = format!("{:?}", rec.mutation);
+                    what.truncate(200);
+                    damaged(format!("record {} ({what}) does not replay: {e}", rec.seq))
+                })?;
             last_seq = rec.seq;
             replayed += 1;
         }

@@ -408,6 +408,11 @@ impl Namespace {
         self.replies.forget_below(client, below);
     }
 
+    /// Whether request `req` is a stale copy of one its client already had the reply to.
+    pub fn stale_request(&self, req: ReqId) -> bool {
+        self.replies.is_stale(req.client, req.seq)
+    }
+
     /// Whether a reply to `client` can be kept now (see [`ReplyCache::admits`]).
     pub fn keeps_replies_of(&self, client: u128) -> bool {
         self.replies.admits(client)
@@ -475,6 +480,14 @@ impl Namespace {
     ) -> Result<(Applied, bool)> {
         if let Some(done) = req.and_then(|r| self.replied(r)) {
             return Ok((done, false));
+        }
+        // A copy decided before its twin was carried out and its client moved on (and said
+        // so): its reply may be forgotten, and it must not be carried out a second time.
+        if req.is_some_and(|r| self.stale_request(r)) {
+            return err(
+                FsErrorKind::Stale,
+                "a stale copy of a request already answered",
+            );
         }
         let applied = self.apply(m, who, now)?;
         if let Some(r) = req {

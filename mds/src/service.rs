@@ -91,10 +91,23 @@ fn ns_error(e: NsError) -> RemoteError {
     RemoteError::new(StatusCode::Fs(e.kind), e.what)
 }
 
+/// An allocation that failed: a target taken out of service while the objects were chosen
+/// is Busy (the client resends, and the objects are chosen again); the rest as the namespace
+/// says.
+fn alloc_error(e: NsError) -> RemoteError {
+    if e.kind == FsErrorKind::WouldBlock {
+        return RemoteError::new(StatusCode::Busy, e.what);
+    }
+    ns_error(e)
+}
+
 fn store_error(e: StoreError) -> RemoteError {
     match e {
         StoreError::Namespace(e) => ns_error(e),
         StoreError::Busy => RemoteError::new(StatusCode::Busy, e.to_string()),
+        StoreError::StaleRequest => {
+            RemoteError::new(StatusCode::Fs(FsErrorKind::Stale), e.to_string())
+        }
         other => RemoteError::new(StatusCode::Io, other.to_string()),
     }
 }
@@ -384,7 +397,7 @@ impl MdsService {
             .alloc
             .instantiate_among(&template, &Default::default(), &known)
             .await
-            .map_err(ns_error)?;
+            .map_err(alloc_error)?;
         let objects = objects_of(&layout);
         Ok((Some(layout), objects))
     }
@@ -514,7 +527,7 @@ impl MdsService {
                     .alloc
                     .instantiate_excluding(&template, &exclude)
                     .await
-                    .map_err(ns_error)?;
+                    .map_err(alloc_error)?;
                 let mine: Vec<Component> = placed
                     .components
                     .into_iter()

@@ -47,6 +47,10 @@ pub enum StoreError {
     /// replies out.
     #[error("the MDS keeps replies for as many clients as it may; try again")]
     Busy,
+    /// A copy of a request its client already had the reply to (the network held it back):
+    /// answered with nothing, never carried out again.
+    #[error("a stale copy of a request already answered")]
+    StaleRequest,
 }
 
 struct Shared {
@@ -524,6 +528,9 @@ impl Store {
             let mut guard = self.shared.ns.lock();
             if let Some(r) = req {
                 guard.0.forget_replies(r.client, acked);
+                if guard.0.stale_request(r) {
+                    return Err(StoreError::StaleRequest);
+                }
                 if !guard.0.keeps_replies_of(r.client) {
                     return Err(StoreError::Busy);
                 }

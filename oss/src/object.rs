@@ -359,6 +359,19 @@ impl Object {
         };
         let size = obj.read_header()?;
         obj.state.lock().size = size;
+        // Bytes of the data file past the size are a truncate whose data-file half was lost
+        // with a failed sync (the checksum file's half, the size, was kept): they must not
+        // come back as the contents of blocks the object later grows over.
+        let blocks = size.div_ceil(BLOCK);
+        let io = |e| TargetError::io(fid, 0, e);
+        if obj.engine.len(&obj.data).map_err(io)? > blocks * BLOCK {
+            obj.engine.set_len(&obj.data, blocks * BLOCK).map_err(io)?;
+        }
+        if obj.engine.len(&obj.meta).map_err(io)? > META_HEADER + blocks * ENTRY {
+            obj.engine
+                .set_len(&obj.meta, META_HEADER + blocks * ENTRY)
+                .map_err(io)?;
+        }
         Ok(obj)
     }
 
@@ -705,12 +718,29 @@ impl Object {
                 let st = self.state.lock();
                 (st.size, st.dirty.0.clone())
             };
-            let mut lost = self.lost.lock();
-            if self.unsynced_since_open.load(Ordering::Acquire) {
-                lost.insert(0, size.div_ceil(BLOCK).max(1));
+            {
+                let mut lost = self.lost.lock();
+                if self.unsynced_since_open.load(Ordering::Acquire) {
+                    lost.insert(0, size.div_ceil(BLOCK).max(1));
+                }
+                for (s, e) in &dirty {
+                    lost.insert(*s, *e);
+                }
             }
-            for (s, e) in dirty {
-                lost.insert(s, e);
+            // The checksum file's pages of the failed write-back may have been dropped too,
+            // while the data's reached the disk: written again as they are (each dirty
+            // block's entry names its new contents and the last synced ones) and synced alone,
+            // so that after a power cut a block holds contents its entry names, old or new.
+            let rewritten = dirty
+                .iter()
+                .try_for_each(|(s, e)| self.write_entries(*s, &self.read_entries(*s, e - s)?))
+                .and_then(|()| self.write_header(size));
+            let resynced = match rewritten {
+                Ok(()) => self.engine.sync(&self.meta).await.map_err(self.io(0)),
+                Err(e) => Err(e),
+            };
+            if let Err(again) = resynced {
+                tracing::error!(fid = %self.fid, error = %again, "the checksums of a failed sync could not be written again");
             }
             tracing::error!(fid = %self.fid, error = %e, "sync failed: the object's unsynced writes may be lost; its syncs fail until they are rewritten");
             return Err(TargetError::SyncFailed {
@@ -726,11 +756,25 @@ impl Object {
         Ok(())
     }
 
+    /// A truncate's or a punch's place in its client's order over `start..end`, checked as a
+    /// write's is (under the gate, which no write holds meanwhile): one older than a write it
+    /// overlaps, already applied, is refused as stale.
+    fn admit(&self, stamp: WriteStamp, floor: u64, start: u64, end: u64) -> Result<()> {
+        if self.stamps.lock().admit(stamp, floor, start, end) {
+            return Ok(());
+        }
+        Err(TargetError::Stale(format!(
+            "a truncate or punch {} of client {:x} over {start}..{end} is older than a write already applied",
+            stamp.xid, stamp.client
+        )))
+    }
+
     /// Sets the size; bytes past a shrunk size are gone and read as zeros if the object grows
     /// again. Durable on return.
-    pub async fn truncate(&self, size: u64) -> Result<()> {
+    pub async fn truncate(&self, size: u64, stamp: WriteStamp, floor: u64) -> Result<()> {
         check_range(size, 0)?;
         let _gate = self.gate.write().await;
+        self.admit(stamp, floor, size, MAX_OBJECT_SIZE)?;
         let old = self.state.lock().size;
         if size < old {
             let keep = size.div_ceil(BLOCK);
@@ -746,6 +790,8 @@ impl Object {
                 .map_err(self.io(size))?;
             self.state.lock().dirty.truncate(keep);
         }
+        // Blocks cut off cannot hold lost writes any more.
+        self.lost.lock().truncate(size.div_ceil(BLOCK));
         self.write_header(size)?;
         self.state.lock().size = size;
         self.sync_alone().await
@@ -753,7 +799,7 @@ impl Object {
 
     /// Deallocates `offset..offset+len` within the object; it reads as zeros. The size does
     /// not change.
-    pub async fn punch(&self, offset: u64, len: u64) -> Result<()> {
+    pub async fn punch(&self, offset: u64, len: u64, stamp: WriteStamp, floor: u64) -> Result<()> {
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= MAX_OBJECT_SIZE)
@@ -764,6 +810,7 @@ impl Object {
             })?;
         self.settle().await?;
         let _gate = self.gate.write().await;
+        self.admit(stamp, floor, offset, end)?;
         let end = end.min(self.state.lock().size);
         if offset >= end {
             return Ok(());
@@ -795,6 +842,8 @@ impl Object {
                 e.1 = e.0;
                 e.0 = 0;
             }
+            // Punched blocks hold no lost writes: they read as zeros, as they now must.
+            self.lost.lock().remove(chunk_start, chunk_end);
             self.write_entries(chunk_start, &entries)?;
             st.dirty.insert(chunk_start, chunk_end);
         }

@@ -155,7 +155,9 @@ impl OssService {
             opcodes::OST_TRUNCATE => {
                 let r: OstTruncate = req.decode()?;
                 self.authorize(&req, r.capa.as_ref(), r.target, r.fid, WRITE)?;
-                self.target(r.target)?.truncate(r.fid, r.size).await?;
+                self.target(r.target)?
+                    .truncate(r.fid, r.size, r.stamp)
+                    .await?;
                 reply::<OstTruncate>(&OstDone {})
             }
             opcodes::OST_PUNCH => {
@@ -168,7 +170,7 @@ impl OssService {
                     ));
                 }
                 let target = self.target(r.target)?;
-                target.punch(r.fid, r.offset, r.len).await?;
+                target.punch(r.fid, r.offset, r.len, r.stamp).await?;
                 reply::<OstPunch>(&OstAck {
                     epoch: target.epoch(),
                 })

@@ -361,6 +361,16 @@ impl Target {
                 .map_err(err("create object directories"))?;
         }
         target.drop_kept()?;
+        // Objects made by an earlier run may have files whose directory entries were never
+        // synced (the run died before their first sync): their first sync in this run does
+        // not sync the directory, so every object directory is synced once now.
+        for d in 0..FANOUT {
+            let dir = target.dir_of(d);
+            target
+                .engine
+                .sync_dir(&dir)
+                .map_err(|e| TargetError::target(format!("sync {}", dir.display()), e))?;
+        }
         // A target whose DEAD predates the room kept for every id handed out gets it now; on
         // a full disk, later (its next precreate).
         if let Err(e) = target.room_in_dead(last).await {
@@ -834,17 +844,7 @@ impl Target {
         sync: bool,
         stamp: proto::ost::WriteStamp,
     ) -> Result<u64> {
-        let floor = if stamp.client == 0 {
-            0
-        } else {
-            let mut floors = self.floors.lock();
-            if floors.len() >= MAX_CLIENTS && !floors.contains_key(&stamp.client) {
-                floors.clear();
-            }
-            let f = floors.entry(stamp.client).or_default();
-            *f = (*f).max(stamp.oldest);
-            *f
-        };
+        let floor = self.floor(stamp);
         crate::object::check_range(offset, data.len() as u64)?;
         let r = self
             .made(fid)
@@ -852,6 +852,20 @@ impl Target {
             .write(offset, data, sync, stamp, floor)
             .await;
         self.lose_unsynced(r).await
+    }
+
+    /// The oldest write `stamp`'s client still waits on, as far as this target knows.
+    fn floor(&self, stamp: proto::ost::WriteStamp) -> u64 {
+        if stamp.client == 0 {
+            return 0;
+        }
+        let mut floors = self.floors.lock();
+        if floors.len() >= MAX_CLIENTS && !floors.contains_key(&stamp.client) {
+            floors.clear();
+        }
+        let f = floors.entry(stamp.client).or_default();
+        *f = (*f).max(stamp.oldest);
+        *f
     }
 
     pub async fn read(&self, fid: Fid, offset: u64, len: u64) -> Result<Bytes> {
@@ -868,20 +882,28 @@ impl Target {
         }
     }
 
-    pub async fn truncate(&self, fid: Fid, size: u64) -> Result<()> {
+    pub async fn truncate(&self, fid: Fid, size: u64, stamp: proto::ost::WriteStamp) -> Result<()> {
         crate::object::check_range(size, 0)?;
+        let floor = self.floor(stamp);
         let r = match self.existing(fid).await? {
-            Some(o) => o.truncate(size).await,
+            Some(o) => o.truncate(size, stamp, floor).await,
             // Empty already; a longer object is made.
             None if size == 0 => Ok(()),
-            None => self.made(fid).await?.truncate(size).await,
+            None => self.made(fid).await?.truncate(size, stamp, floor).await,
         };
         self.lose_unsynced(r).await
     }
 
-    pub async fn punch(&self, fid: Fid, offset: u64, len: u64) -> Result<()> {
+    pub async fn punch(
+        &self,
+        fid: Fid,
+        offset: u64,
+        len: u64,
+        stamp: proto::ost::WriteStamp,
+    ) -> Result<()> {
+        let floor = self.floor(stamp);
         let r = match self.existing(fid).await? {
-            Some(o) => o.punch(offset, len).await,
+            Some(o) => o.punch(offset, len, stamp, floor).await,
             None => match offset.checked_add(len) {
                 Some(end) if end <= crate::object::MAX_OBJECT_SIZE => Ok(()),
                 _ => Err(TargetError::Invalid(format!(

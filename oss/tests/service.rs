@@ -117,6 +117,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
             target: 7,
             fid,
             size: 10,
+            stamp: WriteStamp::default(),
         },
         T,
     )
@@ -147,6 +148,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
             fid,
             offset: 0,
             len: 5,
+            stamp: WriteStamp::default(),
         },
         T,
     )
@@ -553,6 +555,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
         fid,
         offset: 0,
         len: 4096,
+        stamp: WriteStamp::default(),
         capa: Some(read_only),
     };
     denied(call(&client, &nid, &punch, T).await.unwrap_err());
@@ -606,6 +609,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
         fid,
         offset: 0,
         len: MAX_PUNCH + 1,
+        stamp: WriteStamp::default(),
         capa: Some(good),
     };
     let err = call(&client, &nid, &huge, T).await.unwrap_err();

@@ -45,14 +45,14 @@ async fn precreated_objects_are_consecutive_and_empty() {
     assert_eq!(t.size(first).await.unwrap(), 0);
     assert!(t.read(next, 0, 100).await.unwrap().is_empty());
     t.sync(next).await.unwrap();
-    t.punch(next, 0, 100).await.unwrap();
-    t.truncate(next, 0).await.unwrap();
+    t.punch(next, 0, 100, Default::default()).await.unwrap();
+    t.truncate(next, 0, Default::default()).await.unwrap();
     // Handed out, not written: no files yet.
     assert!(t.objects().unwrap().is_empty());
     t.write(first, 0, b"x", false, Default::default())
         .await
         .unwrap();
-    t.truncate(next, 10).await.unwrap();
+    t.truncate(next, 10, Default::default()).await.unwrap();
     assert_eq!(t.objects().unwrap(), vec![first, next]);
     assert_eq!(t.size(next).await.unwrap(), 10);
     assert!(matches!(t.precreate(0).await, Err(TargetError::Invalid(_))));
@@ -102,9 +102,9 @@ async fn truncate_shrinks_and_grows_with_zeros() {
     )
     .await
     .unwrap();
-    t.truncate(o, 5000).await.unwrap();
+    t.truncate(o, 5000, Default::default()).await.unwrap();
     assert_eq!(t.size(o).await.unwrap(), 5000);
-    t.truncate(o, 20_000).await.unwrap();
+    t.truncate(o, 20_000, Default::default()).await.unwrap();
     let got = t.read(o, 0, 20_000).await.unwrap();
     assert_eq!(&got[..5000], &bytes(3, 3 * BLOCK as usize)[..5000]);
     assert!(
@@ -121,7 +121,9 @@ async fn punch_zeroes_a_range_and_keeps_the_size() {
     t.write(o, 0, &data, false, Default::default())
         .await
         .unwrap();
-    t.punch(o, 100, 3 * BLOCK).await.unwrap();
+    t.punch(o, 100, 3 * BLOCK, Default::default())
+        .await
+        .unwrap();
     let got = t.read(o, 0, 5 * BLOCK).await.unwrap();
     assert_eq!(got.len(), data.len());
     assert_eq!(&got[..100], &data[..100]);
@@ -158,7 +160,7 @@ async fn a_destroyed_or_unknown_object_is_not_found() {
         t.write(never, 0, b"late", false, Default::default())
             .await
             .map(|_| ()),
-        t.truncate(never, 5).await,
+        t.truncate(never, 5, Default::default()).await,
         t.size(never).await.map(|_| ()),
     ] {
         assert!(matches!(r, Err(TargetError::NotFound(_))), "{r:?}");
@@ -192,11 +194,11 @@ async fn ranges_past_the_limits_are_refused_and_write_nothing() {
         .unwrap_err();
     assert!(matches!(err, TargetError::Invalid(_)), "{err}");
     assert!(matches!(
-        t.truncate(o, MAX_OBJECT_SIZE + 1).await,
+        t.truncate(o, MAX_OBJECT_SIZE + 1, Default::default()).await,
         Err(TargetError::Invalid(_))
     ));
     assert!(matches!(
-        t.punch(o, u64::MAX, 2).await,
+        t.punch(o, u64::MAX, 2, Default::default()).await,
         Err(TargetError::Invalid(_))
     ));
     assert_eq!(t.size(o).await.unwrap(), 0);
@@ -926,4 +928,35 @@ async fn a_rolled_back_last_id_is_refused_and_never_hands_out_an_id_twice() {
         reopen(&mem).await.precreate(1).await.unwrap().oid,
         referenced + 2
     );
+}
+
+#[tokio::test]
+async fn a_late_truncate_or_punch_never_cuts_a_newer_write_of_its_client() {
+    use proto::ost::WriteStamp;
+    let (_mem, t) = mem_target(1 << 30).await;
+    let o = t.precreate(1).await.unwrap();
+    let st = |xid| WriteStamp {
+        client: 9,
+        xid,
+        oldest: 1,
+    };
+    t.write(o, 0, &bytes(4, 3 * BLOCK as usize), false, st(5))
+        .await
+        .unwrap();
+    // A truncate and a punch the client asked for before that write, held up on the way.
+    assert!(matches!(
+        t.truncate(o, 10, st(3)).await,
+        Err(TargetError::Stale(_))
+    ));
+    assert!(matches!(
+        t.punch(o, 0, BLOCK, st(4)).await,
+        Err(TargetError::Stale(_))
+    ));
+    assert_eq!(
+        &t.read(o, 0, 3 * BLOCK).await.unwrap()[..],
+        &bytes(4, 3 * BLOCK as usize)[..]
+    );
+    // Asked for after it: applied.
+    t.truncate(o, 10, st(6)).await.unwrap();
+    assert_eq!(t.size(o).await.unwrap(), 10);
 }

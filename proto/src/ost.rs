@@ -95,6 +95,9 @@ pub struct OstTruncate {
     pub target: u32,
     pub fid: Fid,
     pub size: u64,
+    /// Its place in the client's order, as a write's: a truncate that arrives late never
+    /// cuts a newer write of the same client.
+    pub stamp: WriteStamp,
     /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
     pub capa: Option<Capability>,
 }
@@ -110,6 +113,8 @@ pub struct OstPunch {
     pub fid: Fid,
     pub offset: u64,
     pub len: u64,
+    /// Its place in the client's order, as a write's.
+    pub stamp: WriteStamp,
     /// The MDS's capability for this object (see [`crate::capa`]); servers need none.
     pub capa: Option<Capability>,
 }
@@ -262,8 +267,8 @@ mod tests {
             round_trips(OstAck { epoch: offset });
             round_trips(OstRead { target, fid, offset, desc, capa: Some(crate::capa::Capability { rights: 1, expiry: offset, mac: [len as u8; 16] }) });
             round_trips(OstReadDone { bytes: len, size: offset, crc32c: crc });
-            round_trips(OstTruncate { target, fid, size: offset, capa: None });
-            round_trips(OstPunch { target, fid, offset, len: u64::from(len), capa: None });
+            round_trips(OstTruncate { target, fid, size: offset, stamp: WriteStamp::default(), capa: None });
+            round_trips(OstPunch { target, fid, offset, len: u64::from(len), stamp: WriteStamp::default(), capa: None });
             round_trips(OstDestroy { target, fid });
             round_trips(OstDestroyMany { target, fids: vec![fid; n] });
             round_trips(OstDestroyedMany { missing: vec![fid; n] });

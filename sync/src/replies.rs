@@ -30,6 +30,10 @@ pub struct ReplyCache<V> {
     last: HashMap<u128, u64>,
     by_last: BTreeMap<u64, u128>,
     tick: u64,
+    /// Per client, the highest number below which it said it had every reply: a request
+    /// numbered below it is a stale copy (a duplicate the network held back), never carried
+    /// out. Kept for clients with no replies left too, up to a bound.
+    acked: HashMap<u128, u64>,
 }
 
 impl<V> Default for ReplyCache<V> {
@@ -39,6 +43,7 @@ impl<V> Default for ReplyCache<V> {
             last: HashMap::new(),
             by_last: BTreeMap::new(),
             tick: 0,
+            acked: HashMap::new(),
         }
     }
 }
@@ -69,6 +74,15 @@ impl<V> ReplyCache<V> {
     /// Forgets the replies to `client`'s requests numbered below `below`: the client says it
     /// had them, and will not resend those requests.
     pub fn forget_below(&mut self, client: u128, below: u64) {
+        if below > 0 {
+            if self.acked.len() >= 2 * MAX_CLIENTS && !self.acked.contains_key(&client) {
+                // Bounded: the watermarks of clients with no replies kept go first.
+                let clients = &self.clients;
+                self.acked.retain(|c, _| clients.contains_key(c));
+            }
+            let a = self.acked.entry(client).or_default();
+            *a = (*a).max(below);
+        }
         let Some(slots) = self.clients.get_mut(&client) else {
             return;
         };
@@ -82,6 +96,13 @@ impl<V> ReplyCache<V> {
                 self.by_last.remove(&t);
             }
         }
+    }
+
+    /// Whether request `seq` of `client` is numbered below what the client said it had every
+    /// reply below: a stale copy of a request already answered, which must not be carried
+    /// out again (its reply may be forgotten).
+    pub fn is_stale(&self, client: u128, seq: u64) -> bool {
+        self.acked.get(&client).is_some_and(|a| seq < *a)
     }
 
     /// Replies kept in all.
@@ -159,6 +180,10 @@ mod tests {
         c.forget_below(7, 2048);
         assert!(c.is_empty());
         assert!(c.admits(7));
+        // A copy of an answered request that the network held back is known stale.
+        assert!(c.is_stale(7, 1500));
+        assert!(!c.is_stale(7, 2048));
+        assert!(!c.is_stale(8, 1));
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! its durable one; `sync_dir` makes the directory's creations and removals durable; `crash`
 //! throws every live image away and goes back to the durable state, as a machine that lost
 //! power and rebooted would. It can also fail the next operations with a chosen errno and has a
-//! capacity past which writes fail with ENOSPC, leaving nothing half-written.
+//! capacity past which writes fail with ENOSPC, leaving nothing half-written. A failed sync
+//! behaves as Linux's does: the file's unsynced changes still read, but the next sync says Ok
+//! without making them durable (the kernel marked the pages of the failed write-back clean),
+//! until the file is changed again.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::OsString;
@@ -26,6 +29,10 @@ pub enum Op {
 struct Image {
     live: Vec<u8>,
     durable: Vec<u8>,
+    /// A sync of the file failed and, as Linux does with the pages of a failed write-back,
+    /// its unsynced changes were dropped from the write-back: they still read (`live`) but
+    /// the next sync says Ok without making them durable, until the file is changed again.
+    dropped: bool,
 }
 
 /// File names by directory, then name: each directory's entries can be listed and synced
@@ -116,6 +123,7 @@ impl MemEngine {
         st.files.retain(|id, _| keep.contains(id));
         for img in st.files.values_mut() {
             img.live = img.durable.clone();
+            img.dropped = false;
         }
         st.failures.clear();
         st.crashes += 1;
@@ -232,7 +240,9 @@ impl Engine for MemEngine {
         if st.used() + grow > st.capacity {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        st.image(f)?.live.resize(len as usize, 0);
+        let img = st.image(f)?;
+        img.live.resize(len as usize, 0);
+        img.dropped = false;
         Ok(())
     }
 
@@ -243,6 +253,7 @@ impl Engine for MemEngine {
         if let Some(r) = img.live.get_mut(offset as usize..end) {
             r.fill(0);
         }
+        img.dropped = false;
         Ok(())
     }
 
@@ -321,16 +332,25 @@ impl Engine for MemEngine {
             img.live.resize(end as usize, 0);
         }
         img.live[offset as usize..end as usize].copy_from_slice(buf);
+        img.dropped = false;
         Ok(())
     }
 
     fn sync(&self, f: &FileHandle) -> BoxFuture<io::Result<()>> {
         let mut st = self.state.lock();
-        let r = st.injected(Op::Sync).and_then(|()| {
-            let img = st.image(f)?;
-            img.durable = img.live.clone();
-            Ok(())
-        });
+        let r = match st.injected(Op::Sync) {
+            Ok(()) => st.image(f).map(|img| {
+                if !img.dropped {
+                    img.durable = img.live.clone();
+                }
+            }),
+            Err(e) => {
+                if let Ok(img) = st.image(f) {
+                    img.dropped = true;
+                }
+                Err(e)
+            }
+        };
         ready(r)
     }
 }
