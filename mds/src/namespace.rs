@@ -413,11 +413,6 @@ impl Namespace {
         self.replies.is_stale(req.client, req.seq)
     }
 
-    /// Whether a reply to `client` can be kept now (see [`ReplyCache::admits`]).
-    pub fn keeps_replies_of(&self, client: u128) -> bool {
-        self.replies.admits(client)
-    }
-
     /// Replies kept for resends, in all.
     pub fn replies_kept(&self) -> usize {
         self.replies.len()

@@ -104,7 +104,6 @@ fn alloc_error(e: NsError) -> RemoteError {
 fn store_error(e: StoreError) -> RemoteError {
     match e {
         StoreError::Namespace(e) => ns_error(e),
-        StoreError::Busy => RemoteError::new(StatusCode::Busy, e.to_string()),
         StoreError::StaleRequest => {
             RemoteError::new(StatusCode::Fs(FsErrorKind::Stale), e.to_string())
         }

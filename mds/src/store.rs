@@ -42,11 +42,6 @@ pub enum StoreError {
     /// again.
     #[error("an inode the change touches is leased")]
     Leased,
-    /// The reply cache holds as many clients as it may: a new one waits until others catch
-    /// up (their replies forgotten as they say they had them), rather than push their
-    /// replies out.
-    #[error("the MDS keeps replies for as many clients as it may; try again")]
-    Busy,
     /// A copy of a request its client already had the reply to (the network held it back):
     /// answered with nothing, never carried out again.
     #[error("a stale copy of a request already answered")]
@@ -530,9 +525,6 @@ impl Store {
                 guard.0.forget_replies(r.client, acked);
                 if guard.0.stale_request(r) {
                     return Err(StoreError::StaleRequest);
-                }
-                if !guard.0.keeps_replies_of(r.client) {
-                    return Err(StoreError::Busy);
                 }
             }
             (guard.0.decide(m, who, req)?, guard.1)

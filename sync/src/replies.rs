@@ -11,14 +11,17 @@
 //! and a client queues at most 8,192 of them), far below [`REPLIES_PER_CLIENT`]; that bound
 //! forgets the oldest replies only for a client that never says what it had (or a journal
 //! replayed without the watermarks it was pruned by). A client whose replies are all
-//! forgotten holds no room; when the cache holds [`MAX_CLIENTS`] clients with replies, a new
-//! client is refused (see [`ReplyCache::admits`]) rather than another's replies dropped.
+//! forgotten holds no room. Past [`MAX_CLIENTS`] clients with replies, the one idle longest is
+//! forgotten: a client that left without saying it had its last replies (every one-shot
+//! command does) must not hold room for ever, and one still resending is never the idlest of
+//! thousands. A request numbered below what its client said it had is a stale copy, refused
+//! ([`ReplyCache::is_stale`]).
 
 use std::collections::{BTreeMap, HashMap};
 
 /// Replies kept per client at most: its requests it may still resend.
 pub const REPLIES_PER_CLIENT: usize = 16_384;
-/// Clients with replies kept; past it, new clients are refused until one catches up.
+/// Clients with replies kept; past it, the one idle longest is forgotten.
 pub const MAX_CLIENTS: usize = 16_384;
 
 /// Replies `V` by client and request sequence number.
@@ -62,13 +65,6 @@ impl<V> ReplyCache<V> {
     /// The reply given to request `seq` of `client`, if it was carried out.
     pub fn get(&self, client: u128, seq: u64) -> Option<&V> {
         self.clients.get(&client)?.get(&seq)
-    }
-
-    /// Whether a request of `client` may be carried out now: the client has replies kept
-    /// already, or there is room for one more client. A refused one is told to come back
-    /// (replies are forgotten as clients say they had them).
-    pub fn admits(&self, client: u128) -> bool {
-        self.clients.contains_key(&client) || self.clients.len() < MAX_CLIENTS
     }
 
     /// Forgets the replies to `client`'s requests numbered below `below`: the client says it
@@ -179,26 +175,10 @@ mod tests {
         // Caught up: the client holds no room at all.
         c.forget_below(7, 2048);
         assert!(c.is_empty());
-        assert!(c.admits(7));
         // A copy of an answered request that the network held back is known stale.
         assert!(c.is_stale(7, 1500));
         assert!(!c.is_stale(7, 2048));
         assert!(!c.is_stale(8, 1));
-    }
-
-    #[test]
-    fn a_full_cache_refuses_new_clients_instead_of_dropping_anothers_replies() {
-        let mut c = ReplyCache::default();
-        for client in 0..MAX_CLIENTS as u128 {
-            c.record(client, 1, 0u8);
-        }
-        assert!(
-            !c.admits(u128::MAX),
-            "a new client would push another's replies out"
-        );
-        assert!(c.admits(5), "a client with replies kept goes on");
-        c.forget_below(5, 2);
-        assert!(c.admits(u128::MAX), "room again once a client caught up");
     }
 
     #[test]
