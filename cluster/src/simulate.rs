@@ -458,12 +458,7 @@ impl Sim {
                 let slot = self.rng.gen_range(0..2);
                 let client = self.client_name(slot);
                 self.fabric.cut_oneway("mds", &client);
-                let fabric = self.fabric.clone();
-                let heal_after = Duration::from_millis(self.rng.gen_range(50..1500));
-                tokio::spawn(async move {
-                    tokio::time::sleep(heal_after).await;
-                    fabric.heal();
-                });
+                self.heal_later();
                 Ok(())
             }
             9 => {
@@ -476,15 +471,20 @@ impl Sim {
             _ => {
                 let client = format!("c{}", self.rng.gen_range(0..2));
                 self.fabric.partition(&client, &format!("oss{server}"));
-                let fabric = self.fabric.clone();
-                let heal_after = Duration::from_millis(self.rng.gen_range(50..1500));
-                tokio::spawn(async move {
-                    tokio::time::sleep(heal_after).await;
-                    fabric.heal();
-                });
+                self.heal_later();
                 Ok(())
             }
         }
+    }
+
+    /// Heals the fabric's cuts a while from now, as the seed says.
+    fn heal_later(&mut self) {
+        let fabric = self.fabric.clone();
+        let heal_after = Duration::from_millis(self.rng.gen_range(50..1500));
+        tokio::spawn(async move {
+            tokio::time::sleep(heal_after).await;
+            fabric.heal();
+        });
     }
 
     /// The fabric name of the client in `slot` now.

@@ -499,17 +499,30 @@ impl Target {
         self.engine.sync(&self.dead_file).await.map_err(err)
     }
 
+    /// EPOCH, opened (made if missing), and this boot's id as it is recorded there.
+    fn epoch_file(engine: &Arc<dyn Engine>, root: &Path) -> Result<(FileHandle, String)> {
+        let f = engine
+            .open(&root.join("EPOCH"), OpenMode::Create, false)
+            .map_err(|e| TargetError::target(format!("{} open EPOCH", root.display()), e))?;
+        let mut boot = engine.boot_id();
+        // At most 64 bytes are kept (a boot id is ASCII; a longer one is cut where a char
+        // begins).
+        let mut cut = boot.len().min(64);
+        while !boot.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        boot.truncate(cut);
+        Ok((f, boot))
+    }
+
     /// Reads the durability epoch, moving it on (durably) if the machine booted since.
     async fn next_epoch(engine: &Arc<dyn Engine>, root: &Path) -> Result<u64> {
         let err = |what: &str| {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
         };
-        let boot = engine.boot_id();
-        let boot = &boot.as_bytes()[..boot.len().min(64)];
-        let f = engine
-            .open(&root.join("EPOCH"), OpenMode::Create, false)
-            .map_err(err("open EPOCH"))?;
+        let (f, boot) = Self::epoch_file(engine, root)?;
+        let boot = boot.as_bytes();
         let (raw, r) = engine.read_at(&f, 0, AlignedBuf::zeroed(128)).await;
         let n = r.map_err(err("read EPOCH"))?;
         let (epoch, same_boot) = if n >= 9 {
@@ -530,11 +543,8 @@ impl Target {
             let what = format!("{} {what}", root.display());
             move |e| TargetError::target(what, e)
         };
-        let boot = engine.boot_id();
-        let boot = &boot.as_bytes()[..boot.len().min(64)];
-        let f = engine
-            .open(&root.join("EPOCH"), OpenMode::Create, false)
-            .map_err(err("open EPOCH"))?;
+        let (f, boot) = Self::epoch_file(engine, root)?;
+        let boot = boot.as_bytes();
         let mut out = AlignedBuf::zeroed(128);
         out[..8].copy_from_slice(&epoch.to_le_bytes());
         out[8] = boot.len() as u8;
