@@ -26,8 +26,14 @@ fn key_for(dir: &std::path::Path) -> (std::path::PathBuf, KeyFile) {
 
 /// `lode-mds format` on `dir`, as an operator makes a filesystem.
 fn format(dir: &std::path::Path) {
+    format_with(&["--data-dir", dir.to_str().unwrap()]);
+}
+
+/// `lode-mds format ARGS`, which must succeed.
+fn format_with(args: &[&str]) {
     let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
-        .args(["format", "--data-dir", dir.to_str().unwrap()])
+        .arg("format")
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -200,15 +206,7 @@ fn a_config_file_sets_what_flags_do_not_and_typos_are_refused() {
         !dir.join("data").exists(),
         "a refused start made the directory"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
-        .args(["format", "--config", conf.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    format_with(&["--config", conf.to_str().unwrap()]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_lode-mds"))
         .args(["--config", conf.to_str().unwrap()])
         .stdout(Stdio::piped())

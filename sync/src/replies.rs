@@ -82,10 +82,11 @@ impl<V> ReplyCache<V> {
         let Some(slots) = self.clients.get_mut(&client) else {
             return;
         };
-        if slots.first_key_value().is_none_or(|(s, _)| *s >= below) {
-            return;
+        // Usually the one or few replies answered since the client's last request: popped in
+        // place, nothing copied.
+        while slots.first_key_value().is_some_and(|(s, _)| *s < below) {
+            slots.pop_first();
         }
-        *slots = slots.split_off(&below);
         if slots.is_empty() {
             self.clients.remove(&client);
             if let Some(t) = self.last.remove(&client) {
