@@ -1114,6 +1114,7 @@ impl Client {
         let stamp = leases.stamp();
         let r = MdsGetattr {
             fid,
+            creds: self.creds().clone(),
             lease: leases.live().then_some(self.inner.client_id),
         };
         let a = self.rpc(&self.inner.mds.clone(), &r).await?;

@@ -405,6 +405,11 @@ impl Cluster {
         Ok(Client::connect_on(net, &self.mds().nid().to_string(), cfg).await?)
     }
 
+    /// The cluster's client key (what a client node holds), when authentication is on.
+    pub fn client_key(&self) -> Option<KeyFile> {
+        self.builder.key.as_ref().map(KeyFile::client_key)
+    }
+
     /// What a client of this cluster authenticates with: the client key (derived from the
     /// cluster's), or nothing when the cluster runs without authentication.
     pub fn client_security(&self) -> Security {

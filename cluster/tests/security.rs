@@ -190,9 +190,9 @@ async fn the_audit_log_says_who_opened_replaced_and_removed_a_checkpoint() {
     let log = std::env::temp_dir().join(format!("lode-audit-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let cfg = mds::audit::AuditConfig {
-        path: log.clone(),
         max_bytes: 1 << 20,
         keep: 2,
+        ..mds::audit::AuditConfig::new(&log)
     };
     let c = cluster("audit", |b| b.audit(cfg)).await;
     let _admin = admin(&c).await;

@@ -3,7 +3,10 @@
 //!
 //! The queue is a fixed number of slots. A request that finds no free slot is answered at once
 //! with `Busy` and never executed, so an overloaded server costs its callers a retry, not its
-//! own memory.
+//! own memory. Two kinds of request have slots of their own, so that clients cannot take them
+//! away: long polls (a lease wait held open for a minute) wait in their own slots, and requests
+//! from servers (a storage server's heartbeat and registration) have a reserve of slots
+//! clients never take.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -80,11 +83,29 @@ pub trait Service: Send + Sync + 'static {
 /// Default number of requests a server holds at once (running or waiting for a thread).
 pub const DEFAULT_QUEUE_SLOTS: usize = 512;
 
+/// Long polls held at once ([`proto::msg::opcodes::MDS_LEASE_WAIT`]), in slots of their own.
+pub const LONG_POLL_SLOTS: usize = 8192;
+
+/// Slots kept for requests from servers, past the shared ones.
+pub const SERVER_SLOTS: usize = 64;
+
+/// Whether a request waits long by design (a long poll), and so takes a long poll's slot.
+pub fn is_long_poll(opcode: Opcode) -> bool {
+    opcode == proto::msg::opcodes::MDS_LEASE_WAIT
+}
+
+/// The job statistics' name for a client node's own counts: `node:` and its address.
+pub const NODE_JOB: &str = "node:";
+
 /// The bounded queue in front of a service.
 #[derive(Clone)]
 pub struct Dispatcher {
     service: Arc<dyn Service>,
     slots: Arc<Semaphore>,
+    /// Long polls' own slots.
+    polls: Arc<Semaphore>,
+    /// Slots only servers take, when the shared ones are full.
+    servers: Arc<Semaphore>,
     metrics: Option<Arc<ServiceMetrics>>,
     jobs: Option<Arc<JobTable>>,
     started: std::time::Instant,
@@ -95,6 +116,8 @@ impl Dispatcher {
         Dispatcher {
             service,
             slots: Arc::new(Semaphore::new(slots.max(1))),
+            polls: Arc::new(Semaphore::new(LONG_POLL_SLOTS)),
+            servers: Arc::new(Semaphore::new(SERVER_SLOTS)),
             metrics: None,
             jobs: None,
             started: std::time::Instant::now(),
@@ -113,9 +136,20 @@ impl Dispatcher {
         self
     }
 
-    /// Takes a slot for a request, or `None` when the queue is full.
-    pub fn admit(&self) -> Option<Admitted> {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+    /// Takes a slot for a request `opcode` from a peer of `role`, or `None` when its slots
+    /// are full: a long poll's own, else a shared one, else (for a server) one of the
+    /// servers' reserve.
+    pub fn admit(&self, opcode: Opcode, role: Role) -> Option<Admitted> {
+        let permit = if is_long_poll(opcode) {
+            self.polls.clone().try_acquire_owned().ok()
+        } else {
+            self.slots.clone().try_acquire_owned().ok().or_else(|| {
+                (role == Role::Server)
+                    .then(|| self.servers.clone().try_acquire_owned().ok())
+                    .flatten()
+            })
+        };
+        let Some(permit) = permit else {
             if let Some(m) = &self.metrics {
                 m.refused_busy();
             }
@@ -176,10 +210,20 @@ impl Admitted {
             m.admitted(req.body.len());
             std::time::Instant::now()
         });
-        let job = req.job.clone().filter(|_| d.jobs.is_some());
-        let counted = job
-            .as_ref()
-            .map(|_| Arc::new(CountingBulk::new(bulk.clone())));
+        // Counted per job the caller names, and per client node whatever it names (the
+        // node's entry is `node:ADDR`, a name no caller may take for a job).
+        let job = req
+            .job
+            .clone()
+            .filter(|j| d.jobs.is_some() && !j.as_str().starts_with(NODE_JOB));
+        let node = match (&req.from, &d.jobs, req.role) {
+            (Nid::Tcp(a), Some(_), Role::Client) => {
+                proto::JobId::new(&format!("{NODE_JOB}{}", a.ip())).ok()
+            }
+            _ => None,
+        };
+        let counted =
+            (job.is_some() || node.is_some()).then(|| Arc::new(CountingBulk::new(bulk.clone())));
         let bulk = match &counted {
             Some(c) => c.clone() as Arc<dyn BulkPeer>,
             None => bulk,
@@ -204,9 +248,11 @@ impl Admitted {
         if let (Some(m), Some(t)) = (&d.metrics, started) {
             m.answered(opcode, &out, t.elapsed());
         }
-        if let (Some(jobs), Some(job), Some(c)) = (&d.jobs, &job, &counted) {
+        if let (Some(jobs), Some(c)) = (&d.jobs, &counted) {
             let (put, got) = c.bytes();
-            jobs.record(job, opcode, put, got);
+            for j in job.iter().chain(node.iter()) {
+                jobs.record(j, opcode, put, got);
+            }
         }
         out
     }

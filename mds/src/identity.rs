@@ -88,7 +88,8 @@ pub struct NodeGroup {
     pub nodes: Vec<NodeRange>,
     /// Root on these nodes is root on the filesystem.
     pub trusted: bool,
-    /// Client uid to filesystem uid, for these nodes (unlisted uids pass unchanged).
+    /// Client uid to filesystem uid, for these nodes. When the list is not empty, a uid it
+    /// does not name is squashed (to `squash_uid`); an empty list passes uids unchanged.
     pub uids: Vec<(u32, u32)>,
     /// Client gid to filesystem gid.
     pub gids: Vec<(u32, u32)>,
@@ -175,16 +176,14 @@ pub struct Granter {
 
 impl Granter {
     /// Capabilities for `inode`'s objects with the access `creds` have (read and write for
-    /// the creator of a file, whatever its mode). Without a key (authentication off) the
-    /// grant is unbounded and names no objects: storage servers check nothing.
+    /// the creator of a file, whatever its mode).
     pub fn grant(&self, inode: &Inode, creds: &Creds, created: bool) -> Grant {
-        let Some(key) = &self.key else {
-            return Grant {
-                rights: READ | WRITE,
-                expiry: u64::MAX,
-                objects: vec![],
-            };
-        };
+        self.grant_rights(inode, Self::rights(inode, creds, created))
+    }
+
+    /// The rights on a file's objects `creds` have: read and write as its mode allows them
+    /// (both for the creator of a new file, whatever its mode); none on what is not a file.
+    pub fn rights(inode: &Inode, creds: &Creds, created: bool) -> u8 {
         let mut rights = 0;
         if inode.kind == Kind::File {
             if created || inode.permits(creds, 4) {
@@ -194,6 +193,19 @@ impl Granter {
                 rights |= WRITE;
             }
         }
+        rights
+    }
+
+    /// Capabilities for `inode`'s objects with `rights`. Without a key (authentication off)
+    /// the grant is unbounded and names no objects: storage servers check nothing.
+    pub fn grant_rights(&self, inode: &Inode, rights: u8) -> Grant {
+        let Some(key) = &self.key else {
+            return Grant {
+                rights: READ | WRITE,
+                expiry: u64::MAX,
+                objects: vec![],
+            };
+        };
         let expiry = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
@@ -250,7 +262,8 @@ mod tests {
         assert_eq!(trusted, root);
         let squashed = map.map(&from("10.0.1.9", Role::Client), root.clone());
         assert_eq!((squashed.uid, squashed.gid), (NOBODY, NOBODY));
-        assert_eq!(squashed.groups, vec![NOBODY, 7]);
+        // The node maps gids: one it does not list (7) is squashed too.
+        assert_eq!(squashed.groups, vec![NOBODY, NOBODY]);
         let elsewhere = map.map(&from("192.168.0.1", Role::Client), root.clone());
         assert_eq!(elsewhere.uid, NOBODY);
         let server = map.map(&from("192.168.0.1", Role::Server), root.clone());
@@ -263,6 +276,15 @@ mod tests {
         let mapped = map.map(&from("10.0.1.3", Role::Client), user.clone());
         assert_eq!((mapped.uid, mapped.gid), (5000, 500));
         assert_eq!(map.map(&from("10.0.0.3", Role::Client), user.clone()), user);
+        // An id the node's map does not list is nobody's, not passed through.
+        let stranger = Creds {
+            uid: 1001,
+            gid: 101,
+            groups: vec![100, 102],
+        };
+        let mapped = map.map(&from("10.0.1.3", Role::Client), stranger);
+        assert_eq!((mapped.uid, mapped.gid), (NOBODY, NOBODY));
+        assert_eq!(mapped.groups, vec![500, NOBODY]);
     }
 
     #[test]

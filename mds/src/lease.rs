@@ -94,7 +94,14 @@ struct Holder {
     wake: Arc<Notify>,
     /// The client's leases cannot hold past this (the last answered wait, plus the term).
     confirmed_until: Instant,
+    /// Its waits held open now (at most [`WAITS_HELD_PER_CLIENT`]).
+    waiting: u32,
 }
+
+/// Waits of one client held open at once: the client library keeps one, and one more covers a
+/// late copy; past that a wait is answered at once, so one client cannot hold the MDS's
+/// waiting slots.
+pub const WAITS_HELD_PER_CLIENT: u32 = 2;
 
 impl Holder {
     fn new(epoch: u64) -> Holder {
@@ -108,6 +115,7 @@ impl Holder {
             acked: watch::channel(0).0,
             wake: Arc::new(Notify::new()),
             confirmed_until: Instant::now(),
+            waiting: 0,
         }
     }
 }
@@ -500,9 +508,23 @@ impl Leases {
                     }
                 }
             }
-            (h.pending.is_empty() && h.knows_epoch).then(|| h.wake.clone())
+            let hold = h.pending.is_empty() && h.knows_epoch && h.waiting < WAITS_HELD_PER_CLIENT;
+            if hold {
+                h.waiting += 1;
+            }
+            hold.then(|| h.wake.clone())
         };
         if let Some(wake) = wake {
+            // Counted down however the wait ends (its task dropped too).
+            struct Held<'a>(&'a Leases, u128);
+            impl Drop for Held<'_> {
+                fn drop(&mut self) {
+                    if let Some(h) = self.0.state.lock().clients.get_mut(&self.1) {
+                        h.waiting = h.waiting.saturating_sub(1);
+                    }
+                }
+            }
+            let _held = Held(self, client);
             let _ = tokio::time::timeout(self.hold, wake.notified()).await;
         }
         let mut s = self.state.lock();

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod metrics;
 pub mod namespace;
 pub mod open;
+pub mod peers;
 pub mod placement;
 pub mod recovery;
 pub mod registry;

@@ -30,6 +30,9 @@ pub const MAX_LINKS: u32 = 65_000;
 pub const MAX_XATTRS: usize = 128;
 pub const MAX_XATTR_NAME: usize = 255;
 pub const MAX_XATTR_VALUE: usize = 64 << 10;
+/// Bytes of names and values one inode's xattrs hold at most, checked as a client sets one (a
+/// change already in the journal is not checked again).
+pub const MAX_XATTR_BYTES: usize = 64 << 10;
 pub use proto::md::MAX_FILE_SIZE;
 
 pub const S_ISVTX: u32 = 0o1000;
@@ -418,11 +421,31 @@ impl Namespace {
         self.replies.len()
     }
 
+    /// The replies kept and the bytes they come to as saved (what they weigh in a snapshot;
+    /// in memory they weigh about as much again). Walks them all: for tests and reports.
+    pub fn replies_weight(&self) -> (usize, usize) {
+        let bytes = self
+            .replies
+            .clients()
+            .values()
+            .flat_map(|r| r.values())
+            .map(|v| postcard::to_allocvec(v).map_or(0, |b| b.len()) + 24)
+            .sum();
+        (self.replies.len(), bytes)
+    }
+
     /// The reply already given to request `req`, if it was carried out.
     pub fn replied(&self, req: ReqId) -> Option<Applied> {
-        let inode = self.replies.get(req.client, req.seq)?;
+        let mut inode = self.replies.get(req.client, req.seq)?.clone();
+        // Kept without its xattrs (a reply must not cost the MDS what the inode's xattrs
+        // weigh): they are the inode's as it is now.
+        if let Some(i) = inode.as_mut() {
+            if let Some(now) = self.inodes.get(&i.fid) {
+                i.xattrs = now.xattrs.clone();
+            }
+        }
         Some(Applied {
-            inode: inode.clone(),
+            inode,
             removed: vec![],
             reserved: None,
         })
@@ -459,6 +482,38 @@ impl Namespace {
                 self.check_create(*parent, name, *kind, true, who)?;
                 self.check_reserved(*fid)?;
             }
+            // Linux's protected hard links: a name for someone else's file only for whom
+            // may read and write it (a link would outlive the owner's removal of it, and
+            // keep its data reachable).
+            Mutation::Link { fid, .. } => {
+                let i = self.inode(*fid)?;
+                if who.uid != 0 && who.uid != i.uid && !i.permits(who, 6) {
+                    return err(
+                        FsErrorKind::NotPermitted,
+                        format!(
+                            "{fid} is another user's file, which the caller may not read and write"
+                        ),
+                    );
+                }
+            }
+            Mutation::SetXattr { fid, name, value }
+            | Mutation::SetXattrIf {
+                fid, name, value, ..
+            } => {
+                let i = self.inode(*fid)?;
+                let others: usize = i
+                    .xattrs
+                    .iter()
+                    .filter(|(n, _)| *n != name)
+                    .map(|(n, v)| n.len() + v.len())
+                    .sum();
+                if others + name.len() + value.len() > MAX_XATTR_BYTES {
+                    return err(
+                        FsErrorKind::NoSpace,
+                        format!("an inode's xattrs hold at most {MAX_XATTR_BYTES} bytes"),
+                    );
+                }
+            }
             _ => {}
         }
         Ok(Decision::Applies)
@@ -486,7 +541,11 @@ impl Namespace {
         }
         let applied = self.apply(m, who, now)?;
         if let Some(r) = req {
-            self.replies.record(r.client, r.seq, applied.inode.clone());
+            let kept = applied.inode.as_ref().map(|i| Inode {
+                xattrs: Default::default(),
+                ..i.clone()
+            });
+            self.replies.record(r.client, r.seq, kept);
         }
         Ok((applied, true))
     }

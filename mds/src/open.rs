@@ -20,12 +20,24 @@ use proto::Fid;
 /// Most handles open at once; past it, opens are refused (EMFILE).
 pub const MAX_OPEN_HANDLES: usize = 1 << 20;
 
-/// The handles open on one file, each with the order it was opened in, and the order of the
-/// latest open: whether any other handle opened since a given one (a resync's, whose copy
-/// would miss that handle's writes).
+/// Most handles one client holds at once: one client cannot fill the table for the others.
+pub const MAX_HANDLES_PER_CLIENT: usize = 1 << 17;
+
+/// Why an open was not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OpenRefused {
+    #[error("the MDS holds {MAX_OPEN_HANDLES} open files")]
+    Full,
+    #[error("this client holds {MAX_HANDLES_PER_CLIENT} open files")]
+    ClientFull,
+}
+
+/// The handles open on one file, each with the order it was opened in and the rights it was
+/// granted, and the order of the latest open: whether any other handle opened since a given
+/// one (a resync's, whose copy would miss that handle's writes).
 #[derive(Default)]
 struct Opens {
-    handles: HashMap<OpenHandle, u64>,
+    handles: HashMap<OpenHandle, (u64, u8)>,
     latest: u64,
 }
 
@@ -59,24 +71,38 @@ pub struct OpenFiles {
 }
 
 impl OpenFiles {
-    /// Counts the open `handle` of `fid` (again: a resend or a reopen counts once); false if
-    /// the table is full.
-    pub fn open(&self, fid: Fid, handle: OpenHandle) -> bool {
+    /// Counts the open `handle` of `fid` granted `rights` ([`proto::capa::READ`],
+    /// [`proto::capa::WRITE`]); counted again (a resend, a renewal, a reopen), it counts once
+    /// and keeps the rights it had as well (what an open granted stays granted until the
+    /// close, as a file descriptor's access does). The rights the handle holds now.
+    pub fn open(&self, fid: Fid, handle: OpenHandle, rights: u8) -> Result<u8, OpenRefused> {
         let mut t = self.table.lock();
         let t = &mut *t;
-        if t.files.get(&fid).is_some_and(|h| h.contains(&handle)) {
+        if let Some(held) = t
+            .files
+            .get_mut(&fid)
+            .and_then(|h| h.handles.get_mut(&handle))
+        {
+            held.1 |= rights;
+            let now = held.1;
             t.clients
                 .entry(handle.client)
                 .or_insert_with(|| (Instant::now(), HashSet::new()))
                 .0 = Instant::now();
-            return true;
+            return Ok(now);
         }
         if t.handles >= MAX_OPEN_HANDLES {
-            return false;
+            return Err(OpenRefused::Full);
+        }
+        if t.clients
+            .get(&handle.client)
+            .is_some_and(|c| c.1.len() >= MAX_HANDLES_PER_CLIENT)
+        {
+            return Err(OpenRefused::ClientFull);
         }
         t.opened += 1;
         let opens = t.files.entry(fid).or_default();
-        opens.handles.insert(handle, t.opened);
+        opens.handles.insert(handle, (t.opened, rights));
         opens.latest = t.opened;
         let c = t
             .clients
@@ -85,7 +111,17 @@ impl OpenFiles {
         c.0 = Instant::now();
         c.1.insert((fid, handle.handle));
         t.handles += 1;
-        true
+        Ok(rights)
+    }
+
+    /// The rights `handle` was granted on `fid`, if it is counted open.
+    pub fn rights(&self, fid: Fid, handle: OpenHandle) -> Option<u8> {
+        self.table
+            .lock()
+            .files
+            .get(&fid)
+            .and_then(|h| h.handles.get(&handle))
+            .map(|(_, r)| *r)
     }
 
     /// Forgets the open `handle` of `fid`, if counted.
@@ -136,7 +172,7 @@ impl OpenFiles {
             && opens
                 .handles
                 .get(&handle)
-                .is_some_and(|at| *at == opens.latest)
+                .is_some_and(|(at, _)| *at == opens.latest)
     }
 
     pub fn is_open(&self, fid: Fid) -> bool {
@@ -193,9 +229,10 @@ mod tests {
     fn a_resent_open_or_close_counts_once() {
         let t = OpenFiles::default();
         let f = Fid::new(0x200000400, 1, 0);
-        assert!(t.open(f, h(1, 1)));
-        assert!(t.open(f, h(1, 1)), "the resend");
-        assert!(t.open(f, h(2, 1)), "another client's handle");
+        assert_eq!(t.open(f, h(1, 1), 4), Ok(4));
+        assert_eq!(t.open(f, h(1, 1), 2), Ok(6), "the resend keeps what it had");
+        assert_eq!(t.open(f, h(2, 1), 0), Ok(0), "another client's handle");
+        assert_eq!(t.rights(f, h(2, 1)), Some(0));
         t.close(f, h(1, 1));
         t.close(f, h(1, 1));
         assert!(t.is_open(f), "the other handle still holds the file");
@@ -208,16 +245,16 @@ mod tests {
     fn a_handle_is_alone_since_its_open_only_if_no_other_opened_meanwhile() {
         let t = OpenFiles::default();
         let f = Fid::new(0x200000400, 1, 0);
-        t.open(f, h(1, 1));
-        t.open(f, h(9, 1)); // the resync's
+        t.open(f, h(1, 1), 6).unwrap();
+        t.open(f, h(9, 1), 6).unwrap(); // the resync's
         t.close(f, h(1, 1)); // a writer from before, gone: its writes were in the source
         assert!(t.alone_since(f, h(9, 1)));
         // A writer opens and closes again while the copy is made: the copy may miss it.
-        t.open(f, h(2, 1));
+        t.open(f, h(2, 1), 6).unwrap();
         assert!(!t.alone_since(f, h(9, 1)), "another handle is open");
         t.close(f, h(2, 1));
         assert!(!t.alone_since(f, h(9, 1)), "another handle opened since");
-        assert!(t.open(f, h(9, 1)), "the resync's resent open");
+        assert!(t.open(f, h(9, 1), 6).is_ok(), "the resync's resent open");
         assert!(!t.alone_since(f, h(9, 1)), "a resend is not a new open");
         assert!(!t.alone_since(f, h(3, 3)), "not open at all");
     }
@@ -226,13 +263,30 @@ mod tests {
     fn a_silent_client_is_evicted_and_a_pinging_one_is_not() {
         let t = OpenFiles::default();
         let (f, g) = (Fid::new(0x200000400, 1, 0), Fid::new(0x200000400, 2, 0));
-        t.open(f, h(1, 1));
-        t.open(g, h(2, 1));
+        t.open(f, h(1, 1), 4).unwrap();
+        t.open(g, h(2, 1), 4).unwrap();
         std::thread::sleep(Duration::from_millis(30));
         t.seen(2);
         assert_eq!(t.evict(Duration::from_millis(20)), vec![1]);
         assert!(!t.is_open(f));
         assert!(t.is_open(g));
         assert_eq!(t.handles(), 1);
+    }
+
+    #[test]
+    fn one_client_cannot_fill_the_table() {
+        let t = OpenFiles::default();
+        for i in 0..MAX_HANDLES_PER_CLIENT as u64 {
+            t.open(Fid::new(0x200000400, i as u32 + 1, 0), h(1, i), 4)
+                .unwrap();
+        }
+        let f = Fid::new(0x200000400, 1, 0);
+        assert_eq!(t.open(f, h(1, u64::MAX), 4), Err(OpenRefused::ClientFull));
+        assert_eq!(
+            t.open(f, h(1, 0), 4),
+            Ok(4),
+            "a handle it holds counts again"
+        );
+        assert_eq!(t.open(f, h(2, 0), 4), Ok(4), "another client opens");
     }
 }

@@ -51,6 +51,8 @@ pub struct Clients {
     pub reserved: crate::reserve::Reservations,
     disk: Arc<dyn MetaDisk>,
     state: Mutex<State>,
+    /// Held while a client's join or leave writes the table.
+    saving: Mutex<()>,
     /// Moves on at every change of the recovery's state; replays waiting for their turn
     /// watch it.
     changed: watch::Sender<u64>,
@@ -156,6 +158,7 @@ impl Clients {
         Ok(Arc::new(Clients {
             reserved,
             disk,
+            saving: Mutex::new(()),
             state: Mutex::new(State {
                 table,
                 seen: HashMap::new(),
@@ -191,36 +194,52 @@ impl Clients {
     }
 
     /// `client` joins the table (durably) or, after a restart, comes back; whether the MDS is
-    /// recovering.
+    /// recovering. The table is written outside the lock the MDS's requests take (a join
+    /// costs others nothing), one change at a time; a change made meanwhile by the MDS itself
+    /// (an eviction) is in the table written, and the new client is in the table before the
+    /// write starts, so every table written holds it.
     pub fn connect(&self, client: u128) -> Result<bool, ClientsError> {
-        let mut s = self.state.lock();
-        if !s.table.contains(&client) {
+        let _one = self.saving.lock();
+        let table = {
+            let mut s = self.state.lock();
+            s.seen.insert(client, Instant::now());
+            if s.table.contains(&client) {
+                return Ok(s.recovery.is_some());
+            }
             if s.table.len() >= MAX_CLIENTS {
+                s.seen.remove(&client);
                 return Err(ClientsError::Full);
             }
-            let mut table = s.table.clone();
-            table.insert(client);
-            save(&*self.disk, &table)?;
-            s.table = table;
+            s.table.insert(client);
+            s.table.clone()
+        };
+        if let Err(e) = save(&*self.disk, &table) {
+            let mut s = self.state.lock();
+            s.table.remove(&client);
+            s.seen.remove(&client);
+            return Err(e);
         }
-        s.seen.insert(client, Instant::now());
-        Ok(s.recovery.is_some())
+        Ok(self.state.lock().recovery.is_some())
     }
 
     /// `client` leaves the table: it holds nothing uncommitted.
     pub fn disconnect(&self, client: u128) -> Result<(), ClientsError> {
-        let mut s = self.state.lock();
-        if s.table.contains(&client) {
-            let mut table = s.table.clone();
-            table.remove(&client);
-            save(&*self.disk, &table)?;
-            s.table = table;
+        let _one = self.saving.lock();
+        let table = {
+            let mut s = self.state.lock();
+            let left = s.table.remove(&client).then(|| s.table.clone());
             s.seen.remove(&client);
+            if let Some(r) = s.recovery.as_mut() {
+                r.done.insert(client);
+            }
+            self.advance(&mut s);
+            left
+        };
+        // A table that still names it costs a recovery window's wait at most; one that
+        // lacked a client holding changes would lose them.
+        if let Some(table) = table {
+            save(&*self.disk, &table)?;
         }
-        if let Some(r) = s.recovery.as_mut() {
-            r.done.insert(client);
-        }
-        self.advance(&mut s);
         Ok(())
     }
 
@@ -372,12 +391,22 @@ impl Clients {
                 table.remove(c);
                 s.seen.remove(c);
             }
-            match save(&*self.disk, &table) {
+            match self.save_evicted(&table) {
                 Ok(()) => s.table = table,
                 Err(e) => tracing::error!(error = %e, "cannot save the table of clients"),
             }
         }
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Writes the table after evictions (under the state's lock). While a join or leave is
+    /// writing it, that write (or the next) carries the eviction instead: a table on disk
+    /// that still names an evicted client costs a recovery window's wait at most.
+    fn save_evicted(&self, table: &BTreeSet<u128>) -> Result<(), ClientsError> {
+        match self.saving.try_lock() {
+            Some(_one) => save(&*self.disk, table),
+            None => Ok(()),
+        }
     }
 
     /// Closes the window: clients still expected that are neither done nor replaying are
@@ -419,7 +448,7 @@ impl Clients {
             );
             table.remove(c);
         }
-        match save(&*self.disk, &table) {
+        match self.save_evicted(&table) {
             Ok(()) => {
                 s.table = table;
                 for c in silent {

@@ -197,15 +197,16 @@ impl MdsServer {
             key: at.capability_key(),
             lifetime: cfg.capability_lifetime,
         };
-        let audit = match &cfg.audit {
-            Some(a) => Some(Arc::new(crate::audit::Audit::open(a.clone()).map_err(
-                |source| ServerError::Audit {
-                    path: a.path.clone(),
-                    source,
-                },
-            )?)),
-            None => None,
-        };
+        let audit =
+            match &cfg.audit {
+                Some(a) => Some(crate::audit::Audit::open(a.clone()).map_err(|source| {
+                    ServerError::Audit {
+                        path: a.path.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let opens = alloc.open.clone();
         let service = MdsService::new(
             registry.clone(),
@@ -279,6 +280,16 @@ impl MdsServer {
     /// MDS committing behind chooses when); with one, nothing.
     pub fn commit_queued(&self) {
         self.store.commit_queued();
+    }
+
+    /// The replies the reply cache keeps, and their weight in bytes as saved.
+    pub fn replies_kept(&self) -> (usize, usize) {
+        self.store.read(|ns| ns.replies_weight())
+    }
+
+    /// The number of clients in the table of clients.
+    pub fn clients_joined(&self) -> usize {
+        self.clients.count()
     }
 
     /// The namespace's invariants that do not hold now (empty when sound), as `fsck` checks.

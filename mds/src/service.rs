@@ -45,6 +45,8 @@ pub struct MdsService {
     clients: Arc<Clients>,
     /// What clients may answer from their caches.
     leases: Arc<Leases>,
+    /// The client ids each connection used.
+    peers: crate::peers::Peers,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -138,6 +140,7 @@ impl MdsService {
             metrics: policy.metrics,
             clients,
             leases,
+            peers: Default::default(),
         })
     }
 
@@ -283,14 +286,76 @@ impl MdsService {
                     if *stale { "stale" } else { "in sync" }
                 )),
             ),
+            // Data kept on the MDS, written.
+            Mutation::WriteMdt { fid, offset, data } => a(
+                "write",
+                Some(*fid),
+                ns.dir_path(*fid),
+                None,
+                Some(format!(
+                    "{} bytes at {offset} (kept on the MDS)",
+                    data.len()
+                )),
+            ),
             // Writers' size reports and the MDS's own bookkeeping.
             Mutation::GrowSize { .. }
-            | Mutation::WriteMdt { .. }
             | Mutation::Destroyed { .. }
             | Mutation::Released { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => None,
         })
+    }
+
+    /// The path an open is recorded under: the one the client named when it names this file
+    /// in the namespace now, otherwise none (and the claim, returned second, is recorded as
+    /// a claim). A directory's path the MDS knows itself.
+    fn resolved(&self, fid: proto::Fid, claimed: Option<&str>) -> (Option<String>, Option<String>) {
+        if self.audit.is_none() {
+            return (None, None);
+        }
+        let Some(path) = claimed else {
+            return (self.store.read(|ns| ns.dir_path(fid)), None);
+        };
+        let names: Vec<&str> = path.split('/').filter(|n| !n.is_empty()).collect();
+        if path.len() > 4096 || names.len() > MAX_PATH_NAMES {
+            return (None, Some(path.chars().take(256).collect()));
+        }
+        let found = self.store.read(|ns| {
+            let mut at = crate::namespace::ROOT;
+            for n in &names {
+                at = ns.lookup(at, n.as_bytes(), &Creds::root()).ok()?.fid;
+            }
+            Some(at)
+        });
+        if found == Some(fid) {
+            (Some(path.to_owned()), None)
+        } else {
+            (None, Some(path.to_owned()))
+        }
+    }
+
+    /// Records a read of data the MDS keeps (Data-on-MDT).
+    fn record_mdt(
+        &self,
+        req: &Incoming,
+        creds: &Creds,
+        op: &'static str,
+        fid: proto::Fid,
+        offset: u64,
+        len: usize,
+    ) {
+        if self.audit.is_none() {
+            return;
+        }
+        let path = self.store.read(|ns| ns.dir_path(fid));
+        let what = Audited {
+            op,
+            fid: Some(fid),
+            path,
+            to: None,
+            detail: Some(format!("{len} bytes at {offset} (kept on the MDS)")),
+        };
+        self.record(req, creds, what, None, &Ok::<(), RemoteError>(()));
     }
 
     /// Writes an audit record for `req`'s caller.
@@ -310,22 +375,30 @@ impl MdsService {
                 other => format!("{other:?}"),
             },
         };
-        audit.record(&crate::audit::Record {
-            time: crate::audit::now(),
-            op: what.op,
-            node: req.from.to_string(),
-            role: match req.role {
-                lnet::auth::Role::Client => "client",
-                lnet::auth::Role::Server => "server",
+        // A client node's lines are held to its rate; servers' are not.
+        let node = match (&req.from, req.role) {
+            (proto::Nid::Tcp(a), lnet::auth::Role::Client) => Some(a.ip()),
+            _ => None,
+        };
+        audit.record(
+            node,
+            &crate::audit::Record {
+                time: crate::audit::now(),
+                op: what.op,
+                node: req.from.to_string(),
+                role: match req.role {
+                    lnet::auth::Role::Client => "client",
+                    lnet::auth::Role::Server => "server",
+                },
+                uid: creds.uid,
+                gid: creds.gid,
+                fid: what.fid.or(fid).map(|f| f.to_string()),
+                path: what.path,
+                to: what.to,
+                detail: what.detail,
+                result,
             },
-            uid: creds.uid,
-            gid: creds.gid,
-            fid: what.fid.or(fid).map(|f| f.to_string()),
-            path: what.path,
-            to: what.to,
-            detail: what.detail,
-            result,
-        });
+        );
     }
 
     /// Refuses a recovery message meant for another run of the MDS (an earlier one: the
@@ -339,6 +412,34 @@ impl MdsService {
             format!(
                 "a recovery message for MDS run {instance:x}; this is run {:x}",
                 self.instance
+            ),
+        ))
+    }
+
+    /// Refuses what the audit log must record while it cannot be written: changes, or
+    /// (as configured) everything it records.
+    fn audit_writes(&self, change: bool) -> Result<(), RemoteError> {
+        match &self.audit {
+            Some(a) if a.refuses(change) => Err(RemoteError::new(
+                StatusCode::Io,
+                "the audit log cannot be written: what it records is refused until it can",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a client id past what one connection may use ([`crate::peers`]); servers are
+    /// trusted with any.
+    fn owns(&self, req: &Incoming, client: u128) -> Result<(), RemoteError> {
+        if req.role == lnet::auth::Role::Server || self.peers.admit(&req.from, client) {
+            return Ok(());
+        }
+        tracing::warn!(peer = %req.from, "a connection named more client ids than it may");
+        Err(RemoteError::new(
+            StatusCode::Fs(FsErrorKind::NotPermitted),
+            format!(
+                "one connection may use at most {} client ids",
+                crate::peers::IDS_PER_CONNECTION
             ),
         ))
     }
@@ -601,10 +702,10 @@ impl MdsService {
                     }
                     let out = match op {
                         BatchOp::Reint(r) => self.reint_from(&req, r).await.map(BatchResult::Reint),
-                        BatchOp::Close(c) => {
+                        BatchOp::Close(c) => self.owns(&req, c.handle.client).map(|_| {
                             self.alloc.open.close(c.fid, c.handle);
-                            Ok(BatchResult::Closed)
-                        }
+                            BatchResult::Closed
+                        }),
                     };
                     if let Err(e) = &out {
                         if e.code == StatusCode::Busy {
@@ -625,10 +726,16 @@ impl MdsService {
             }
             opcodes::MDS_RESERVE => {
                 let r: MdsReserve = req.decode()?;
+                self.owns(&req, r.client)?;
                 self.reserve(r).await
             }
             opcodes::MDS_OPEN => {
                 let r: MdsOpen = req.decode()?;
+                self.owns(&req, r.handle.client)?;
+                self.audit_writes(false)?;
+                if let Some(c) = r.lease {
+                    self.owns(&req, c)?;
+                }
                 let creds = self.nodemap.map(&req, r.creds);
                 // A lease asked for is granted before the attributes are read: a change after
                 // them recalls it.
@@ -643,35 +750,60 @@ impl MdsService {
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
-                // The same open again: a resend, or capabilities renewed.
-                let again = self.alloc.open.holds(r.fid, r.handle);
-                self.count_open(r.fid, r.handle)?;
+                // The same open again (a resend, or capabilities renewed) keeps what the open
+                // was granted; a new one gets what the caller's identity allows, and a file
+                // it may neither read nor write is not opened at all.
+                let again = self.alloc.open.rights(r.fid, r.handle);
+                let allowed = Granter::rights(&inode, &creds, false);
+                let (path, claimed) = self.resolved(r.fid, r.path.as_deref());
+                let refused = again.is_none() && allowed == 0 && inode.kind == Kind::File;
+                let rights = if refused {
+                    0
+                } else {
+                    self.count_open(r.fid, r.handle, allowed)?
+                };
+                let grant = self.granter.grant_rights(&inode, rights);
                 let size_gen = self.store.size_gen(r.fid);
-                let grant = self.granter.grant(&inode, &creds, false);
+                let out = if refused {
+                    Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::AccessDenied),
+                        format!("permission denied on {}", r.fid),
+                    ))
+                } else {
+                    Ok(())
+                };
                 if self.audit.is_some() {
                     let mut access = vec![];
-                    if grant.rights & proto::capa::READ != 0 {
+                    if rights & proto::capa::READ != 0 {
                         access.push("read");
                     }
-                    if grant.rights & proto::capa::WRITE != 0 {
+                    if rights & proto::capa::WRITE != 0 {
                         access.push("write");
                     }
+                    let mut detail = format!("granted {}", access.join("+"));
+                    if let Some(c) = claimed {
+                        detail.push_str(&format!("; the client named {c:?}, not this file"));
+                    }
                     let what = Audited {
-                        op: if again { "renew" } else { "open" },
+                        op: if again.is_some() { "renew" } else { "open" },
                         fid: Some(r.fid),
-                        path: r.path.clone(),
+                        path,
                         to: None,
-                        detail: Some(format!("granted {}", access.join("+"))),
+                        detail: Some(detail),
                     };
-                    self.record(&req, &creds, what, None, &Ok::<(), RemoteError>(()));
+                    self.record(&req, &creds, what, None, &out);
                 }
+                out?;
                 // A small file's bytes come with its open (Data-on-MDT).
-                let mdt = if grant.rights & proto::capa::READ != 0
+                let mdt = if rights & proto::capa::READ != 0
                     && inode.layout.as_ref().is_some_and(|l| l.mdt_end().is_some())
                 {
-                    self.store
+                    let data = self
+                        .store
                         .read(|ns| ns.read_mdt(r.fid, 0, proto::layout::MAX_MDT_SIZE))
-                        .map_err(ns_error)?
+                        .map_err(ns_error)?;
+                    self.record_mdt(&req, &creds, "read", r.fid, 0, data.len());
+                    data
                 } else {
                     vec![]
                 };
@@ -685,15 +817,20 @@ impl MdsService {
             }
             opcodes::MDS_CLOSE => {
                 let r: MdsClose = req.decode()?;
+                self.owns(&req, r.handle.client)?;
                 self.alloc.open.close(r.fid, r.handle);
                 reply::<MdsClose>(&MdsOpenDone {})
             }
             opcodes::MDS_REOPEN => {
                 let r: MdsReopen = req.decode()?;
+                for (_, h) in &r.handles {
+                    self.owns(&req, h.client)?;
+                }
                 self.reopen(r)
             }
             opcodes::MDS_PING => {
                 let r: MdsPing = req.decode()?;
+                self.owns(&req, r.client)?;
                 self.alloc.open.seen(r.client);
                 self.clients.seen(r.client);
                 reply::<MdsPing>(&MdsPong {
@@ -703,6 +840,7 @@ impl MdsService {
             }
             opcodes::MDS_CONNECT => {
                 let r: MdsConnect = req.decode()?;
+                self.owns(&req, r.client)?;
                 let recovering = self
                     .clients
                     .connect(r.client)
@@ -715,6 +853,7 @@ impl MdsService {
             }
             opcodes::MDS_DISCONNECT => {
                 let r: MdsDisconnect = req.decode()?;
+                self.owns(&req, r.client)?;
                 self.clients
                     .disconnect(r.client)
                     .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
@@ -723,6 +862,7 @@ impl MdsService {
             }
             opcodes::MDS_REPLAY => {
                 let r: MdsReplay = req.decode()?;
+                self.owns(&req, r.client)?;
                 self.same_run(r.instance)?;
                 let ticket = self.unseal(r.client, &r.ticket)?;
                 let outcome = self
@@ -740,6 +880,7 @@ impl MdsService {
             }
             opcodes::MDS_LEASE_WAIT => {
                 let r: MdsLeaseWait = req.decode()?;
+                self.owns(&req, r.client)?;
                 if !self.clients.holds(r.client) {
                     return Err(RemoteError::new(
                         StatusCode::Fs(FsErrorKind::NotPermitted),
@@ -774,6 +915,16 @@ impl MdsService {
                 self.statfs()
             }
             opcodes::MDS_MIRROR_SCAN => {
+                // A scan lists files by FID, past every directory's permissions: it is for
+                // administrators (the cluster key, or root on a trusted node).
+                let map = self.nodemap.idmap(&req);
+                if !map.identity && !map.trusted {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::NotPermitted),
+                        "the mirror scan is for administrators (the cluster key, or root on a \
+                         trusted node)",
+                    ));
+                }
                 let r: MdsMirrorScan = req.decode()?;
                 self.mirror_scan(r)
             }
@@ -799,7 +950,11 @@ impl MdsService {
                         }
                     }
                 }
-                reply::<MdsLookup>(&MdsInode { inode, leased })
+                let (inode, whole) = shown(inode, &r.creds);
+                reply::<MdsLookup>(&MdsInode {
+                    inode,
+                    leased: leased && whole,
+                })
             }
             opcodes::MDS_LOOKUP_PATH => {
                 let mut r: MdsLookupPath = req.decode()?;
@@ -846,11 +1001,16 @@ impl MdsService {
                     self.leases.recall_alone(&dirs, None).await;
                     (dirs, walked) = walk();
                 }
-                let inodes = walked.map_err(ns_error)?;
+                let inodes = walked
+                    .map_err(ns_error)?
+                    .into_iter()
+                    .map(|i| shown(i, &r.creds).0)
+                    .collect();
                 reply::<MdsLookupPath>(&MdsPath { inodes })
             }
             opcodes::MDS_GETATTR => {
-                let r: MdsGetattr = req.decode()?;
+                let mut r: MdsGetattr = req.decode()?;
+                r.creds = self.nodemap.map(&req, r.creds);
                 self.leases.recall_alone(&[r.fid], r.lease).await;
                 let leased = self
                     .lessee(r.lease)
@@ -859,11 +1019,16 @@ impl MdsService {
                     .store
                     .read(|ns| ns.inode(r.fid).cloned())
                     .map_err(ns_error)?;
-                reply::<MdsGetattr>(&MdsInode { inode, leased })
+                let (inode, whole) = shown(inode, &r.creds);
+                reply::<MdsGetattr>(&MdsInode {
+                    inode,
+                    leased: leased && whole,
+                })
             }
             opcodes::MDS_READ_MDT => {
                 let mut r: MdsReadMdt = req.decode()?;
                 r.creds = self.nodemap.map(&req, r.creds);
+                self.audit_writes(false)?;
                 if r.len as u64 > proto::layout::MAX_MDT_SIZE {
                     return Err(RemoteError::new(
                         StatusCode::Fs(FsErrorKind::Invalid),
@@ -873,9 +1038,12 @@ impl MdsService {
                         ),
                     ));
                 }
-                // Through an open handle, the open was the check; otherwise the caller's read
-                // permission.
-                let by_handle = r.handle.is_some_and(|h| self.alloc.open.holds(r.fid, h));
+                // Through an open handle granted read, the open was the check; otherwise the
+                // caller's read permission.
+                let by_handle = r
+                    .handle
+                    .and_then(|h| self.alloc.open.rights(r.fid, h))
+                    .is_some_and(|rights| rights & proto::capa::READ != 0);
                 let leased = self
                     .lessee(r.lease)
                     .is_some_and(|c| self.leases.grant(c, &[r.fid]));
@@ -892,6 +1060,7 @@ impl MdsService {
                         Ok((ns.read_mdt(r.fid, r.offset, u64::from(r.len))?, inode))
                     })
                     .map_err(ns_error)?;
+                self.record_mdt(&req, &r.creds, "read", r.fid, r.offset, data.len());
                 reply::<MdsReadMdt>(&MdsMdtData {
                     data,
                     inode,
@@ -1104,6 +1273,12 @@ impl MdsService {
         mut r: MdsReint,
     ) -> Result<MdsReintReply, RemoteError> {
         r.creds = self.nodemap.map(req, r.creds);
+        if let Some(q) = r.req {
+            self.owns(req, q.client)?;
+        }
+        if let Some(h) = r.open {
+            self.owns(req, h.client)?;
+        }
         if let Mutation::CreateAt { fid, .. } = &r.mutation {
             let mine = r.req.is_some_and(|q| {
                 self.clients.holds(q.client) && self.clients.reserved.holds(q.client, *fid)
@@ -1117,6 +1292,9 @@ impl MdsService {
         }
         let creds = r.creds.clone();
         let audited = self.audited(&r.mutation);
+        if audited.is_some() {
+            self.audit_writes(true)?;
+        }
         let out = self.reint(r).await;
         if let Some(what) = audited {
             let made = out
@@ -1165,7 +1343,9 @@ impl MdsService {
             fid, stale: false, ..
         } = &r.mutation
         {
-            let alone = r.open.is_some_and(|h| self.alloc.open.alone_since(*fid, h));
+            let alone = r.open.is_some_and(|h| {
+                self.alloc.open.alone_since(*fid, h) && self.may_write_through(*fid, h)
+            });
             if !alone {
                 return Err(RemoteError::new(
                     StatusCode::Fs(FsErrorKind::WouldBlock),
@@ -1177,38 +1357,36 @@ impl MdsService {
                 ));
             }
         }
-        // A change of size or times through an open handle needs no permission now: the open
-        // was the check (ftruncate of a file created with mode 0). Times are now, or the
-        // mtime the writer's page cache kept for its writes (never an atime of its choosing).
+        // A change of size or times through a handle opened for writing needs no permission
+        // now: the open was the check (ftruncate of a file created with mode 0). Times are
+        // now, or the mtime the writer's page cache kept for its writes (never an atime of its
+        // choosing). A handle opened only for reading allows nothing more than the caller's
+        // identity does.
         let by_handle = match (&r.mutation, r.open) {
             (Mutation::GrowSize { fid, .. }, Some(h))
             | (Mutation::WriteMdt { fid, .. }, Some(h))
             | (Mutation::MirrorState { fid, .. }, Some(h))
-            | (Mutation::PlaceMirror { fid, .. }, Some(h)) => self.alloc.open.holds(*fid, h),
+            | (Mutation::PlaceMirror { fid, .. }, Some(h)) => self.may_write_through(*fid, h),
             (Mutation::Setattr { fid, attr }, Some(h)) => {
                 let only_size_and_times = attr.mode.is_none()
                     && attr.uid.is_none()
                     && attr.gid.is_none()
                     && (attr.times_now || attr.atime.is_none());
-                only_size_and_times && self.alloc.open.holds(*fid, h)
+                only_size_and_times && self.may_write_through(*fid, h)
             }
             _ => false,
         };
         if by_handle {
             r.creds = Creds::root();
         }
-        // Only a create counts an open; a handle on a size or times change names the open
-        // that allows it.
-        let opens = r.open.filter(|_| {
-            !matches!(
-                r.mutation,
-                Mutation::Setattr { .. }
-                    | Mutation::GrowSize { .. }
-                    | Mutation::WriteMdt { .. }
-                    | Mutation::MirrorState { .. }
-                    | Mutation::PlaceMirror { .. }
-            )
-        });
+        // Only a create (`O_CREAT`) counts an open; a handle on a size or times change names
+        // the open that allows it, and on any other change it means nothing.
+        let creates = matches!(
+            r.mutation,
+            Mutation::Create { .. } | Mutation::CreateAt { .. } | Mutation::CreateUnnamed { .. }
+        );
+        let opens = r.open.filter(|_| creates);
+
         let creds = r.creds.clone();
         let client = r.req.map(|q| q.client);
         let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
@@ -1226,9 +1404,17 @@ impl MdsService {
                     .inode
                     .as_ref()
                     .map_or(0, |i| self.store.size_gen(i.fid));
-                let grant = opens
-                    .and(done.inode.as_ref())
-                    .map(|i| self.granter.grant(i, &creds, true));
+                // The creator's rights again only for a resent create of the caller's own
+                // file: a request number does not say what the first request was.
+                let grant = match (opens, done.inode.as_ref()) {
+                    (Some(h), Some(i)) if i.kind == Kind::File => {
+                        let mine = i.uid == creds.uid;
+                        let allowed = Granter::rights(i, &creds, mine);
+                        let rights = self.alloc.open.rights(i.fid, h).unwrap_or(0) | allowed;
+                        Some(self.granter.grant_rights(i, rights))
+                    }
+                    _ => None,
+                };
                 return Ok(MdsReintReply {
                     inode: done.inode,
                     created: true,
@@ -1261,16 +1447,24 @@ impl MdsService {
                 (done.applied.inode, true)
             }
         };
+        let mut grant = None;
         if let Some(handle) = opens {
             if let Some(i) = inode.as_ref().filter(|i| i.kind == Kind::File) {
-                self.count_open(i.fid, handle)?;
+                // The creator may use what it made whatever its mode; an existing file opened
+                // by `O_CREAT` gets what the caller's identity allows, and is not opened when
+                // that is nothing.
+                let allowed = Granter::rights(i, &creds, created);
+                if allowed == 0 {
+                    return Err(RemoteError::new(
+                        StatusCode::Fs(FsErrorKind::AccessDenied),
+                        format!("permission denied on {}", i.fid),
+                    ));
+                }
+                let rights = self.count_open(i.fid, handle, allowed)?;
+                grant = Some(self.granter.grant_rights(i, rights));
             }
         }
         let size_gen = inode.as_ref().map_or(0, |i| self.store.size_gen(i.fid));
-        let grant = match (opens, &inode) {
-            (Some(_), Some(i)) => Some(self.granter.grant(i, &creds, created)),
-            _ => None,
-        };
         let ticket = match (stamp.1, client) {
             (Some(t), Some(c)) => self.seal(c, t),
             _ => vec![],
@@ -1362,7 +1556,7 @@ impl MdsService {
                 gone.push(fid);
                 continue;
             }
-            self.count_open(fid, handle)?;
+            self.count_open(fid, handle, 0)?;
         }
         if !gone.is_empty() {
             tracing::warn!(files = gone.len(), "reopened files are gone");
@@ -1370,14 +1564,27 @@ impl MdsService {
         reply::<MdsReopen>(&MdsReopened { gone })
     }
 
-    fn count_open(&self, fid: proto::Fid, handle: OpenHandle) -> Result<(), RemoteError> {
-        if self.alloc.open.open(fid, handle) {
-            return Ok(());
-        }
-        Err(ns_error(NsError {
-            kind: FsErrorKind::TooManyOpen,
-            what: "too many open files".into(),
-        }))
+    /// Counts the open `handle` of `fid` granted `rights`; the rights the handle holds now.
+    fn count_open(
+        &self,
+        fid: proto::Fid,
+        handle: OpenHandle,
+        rights: u8,
+    ) -> Result<u8, RemoteError> {
+        self.alloc.open.open(fid, handle, rights).map_err(|e| {
+            ns_error(NsError {
+                kind: FsErrorKind::TooManyOpen,
+                what: e.to_string(),
+            })
+        })
+    }
+
+    /// Whether `handle` is open on `fid` with the right to write.
+    fn may_write_through(&self, fid: proto::Fid, handle: OpenHandle) -> bool {
+        self.alloc
+            .open
+            .rights(fid, handle)
+            .is_some_and(|r| r & proto::capa::WRITE != 0)
     }
 
     /// Applies a mutation; objects allocated for it that it did not use (an existing file was
@@ -1441,6 +1648,17 @@ impl MdsService {
         self.alloc.give_back(&unused);
         result.map_err(store_error)
     }
+}
+
+/// An inode as `creds` may see it: its xattrs only for whom may read the file (as
+/// getxattr needs), and whether it is whole (a cut one is not leased: the client's cache
+/// serves all its users).
+fn shown(mut inode: Inode, creds: &Creds) -> (Inode, bool) {
+    if inode.xattrs.is_empty() || inode.permits(creds, 4) {
+        return (inode, true);
+    }
+    inode.xattrs.clear();
+    (inode, false)
 }
 
 /// The layout of a file that names none: one stripe of 4 MiB, as in Lustre.

@@ -564,6 +564,8 @@ impl Rpc for MdsLookupPath {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MdsGetattr {
     pub fid: Fid,
+    /// Who asks: xattrs come only to whom may read the file.
+    pub creds: Creds,
     /// The client asking, when it wants a lease on `fid`.
     pub lease: Option<u128>,
 }
@@ -1016,25 +1018,26 @@ impl IdMap {
         if self.identity {
             return creds;
         }
-        let map = |pairs: &[(u32, u32)], id: u32| {
+        // On a node with a map, an id the map does not list is squashed (Lustre's mapped
+        // nodemaps): a node's users reach only the identities the operator gave them.
+        let map = |pairs: &[(u32, u32)], id: u32, squash: u32| {
+            if pairs.is_empty() {
+                return id;
+            }
             pairs
                 .iter()
                 .find(|(from, _)| *from == id)
-                .map_or(id, |(_, to)| *to)
+                .map_or(squash, |(_, to)| *to)
         };
-        let uid = |id: u32| {
-            if id == 0 && !self.trusted {
-                self.squash_uid
-            } else {
-                map(&self.uids, id)
-            }
+        let uid = |id: u32| match id {
+            0 if self.trusted => 0,
+            0 => self.squash_uid,
+            _ => map(&self.uids, id, self.squash_uid),
         };
-        let gid = |id: u32| {
-            if id == 0 && !self.trusted {
-                self.squash_gid
-            } else {
-                map(&self.gids, id)
-            }
+        let gid = |id: u32| match id {
+            0 if self.trusted => 0,
+            0 => self.squash_gid,
+            _ => map(&self.gids, id, self.squash_gid),
         };
         Creds {
             uid: uid(creds.uid),

@@ -16,13 +16,21 @@
 //! command does) must not hold room for ever, and one still resending is never the idlest of
 //! thousands. A request numbered below what its client said it had is a stale copy, refused
 //! ([`ReplyCache::is_stale`]).
+//!
+//! Clients name themselves, so one holder of the client key could pose as thousands of
+//! clients that never say what they had. All together the cache keeps at most
+//! [`MAX_REPLIES`]; past it, the client that holds the most loses its oldest reply. An honest
+//! client holds a few replies (those in flight), so the cache's cost falls on whoever fills
+//! it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Replies kept per client at most: its requests it may still resend.
 pub const REPLIES_PER_CLIENT: usize = 16_384;
 /// Clients with replies kept; past it, the one idle longest is forgotten.
 pub const MAX_CLIENTS: usize = 16_384;
+/// Replies kept in all; past it, the client holding the most loses its oldest.
+pub const MAX_REPLIES: usize = 1 << 18;
 
 /// Replies `V` by client and request sequence number.
 #[derive(Clone, Debug)]
@@ -37,6 +45,9 @@ pub struct ReplyCache<V> {
     /// numbered below it is a stale copy (a duplicate the network held back), never carried
     /// out. Kept for clients with no replies left too, up to a bound.
     acked: HashMap<u128, u64>,
+    /// The clients by the replies they hold, and the replies held in all.
+    by_count: BTreeSet<(usize, u128)>,
+    total: usize,
 }
 
 impl<V> Default for ReplyCache<V> {
@@ -47,6 +58,8 @@ impl<V> Default for ReplyCache<V> {
             by_last: BTreeMap::new(),
             tick: 0,
             acked: HashMap::new(),
+            by_count: BTreeSet::new(),
+            total: 0,
         }
     }
 }
@@ -82,12 +95,15 @@ impl<V> ReplyCache<V> {
         let Some(slots) = self.clients.get_mut(&client) else {
             return;
         };
+        let before = slots.len();
         // Usually the one or few replies answered since the client's last request: popped in
         // place, nothing copied.
         while slots.first_key_value().is_some_and(|(s, _)| *s < below) {
             slots.pop_first();
         }
-        if slots.is_empty() {
+        let after = slots.len();
+        self.counted(client, before, after);
+        if after == 0 {
             self.clients.remove(&client);
             if let Some(t) = self.last.remove(&client) {
                 self.by_last.remove(&t);
@@ -104,7 +120,7 @@ impl<V> ReplyCache<V> {
 
     /// Replies kept in all.
     pub fn len(&self) -> usize {
-        self.clients.values().map(BTreeMap::len).sum()
+        self.total
     }
 
     /// Whether no reply is kept.
@@ -119,15 +135,52 @@ impl<V> ReplyCache<V> {
         if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
             if let Some((_, idle)) = self.by_last.pop_first() {
                 self.last.remove(&idle);
-                self.clients.remove(&idle);
+                if let Some(gone) = self.clients.remove(&idle) {
+                    self.counted(idle, gone.len(), 0);
+                }
+            }
+        }
+        let new = self.get(client, seq).is_none();
+        if new && self.total >= MAX_REPLIES {
+            // The client holding the most gives up its oldest.
+            if let Some(&(_, most)) = self.by_count.last() {
+                if let Some(slots) = self.clients.get_mut(&most) {
+                    let before = slots.len();
+                    slots.pop_first();
+                    let after = slots.len();
+                    self.counted(most, before, after);
+                    if after == 0 {
+                        self.clients.remove(&most);
+                        if let Some(t) = self.last.remove(&most) {
+                            self.by_last.remove(&t);
+                        }
+                    }
+                }
             }
         }
         self.touch(client);
         let slots = self.clients.entry(client).or_default();
-        if slots.len() >= REPLIES_PER_CLIENT && !slots.contains_key(&seq) {
+        let before = slots.len();
+        if slots.len() >= REPLIES_PER_CLIENT && new {
             slots.pop_first();
         }
         slots.insert(seq, reply);
+        let after = slots.len();
+        self.counted(client, before, after);
+    }
+
+    /// `client` went from holding `before` replies to `after`.
+    fn counted(&mut self, client: u128, before: usize, after: usize) {
+        if before == after {
+            return;
+        }
+        if before > 0 {
+            self.by_count.remove(&(before, client));
+        }
+        if after > 0 {
+            self.by_count.insert((after, client));
+        }
+        self.total = self.total + after - before;
     }
 
     /// Every client's replies, by request number (to save them).
@@ -141,9 +194,10 @@ impl<V> ReplyCache<V> {
             clients,
             ..ReplyCache::default()
         };
-        let ids: Vec<u128> = c.clients.keys().copied().collect();
-        for id in ids {
+        let counts: Vec<(u128, usize)> = c.clients.iter().map(|(id, r)| (*id, r.len())).collect();
+        for (id, n) in counts {
             c.touch(id);
+            c.counted(id, 0, n);
         }
         c
     }
@@ -205,5 +259,26 @@ mod tests {
         assert_eq!(c.get(0, 2), Some(&0));
         assert_eq!(c.get(1, 1), None);
         assert_eq!(c.get(u128::MAX, 1), Some(&0));
+    }
+
+    #[test]
+    fn past_the_total_bound_the_client_holding_most_pays() {
+        let mut c = ReplyCache::default();
+        c.record(1, 5, 0u8); // an honest client: one reply in flight
+                             // Clients that never say what they had, posing as many.
+        let flooders = (MAX_REPLIES / REPLIES_PER_CLIENT + 2) as u128;
+        for client in 100..100 + flooders {
+            for seq in 0..REPLIES_PER_CLIENT as u64 {
+                c.record(client, seq, 0);
+            }
+        }
+        assert_eq!(c.len(), MAX_REPLIES, "bounded in all");
+        assert_eq!(c.get(1, 5), Some(&0), "the honest client's reply stays");
+        let held: usize = c.clients().values().map(|r| r.len()).sum();
+        assert_eq!(held, c.len());
+        // Forgetting keeps the count.
+        c.forget_below(100, u64::MAX);
+        let held: usize = c.clients().values().map(|r| r.len()).sum();
+        assert_eq!(held, c.len());
     }
 }

@@ -216,6 +216,7 @@ async fn a_client_that_ignores_recalls_loses_its_leases_and_holds_the_mds_up_for
     let getattr = || {
         let req = MdsGetattr {
             fid: dir,
+            creds: Creds::root(),
             lease: Some(id),
         };
         let (deaf, nid) = (&deaf, &mds.nid);

@@ -82,19 +82,26 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     .await;
     assert!(in_service, "the targets never came into service");
 
+    // Two files, each with one object the MDS handed out on this server: its cleanup at the
+    // server's registration (after the restart below too) keeps them.
+    let object = |name: &'static str| {
+        let (c, nid) = (&client, mds.nid.clone());
+        async move {
+            let made = call(
+                c,
+                &nid,
+                &create(proto::fid::ROOT, name, Kind::File, None),
+                T,
+            )
+            .await
+            .unwrap();
+            let o = made.inode.unwrap().layout.unwrap().components[0].objects[0];
+            (o.target, o.fid)
+        }
+    };
     // A synced write, then a write followed by a sync: both acknowledged as durable.
-    let fid = call(
-        &client,
-        &oss_nid,
-        &OstPrecreate {
-            target: 1,
-            count: 2,
-        },
-        T,
-    )
-    .await
-    .unwrap()
-    .first;
+    let (t1, fid) = object("data1").await;
+    let (t2, fid2) = object("data2").await;
     let data: Vec<u8> = (0..(3 << 20) + 123)
         .map(|i: u32| (i * 31 % 256) as u8)
         .collect();
@@ -105,7 +112,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &oss_nid,
         &OstWrite {
             capa: None,
-            target: 1,
+            target: t1,
             fid,
             offset: 0,
             desc: desc.clone(),
@@ -116,13 +123,12 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     )
     .await
     .unwrap();
-    let fid2 = proto::Fid::new(fid.seq, fid.oid + 1, 0);
     call(
         &client,
         &oss_nid,
         &OstWrite {
             capa: None,
-            target: 1,
+            target: t2,
             fid: fid2,
             offset: 4096,
             desc,
@@ -138,7 +144,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &oss_nid,
         &OstSync {
             capa: None,
-            target: 1,
+            target: t2,
             fid: fid2,
         },
         T,
@@ -163,7 +169,7 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
         &client,
         &oss_nid,
         &OstGetattr {
-            target: 1,
+            target: t1,
             fid,
             capa: None,
         },
@@ -183,10 +189,10 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     .unwrap();
     assert_eq!(server.nid, oss_nid);
     let dst = client.register(vec![0u8; 4 << 20]).unwrap();
-    for (f, off) in [(fid, 0u64), (fid2, 4096)] {
+    for (t, f, off) in [(t1, fid, 0u64), (t2, fid2, 4096)] {
         let read = OstRead {
             capa: None,
-            target: 1,
+            target: t,
             fid: f,
             offset: off,
             desc: dst.desc(0, 4 << 20, false).unwrap(),

@@ -1,10 +1,17 @@
 //! Keys: the cluster key, the client key derived from it, and what each lets a node do.
 //!
-//! A key file is one line, `lode-key 1 <kind> <64 hex digits>`, readable by its owner only.
-//! The cluster key stays on the servers (and administrators' machines); client machines get
-//! the client key, which is derived from the cluster key and cannot be turned back into it.
-//! Every secret a connection or a capability uses is derived from one of the two with HKDF, so
-//! a client key can authenticate a client and nothing else.
+//! A key file is one line, readable by its owner only: `lode-key 1 cluster <64 hex digits>`,
+//! or `lode-key 2 client <64 hex digits> <64 hex digits>`. The cluster key stays on the
+//! servers (and administrators' machines); client machines get the client key, which is
+//! derived from the cluster key and cannot be turned back into it. Every secret a connection or
+//! a capability uses is derived from one of the two with HKDF, so a client key can
+//! authenticate a client and nothing else.
+//!
+//! The servers also hold a static X25519 key pair derived from the cluster key. A client key
+//! carries its public half (the second number), so a client checks, in every handshake, that
+//! the server it reached holds the cluster key: another client holding the same client key
+//! cannot pose as a server. A client key of format 1 (the secret alone, from before) still
+//! works, without that check, and says so when it is loaded.
 
 use std::fmt;
 use std::io::Write;
@@ -74,6 +81,38 @@ impl KeyKind {
 pub struct KeyFile {
     pub kind: KeyKind,
     secret: [u8; SECRET_LEN],
+    /// The servers' static public key: derived for a cluster key, carried by a client key
+    /// (none in a client key of format 1).
+    server_public: Option<[u8; SECRET_LEN]>,
+}
+
+/// The servers' static X25519 key pair, derived from the cluster key's secret: the private
+/// half, and the public half.
+fn server_static(cluster: &[u8; SECRET_LEN]) -> ([u8; SECRET_LEN], [u8; SECRET_LEN]) {
+    use snow::resolvers::{CryptoResolver, DefaultResolver};
+    let private = derive(cluster, b"lode server static x25519");
+    let mut public = [0u8; SECRET_LEN];
+    // The default resolver always has Curve25519 (the feature is on).
+    if let Some(mut dh) = DefaultResolver.resolve_dh(&snow::params::DHChoice::Curve25519) {
+        dh.set(&private);
+        public.copy_from_slice(dh.pubkey());
+    }
+    (private, public)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; SECRET_LEN]> {
+    if text.len() != 2 * SECRET_LEN {
+        return None;
+    }
+    let mut out = [0u8; SECRET_LEN];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 impl fmt::Debug for KeyFile {
@@ -87,10 +126,15 @@ impl KeyFile {
     pub fn generate() -> Result<KeyFile, AuthError> {
         let mut secret = [0u8; SECRET_LEN];
         aws_lc_rs::rand::fill(&mut secret).map_err(|_| AuthError::Random)?;
-        Ok(KeyFile {
+        Ok(KeyFile::cluster(secret))
+    }
+
+    fn cluster(secret: [u8; SECRET_LEN]) -> KeyFile {
+        KeyFile {
             kind: KeyKind::Cluster,
             secret,
-        })
+            server_public: Some(server_static(&secret).1),
+        }
     }
 
     /// The client key of this cluster key (a client key is its own client key).
@@ -101,13 +145,24 @@ impl KeyFile {
                 KeyKind::Client => self.secret,
                 KeyKind::Cluster => derive(&self.secret, b"lode client key"),
             },
+            server_public: self.server_public,
         }
+    }
+
+    /// Whether this key lets a client check that a server holds the cluster key (every key
+    /// but a client key of format 1).
+    pub fn checks_servers(&self) -> bool {
+        self.server_public.is_some()
     }
 
     /// The file's one line.
     pub fn to_line(&self) -> String {
-        let hex: String = self.secret.iter().map(|b| format!("{b:02x}")).collect();
-        format!("lode-key 1 {} {hex}\n", self.kind.name())
+        match (self.kind, &self.server_public) {
+            (KeyKind::Client, Some(public)) => {
+                format!("lode-key 2 client {} {}\n", hex(&self.secret), hex(public))
+            }
+            _ => format!("lode-key 1 {} {}\n", self.kind.name(), hex(&self.secret)),
+        }
     }
 
     /// Parses a key file's contents.
@@ -117,24 +172,43 @@ impl KeyFile {
         if words.next() != Some("lode-key") {
             return Err(bad("not a lode key (it must start with `lode-key`)"));
         }
-        if words.next() != Some("1") {
-            return Err(bad("unknown key format version"));
-        }
+        let version = match words.next() {
+            Some("1") => 1,
+            Some("2") => 2,
+            _ => return Err(bad("unknown key format version")),
+        };
         let kind = match words.next() {
             Some("cluster") => KeyKind::Cluster,
             Some("client") => KeyKind::Client,
             _ => return Err(bad("the kind must be `cluster` or `client`")),
         };
-        let hex = words.next().ok_or_else(|| bad("no key"))?;
-        if words.next().is_some() || hex.len() != 2 * SECRET_LEN {
-            return Err(bad("the key must be 64 hex digits"));
+        let secret = words
+            .next()
+            .and_then(unhex)
+            .ok_or_else(|| bad("the key must be 64 hex digits"))?;
+        let key = match (version, kind) {
+            (1, KeyKind::Cluster) => KeyFile::cluster(secret),
+            (1, KeyKind::Client) => KeyFile {
+                kind,
+                secret,
+                server_public: None,
+            },
+            (2, KeyKind::Client) => KeyFile {
+                kind,
+                secret,
+                server_public: Some(
+                    words
+                        .next()
+                        .and_then(unhex)
+                        .ok_or_else(|| bad("the servers' public key must be 64 hex digits"))?,
+                ),
+            },
+            _ => return Err(bad("a cluster key is of format 1")),
+        };
+        if words.next().is_some() {
+            return Err(bad("more than a key on the line"));
         }
-        let mut secret = [0u8; SECRET_LEN];
-        for (i, byte) in secret.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|_| bad("the key must be 64 hex digits"))?;
-        }
-        Ok(KeyFile { kind, secret })
+        Ok(key)
     }
 
     /// Reads a key file, refusing one that anyone but its owner can read or write.
@@ -155,10 +229,19 @@ impl KeyFile {
             });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        KeyFile::parse(&text).map_err(|e| AuthError::KeyFile {
+        let key = KeyFile::parse(&text).map_err(|e| AuthError::KeyFile {
             path: path.to_owned(),
             reason: e.to_string(),
-        })
+        })?;
+        if !key.checks_servers() {
+            tracing::warn!(
+                path = %path.display(),
+                "this client key (format 1) cannot check that a server holds the cluster key: \
+                 anyone with the client key could pose as a server to this client; make a new \
+                 one with `lode key client --from CLUSTER_KEY FILE`"
+            );
+        }
+        Ok(key)
     }
 
     /// Writes a new key file (mode 0600); an existing file is never overwritten.
@@ -197,6 +280,10 @@ pub struct Keyring {
     server_psk: Option<[u8; SECRET_LEN]>,
     /// Signs and checks capabilities: only from the cluster key.
     capability: Option<[u8; SECRET_LEN]>,
+    /// The servers' static private key (only from the cluster key) and public key (also in a
+    /// client key of format 2).
+    server_private: Option<[u8; SECRET_LEN]>,
+    server_public: Option<[u8; SECRET_LEN]>,
 }
 
 impl fmt::Debug for Keyring {
@@ -221,7 +308,19 @@ impl Keyring {
             client_psk: derive(&client.secret, b"lode psk client"),
             server_psk: cluster.map(|s| derive(&s, b"lode psk server")),
             capability: cluster.map(|s| derive(&s, b"lode capability")),
+            server_private: cluster.map(|s| server_static(&s).0),
+            server_public: key.server_public,
         }
+    }
+
+    /// The servers' static private key, held by servers only.
+    pub(crate) fn server_private(&self) -> Option<&[u8; SECRET_LEN]> {
+        self.server_private.as_ref()
+    }
+
+    /// The servers' static public key, when this key knows it.
+    pub(crate) fn server_public(&self) -> Option<&[u8; SECRET_LEN]> {
+        self.server_public.as_ref()
     }
 
     /// Loads the keyring of a key file.
@@ -256,6 +355,17 @@ mod tests {
         let key = KeyFile::generate().unwrap();
         let back = KeyFile::parse(&key.to_line()).unwrap();
         assert_eq!(back.secret, key.secret);
+        let client_line = key.client_key().to_line();
+        assert!(
+            client_line.starts_with("lode-key 2 client "),
+            "{client_line}"
+        );
+        let client_back = KeyFile::parse(&client_line).unwrap();
+        assert_eq!(client_back.server_public, key.server_public);
+        assert!(client_back.checks_servers());
+        // A client key of format 1 still parses, and checks no server.
+        let old = format!("lode-key 1 client {}", hex(&client_back.secret));
+        assert!(!KeyFile::parse(&old).unwrap().checks_servers());
         let cluster = Keyring::new(&key);
         let client = Keyring::new(&key.client_key());
         assert_eq!(cluster.psk(Role::Client), client.psk(Role::Client));
@@ -273,6 +383,9 @@ mod tests {
             "",
             "lode-key 1 cluster",
             "lode-key 2 cluster 00",
+            "lode-key 3 cluster 0000000000000000000000000000000000000000000000000000000000000000",
+            "lode-key 2 client 0000000000000000000000000000000000000000000000000000000000000000",
+            "lode-key 2 cluster 0000000000000000000000000000000000000000000000000000000000000000 0000000000000000000000000000000000000000000000000000000000000000",
             "lode-key 1 admin 0000000000000000000000000000000000000000000000000000000000000000",
             "lode-key 1 cluster 000000000000000000000000000000000000000000000000000000000000000g",
             "lode-key 1 cluster 00000000000000000000000000000000000000000000000000000000000000",

@@ -5,11 +5,18 @@
 //! responder -> status <protection>,  u16 length, Noise message 2 (or the reason it refused)
 //! ```
 //!
-//! The Noise pattern is `NNpsk0` with X25519, ChaCha20-Poly1305 and SHA-256; the pre-shared key is
-//! the one of the role the initiator claims, and the hello is the prologue, so neither the role
-//! nor the protection can be changed on the way. A peer without the key cannot read message 1
-//! (the responder refuses) or write message 2 (the initiator gives up); the key itself never
-//! crosses the wire, and the ephemeral keys give each connection secrets of its own.
+//! The Noise pattern is `NKpsk0` with X25519, ChaCha20-Poly1305 and SHA-256 (hello version 2):
+//! the pre-shared key is the one of the role the initiator claims, the responder proves it
+//! holds the servers' static key (derived from the cluster key; its public half is in the
+//! client key), and the hello is the prologue, so neither the role nor the protection can be
+//! changed on the way. A peer without the role's key cannot read message 1 (the responder
+//! refuses); a responder without the cluster key cannot write message 2 (the initiator gives
+//! up), so a client holding the client key cannot pose as a server to another client. The keys
+//! never cross the wire, and the ephemeral keys give each connection secrets of its own.
+//!
+//! An initiator whose key does not know the servers' public key (a client key of format 1)
+//! uses `NNpsk0` (hello version 1), which proves the pre-shared key alone; servers still
+//! accept it.
 //!
 //! After the handshake every frame is one record and every bulk payload another, each with a
 //! 16-byte AES-256-GCM tag under a per-direction key and a counter nonce: a record dropped,
@@ -33,8 +40,11 @@ pub const HELLO_LEN: usize = 8;
 pub const MAX_HANDSHAKE_MSG: usize = 1024;
 
 const NOISE: &str = "Noise_NNpsk0_25519_ChaChaPoly_SHA256";
+const NOISE_NK: &str = "Noise_NKpsk0_25519_ChaChaPoly_SHA256";
 const MAGIC: &[u8; 4] = b"LODE";
-const VERSION: u8 = 1;
+/// The hello's version: 1 for `NNpsk0`, 2 for `NKpsk0` (the server proves its static key).
+const VERSION_NN: u8 = 1;
+const VERSION_NK: u8 = 2;
 /// Reply status bytes.
 const ACCEPTED: u8 = 0;
 const REFUSED: u8 = 1;
@@ -303,9 +313,14 @@ impl Session {
     }
 }
 
-fn noise_params() -> snow::params::NoiseParams {
+fn noise_params(version: u8) -> snow::params::NoiseParams {
     // A constant pattern name always parses.
-    NOISE.parse().expect("a valid Noise pattern")
+    let name = if version == VERSION_NK {
+        NOISE_NK
+    } else {
+        NOISE
+    };
+    name.parse().expect("a valid Noise pattern")
 }
 
 fn noise_err(e: snow::Error) -> AuthError {
@@ -326,9 +341,19 @@ impl Initiator {
             Security::Off => Role::Server,
             Security::Keyed { role, .. } => *role,
         };
+        // A client that knows the servers' public key has the server prove it holds it.
+        let server_public = match security {
+            Security::Keyed { keys, .. } if role == Role::Client => keys.server_public(),
+            _ => None,
+        };
+        let version = if server_public.is_some() {
+            VERSION_NK
+        } else {
+            VERSION_NN
+        };
         let mut hello = Vec::with_capacity(HELLO_LEN + 2 + 64);
         hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&[VERSION, wanted.to_byte(), role.to_byte(), 0]);
+        hello.extend_from_slice(&[version, wanted.to_byte(), role.to_byte(), 0]);
         let Security::Keyed { keys, .. } = security else {
             hello.extend_from_slice(&0u16.to_be_bytes());
             return Ok((
@@ -342,7 +367,11 @@ impl Initiator {
         let psk = keys.psk(role).ok_or_else(|| {
             AuthError::BadKey(format!("this key cannot authenticate the {role} role"))
         })?;
-        let mut state = snow::Builder::new(noise_params())
+        let mut builder = snow::Builder::new(noise_params(version));
+        if let Some(public) = server_public {
+            builder = builder.remote_public_key(public).map_err(noise_err)?;
+        }
+        let mut state = builder
             .psk(0, psk)
             .and_then(|b| b.prologue(&hello[..HELLO_LEN]))
             .and_then(|b| b.build_initiator())
@@ -401,6 +430,8 @@ impl Initiator {
 #[derive(Clone, Copy, Debug)]
 pub struct Hello {
     raw: [u8; HELLO_LEN],
+    /// 1: `NNpsk0`; 2: `NKpsk0`.
+    pub version: u8,
     pub protection: Protection,
     pub role: Role,
     /// The length of message 1, which follows.
@@ -414,7 +445,8 @@ impl Hello {
         if &bytes[..4] != MAGIC {
             return Err(bad("not a lode peer"));
         }
-        if bytes[4] != VERSION {
+        let version = bytes[4];
+        if version != VERSION_NN && version != VERSION_NK {
             return Err(bad("unknown handshake version"));
         }
         let protection = Protection::from_byte(bytes[5]).ok_or_else(|| bad("bad protection"))?;
@@ -427,6 +459,7 @@ impl Hello {
         raw.copy_from_slice(&bytes[..HELLO_LEN]);
         Ok(Hello {
             raw,
+            version,
             protection,
             role,
             msg_len,
@@ -490,8 +523,22 @@ pub fn respond(security: &Security, hello: &Hello, msg: &[u8]) -> Answer {
     } else {
         hello.protection
     };
+    // Asked to prove the servers' static key: only a holder of the cluster key can.
+    let private = match (hello.version, keys.server_private()) {
+        (VERSION_NK, None) => {
+            return refuse(AuthError::Refused(
+                "this node does not hold the cluster key: it is not a server".into(),
+            ))
+        }
+        (VERSION_NK, Some(p)) => Some(p),
+        _ => None,
+    };
     let run = || -> Result<(Vec<u8>, Session), AuthError> {
-        let mut state = snow::Builder::new(noise_params())
+        let mut builder = snow::Builder::new(noise_params(hello.version));
+        if let Some(p) = private {
+            builder = builder.local_private_key(p).map_err(noise_err)?;
+        }
+        let mut state = builder
             .psk(0, psk)
             .and_then(|b| b.prologue(&hello.raw))
             .and_then(|b| b.build_responder())
@@ -535,6 +582,47 @@ mod tests {
 
     fn cluster() -> Arc<Keyring> {
         Arc::new(Keyring::new(&KeyFile::generate().unwrap()))
+    }
+
+    #[test]
+    fn a_client_key_cannot_pose_as_a_server_to_a_client() {
+        let key = KeyFile::generate().unwrap();
+        let client_key = Arc::new(Keyring::new(&key.client_key()));
+        let client = Security::client(client_key.clone(), false);
+        // The real server: the client checks it holds the cluster key.
+        let server = Security::server(Arc::new(Keyring::new(&key)), false).unwrap();
+        let (_, _, role) = pair(&client, &server).unwrap();
+        assert_eq!(role, Role::Client);
+        // Another holder of the client key, answering as a server: refused either way.
+        let impostor = Security::Keyed {
+            keys: client_key,
+            role: Role::Server,
+            privacy: false,
+        };
+        assert!(
+            pair(&client, &impostor).is_err(),
+            "an impostor completed the handshake"
+        );
+        // A server of another cluster cannot either.
+        let other = Security::server(cluster(), false).unwrap();
+        assert!(pair(&client, &other).is_err());
+        // A client key of format 1 (no public key): the older handshake, which the servers
+        // still accept, and which an impostor can complete (why the key says so when loaded).
+        let line = key.client_key().to_line();
+        let secret = line.split_whitespace().nth(3).unwrap();
+        let old = KeyFile::parse(&format!("lode-key 1 client {secret}")).unwrap();
+        let old_keys = Arc::new(Keyring::new(&old));
+        let old_client = Security::client(old_keys.clone(), false);
+        assert!(
+            pair(&old_client, &server).is_ok(),
+            "format 1 keys still connect"
+        );
+        let old_impostor = Security::Keyed {
+            keys: old_keys,
+            role: Role::Server,
+            privacy: false,
+        };
+        assert!(pair(&old_client, &old_impostor).is_ok());
     }
 
     #[test]

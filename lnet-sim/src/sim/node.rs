@@ -206,7 +206,7 @@ fn on_request(
             let e = RemoteError::new(proto::StatusCode::NoService, "this node serves no requests");
             return reply_to(Err(e), fabric, node, &from);
         }
-        Some(d) => match d.admit() {
+        Some(d) => match d.admit(opcode, crate::auth::Role::Server) {
             Some(a) => a,
             None => return reply_to(Err(busy()), fabric, node, &from),
         },

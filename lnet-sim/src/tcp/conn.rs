@@ -394,7 +394,7 @@ impl Conn {
             let _ = self.send_reply(xid, opcode, Err(err)).await;
             return;
         };
-        let Some(admitted) = dispatcher.admit() else {
+        let Some(admitted) = dispatcher.admit(opcode, self.role) else {
             let _ = self.send_reply(xid, opcode, Err(busy())).await;
             return;
         };

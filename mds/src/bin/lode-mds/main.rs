@@ -163,6 +163,14 @@ struct Config {
     audit_max_mib: Option<u64>,
     /// Rotated audit logs kept [default: 8].
     audit_keep: Option<u32>,
+    /// Milliseconds between syncs of the audit log [default: 1000].
+    audit_sync_ms: Option<u64>,
+    /// While the audit log cannot be written: `refuse-changes` or `refuse-all`
+    /// [default: refuse-changes].
+    audit_on_failure: Option<String>,
+    /// Audit lines a second one client node may write; past it they are counted, not written
+    /// [default: 500].
+    audit_node_rate: Option<u32>,
     /// Resync stale mirrors in the background [default: true].
     auto_resync: Option<bool>,
     /// MiB a second the background resync copies, at most (0: no limit) [default: 200].
@@ -281,11 +289,23 @@ impl ServeArgs {
             audit: self
                 .audit_log
                 .or(file.audit_log)
-                .map(|path| mds::audit::AuditConfig {
-                    path,
-                    max_bytes: file.audit_max_mib.unwrap_or(64).max(1) << 20,
-                    keep: file.audit_keep.unwrap_or(8),
-                }),
+                .map(|path| -> Result<mds::audit::AuditConfig> {
+                    let d = mds::audit::AuditConfig::new(path);
+                    Ok(mds::audit::AuditConfig {
+                        max_bytes: file.audit_max_mib.unwrap_or(64).max(1) << 20,
+                        keep: file.audit_keep.unwrap_or(8),
+                        sync_every: file
+                            .audit_sync_ms
+                            .map_or(d.sync_every, Duration::from_millis),
+                        on_failure: match &file.audit_on_failure {
+                            Some(f) => f.parse().map_err(anyhow::Error::msg)?,
+                            None => d.on_failure,
+                        },
+                        per_node_rate: file.audit_node_rate.unwrap_or(d.per_node_rate),
+                        ..d
+                    })
+                })
+                .transpose()?,
             heal: (!self.no_auto_resync && file.auto_resync != Some(false)).then(|| {
                 let d = client::mirrors::HealConfig::default();
                 client::mirrors::HealConfig {
