@@ -157,7 +157,7 @@ mod saved_replies {
 }
 
 /// Replies kept per client, and clients kept.
-pub use concur::replies::{MAX_CLIENTS, REPLIES_PER_CLIENT};
+pub use concur::replies::{MAX_CLIENTS, MAX_REPLIES, REPLIES_PER_CLIENT};
 
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
