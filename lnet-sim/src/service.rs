@@ -78,6 +78,14 @@ pub trait Service: Send + Sync + 'static {
     fn status(&self) -> ServiceStatus {
         ServiceStatus::default()
     }
+
+    /// The most shared slots one client connection may hold at once, when the service bounds
+    /// it (the MDS: a client flooding over a few connections leaves the rest to others);
+    /// `None` for no bound but the slots themselves.
+    fn share_per_connection(&self, slots: usize) -> Option<usize> {
+        let _ = slots;
+        None
+    }
 }
 
 /// Default number of requests a server holds at once (running or waiting for a thread).
@@ -102,6 +110,8 @@ pub const NODE_JOB: &str = "node:";
 pub struct Dispatcher {
     service: Arc<dyn Service>,
     slots: Arc<Semaphore>,
+    /// How many shared slots there are.
+    shared: usize,
     /// Long polls' own slots.
     polls: Arc<Semaphore>,
     /// Slots only servers take, when the shared ones are full.
@@ -116,6 +126,7 @@ impl Dispatcher {
         Dispatcher {
             service,
             slots: Arc::new(Semaphore::new(slots.max(1))),
+            shared: slots.max(1),
             polls: Arc::new(Semaphore::new(LONG_POLL_SLOTS)),
             servers: Arc::new(Semaphore::new(SERVER_SLOTS)),
             metrics: None,
@@ -134,6 +145,18 @@ impl Dispatcher {
     pub fn with_jobs(mut self, jobs: Option<Arc<JobTable>>) -> Self {
         self.jobs = jobs;
         self
+    }
+
+    /// The shared slots one client connection may hold at once, as the service bounds it.
+    pub fn per_connection(&self) -> Option<usize> {
+        self.service.share_per_connection(self.shared)
+    }
+
+    /// Counts a request refused because its connection holds its share.
+    pub fn refused_busy(&self) {
+        if let Some(m) = &self.metrics {
+            m.refused_busy();
+        }
     }
 
     /// Takes a slot for a request `opcode` from a peer of `role`, or `None` when its slots

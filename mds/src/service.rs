@@ -1685,6 +1685,12 @@ impl Service for MdsService {
         Box::pin(async move { self.dispatch(req).await })
     }
 
+    /// A sixteenth of the slots (at least 8): a client's library keeps far fewer requests in
+    /// flight on one connection (its changes go in batches).
+    fn share_per_connection(&self, slots: usize) -> Option<usize> {
+        Some((slots / 16).max(8))
+    }
+
     fn status(&self) -> proto::stats::ServiceStatus {
         proto::stats::ServiceStatus {
             kind: "mds".into(),

@@ -88,6 +88,8 @@ pub(crate) struct Conn {
     active_ms: AtomicU64,
     /// Requests from the peer being served now: a connection serving one is not idle.
     serving: AtomicU64,
+    /// Of those, long polls (which have slots of their own).
+    polling: AtomicU64,
     /// The role the peer proved in the handshake (every peer is a server when authentication
     /// is off).
     role: Role,
@@ -130,6 +132,7 @@ impl Conn {
             born: Instant::now(),
             active_ms: AtomicU64::new(0),
             serving: AtomicU64::new(0),
+            polling: AtomicU64::new(0),
             role,
             sealed,
         });
@@ -394,12 +397,30 @@ impl Conn {
             let _ = self.send_reply(xid, opcode, Err(err)).await;
             return;
         };
+        // One client connection holds its share of the shared slots at most, where the
+        // service bounds it: others find one free, however many requests it sends (long
+        // polls have slots of their own).
+        let share = dispatcher.per_connection();
+        let polls = crate::service::is_long_poll(opcode);
+        let shared = || {
+            self.serving
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.polling.load(Ordering::Relaxed))
+        };
+        if self.role == Role::Client && !polls && share.is_some_and(|n| shared() >= n as u64) {
+            dispatcher.refused_busy();
+            let _ = self.send_reply(xid, opcode, Err(busy())).await;
+            return;
+        }
         let Some(admitted) = dispatcher.admit(opcode, self.role) else {
             let _ = self.send_reply(xid, opcode, Err(busy())).await;
             return;
         };
         let conn = self.clone();
         conn.serving.fetch_add(1, Ordering::Relaxed);
+        if polls {
+            conn.polling.fetch_add(1, Ordering::Relaxed);
+        }
         tokio::spawn(async move {
             let req = Incoming {
                 role: conn.role,
@@ -421,6 +442,9 @@ impl Conn {
                 tracing::debug!(error = %e, "reply not sent");
             }
             conn.active();
+            if polls {
+                conn.polling.fetch_sub(1, Ordering::Relaxed);
+            }
             conn.serving.fetch_sub(1, Ordering::Relaxed);
         });
     }
