@@ -16,7 +16,12 @@ def run(*a, **k):
     return subprocess.run(a, check=True, capture_output=True, text=True, **k).stdout
 
 def mds_bench(bins, files):
-    out = run(os.path.join(bins, "lode-mds"), "bench", "--files", str(files), "--rounds", "1")
+    d = tempfile.mkdtemp(prefix="lode-secbench-mds-", dir="/var/tmp")
+    try:
+        out = run(os.path.join(bins, "lode-mds"), "bench", "--dir", d, "--files", str(files),
+                  "--rounds", "1")
+    finally:
+        subprocess.run(["rm", "-rf", d])
     rows = {}
     for line in out.splitlines():
         m = re.match(r"\s+(lode.*?integrity.*?)\s{2,}([\d\s]+)$", line)
@@ -51,25 +56,30 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mds-files", type=int, default=2000)
     ap.add_argument("--meta-files", type=int, default=20000)
+    ap.add_argument("--only", choices=["mds", "meta"], help="run one of the two benchmarks")
     a = ap.parse_args()
     builds = [b.split("=", 1) for b in a.build]
     res = {name: {} for name, _ in builds}
     for r in range(a.rounds):
         order = builds[r % len(builds):] + builds[:r % len(builds)]
         for i, (name, bins) in enumerate(order):
-            for k, v in mds_bench(bins, a.mds_files).items():
-                for op, x in zip(["create", "stat", "readdir", "rename", "unlink"], v):
-                    res[name].setdefault(f"mds-bench {k}: {op}", []).append(x)
-            for k, v in meta_bench(bins, a.meta_files, 19600 + 20 * i).items():
-                if v is not None:
-                    res[name].setdefault(f"lode bench --meta: {k}", []).append(v)
+            if a.only != "meta":
+                for k, v in mds_bench(bins, a.mds_files).items():
+                    for op, x in zip(["create", "stat", "readdir", "rename", "unlink"], v):
+                        res[name].setdefault(f"mds-bench {k}: {op}", []).append(x)
+            if a.only != "mds":
+                for k, v in meta_bench(bins, a.meta_files, 19600 + 20 * i).items():
+                    if v is not None:
+                        res[name].setdefault(f"lode bench --meta: {k}", []).append(v)
             print(f"round {r + 1}: {name} done", file=sys.stderr)
     first, second = builds[0][0], builds[1][0]
     print(f"{'':62} {first:>10} {second:>10} {second + '/' + first:>14}")
     for key in res[first]:
         x = statistics.median(res[first][key])
         y = statistics.median(res[second].get(key, [float('nan')]))
-        print(f"{key:62} {x:>10.0f} {y:>10.0f} {y / x:>14.2f}")
+        print(f"{key:62} {x:>10.0f} {y:>10.0f} {y / x:>14.2f}   "
+              f"{' '.join(f'{v:.0f}' for v in res[first][key])} | "
+              f"{' '.join(f'{v:.0f}' for v in res[second].get(key, []))}")
 
 if __name__ == "__main__":
     main()
