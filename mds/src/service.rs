@@ -335,11 +335,10 @@ impl MdsService {
     }
 
     /// Records a read of data the MDS keeps (Data-on-MDT).
-    fn record_mdt(
+    fn record_mdt_read(
         &self,
         req: &Incoming,
         creds: &Creds,
-        op: &'static str,
         fid: proto::Fid,
         offset: u64,
         len: usize,
@@ -349,7 +348,7 @@ impl MdsService {
         }
         let path = self.store.read(|ns| ns.dir_path(fid));
         let what = Audited {
-            op,
+            op: "read",
             fid: Some(fid),
             path,
             to: None,
@@ -802,7 +801,7 @@ impl MdsService {
                         .store
                         .read(|ns| ns.read_mdt(r.fid, 0, proto::layout::MAX_MDT_SIZE))
                         .map_err(ns_error)?;
-                    self.record_mdt(&req, &creds, "read", r.fid, 0, data.len());
+                    self.record_mdt_read(&req, &creds, r.fid, 0, data.len());
                     data
                 } else {
                     vec![]
@@ -1060,7 +1059,7 @@ impl MdsService {
                         Ok((ns.read_mdt(r.fid, r.offset, u64::from(r.len))?, inode))
                     })
                     .map_err(ns_error)?;
-                self.record_mdt(&req, &r.creds, "read", r.fid, r.offset, data.len());
+                self.record_mdt_read(&req, &r.creds, r.fid, r.offset, data.len());
                 reply::<MdsReadMdt>(&MdsMdtData {
                     data,
                     inode,
