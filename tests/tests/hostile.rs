@@ -912,7 +912,11 @@ async fn a_flood_of_unacknowledged_changes_keeps_the_reply_cache_light() {
 /// usual time and storage servers' heartbeats keep their targets up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_lease_waits_does_not_take_the_request_slots() {
-    let s = stage("waits").await;
+    // Targets are listed down after 4 s without a heartbeat: the flood lasts longer.
+    let s = stage_with("waits", |b| {
+        b.heartbeat(Duration::from_millis(100), Duration::from_secs(4))
+    })
+    .await;
     // An honest client's getattr, as the library sends it.
     let honest = Arc::new(TcpEndpoint::client(TcpConfig {
         security: s.c.client_security(),
@@ -979,8 +983,9 @@ async fn a_flood_of_lease_waits_does_not_take_the_request_slots() {
             }
         }
     }
-    // Let the waits pile up (each is held a third of the lease term).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let the waits pile up (each is held a third of the lease term), for longer than a
+    // target lasts without heartbeats.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let flooded = latency(50).await;
     println!(
         "getattr median latency: idle {idle:?}, during {} lease waits kept open {flooded:?}",
