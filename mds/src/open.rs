@@ -8,6 +8,7 @@
 //! handles (Lustre's eviction), so a client that died does not keep objects for ever.
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,6 +24,10 @@ pub const MAX_OPEN_HANDLES: usize = 1 << 20;
 /// Most handles one client holds at once: one client cannot fill the table for the others.
 pub const MAX_HANDLES_PER_CLIENT: usize = 1 << 17;
 
+/// Most handles the clients of one node (one address) hold at once, however many client ids
+/// it uses: a node cannot fill more than a quarter of the table.
+pub const MAX_HANDLES_PER_NODE: usize = MAX_OPEN_HANDLES / 4;
+
 /// Why an open was not counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OpenRefused {
@@ -30,6 +35,17 @@ pub enum OpenRefused {
     Full,
     #[error("this client holds {MAX_HANDLES_PER_CLIENT} open files")]
     ClientFull,
+    #[error("the clients of this node hold {MAX_HANDLES_PER_NODE} open files")]
+    NodeFull,
+}
+
+/// One handle: the order it was opened in, the rights it was granted, and the node that
+/// opened it (none for a server).
+#[derive(Clone, Copy)]
+struct Held {
+    order: u64,
+    rights: u8,
+    node: Option<IpAddr>,
 }
 
 /// The handles open on one file, each with the order it was opened in and the rights it was
@@ -37,7 +53,7 @@ pub enum OpenRefused {
 /// one (a resync's, whose copy would miss that handle's writes).
 #[derive(Default)]
 struct Opens {
-    handles: HashMap<OpenHandle, (u64, u8)>,
+    handles: HashMap<OpenHandle, Held>,
     latest: u64,
 }
 
@@ -46,8 +62,8 @@ impl Opens {
         self.handles.contains_key(h)
     }
 
-    fn remove(&mut self, h: &OpenHandle) -> bool {
-        self.handles.remove(h).is_some()
+    fn remove(&mut self, h: &OpenHandle) -> Option<Held> {
+        self.handles.remove(h)
     }
 
     fn is_empty(&self) -> bool {
@@ -63,6 +79,23 @@ struct Table {
     /// Per client: when it was last heard from, and the files it holds open.
     clients: HashMap<u128, (Instant, HashSet<(Fid, u64)>)>,
     handles: usize,
+    /// Handles per node.
+    nodes: HashMap<IpAddr, usize>,
+}
+
+impl Table {
+    /// A handle is gone: counted out of the table and of its node.
+    fn forget(&mut self, held: Held) {
+        self.handles -= 1;
+        if let Some(ip) = held.node {
+            if let Some(n) = self.nodes.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.nodes.remove(&ip);
+                }
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -75,7 +108,13 @@ impl OpenFiles {
     /// [`proto::capa::WRITE`]); counted again (a resend, a renewal, a reopen), it counts once
     /// and keeps the rights it had as well (what an open granted stays granted until the
     /// close, as a file descriptor's access does). The rights the handle holds now.
-    pub fn open(&self, fid: Fid, handle: OpenHandle, rights: u8) -> Result<u8, OpenRefused> {
+    pub fn open(
+        &self,
+        fid: Fid,
+        handle: OpenHandle,
+        rights: u8,
+        node: Option<IpAddr>,
+    ) -> Result<u8, OpenRefused> {
         let mut t = self.table.lock();
         let t = &mut *t;
         if let Some(held) = t
@@ -83,8 +122,8 @@ impl OpenFiles {
             .get_mut(&fid)
             .and_then(|h| h.handles.get_mut(&handle))
         {
-            held.1 |= rights;
-            let now = held.1;
+            held.rights |= rights;
+            let now = held.rights;
             t.clients
                 .entry(handle.client)
                 .or_insert_with(|| (Instant::now(), HashSet::new()))
@@ -100,9 +139,23 @@ impl OpenFiles {
         {
             return Err(OpenRefused::ClientFull);
         }
+        if let Some(ip) = node {
+            let n = t.nodes.entry(ip).or_default();
+            if *n >= MAX_HANDLES_PER_NODE {
+                return Err(OpenRefused::NodeFull);
+            }
+            *n += 1;
+        }
         t.opened += 1;
         let opens = t.files.entry(fid).or_default();
-        opens.handles.insert(handle, (t.opened, rights));
+        opens.handles.insert(
+            handle,
+            Held {
+                order: t.opened,
+                rights,
+                node,
+            },
+        );
         opens.latest = t.opened;
         let c = t
             .clients
@@ -121,7 +174,7 @@ impl OpenFiles {
             .files
             .get(&fid)
             .and_then(|h| h.handles.get(&handle))
-            .map(|(_, r)| *r)
+            .map(|h| h.rights)
     }
 
     /// Forgets the open `handle` of `fid`, if counted.
@@ -136,11 +189,12 @@ impl OpenFiles {
             }
         }
         if let Some(h) = t.files.get_mut(&fid) {
-            if h.remove(&handle) {
-                t.handles -= 1;
-            }
+            let gone = h.remove(&handle);
             if h.is_empty() {
                 t.files.remove(&fid);
+            }
+            if let Some(held) = gone {
+                t.forget(held);
             }
         }
     }
@@ -172,7 +226,7 @@ impl OpenFiles {
             && opens
                 .handles
                 .get(&handle)
-                .is_some_and(|(at, _)| *at == opens.latest)
+                .is_some_and(|h| h.order == opens.latest)
     }
 
     pub fn is_open(&self, fid: Fid) -> bool {
@@ -201,14 +255,15 @@ impl OpenFiles {
             };
             for (fid, handle) in held {
                 if let Some(h) = t.files.get_mut(&fid) {
-                    if h.remove(&OpenHandle {
+                    let held = h.remove(&OpenHandle {
                         client: *client,
                         handle,
-                    }) {
-                        t.handles -= 1;
-                    }
+                    });
                     if h.is_empty() {
                         t.files.remove(&fid);
+                    }
+                    if let Some(held) = held {
+                        t.forget(held);
                     }
                 }
             }
@@ -229,9 +284,17 @@ mod tests {
     fn a_resent_open_or_close_counts_once() {
         let t = OpenFiles::default();
         let f = Fid::new(0x200000400, 1, 0);
-        assert_eq!(t.open(f, h(1, 1), 4), Ok(4));
-        assert_eq!(t.open(f, h(1, 1), 2), Ok(6), "the resend keeps what it had");
-        assert_eq!(t.open(f, h(2, 1), 0), Ok(0), "another client's handle");
+        assert_eq!(t.open(f, h(1, 1), 4, None), Ok(4));
+        assert_eq!(
+            t.open(f, h(1, 1), 2, None),
+            Ok(6),
+            "the resend keeps what it had"
+        );
+        assert_eq!(
+            t.open(f, h(2, 1), 0, None),
+            Ok(0),
+            "another client's handle"
+        );
         assert_eq!(t.rights(f, h(2, 1)), Some(0));
         t.close(f, h(1, 1));
         t.close(f, h(1, 1));
@@ -245,16 +308,19 @@ mod tests {
     fn a_handle_is_alone_since_its_open_only_if_no_other_opened_meanwhile() {
         let t = OpenFiles::default();
         let f = Fid::new(0x200000400, 1, 0);
-        t.open(f, h(1, 1), 6).unwrap();
-        t.open(f, h(9, 1), 6).unwrap(); // the resync's
+        t.open(f, h(1, 1), 6, None).unwrap();
+        t.open(f, h(9, 1), 6, None).unwrap(); // the resync's
         t.close(f, h(1, 1)); // a writer from before, gone: its writes were in the source
         assert!(t.alone_since(f, h(9, 1)));
         // A writer opens and closes again while the copy is made: the copy may miss it.
-        t.open(f, h(2, 1), 6).unwrap();
+        t.open(f, h(2, 1), 6, None).unwrap();
         assert!(!t.alone_since(f, h(9, 1)), "another handle is open");
         t.close(f, h(2, 1));
         assert!(!t.alone_since(f, h(9, 1)), "another handle opened since");
-        assert!(t.open(f, h(9, 1), 6).is_ok(), "the resync's resent open");
+        assert!(
+            t.open(f, h(9, 1), 6, None).is_ok(),
+            "the resync's resent open"
+        );
         assert!(!t.alone_since(f, h(9, 1)), "a resend is not a new open");
         assert!(!t.alone_since(f, h(3, 3)), "not open at all");
     }
@@ -263,8 +329,8 @@ mod tests {
     fn a_silent_client_is_evicted_and_a_pinging_one_is_not() {
         let t = OpenFiles::default();
         let (f, g) = (Fid::new(0x200000400, 1, 0), Fid::new(0x200000400, 2, 0));
-        t.open(f, h(1, 1), 4).unwrap();
-        t.open(g, h(2, 1), 4).unwrap();
+        t.open(f, h(1, 1), 4, None).unwrap();
+        t.open(g, h(2, 1), 4, None).unwrap();
         std::thread::sleep(Duration::from_millis(30));
         t.seen(2);
         assert_eq!(t.evict(Duration::from_millis(20)), vec![1]);
@@ -277,16 +343,57 @@ mod tests {
     fn one_client_cannot_fill_the_table() {
         let t = OpenFiles::default();
         for i in 0..MAX_HANDLES_PER_CLIENT as u64 {
-            t.open(Fid::new(0x200000400, i as u32 + 1, 0), h(1, i), 4)
+            t.open(Fid::new(0x200000400, i as u32 + 1, 0), h(1, i), 4, None)
                 .unwrap();
         }
         let f = Fid::new(0x200000400, 1, 0);
-        assert_eq!(t.open(f, h(1, u64::MAX), 4), Err(OpenRefused::ClientFull));
         assert_eq!(
-            t.open(f, h(1, 0), 4),
+            t.open(f, h(1, u64::MAX), 4, None),
+            Err(OpenRefused::ClientFull)
+        );
+        assert_eq!(
+            t.open(f, h(1, 0), 4, None),
             Ok(4),
             "a handle it holds counts again"
         );
-        assert_eq!(t.open(f, h(2, 0), 4), Ok(4), "another client opens");
+        assert_eq!(t.open(f, h(2, 0), 4, None), Ok(4), "another client opens");
+    }
+
+    #[test]
+    fn one_node_cannot_fill_the_table_whatever_its_client_ids() {
+        let t = OpenFiles::default();
+        let node: Option<IpAddr> = Some("10.0.0.66".parse().unwrap());
+        let mut i = 0u32;
+        let mut open = |client: u128, node: Option<IpAddr>| {
+            i += 1;
+            t.open(
+                Fid::new(0x200000400, i, 0),
+                h(client, u64::from(i)),
+                4,
+                node,
+            )
+        };
+        let per_client = MAX_HANDLES_PER_CLIENT as u128;
+        let mut held = 0;
+        'ids: for client in 1.. {
+            for _ in 0..per_client {
+                match open(client, node) {
+                    Ok(_) => held += 1,
+                    Err(e) => {
+                        assert_eq!(e, OpenRefused::NodeFull);
+                        break 'ids;
+                    }
+                }
+            }
+        }
+        assert_eq!(held, MAX_HANDLES_PER_NODE);
+        assert!(
+            open(999, Some("10.0.0.7".parse().unwrap())).is_ok(),
+            "another node"
+        );
+        assert!(open(999, None).is_ok(), "a server");
+        // A close gives the node its room back.
+        t.close(Fid::new(0x200000400, 1, 0), h(1, 1));
+        assert!(open(1000, node).is_ok());
     }
 }

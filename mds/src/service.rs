@@ -375,12 +375,8 @@ impl MdsService {
             },
         };
         // A client node's lines are held to its rate; servers' are not.
-        let node = match (&req.from, req.role) {
-            (proto::Nid::Tcp(a), lnet::auth::Role::Client) => Some(a.ip()),
-            _ => None,
-        };
         audit.record(
-            node,
+            Self::node_of(req),
             &crate::audit::Record {
                 time: crate::audit::now(),
                 op: what.op,
@@ -759,7 +755,7 @@ impl MdsService {
                 let rights = if refused {
                     0
                 } else {
-                    self.count_open(r.fid, r.handle, allowed)?
+                    self.count_open(r.fid, r.handle, allowed, Self::node_of(&req))?
                 };
                 let grant = self.granter.grant_rights(&inode, rights);
                 let size_gen = self.store.size_gen(r.fid);
@@ -825,7 +821,7 @@ impl MdsService {
                 for (_, h) in &r.handles {
                     self.owns(&req, h.client)?;
                 }
-                self.reopen(r)
+                self.reopen(r, Self::node_of(&req))
             }
             opcodes::MDS_PING => {
                 let r: MdsPing = req.decode()?;
@@ -1294,7 +1290,7 @@ impl MdsService {
         if audited.is_some() {
             self.audit_writes(true)?;
         }
-        let out = self.reint(r).await;
+        let out = self.reint(r, Self::node_of(req)).await;
         if let Some(what) = audited {
             let made = out
                 .as_ref()
@@ -1334,7 +1330,11 @@ impl MdsService {
         })
     }
 
-    async fn reint(&self, mut r: MdsReint) -> Result<MdsReintReply, RemoteError> {
+    async fn reint(
+        &self,
+        mut r: MdsReint,
+        node: Option<std::net::IpAddr>,
+    ) -> Result<MdsReintReply, RemoteError> {
         // A stale copy is declared in sync only by a resync that held the file alone from
         // before it copied: a writer open meanwhile (or opened and closed again) wrote only the
         // copies in sync, and the cleared copy would lack its acknowledged writes.
@@ -1459,7 +1459,7 @@ impl MdsService {
                         format!("permission denied on {}", i.fid),
                     ));
                 }
-                let rights = self.count_open(i.fid, handle, allowed)?;
+                let rights = self.count_open(i.fid, handle, allowed, node)?;
                 grant = Some(self.granter.grant_rights(i, rights));
             }
         }
@@ -1537,7 +1537,7 @@ impl MdsService {
 
     /// A client counts again, after a restart, the files it holds open: each one the
     /// namespace still has, by a name or by objects kept for removal, is counted.
-    fn reopen(&self, r: MdsReopen) -> Result<Vec<u8>, RemoteError> {
+    fn reopen(&self, r: MdsReopen, node: Option<std::net::IpAddr>) -> Result<Vec<u8>, RemoteError> {
         if r.handles.len() > MAX_REOPEN {
             return Err(RemoteError::new(
                 StatusCode::Fs(FsErrorKind::Invalid),
@@ -1555,7 +1555,7 @@ impl MdsService {
                 gone.push(fid);
                 continue;
             }
-            self.count_open(fid, handle, 0)?;
+            self.count_open(fid, handle, 0, node)?;
         }
         if !gone.is_empty() {
             tracing::warn!(files = gone.len(), "reopened files are gone");
@@ -1569,13 +1569,26 @@ impl MdsService {
         fid: proto::Fid,
         handle: OpenHandle,
         rights: u8,
+        node: Option<std::net::IpAddr>,
     ) -> Result<u8, RemoteError> {
-        self.alloc.open.open(fid, handle, rights).map_err(|e| {
-            ns_error(NsError {
-                kind: FsErrorKind::TooManyOpen,
-                what: e.to_string(),
+        self.alloc
+            .open
+            .open(fid, handle, rights, node)
+            .map_err(|e| {
+                ns_error(NsError {
+                    kind: FsErrorKind::TooManyOpen,
+                    what: e.to_string(),
+                })
             })
-        })
+    }
+
+    /// The node a client's request comes from (its open handles are bounded per node);
+    /// `None` for servers.
+    fn node_of(req: &Incoming) -> Option<std::net::IpAddr> {
+        match (&req.from, req.role) {
+            (proto::Nid::Tcp(a), lnet::auth::Role::Client) => Some(a.ip()),
+            _ => None,
+        }
     }
 
     /// Whether `handle` is open on `fid` with the right to write.

@@ -318,11 +318,12 @@ async fn main() {
     let rss = rss_mib(pid);
     let sent = f.end().await;
     println!(
-        "opens     {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  open handles (bounds {} per client, {} in all)",
+        "opens     {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  open handles (bounds {} per client, {} per node, {} in all)",
         during.0,
         during.1,
         during.0.as_secs_f64() / idle.0.as_secs_f64(),
         mds::open::MAX_HANDLES_PER_CLIENT,
+        mds::open::MAX_HANDLES_PER_NODE,
         mds::open::MAX_OPEN_HANDLES,
     );
 
