@@ -159,6 +159,31 @@ where
     Flood { stop, sent, tasks }
 }
 
+/// Lets flood `f` run for `secs`, measures an honest getattr during it, ends it, and prints
+/// its row: requests made, getattr median and p99, their ratio to `idle`, the MDS's memory.
+#[allow(clippy::too_many_arguments)]
+async fn report(
+    name: &str,
+    f: Flood,
+    secs: u64,
+    mds: &Nid,
+    file: Fid,
+    pid: u32,
+    idle: (Duration, Duration),
+    what: &str,
+) {
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let during = getattr_latency(mds, file, 200).await;
+    let rss = rss_mib(pid);
+    let sent = f.end().await;
+    println!(
+        "{name:9} {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  {what}",
+        during.0,
+        during.1,
+        during.0.as_secs_f64() / idle.0.as_secs_f64(),
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let secs: u64 = std::env::args()
@@ -275,17 +300,11 @@ async fn main() {
             n
         }
     });
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    let during = getattr_latency(&nid, file, 200).await;
-    let rss = rss_mib(pid);
-    let sent = f.end().await;
-    println!(
-        "replies   {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  reply cache (bound {} replies)",
-        during.0,
-        during.1,
-        during.0.as_secs_f64() / idle.0.as_secs_f64(),
-        mds::namespace::MAX_REPLIES,
+    let bound = format!(
+        "reply cache (bound {} replies)",
+        mds::namespace::MAX_REPLIES
     );
+    report("replies", f, secs, &nid, file, pid, idle, &bound).await;
 
     // Opens under new handles.
     let nid2 = nid.clone();
@@ -313,19 +332,13 @@ async fn main() {
             n
         }
     });
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    let during = getattr_latency(&nid, file, 200).await;
-    let rss = rss_mib(pid);
-    let sent = f.end().await;
-    println!(
-        "opens     {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  open handles (bounds {} per client, {} per node, {} in all)",
-        during.0,
-        during.1,
-        during.0.as_secs_f64() / idle.0.as_secs_f64(),
+    let bound = format!(
+        "open handles (bounds {} per client, {} per node, {} in all)",
         mds::open::MAX_HANDLES_PER_CLIENT,
         mds::open::MAX_HANDLES_PER_NODE,
         mds::open::MAX_OPEN_HANDLES,
     );
+    report("opens", f, secs, &nid, file, pid, idle, &bound).await;
 
     // Lease waits held open.
     let nid2 = nid.clone();
@@ -353,18 +366,12 @@ async fn main() {
             n
         }
     });
-    tokio::time::sleep(Duration::from_secs(secs.min(10))).await;
-    let during = getattr_latency(&nid, file, 200).await;
-    let rss = rss_mib(pid);
-    let sent = f.end().await;
-    println!(
-        "waits     {sent:>8}  {:>14?}  {:>9?}  {:>5.2}  {rss:>7.0}  lease waits held ({} per client, in {} slots of their own)",
-        during.0,
-        during.1,
-        during.0.as_secs_f64() / idle.0.as_secs_f64(),
+    let bound = format!(
+        "lease waits held ({} per client, in {} slots of their own)",
         mds::lease::WAITS_HELD_PER_CLIENT,
         lnet::service::LONG_POLL_SLOTS,
     );
+    report("waits", f, secs.min(10), &nid, file, pid, idle, &bound).await;
     drop(mds);
     let _ = std::fs::remove_dir_all(&root);
 }

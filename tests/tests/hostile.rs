@@ -215,6 +215,19 @@ impl Stage {
         }
     }
 
+    /// A create of a new file `name` (mode `mode`) in the shared directory.
+    fn new_file(&self, name: &str, mode: u32) -> Mutation {
+        Mutation::Create {
+            parent: self.shared.fid,
+            name: name.as_bytes().to_vec(),
+            kind: Kind::File,
+            mode,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        }
+    }
+
     /// The victim's files are as the victim left them, the namespace passes `fsck`, and an
     /// honest client is served.
     async fn unchanged(&self) {
@@ -491,18 +504,7 @@ async fn forged_cross_object_wrong_right_and_expired_capabilities_are_refused() 
     let oss = oss_of(&s, victim_obj.target);
     // A file of the attacker's own, and the grant for it.
     let h = s.handle(1);
-    let create = s.reint(
-        Mutation::Create {
-            parent: s.shared.fid,
-            name: b"own".to_vec(),
-            kind: Kind::File,
-            mode: 0o600,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        },
-        Some(h),
-    );
+    let create = s.reint(s.new_file("own", 0o600), Some(h));
     let made = s.mds_call(&create).await.expect("a file of its own");
     let grant = made.grant.expect("a create that opens is granted");
     let own = made.inode.unwrap().layout.unwrap().components[0].objects[0];
@@ -624,18 +626,7 @@ async fn a_uid_the_node_is_not_mapped_to_is_squashed() {
         assert!(denied(code), "uid {claimed}: {code:?}");
     }
     // What it makes claiming the victim's uid is nobody's.
-    let mut r = s.reint(
-        Mutation::Create {
-            parent: s.shared.fid,
-            name: b"as-victim".to_vec(),
-            kind: Kind::File,
-            mode: 0o644,
-            exclusive: true,
-            target: vec![],
-            layout: None,
-        },
-        None,
-    );
+    let mut r = s.reint(s.new_file("as-victim", 0o644), None);
     r.creds = victim_creds();
     let made = s.mds_call(&r).await.unwrap().inode.unwrap();
     assert_eq!(
@@ -844,18 +835,7 @@ async fn a_flood_of_made_up_client_ids_is_bounded_per_connection() {
 async fn a_flood_of_unacknowledged_changes_keeps_the_reply_cache_light() {
     let s = stage("replies").await;
     let made = s
-        .mds_call(&s.reint(
-            Mutation::Create {
-                parent: s.shared.fid,
-                name: b"heavy".to_vec(),
-                kind: Kind::File,
-                mode: 0o644,
-                exclusive: true,
-                target: vec![],
-                layout: None,
-            },
-            None,
-        ))
+        .mds_call(&s.reint(s.new_file("heavy", 0o644), None))
         .await
         .unwrap();
     let fid = made.inode.unwrap().fid;
