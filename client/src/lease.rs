@@ -169,10 +169,10 @@ impl Default for Leases {
     }
 }
 
-/// Whether a name could be an entry (not `.`, `..`, empty, too long or with a slash): only
-/// those are answered from the cache.
+/// Whether a name could be an entry, by the MDS's own rule ([`proto::rules::check_name`]):
+/// only those are answered from the cache.
 fn plain(name: &[u8]) -> bool {
-    !name.is_empty() && name.len() <= 255 && name != b"." && name != b".." && !name.contains(&b'/')
+    proto::rules::check_name(name).is_ok()
 }
 
 fn not_found(name: &[u8]) -> ClientError {
@@ -723,40 +723,10 @@ impl Leases {
         };
         let s = &mut *s;
         s.tick += 1;
+        let facts = m.touches();
         let mut touched: Vec<Fid> = reply.changed.clone();
-        let named: Vec<(Fid, &[u8])> = match m {
-            Mutation::Create { parent, name, .. }
-            | Mutation::CreateAt { parent, name, .. }
-            | Mutation::Unlink { parent, name, .. } => vec![(*parent, name)],
-            Mutation::Link { fid, parent, name } => {
-                touched.push(*fid);
-                vec![(*parent, name)]
-            }
-            Mutation::Rename {
-                parent,
-                name,
-                new_parent,
-                new_name,
-                ..
-            } => vec![(*parent, name), (*new_parent, new_name)],
-            Mutation::Setattr { fid, .. }
-            | Mutation::SetXattr { fid, .. }
-            | Mutation::SetXattrIf { fid, .. }
-            | Mutation::RemoveXattr { fid, .. }
-            | Mutation::GrowSize { fid, .. }
-            | Mutation::SetLayout { fid, .. }
-            | Mutation::MirrorState { fid, .. }
-            | Mutation::PlaceMirror { fid, .. }
-            | Mutation::WriteMdt { fid, .. } => {
-                touched.push(*fid);
-                vec![]
-            }
-            Mutation::Destroyed { .. }
-            | Mutation::Released { .. }
-            | Mutation::CreateUnnamed { .. }
-            | Mutation::SkipInodes { .. }
-            | Mutation::ReserveInodes { .. } => vec![],
-        };
+        touched.extend(facts.inodes);
+        let named = facts.entries;
         // The change recalled every other client's lease on the directories it named: holding
         // them alone is worth asking again.
         for (p, _) in &named {
@@ -963,9 +933,9 @@ impl Leases {
         }
         let c = s.held.get(&fid)?;
         let victim = c.attr.as_ref().filter(|_| !c.stale)?;
-        let sticky_refuses =
-            dir.mode & 0o1000 != 0 && who.uid != 0 && who.uid != victim.uid && who.uid != dir.uid;
-        (dir.permits(&who, 3) && !sticky_refuses).then(|| victim.clone())
+        proto::rules::may_unlink(dir, victim, &who)
+            .is_ok()
+            .then(|| victim.clone())
     }
 
     /// A create answered here (see [`Leases::may_create`]): the directory now shows `inode`

@@ -21,7 +21,7 @@ pub use proto::fid::INODE_SEQ;
 /// The root directory's FID, as in Lustre.
 pub use proto::fid::ROOT;
 /// Longest name in a directory.
-pub const MAX_NAME: usize = 255;
+pub use proto::rules::MAX_NAME;
 /// Longest symlink target.
 pub const MAX_SYMLINK: usize = 4095;
 /// Most hard links to one file.
@@ -35,7 +35,7 @@ pub const MAX_XATTR_VALUE: usize = 64 << 10;
 pub const MAX_XATTR_BYTES: usize = 64 << 10;
 pub use proto::md::MAX_FILE_SIZE;
 
-pub const S_ISVTX: u32 = 0o1000;
+pub use proto::rules::S_ISVTX;
 const PERM_MASK: u32 = 0o7777;
 
 /// What a mutation did, for the reply (and for the storage cleanup it implies).
@@ -159,26 +159,12 @@ mod saved_replies {
 /// Replies kept per client, and clients kept.
 pub use concur::replies::{MAX_CLIENTS, MAX_REPLIES, REPLIES_PER_CLIENT};
 
+/// Whether `name` may be a directory entry (the rule the client answers ahead by too).
 pub fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." {
-        return err(
-            FsErrorKind::Invalid,
-            format!(
-                "{:?} is not a valid name here",
-                String::from_utf8_lossy(name)
-            ),
-        );
-    }
-    if name.len() > MAX_NAME {
-        return err(
-            FsErrorKind::NameTooLong,
-            format!("a name is at most {MAX_NAME} bytes"),
-        );
-    }
-    if name.contains(&b'/') || name.contains(&0) {
-        return err(FsErrorKind::Invalid, "a name cannot hold '/' or NUL");
-    }
-    Ok(())
+    proto::rules::check_name(name).map_err(|e| NsError {
+        kind: e.kind(),
+        what: e.to_string(),
+    })
 }
 
 impl Default for Namespace {
@@ -284,43 +270,14 @@ impl Namespace {
     /// The inodes whose attributes or entries `m` would change if applied now: leases on them
     /// are recalled first.
     pub fn touched(&self, m: &Mutation) -> Vec<Fid> {
-        let entry =
-            |parent: &Fid, name: &[u8]| self.entries.get(parent).and_then(|d| d.get(name)).copied();
-        let mut out = match m {
-            Mutation::Create { parent, .. } | Mutation::CreateAt { parent, .. } => vec![*parent],
-            Mutation::Link { fid, parent, .. } => vec![*fid, *parent],
-            Mutation::Unlink { parent, name, .. } => {
-                let mut v = vec![*parent];
-                v.extend(entry(parent, name));
-                v
+        let t = m.touches();
+        let mut out = t.inodes;
+        for (parent, name) in &t.entries {
+            out.push(*parent);
+            if t.replaces {
+                out.extend(self.entries.get(parent).and_then(|d| d.get(*name)).copied());
             }
-            Mutation::Rename {
-                parent,
-                name,
-                new_parent,
-                new_name,
-                ..
-            } => {
-                let mut v = vec![*parent, *new_parent];
-                v.extend(entry(parent, name));
-                v.extend(entry(new_parent, new_name));
-                v
-            }
-            Mutation::Setattr { fid, .. }
-            | Mutation::SetXattr { fid, .. }
-            | Mutation::SetXattrIf { fid, .. }
-            | Mutation::RemoveXattr { fid, .. }
-            | Mutation::GrowSize { fid, .. }
-            | Mutation::SetLayout { fid, .. }
-            | Mutation::MirrorState { fid, .. }
-            | Mutation::PlaceMirror { fid, .. }
-            | Mutation::WriteMdt { fid, .. } => vec![*fid],
-            Mutation::Released { fids } => fids.clone(),
-            Mutation::CreateUnnamed { .. } => vec![],
-            Mutation::Destroyed { .. }
-            | Mutation::SkipInodes { .. }
-            | Mutation::ReserveInodes { .. } => vec![],
-        };
+        }
         out.sort_unstable();
         out.dedup();
         out
@@ -384,26 +341,13 @@ impl Namespace {
         }
     }
 
-    /// Whether `who` may remove or replace the entry for `victim` in `parent` (write and search
-    /// on the directory; in a sticky directory, also owning the entry or the directory).
+    /// Whether `who` may remove or replace the entry for `victim` in `parent` (the rule the
+    /// client answers ahead by too).
     fn may_unlink(&self, parent: &Inode, victim: &Inode, who: &Creds) -> Result<()> {
-        if !Self::permits(parent, who, 3) {
-            return err(
-                FsErrorKind::AccessDenied,
-                format!("permission denied on {}", parent.fid),
-            );
-        }
-        if parent.mode & S_ISVTX != 0
-            && who.uid != 0
-            && who.uid != victim.uid
-            && who.uid != parent.uid
-        {
-            return err(
-                FsErrorKind::NotPermitted,
-                "sticky directory: only the owner may remove this entry",
-            );
-        }
-        Ok(())
+        proto::rules::may_unlink(parent, victim, who).map_err(|e| NsError {
+            kind: e.kind(),
+            what: e.to_string(),
+        })
     }
 
     /// Forgets the replies to `client`'s requests numbered below `below` (it had them).

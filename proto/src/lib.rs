@@ -15,6 +15,7 @@ pub mod msg;
 pub mod nid;
 pub mod ost;
 pub mod registry;
+pub mod rules;
 pub mod seq;
 pub mod size;
 pub mod stats;
