@@ -29,7 +29,7 @@ use proto::Nid;
 use proto::{Fid, FsErrorKind};
 
 use crate::namespace::NsError;
-use crate::placement::{place, Candidate};
+use crate::placement::{place_copy, Site};
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -193,63 +193,24 @@ impl Allocator {
         exclude: &HashSet<u32>,
         copies_left: u16,
     ) -> Result<Vec<u32>, NsError> {
-        let eligible: Vec<&TargetInfo> = self
+        let sites: Vec<Site<Nid>> = self
             .eligible_in(known)
             .into_iter()
-            .filter(|t| !avoid.contains(&t.oss) && !exclude.contains(&t.index))
-            .collect();
-        if eligible.is_empty() && !avoid.is_empty() {
-            return Err(no_space(
-                "a mirror needs storage servers that hold no other copy of the file".to_string(),
-            ));
-        }
-        let mut c = c.clone();
-        if copies_left > 1 && c.stripe_count == StripeCount::All && c.targets.is_empty() {
-            let servers: HashSet<&Nid> = eligible.iter().map(|t| &t.oss).collect();
-            let share = (servers.len() / usize::from(copies_left)).max(1);
-            // Whole servers: every target of the servers this mirror's share covers.
-            let per_server = eligible.len().div_ceil(servers.len().max(1));
-            c.stripe_count = StripeCount::Count((share * per_server) as u32);
-        }
-        let candidates: Vec<Candidate> = eligible
-            .iter()
-            .map(|t| Candidate {
+            .map(|t| Site {
                 index: t.index,
+                server: t.oss.clone(),
                 free: t.free,
             })
             .collect();
-        let mut chosen =
-            place(&candidates, &c, &mut self.next.lock()).map_err(|e| no_space(e.to_string()))?;
-        if copies_left > 1 {
-            // Leave whole servers to the mirrors still to come: a server is taken with the
-            // first of its targets this mirror uses.
-            let server_of = |t: u32| {
-                eligible
-                    .iter()
-                    .find(|e| e.index == t)
-                    .map(|e| e.oss.clone())
-            };
-            let mut servers: Vec<Nid> = vec![];
-            for t in &chosen {
-                if let Some(s) = server_of(*t) {
-                    if !servers.contains(&s) {
-                        servers.push(s);
-                    }
-                }
-            }
-            let share = (servers.len().max(1)).min(
-                eligible
-                    .iter()
-                    .map(|t| &t.oss)
-                    .collect::<HashSet<_>>()
-                    .len()
-                    .saturating_sub(usize::from(copies_left - 1))
-                    .max(1),
-            );
-            servers.truncate(share);
-            chosen.retain(|t| server_of(*t).is_some_and(|s| servers.contains(&s)));
-        }
-        Ok(chosen)
+        place_copy(
+            &sites,
+            c,
+            avoid,
+            exclude,
+            copies_left,
+            &mut self.next.lock(),
+        )
+        .map_err(|e| no_space(e.to_string()))
     }
 
     async fn refill(&self, target: u32) -> Result<(), NsError> {

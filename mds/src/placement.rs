@@ -9,6 +9,9 @@
 //! each time). When free space is out of balance (the emptiest target has less than 80% of the
 //! fullest's free bytes), the fullest targets are taken first instead.
 
+use std::collections::HashSet;
+use std::hash::Hash;
+
 use proto::layout::{Component, StripeCount};
 
 /// A target that may take new stripes: up, in service and not full.
@@ -24,6 +27,76 @@ pub enum PlacementError {
     NoTargets,
     #[error("target {0} is down, full or unknown")]
     Unavailable(u32),
+    #[error("a mirror needs storage servers that hold no other copy of the file")]
+    NoSpareServer,
+}
+
+/// A target that may take new stripes, and the server `S` it is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site<S> {
+    pub index: u32,
+    pub server: S,
+    pub free: u64,
+}
+
+/// The targets of one copy's component `c` (mirror spread): only on servers outside `avoid`
+/// (those holding the file's other copies), so that no server holds two copies of a byte. A
+/// copy over every target (`-c -1`) takes its share of the servers left, whole servers each:
+/// `copies_left` copies, this one included, still need theirs. With one copy this is
+/// [`place`] over every site.
+pub fn place_copy<S: Clone + Eq + Hash>(
+    sites: &[Site<S>],
+    c: &Component,
+    avoid: &HashSet<S>,
+    exclude: &HashSet<u32>,
+    copies_left: u16,
+    cursor: &mut usize,
+) -> Result<Vec<u32>, PlacementError> {
+    let eligible: Vec<&Site<S>> = sites
+        .iter()
+        .filter(|t| !avoid.contains(&t.server) && !exclude.contains(&t.index))
+        .collect();
+    if eligible.is_empty() && !avoid.is_empty() {
+        return Err(PlacementError::NoSpareServer);
+    }
+    let servers: HashSet<&S> = eligible.iter().map(|t| &t.server).collect();
+    let mut c = c.clone();
+    if copies_left > 1 && c.stripe_count == StripeCount::All && c.targets.is_empty() {
+        let share = (servers.len() / usize::from(copies_left)).max(1);
+        // Whole servers: every target of the servers this copy's share covers.
+        let per_server = eligible.len().div_ceil(servers.len().max(1));
+        c.stripe_count = StripeCount::Count((share * per_server) as u32);
+    }
+    let candidates: Vec<Candidate> = eligible
+        .iter()
+        .map(|t| Candidate {
+            index: t.index,
+            free: t.free,
+        })
+        .collect();
+    let mut chosen = place(&candidates, &c, cursor)?;
+    if copies_left > 1 {
+        // Leave whole servers to the copies still to come: a server is taken with the first of
+        // its targets this copy uses.
+        let server_of = |t: u32| eligible.iter().find(|e| e.index == t).map(|e| &e.server);
+        let mut taken: Vec<&S> = vec![];
+        for t in &chosen {
+            if let Some(s) = server_of(*t) {
+                if !taken.contains(&s) {
+                    taken.push(s);
+                }
+            }
+        }
+        let share = taken.len().max(1).min(
+            servers
+                .len()
+                .saturating_sub(usize::from(copies_left - 1))
+                .max(1),
+        );
+        taken.truncate(share);
+        chosen.retain(|t| server_of(*t).is_some_and(|s| taken.contains(&s)));
+    }
+    Ok(chosen)
 }
 
 /// Below this ratio of least to most free space, placement favours the emptiest targets.
