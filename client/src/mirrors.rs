@@ -66,7 +66,51 @@ pub struct Healer {
     backoff: HashMap<Fid, (Instant, u32)>,
 }
 
+/// A healer running in the background; dropping it stops the healer.
+pub struct HealerTask(tokio::task::JoinHandle<()>);
+
+impl Drop for HealerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Healer {
+    /// Starts the healer of the MDS at `mds`, reached through `net`, which must carry the
+    /// server's own key (the healer acts as root and lists files by FID). It connects as a
+    /// client that commits nothing behind (it is part of the MDS: when the MDS stops, so does
+    /// the healer, and nothing it held is replayed), trying again every 5 s until the MDS
+    /// answers, and then passes forever. `lode-mds` starts one; so does the in-process cluster
+    /// when asked to. `client` is the rest of the client's settings (its id and clock, for a
+    /// seeded simulation).
+    pub fn spawn(
+        net: lnet::AnyNet,
+        mds: String,
+        client: crate::ClientConfig,
+        cfg: HealConfig,
+    ) -> HealerTask {
+        let ccfg = crate::ClientConfig {
+            retry_for: Duration::from_secs(15),
+            creds: proto::md::Creds::root(),
+            commit_behind: false,
+            ..client
+        };
+        HealerTask(tokio::spawn(async move {
+            loop {
+                match Client::connect_on(net.clone(), &mds, ccfg.clone()).await {
+                    Ok(c) => {
+                        tracing::info!(rate = cfg.rate, move_after = ?cfg.move_after, "resyncing stale mirrors in the background");
+                        return Healer::new(c, cfg).run().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the mirror healer cannot reach its MDS; trying again");
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                }
+            }
+        }))
+    }
+
     pub fn new(client: Client, cfg: HealConfig) -> Healer {
         Healer {
             client,

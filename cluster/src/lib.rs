@@ -84,6 +84,7 @@ pub struct ClusterBuilder {
     nodemap: Nodemap,
     capability_lifetime: Duration,
     audit: Option<mds::audit::AuditConfig>,
+    heal: Option<(client::mirrors::HealConfig, ClientConfig)>,
 }
 
 impl ClusterBuilder {
@@ -109,7 +110,20 @@ impl ClusterBuilder {
             nodemap: Nodemap::trusting(vec!["127.0.0.0/8".parse().expect("a valid range")]),
             capability_lifetime: mds.capability_lifetime,
             audit: None,
+            heal: None,
         }
+    }
+
+    /// Runs the MDS's mirror healer beside it, as `lode-mds` does (off by default here, so a
+    /// test sees a stale copy stay stale until it resyncs it). `client` is the healer's client
+    /// settings; a given id is counted up each time the MDS restarts.
+    pub fn heal(
+        mut self,
+        cfg: client::mirrors::HealConfig,
+        client: ClientConfig,
+    ) -> ClusterBuilder {
+        self.heal = Some((cfg, client));
+        self
     }
 
     /// Runs without authentication: every connection is let in (a baseline to measure the
@@ -312,15 +326,19 @@ impl ClusterBuilder {
             Nid::Tcp(addr) => Attach::tcp(addr, self.server_security()),
             _ => self.attach("mds"),
         };
-        Ok(Cluster {
+        let mut cluster = Cluster {
             mds: Some(mds),
+            healer: None,
+            healers: 0,
             oss,
             homes: all_homes,
             oss_cfg,
             mds_cfg: cfg,
             mds_attach,
             builder: self,
-        })
+        };
+        cluster.start_healer()?;
+        Ok(cluster)
     }
 }
 
@@ -328,6 +346,10 @@ impl ClusterBuilder {
 pub struct Cluster {
     builder: ClusterBuilder,
     mds: Option<MdsServer>,
+    /// The MDS's mirror healer, when asked for: it stops and starts with the MDS.
+    healer: Option<client::mirrors::HealerTask>,
+    /// Healers started so far (each on a node of its own on the fabric).
+    healers: u32,
     mds_cfg: MdsConfig,
     mds_attach: Attach,
     oss: Vec<Option<OssServer>>,
@@ -376,8 +398,39 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts the mirror healer of the running MDS, if the builder asked for one: a client
+    /// holding the servers' key, as `lode-mds` runs it.
+    fn start_healer(&mut self) -> Result<(), ClusterError> {
+        let (Some((cfg, client)), Some(mds)) = (self.builder.heal.clone(), self.mds.as_ref())
+        else {
+            return Ok(());
+        };
+        self.healers += 1;
+        let net: AnyNet = match &self.builder.network {
+            Network::Loopback => TcpEndpoint::client(TcpConfig {
+                security: self.builder.server_security(),
+                ..TcpConfig::default()
+            })
+            .into(),
+            Network::Fabric(f) => f
+                .start_node(&format!("healer{}", self.healers), None)?
+                .into(),
+        };
+        self.healer = Some(client::mirrors::Healer::spawn(
+            net,
+            mds.nid().to_string(),
+            ClientConfig {
+                id: client.id.map(|id| id + u128::from(self.healers)),
+                ..client
+            },
+            cfg,
+        ));
+        Ok(())
+    }
+
     /// Stops the MDS as kill -9 would (its journal holds what was committed).
     pub async fn kill_mds(&mut self) {
+        self.healer = None;
         if let Some(m) = self.mds.take() {
             m.kill().await;
         }
@@ -389,7 +442,7 @@ impl Cluster {
             *i += 1;
         }
         self.mds = Some(MdsServer::start(self.mds_cfg.clone(), &self.mds_attach).await?);
-        Ok(())
+        self.start_healer()
     }
 
     /// A client connected to the MDS; on the fabric, a node named `name`.
@@ -453,7 +506,8 @@ impl Cluster {
     }
 
     /// Stops every server.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
+        self.healer = None;
         for s in self.oss.into_iter().flatten() {
             if let Err(e) = s.stop().await {
                 tracing::warn!(error = %e, "stopping a storage server");

@@ -227,7 +227,20 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
         .deferred_commit()
         .mds_instances(seed << 16 | 1)
-        .mds_clock(clock.clone());
+        .mds_clock(clock.clone())
+        // The MDS's mirror healer runs as in production, quicker: stale copies of mirrored
+        // checkpoints are resynced behind the workload, and moved off a server gone a while.
+        .heal(
+            client::mirrors::HealConfig {
+                rate: 0,
+                move_after: Duration::from_secs(3),
+                every: Duration::from_millis(500),
+            },
+            ClientConfig {
+                id: Some(u128::from(seed) << 64 | 0x4ea1 << 16),
+                ..client_config(&clock)
+            },
+        );
     for e in &engines {
         builder = builder.storage_server(vec![e.clone() as Arc<dyn oss::engine::Engine>]);
     }

@@ -444,14 +444,13 @@ fn serve(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("starting the MDS on {}", args.listen[0]))?;
         let _metrics = telemetry.serve(server.metrics_refresh()).await?;
         println!("lode-mds serving at {}", server.nid());
-        match args.heal {
-            Some(heal) => {
-                let security = args.security.clone();
-                let nid = server.nid();
-                tokio::spawn(heal_mirrors(nid, security, heal));
+        let _healer = match args.heal {
+            Some(heal) => Some(heal_mirrors(server.nid(), args.security.clone(), heal)),
+            None => {
+                tracing::warn!("background resync of stale mirrors is off");
+                None
             }
-            None => tracing::warn!("background resync of stale mirrors is off"),
-        }
+        };
         let why = daemon::stop_requested().await?;
         tracing::info!(signal = why, "shutting down");
         server.stop().await;
@@ -461,36 +460,20 @@ fn serve(args: ServeArgs) -> Result<()> {
 
 /// The mirror healer: a client of this MDS with the server's own key (the server role: root,
 /// no capabilities needed), resyncing stale mirrors as their servers return.
-async fn heal_mirrors(
+fn heal_mirrors(
     nid: proto::Nid,
     security: lnet::auth::Security,
     cfg: client::mirrors::HealConfig,
-) {
+) -> client::mirrors::HealerTask {
     let addr = match &nid {
         proto::Nid::Tcp(a) if a.ip().is_unspecified() => {
             SocketAddr::from(([127, 0, 0, 1], a.port())).to_string()
         }
         other => other.to_string(),
     };
-    let ccfg = client::ClientConfig {
-        retry_for: Duration::from_secs(15),
-        creds: proto::md::Creds::root(),
-        security: Some(security),
-        // Part of the MDS: when it stops, so does the healer, and nothing it held would be
-        // replayed.
-        commit_behind: false,
+    let net = lnet::tcp::TcpEndpoint::client(lnet::tcp::TcpConfig {
+        security,
         ..Default::default()
-    };
-    loop {
-        match client::Client::connect_with(&addr, ccfg.clone()).await {
-            Ok(c) => {
-                tracing::info!(rate = cfg.rate, move_after = ?cfg.move_after, "resyncing stale mirrors in the background");
-                return client::mirrors::Healer::new(c, cfg).run().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the mirror healer cannot reach this MDS; trying again");
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        }
-    }
+    });
+    client::mirrors::Healer::spawn(net.into(), addr, client::ClientConfig::default(), cfg)
 }
