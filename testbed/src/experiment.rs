@@ -24,11 +24,12 @@
 
 use std::collections::BTreeMap;
 
-use mds::placement::{place, Candidate};
+use mds::placement::{place_copy, PlacementError, Site};
 use proto::fid::OST_SEQ_BASE;
 use proto::layout::{Component, Layout, StripeCount, StripeObject, EOF};
 use proto::Fid;
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use thiserror::Error;
 
 use crate::flow::{self, Flow, Outcome, Resource};
@@ -414,38 +415,42 @@ pub fn template(spec: &LayoutSpec) -> Result<Layout> {
 }
 
 /// A file's layout instantiated over `targets` equal targets (target k on OSS k mod `oss`),
-/// each component placed by the MDS's own policy from the round-robin position `cursor`
-/// (which moves on as the MDS's does). A mirror goes only to OSSes that hold no other copy;
-/// a mirror over every target takes its share of the OSSes left, as the MDS's allocator does.
+/// each component placed by the MDS's own policy ([`place_copy`]: the round-robin position
+/// `cursor`, which moves on as the MDS's does, and the mirror spread: a copy only on OSSes that
+/// hold no other copy, a copy over every target taking its share of the OSSes left).
 pub fn layout_of(spec: &LayoutSpec, targets: u32, oss: u32, cursor: &mut usize) -> Result<Layout> {
     let mut comps = template(spec)?.components;
     let copies = comps.iter().map(|c| c.mirror + 1).max().unwrap_or(1);
-    let mut used: Vec<std::collections::BTreeSet<u32>> = vec![Default::default(); copies as usize];
+    let sites: Vec<Site<u32>> = (0..targets)
+        .map(|index| Site {
+            index,
+            server: index % oss.max(1),
+            free: 1,
+        })
+        .collect();
+    let mut used: Vec<HashSet<u32>> = vec![HashSet::new(); usize::from(copies)];
     for c in &mut comps {
-        let taken: std::collections::BTreeSet<u32> = used
+        let avoid: HashSet<u32> = used
             .iter()
             .enumerate()
-            .filter(|(m, _)| *m != c.mirror as usize)
+            .filter(|(m, _)| *m != usize::from(c.mirror))
             .flat_map(|(_, s)| s.iter().copied())
             .collect();
-        let mut free_oss: Vec<u32> = (0..oss).filter(|o| !taken.contains(o)).collect();
-        if copies > 1 && c.stripe_count == StripeCount::All && used[c.mirror as usize].is_empty() {
-            let share = (free_oss.len() / usize::from(copies - c.mirror)).max(1);
-            free_oss.truncate(share);
-        } else if !used[c.mirror as usize].is_empty() && c.stripe_count == StripeCount::All {
-            free_oss.retain(|o| used[c.mirror as usize].contains(o));
-        }
-        let candidates: Vec<Candidate> = (0..targets)
-            .filter(|t| free_oss.contains(&(t % oss.max(1))))
-            .map(|index| Candidate { index, free: 1 })
-            .collect();
-        if candidates.is_empty() {
+        let copies_left = (copies - c.mirror).max(1);
+        let chosen = place_copy(&sites, c, &avoid, &HashSet::new(), copies_left, cursor).map_err(
+            |e| match e {
+                PlacementError::NoSpareServer | PlacementError::NoTargets => {
+                    invalid(format!("{copies} mirrors need {copies} OSSes or more"))
+                }
+                e => invalid(e.to_string()),
+            },
+        )?;
+        if chosen.is_empty() && c.stripe_count != StripeCount::Mdt {
             return Err(invalid(format!(
                 "{copies} mirrors need {copies} OSSes or more"
             )));
         }
-        let chosen = place(&candidates, c, cursor).map_err(|e| invalid(e.to_string()))?;
-        used[c.mirror as usize].extend(chosen.iter().map(|t| t % oss.max(1)));
+        used[usize::from(c.mirror)].extend(chosen.iter().map(|t| t % oss.max(1)));
         if let StripeCount::Count(_) = c.stripe_count {
             c.stripe_count = StripeCount::Count(chosen.len() as u32);
         }

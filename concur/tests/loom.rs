@@ -1,6 +1,6 @@
 //! loom models of the structures that guard acknowledged data: every interleaving of a few
 //! threads is explored. Run with
-//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p lode-sync --release --test loom`.
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p lode-concur --release --test loom`.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
