@@ -1,0 +1,209 @@
+//! Lookups, attributes, directory pages and statfs: reads of the namespace, each showing the caller only what it may see, with leases granted before the state is read.
+
+use super::*;
+
+impl MdsService {
+    /// One name in a directory (`MDS_LOOKUP`).
+    pub(super) async fn serve_lookup(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let mut r: MdsLookup = req.decode()?;
+        r.creds = self.nodemap.map(req, r.creds);
+        // A directory another client holds alone: what it answered ahead comes first.
+        self.leases.recall_alone(&[r.parent], r.lease).await;
+        // Granted before the state is read: a change after the grant recalls it.
+        let client = self.lessee(r.lease);
+        let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.parent]));
+        let mut inode = self
+            .store
+            .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
+            .map_err(ns_error)?;
+        if let Some(c) = client.filter(|_| leased) {
+            leased = self.leases.grant(c, &[inode.fid]);
+            if leased {
+                // Read again, after the grant.
+                match self.store.read(|ns| ns.inode(inode.fid).cloned()) {
+                    Ok(i) => inode = i,
+                    Err(_) => leased = false,
+                }
+            }
+        }
+        let (inode, whole) = shown(inode, &r.creds);
+        reply::<MdsLookup>(&MdsInode {
+            inode,
+            leased: leased && whole,
+        })
+    }
+
+    /// A path's names walked in one call (`MDS_LOOKUP_PATH`).
+    pub(super) async fn serve_lookup_path(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let mut r: MdsLookupPath = req.decode()?;
+        r.creds = self.nodemap.map(req, r.creds);
+        if r.names.len() > MAX_PATH_NAMES {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::Invalid),
+                format!(
+                    "{} names in one lookup, past {MAX_PATH_NAMES}",
+                    r.names.len()
+                ),
+            ));
+        }
+        // The inodes walked, and every directory looked in (a failed lookup too).
+        let walk = || {
+            self.store.read(|ns| {
+                let mut out: Vec<Inode> = vec![];
+                let mut dirs = vec![r.dir];
+                let mut dir = r.dir;
+                for n in &r.names {
+                    let i = match ns.lookup(dir, &n.0, &r.creds) {
+                        Ok(i) => i,
+                        Err(e) => return (dirs, Err(e)),
+                    };
+                    dir = i.fid;
+                    out.push(i.clone());
+                    if i.kind == Kind::Symlink {
+                        break; // the client follows it
+                    }
+                    if i.kind == Kind::Dir {
+                        dirs.push(i.fid);
+                    }
+                }
+                (dirs, Ok(out))
+            })
+        };
+        // A directory held alone by a client is recalled first (what it answered ahead
+        // comes first), and the walk made again.
+        let (mut dirs, mut walked) = walk();
+        for _ in 0..MAX_PATH_NAMES {
+            if !self.leases.held_alone(&dirs, None) {
+                break;
+            }
+            self.leases.recall_alone(&dirs, None).await;
+            (dirs, walked) = walk();
+        }
+        let inodes = walked
+            .map_err(ns_error)?
+            .into_iter()
+            .map(|i| shown(i, &r.creds).0)
+            .collect();
+        reply::<MdsLookupPath>(&MdsPath { inodes })
+    }
+
+    /// An inode's attributes (`MDS_GETATTR`).
+    pub(super) async fn serve_getattr(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let mut r: MdsGetattr = req.decode()?;
+        r.creds = self.nodemap.map(req, r.creds);
+        self.leases.recall_alone(&[r.fid], r.lease).await;
+        let leased = self
+            .lessee(r.lease)
+            .is_some_and(|c| self.leases.grant(c, &[r.fid]));
+        let inode = self
+            .store
+            .read(|ns| ns.inode(r.fid).cloned())
+            .map_err(ns_error)?;
+        let (inode, whole) = shown(inode, &r.creds);
+        reply::<MdsGetattr>(&MdsInode {
+            inode,
+            leased: leased && whole,
+        })
+    }
+
+    /// A page of a directory (`MDS_READDIR`).
+    pub(super) async fn serve_readdir(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let mut r: MdsReaddir = req.decode()?;
+        r.creds = self.nodemap.map(req, r.creds);
+        self.leases.recall_alone(&[r.dir], r.lease).await;
+        self.readdir(r)
+    }
+
+    /// One page of a directory, cut to fit a reply whatever the names' length; with `plus`,
+    /// each entry's attributes (without xattrs, layout or target).
+    pub(super) fn readdir(&self, r: MdsReaddir) -> Result<Vec<u8>, RemoteError> {
+        let max = r.max.clamp(1, MAX_READDIR) as usize;
+        let after = (!r.after.is_empty()).then_some(&r.after[..]);
+        let client = self.lessee(r.lease);
+        let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.dir]));
+        let (entries, mut attrs, max) = self
+            .store
+            .read(|ns| {
+                let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
+                // A page stays well under the largest body, whatever the names' length.
+                let per_entry = if r.plus { 192 } else { 32 };
+                let mut budget = proto::frame::MAX_BODY as usize / 2;
+                let fits = entries
+                    .iter()
+                    .position(|(name, ..)| {
+                        budget = budget.saturating_sub(name.len() + per_entry);
+                        budget == 0
+                    })
+                    .unwrap_or(entries.len());
+                let max = max.min(fits.max(1));
+                entries.truncate(max + 1);
+                let attrs: Vec<Inode> = if r.plus {
+                    entries
+                        .iter()
+                        .take(max)
+                        .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
+                        .map(Self::bare)
+                        .collect()
+                } else {
+                    vec![]
+                };
+                Ok((entries, attrs, max))
+            })
+            .map_err(ns_error)?;
+        let end = entries.len() <= max;
+        let entries: Vec<DirEntry> = entries
+            .into_iter()
+            .take(max)
+            .map(|(name, fid, kind)| DirEntry { name, fid, kind })
+            .collect();
+        if let Some(c) = client.filter(|_| leased && r.plus) {
+            // The entries' leases, then their attributes read again after the grant.
+            let fids: Vec<proto::Fid> = attrs.iter().map(|i| i.fid).collect();
+            leased = self.leases.grant(c, &fids);
+            if leased {
+                let fresh: Vec<Inode> = self.store.read(|ns| {
+                    fids.iter()
+                        .filter_map(|f| ns.inode(*f).ok())
+                        .map(Self::bare)
+                        .collect()
+                });
+                leased = fresh.len() == attrs.len();
+                attrs = fresh;
+            }
+        }
+        reply::<MdsReaddir>(&MdsDirPage {
+            entries,
+            attrs,
+            end,
+            leased,
+        })
+    }
+
+    /// An inode's attributes as readdirplus sends them: without xattrs, layout or target.
+    pub(super) fn bare(i: &Inode) -> Inode {
+        Inode {
+            xattrs: Default::default(),
+            layout: None,
+            target: vec![],
+            ..i.clone()
+        }
+    }
+
+    /// The filesystem's inodes and space (`MDS_STATFS`).
+    pub(super) fn serve_statfs(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let _: MdsStatfs = req.decode()?;
+        self.statfs()
+    }
+
+    pub(super) fn statfs(&self) -> Result<Vec<u8>, RemoteError> {
+        let targets = self.registry.list();
+        let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
+        reply::<MdsStatfs>(&FsStats {
+            inodes: self.store.read(|ns| ns.len() as u64),
+            total: up.iter().map(|t| t.total).sum(),
+            free: up.iter().map(|t| t.free).sum(),
+            targets: targets.len() as u32,
+            targets_up: up.len() as u32,
+        })
+    }
+}
