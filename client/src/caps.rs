@@ -1,16 +1,18 @@
 //! The capabilities an open file holds for its objects: handed out by the MDS with the open,
 //! looked up for every object request, and renewed (by sending the same open again, which
-//! counts once) before they expire or when the file's objects changed.
+//! counts once) before they expire or when the file's objects changed. Plain state: the
+//! session renews them ([`crate::client::Client::object_rpc`]).
+//!
+//! And the grants this client's opens were given, remembered to lend to a read begun before
+//! its own open is answered (see `early`).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use proto::capa::{Capability, Grant};
-use proto::md::{Creds, MdsOpen, OpenHandle};
-use proto::{Fid, FsErrorKind, Nid, Rpc};
-
-use crate::client::Client;
-use crate::error::{ClientError, Result};
+use proto::md::{Creds, OpenHandle};
+use proto::Fid;
 
 /// A capability this close to its expiry is renewed first (or a quarter of its lifetime,
 /// when it was granted for less than four times this). Clients' and storage servers' clocks
@@ -77,94 +79,28 @@ impl Caps {
         *self.grant.lock() = (grant, m);
     }
 
-    /// The capability to send with a request on `object`: `None` when the servers check none
-    /// (authentication off), else one fresh enough, renewed first if needed.
-    pub(crate) async fn get(
-        &self,
-        client: &Client,
-        target: u32,
-        object: Fid,
-    ) -> Result<Option<Capability>> {
-        if let Some(c) = self.fresh(target, object) {
-            return Ok(c);
-        }
-        let _one = self.renewing.lock().await;
-        if let Some(c) = self.fresh(target, object) {
-            return Ok(c);
-        }
-        if !self.renewable {
-            return Err(ClientError::fs(
-                FsErrorKind::AccessDenied,
-                format!("a borrowed capability for {} is too old", self.fid),
-            ));
-        }
-        let opened = client
-            .rpc(
-                &client.inner.mds.clone(),
-                &MdsOpen {
-                    fid: self.fid,
-                    handle: self.handle,
-                    creds: self.creds.clone(),
-                    path: None,
-                    lease: None,
-                },
-            )
-            .await?;
-        client
-            .inner
-            .grants
-            .remember(self.fid, &self.creds, &opened.grant);
-        let m = margin(&opened.grant);
-        *self.grant.lock() = (opened.grant, m);
-        self.fresh(target, object).ok_or_else(|| {
-            ClientError::fs(
-                FsErrorKind::AccessDenied,
-                format!(
-                    "the MDS granted no access to object {object} of {}",
-                    self.fid
-                ),
-            )
-        })
+    pub(crate) fn fid(&self) -> Fid {
+        self.fid
     }
 
-    /// Sends the object request `make` builds around the capability for `object`. A storage
-    /// server refusing it (EACCES: expired on the way, clocks apart, the objects changed) gets
-    /// it once more with a renewed grant; the server refuses before doing anything, so the
-    /// resend is safe.
-    pub(crate) async fn rpc<R: Rpc + Clone>(
-        &self,
-        client: &Client,
-        peer: &Nid,
-        target: u32,
-        object: Fid,
-        make: impl Fn(Option<Capability>) -> R,
-    ) -> Result<R::Reply> {
-        self.rpc_within(client, peer, target, object, make, None)
-            .await
+    /// Whether the grant is renewed by opening again (else it was borrowed).
+    pub(crate) fn renewable(&self) -> bool {
+        self.renewable
     }
 
-    /// As [`Caps::rpc`], giving up on the server after `limit` when one is given.
-    pub(crate) async fn rpc_within<R: Rpc + Clone>(
-        &self,
-        client: &Client,
-        peer: &Nid,
-        target: u32,
-        object: Fid,
-        make: impl Fn(Option<Capability>) -> R,
-        limit: Option<std::time::Duration>,
-    ) -> Result<R::Reply> {
-        let capa = self.get(client, target, object).await?;
-        match client.rpc_within(peer, &make(capa), limit).await {
-            Err(e) if capa.is_some() && e.is(FsErrorKind::AccessDenied) => {
-                self.grant.lock().0.expiry = 0;
-                let capa = self.get(client, target, object).await?;
-                client.rpc_within(peer, &make(capa), limit).await
-            }
-            other => other,
-        }
+    /// Held while the grant is renewed, so that one renewal serves every request waiting.
+    pub(crate) fn renewing(&self) -> &tokio::sync::Mutex<()> {
+        &self.renewing
     }
 
-    fn fresh(&self, target: u32, object: Fid) -> Option<Option<Capability>> {
+    /// Forgets the grant's freshness: the next request renews it first (a server refused it).
+    pub(crate) fn expire(&self) {
+        self.grant.lock().0.expiry = 0;
+    }
+
+    /// The capability for `object`, if the grant holds one fresh enough (`Some(None)`: the
+    /// servers check none).
+    pub(crate) fn fresh(&self, target: u32, object: Fid) -> Option<Option<Capability>> {
         let g = self.grant.lock();
         let (g, margin) = (&g.0, g.1);
         if g.expiry == u64::MAX && g.objects.is_empty() {
@@ -179,5 +115,93 @@ impl Caps {
     pub(crate) fn allows(&self, rights: u8) -> bool {
         let g = &self.grant.lock().0;
         (g.expiry == u64::MAX && g.objects.is_empty()) || g.rights & rights == rights
+    }
+}
+
+/// Most grants remembered; past it, the table starts again.
+const MAX_GRANTS: usize = 65_536;
+/// A grant with less than this left before its expiry is not lent (seconds).
+const LEND_MARGIN: u64 = 60;
+
+/// The latest grant each file's objects were given to this client, with the credentials
+/// they were given for.
+#[derive(Default)]
+pub(crate) struct Grants {
+    of: Mutex<HashMap<Fid, (Creds, Grant)>>,
+}
+
+impl Grants {
+    pub(crate) fn remember(&self, fid: Fid, creds: &Creds, grant: &Grant) {
+        let mut of = self.of.lock();
+        if of.len() >= MAX_GRANTS && !of.contains_key(&fid) {
+            of.clear();
+        }
+        of.insert(fid, (creds.clone(), grant.clone()));
+    }
+
+    /// A grant `creds` were given to read `fid`'s objects, fresh enough to lend.
+    pub(crate) fn lend(&self, fid: Fid, creds: &Creds) -> Option<Grant> {
+        let of = self.of.lock();
+        let (who, g) = of.get(&fid)?;
+        let unchecked = g.expiry == u64::MAX && g.objects.is_empty();
+        let readable = g.rights & proto::capa::READ != 0;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(u64::MAX, |d| d.as_secs());
+        (who == creds && (unchecked || (readable && g.expiry >= now.saturating_add(LEND_MARGIN))))
+            .then(|| g.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::capa::ObjectMac;
+
+    fn grant(rights: u8, expiry: u64) -> Grant {
+        Grant {
+            rights,
+            expiry,
+            objects: vec![ObjectMac {
+                target: 0,
+                object: Fid {
+                    seq: proto::fid::INODE_SEQ,
+                    oid: 2,
+                    ver: 0,
+                },
+                mac: [0; 16],
+            }],
+        }
+    }
+
+    fn user(uid: u32) -> Creds {
+        Creds {
+            uid,
+            gid: uid,
+            groups: vec![],
+        }
+    }
+
+    #[test]
+    fn a_grant_is_lent_only_to_its_credentials_to_read_while_fresh() {
+        let g = Grants::default();
+        let f = Fid {
+            seq: proto::fid::INODE_SEQ,
+            oid: 1,
+            ver: 0,
+        };
+        let later = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600;
+        assert!(g.lend(f, &user(5)).is_none(), "nothing remembered yet");
+        g.remember(f, &user(5), &grant(proto::capa::READ, later));
+        assert!(g.lend(f, &user(5)).is_some());
+        assert!(g.lend(f, &user(6)).is_none(), "another caller's grant");
+        g.remember(f, &user(5), &grant(proto::capa::WRITE, later));
+        assert!(g.lend(f, &user(5)).is_none(), "no right to read");
+        g.remember(f, &user(5), &grant(proto::capa::READ, later - 3600 + 10));
+        assert!(g.lend(f, &user(5)).is_none(), "about to expire");
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use lnet::tcp::{TcpConfig, TcpEndpoint};
 use lnet::AnyNet;
 use lnet::{call, DmaBuffer, Registered, Transport};
 use proto::layout::{Layout, StripeCount};
@@ -16,6 +15,7 @@ use proto::md::*;
 use proto::registry::{ListTargets, TargetInfo};
 use proto::{Fid, Nid, Rpc};
 
+use crate::caps::Caps;
 use crate::error::{ClientError, Result};
 
 /// The root directory's FID.
@@ -129,6 +129,39 @@ impl Default for ClientConfig {
 }
 
 impl Inner {
+    /// The state of a new session with the MDS `mds` through `net`, as client `id`.
+    pub(crate) fn new(mds: Nid, net: AnyNet, cfg: ClientConfig, id: u128) -> Inner {
+        let cfg_staging = (cfg.staging_chunk, cfg.staging_chunks);
+        Inner {
+            mds,
+            net,
+            cfg,
+            servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            listing_targets: tokio::sync::Mutex::new(()),
+            windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            client_id: id,
+            requests: Default::default(),
+            writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
+            opens: crate::opens::Opens::default(),
+            gpu: std::sync::OnceLock::new(),
+            staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
+            shunned: Default::default(),
+            uncommitted: Default::default(),
+            evictions_reported: AtomicU64::new(0),
+            joined: Default::default(),
+            kick: Arc::new(tokio::sync::Notify::new()),
+            replaying: tokio::sync::Mutex::new(()),
+            leases: Default::default(),
+            pending: Default::default(),
+            closings: Default::default(),
+            grants: Default::default(),
+            kept: Default::default(),
+            statahead: Default::default(),
+        }
+    }
+}
+
+impl Inner {
     /// The time on this client's clock ([`ClientConfig::clock`]).
     pub(crate) fn now(&self) -> Time {
         self.cfg.clock.as_ref().map_or_else(Time::now, |c| (c.0)())
@@ -149,7 +182,7 @@ pub(crate) struct Inner {
     windows: parking_lot::Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Semaphore>>>,
     pub(crate) net: AnyNet,
     pub(crate) cfg: ClientConfig,
-    client_id: u128,
+    pub(crate) client_id: u128,
     pub(crate) requests: crate::requests::Requests,
     /// Unsynced writes per file, and the order of writes.
     pub(crate) writes: Arc<crate::unstable::Writes>,
@@ -179,7 +212,7 @@ pub(crate) struct Inner {
     /// Closes finishing behind their callers.
     pub(crate) closings: Arc<crate::closing::Closings>,
     /// The grants this client's opens were given, lent to reads begun before their open.
-    pub(crate) grants: crate::early::Grants,
+    pub(crate) grants: crate::caps::Grants,
     /// Handles kept at the MDS past their close, for the next open of the same file.
     pub(crate) kept: crate::kept::Kept,
     /// Per leased directory, how many lookups in it had to ask the MDS since it was last
@@ -225,7 +258,7 @@ pub const SHUNNED_FOR: Duration = Duration::from_secs(10);
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
     /// Who this handle acts as.
-    creds: Creds,
+    pub(crate) creds: Creds,
 }
 
 /// Parses `IP:PORT` or a NID.
@@ -234,76 +267,6 @@ pub fn parse_nid(s: &str) -> Result<Nid> {
 }
 
 impl Client {
-    /// Connects to the filesystem whose MDS is at `mds` (IP:PORT or a NID; several,
-    /// comma-separated, for an MDS on several interfaces: the first names it).
-    pub async fn connect(mds: &str) -> Result<Client> {
-        Self::connect_with(mds, ClientConfig::default()).await
-    }
-
-    pub async fn connect_with(mds: &str, cfg: ClientConfig) -> Result<Client> {
-        let security = match &cfg.security {
-            Some(s) => s.clone(),
-            None => lnet::auth::client_security(None, false, false)?,
-        };
-        let tcp = TcpConfig {
-            security,
-            job: cfg.job.clone(),
-            calls: cfg.calls.clone(),
-            ..TcpConfig::default()
-        };
-        Self::connect_on(TcpEndpoint::client(tcp).into(), mds, cfg).await
-    }
-
-    /// Connects through `net`: a TCP endpoint, or a node of the simulated fabric.
-    pub async fn connect_on(net: AnyNet, mds: &str, cfg: ClientConfig) -> Result<Client> {
-        let creds = cfg.creds.clone();
-        let id: u128 = cfg.id.unwrap_or_else(rand::random);
-        let cfg_staging = (cfg.staging_chunk, cfg.staging_chunks);
-        let (mds, rails) = Nid::parse_rails(mds)
-            .map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))?;
-        net.set_peer_rails(&mds, &rails);
-        let client = Client {
-            inner: Arc::new(Inner {
-                mds,
-                net,
-                cfg,
-                servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
-                listing_targets: tokio::sync::Mutex::new(()),
-                windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
-                client_id: id,
-                requests: Default::default(),
-                writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
-                opens: crate::opens::Opens::default(),
-                gpu: std::sync::OnceLock::new(),
-                staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
-                shunned: Default::default(),
-                uncommitted: Default::default(),
-                evictions_reported: AtomicU64::new(0),
-                joined: Default::default(),
-                kick: Arc::new(tokio::sync::Notify::new()),
-                replaying: tokio::sync::Mutex::new(()),
-                leases: Default::default(),
-                pending: Default::default(),
-                closings: Default::default(),
-                grants: Default::default(),
-                kept: Default::default(),
-                statahead: Default::default(),
-            }),
-            creds,
-        };
-        client.ping().await?;
-        if client.inner.cfg.commit_behind {
-            client.join().await?;
-        }
-        let every = client.inner.cfg.ping_every;
-        tokio::spawn(crate::opens::pinger(Arc::downgrade(&client.inner), every));
-        if client.inner.cfg.commit_behind && client.inner.cfg.leases {
-            tokio::spawn(lease_channel(Arc::downgrade(&client.inner)));
-            tokio::spawn(crate::pending::flusher(Arc::downgrade(&client.inner)));
-        }
-        Ok(client)
-    }
-
     /// Pings the MDS; if it restarted, replays this client's uncommitted changes and counts
     /// again the files this client holds open.
     pub(crate) async fn ping(&self) -> Result<()> {
@@ -326,7 +289,7 @@ impl Client {
 
     /// Joins the MDS's table of clients whose uncommitted changes it waits for after a
     /// restart; returns the MDS's instance (the run joined).
-    async fn join(&self) -> Result<u64> {
+    pub(crate) async fn join(&self) -> Result<u64> {
         let r = MdsConnect {
             client: self.inner.client_id,
         };
@@ -761,7 +724,15 @@ impl Client {
         }
         let (fid, _gate) = loop {
             inner.pending.room().await;
-            if let Err(e) = inner.pending.fids_at_hand(inner, self).await {
+            let reserve = || async {
+                let r = MdsReserve {
+                    client: inner.client_id(),
+                    count: crate::pending::RESERVE,
+                };
+                let got = self.rpc(&inner.mds.clone(), &r).await?;
+                Ok((got.first.oid, got.first.oid.saturating_add(got.count)))
+            };
+            if let Err(e) = inner.pending.fids_at_hand(reserve).await {
                 return Some(Err(e));
             }
             // Taken and queued under the gate at once (see `Pending::fids_at_hand`).
@@ -1648,6 +1619,80 @@ impl Client {
         })
     }
 
+    /// The capability to send with a request on `object` of the file `caps` is for: `None`
+    /// when the servers check none (authentication off), else one fresh enough, renewed first
+    /// if needed by sending the file's open again (which counts once).
+    async fn object_capability(
+        &self,
+        caps: &Caps,
+        target: u32,
+        object: Fid,
+    ) -> Result<Option<proto::capa::Capability>> {
+        if let Some(c) = caps.fresh(target, object) {
+            return Ok(c);
+        }
+        let _one = caps.renewing().lock().await;
+        if let Some(c) = caps.fresh(target, object) {
+            return Ok(c);
+        }
+        if !caps.renewable() {
+            return Err(ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!("a borrowed capability for {} is too old", caps.fid()),
+            ));
+        }
+        let opened = self
+            .rpc(
+                &self.inner.mds.clone(),
+                &MdsOpen {
+                    fid: caps.fid(),
+                    handle: caps.handle(),
+                    creds: caps.creds().clone(),
+                    path: None,
+                    lease: None,
+                },
+            )
+            .await?;
+        self.inner
+            .grants
+            .remember(caps.fid(), caps.creds(), &opened.grant);
+        caps.set(opened.grant);
+        caps.fresh(target, object).ok_or_else(|| {
+            ClientError::fs(
+                FsErrorKind::AccessDenied,
+                format!(
+                    "the MDS granted no access to object {object} of {}",
+                    caps.fid()
+                ),
+            )
+        })
+    }
+
+    /// Sends the object request `make` builds around the capability for `object` (see
+    /// [`Caps`]), giving up on the server after `limit` when one is given. A storage server
+    /// refusing it (EACCES: expired on the way, clocks apart, the objects changed) gets it
+    /// once more with a renewed grant; the server refuses before doing anything, so the
+    /// resend is safe.
+    pub(crate) async fn object_rpc<R: Rpc + Clone>(
+        &self,
+        caps: &Caps,
+        peer: &Nid,
+        target: u32,
+        object: Fid,
+        make: impl Fn(Option<proto::capa::Capability>) -> R,
+        limit: Option<std::time::Duration>,
+    ) -> Result<R::Reply> {
+        let capa = self.object_capability(caps, target, object).await?;
+        match self.rpc_within(peer, &make(capa), limit).await {
+            Err(e) if capa.is_some() && e.is(FsErrorKind::AccessDenied) => {
+                caps.expire();
+                let capa = self.object_capability(caps, target, object).await?;
+                self.rpc_within(peer, &make(capa), limit).await
+            }
+            other => other,
+        }
+    }
+
     /// The MDS this client talks to.
     pub fn mds(&self) -> &Nid {
         &self.inner.mds
@@ -1706,75 +1751,11 @@ impl Client {
 
 /// Waits until every close begun behind its caller so far has finished, sending the creates
 /// they wait for at once (a close behind lets its create go with the next batch).
-async fn after_closings(inner: &Inner) {
+pub(crate) async fn after_closings(inner: &Inner) {
     if inner.closings.any() {
         inner.pending.hurry_queued();
     }
     inner.closings.all().await;
-}
-
-/// Keeps the lease channel open while the client lives and is joined: one wait at a time,
-/// held by the MDS until a recall comes or its hold passes; each answer applies the recalls
-/// and renews the leases, and the next wait acknowledges them.
-async fn lease_channel(inner: std::sync::Weak<Inner>) {
-    let hold = Duration::from_millis(proto::md::LEASE_TERM_MS);
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        if !strong.joined.load(Ordering::SeqCst) {
-            return;
-        }
-        let (nr, acked, epoch, cancel) = strong.leases.next_wait();
-        if !cancel.is_empty() {
-            // A lease given back lets other clients in: closes behind finish first.
-            after_closings(&strong).await;
-            strong.pending.settle_to(strong.closings.published()).await;
-        }
-        let req = MdsLeaseWait {
-            client: strong.client_id,
-            acked,
-            epoch,
-            nr,
-            cancel,
-        };
-        let (net, mds) = (strong.net.clone(), strong.mds.clone());
-        drop(strong);
-        let sent = Instant::now();
-        let out = call(&net, &mds, &req, hold).await;
-        drop(net);
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        match out {
-            Ok(r) => {
-                let (dropped, upto) = {
-                    let _gate = strong.pending.gate.lock();
-                    // Every change queued, when every lease is lost; otherwise those that
-                    // touch what is recalled (another directory's wait for no one here).
-                    let upto = if strong.leases.loses_all(&r) {
-                        strong.pending.queued()
-                    } else {
-                        strong.pending.last_touching(&r.fids)
-                    };
-                    (strong.leases.answered(nr, sent, &r), upto)
-                };
-                if dropped {
-                    // What this client answered ahead, and closed behind, reaches the MDS
-                    // before the recall is acknowledged: the change that recalled sees it.
-                    after_closings(&strong).await;
-                    let upto = upto.max(strong.closings.published());
-                    strong.pending.settle_to(upto).await;
-                    strong.leases.barrier().await;
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "lease wait failed");
-                drop(strong);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
 }
 
 /// Whether `m` changes what a directory shows of files in it (a file closed behind is then

@@ -5,13 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Weak;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use proto::Fid;
-
-use crate::client::{Client, Inner};
 
 #[derive(Default)]
 pub(crate) struct Opens {
@@ -66,40 +62,6 @@ impl Opens {
     pub fn replaying(&self) -> Vec<(u64, Fid)> {
         self.replays.fetch_add(1, Ordering::SeqCst);
         self.handles.lock().iter().map(|(h, f)| (*h, *f)).collect()
-    }
-}
-
-/// Pings the MDS every `every` while the client holds files open, until the client is gone.
-pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let kicked = {
-            let kick = strong.kick.clone();
-            drop(strong);
-            tokio::select! {
-                _ = tokio::time::sleep(every) => false,
-                _ = kick.notified() => true,
-            }
-        };
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
-        // A client that keeps uncommitted changes pings always: to learn how far the MDS has
-        // committed, and to replay at once after a restart.
-        if inner.opens.is_empty() && !inner.joined.load(std::sync::atomic::Ordering::Relaxed) {
-            continue;
-        }
-        if kicked {
-            // Kicks come from every resend of a call: at most one ping per 50 ms.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let client = Client::from_inner(inner);
-        client.close_kept(false);
-        if let Err(e) = client.ping().await {
-            tracing::warn!(error = %e, "cannot ping the MDS");
-        }
     }
 }
 

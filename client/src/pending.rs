@@ -26,20 +26,16 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use proto::fid::INODE_SEQ;
-use proto::md::{
-    BatchOp, BatchResult, MdsBatch, MdsReint, MdsReintReply, MdsReserve, MAX_BATCH,
-    RESERVATIONS_KEPT,
-};
-use proto::{Fid, FsErrorKind, StatusCode};
+use proto::md::{BatchOp, MdsReintReply, RESERVATIONS_KEPT};
+use proto::{Fid, FsErrorKind};
 use tokio::sync::{watch, Notify};
 
-use crate::client::Inner;
 use crate::error::{ClientError, Result};
 
 /// Most changes waiting to be sent; a caller past it waits for room.
 pub const MAX_QUEUED: usize = 8192;
 /// Inode numbers asked for at once.
-const RESERVE: u32 = proto::md::MAX_RESERVE;
+pub(crate) const RESERVE: u32 = proto::md::MAX_RESERVE;
 /// Most failures kept for `fsync` to report.
 const MAX_ERRORS: usize = 1024;
 
@@ -48,7 +44,7 @@ const MAX_ERRORS: usize = 1024;
 /// unlinks queues meanwhile, instead of one each.
 pub const LINGER: Duration = Duration::from_millis(2);
 /// A queue this long goes at once.
-const LINGER_BATCH: usize = 128;
+pub(crate) const LINGER_BATCH: usize = 128;
 
 /// The outcome of one change sent ahead, for whoever needs it (the first read or write of a
 /// file created this way needs its objects).
@@ -56,14 +52,14 @@ const LINGER_BATCH: usize = 128;
 pub struct Sent {
     rx: watch::Receiver<Option<Outcome>>,
     seq: u64,
-    hurry: std::sync::Arc<Hurry>,
+    pub(crate) hurry: std::sync::Arc<Hurry>,
 }
 
 /// Who waits for an answer: the sender does not hold back a change at or before `upto`.
 #[derive(Default)]
-struct Hurry {
-    upto: AtomicU64,
-    wake: Notify,
+pub(crate) struct Hurry {
+    pub(crate) upto: AtomicU64,
+    pub(crate) wake: Notify,
 }
 
 impl Hurry {
@@ -74,7 +70,7 @@ impl Hurry {
     }
 }
 
-type Outcome = std::result::Result<MdsReintReply, (FsErrorKind, String)>;
+pub(crate) type Outcome = std::result::Result<MdsReintReply, (FsErrorKind, String)>;
 
 impl Sent {
     /// The MDS's reply, once it came.
@@ -118,15 +114,15 @@ impl Sent {
     }
 }
 
-struct Queued {
-    seq: u64,
-    op: BatchOp,
+pub(crate) struct Queued {
+    pub(crate) seq: u64,
+    pub(crate) op: BatchOp,
     /// The directory and name a create or unlink changed in the cache.
-    named: Option<(Fid, Vec<u8>)>,
-    fid: Option<Fid>,
-    done: Option<watch::Sender<Option<Outcome>>>,
+    pub(crate) named: Option<(Fid, Vec<u8>)>,
+    pub(crate) fid: Option<Fid>,
+    pub(crate) done: Option<watch::Sender<Option<Outcome>>>,
     /// Its failure is for whoever waits on it to report, not kept for `fsync`.
-    quiet: bool,
+    pub(crate) quiet: bool,
 }
 
 /// A change that failed after it was answered.
@@ -144,13 +140,13 @@ pub(crate) struct Pending {
     /// applied: a change answered ahead is either queued before the recall (and sent before it
     /// is acknowledged) or checked after it (and not answered ahead).
     pub gate: Mutex<()>,
-    queue: Mutex<VecDeque<Queued>>,
+    pub(crate) queue: Mutex<VecDeque<Queued>>,
     /// Sequence numbers of changes queued so far, and of those answered.
     queued: AtomicU64,
-    answered: watch::Sender<u64>,
+    pub(crate) answered: watch::Sender<u64>,
     /// Wakes the sender: the queue has something, is long, or someone waits.
-    hurry: std::sync::Arc<Hurry>,
-    room: Notify,
+    pub(crate) hurry: std::sync::Arc<Hurry>,
+    pub(crate) room: Notify,
     /// Inode numbers set aside for this client not yet taken: the next and the end.
     fids: Mutex<VecDeque<(u32, u32)>>,
     /// The ranges the MDS keeps for this client: the last it gave, oldest first.
@@ -159,7 +155,7 @@ pub(crate) struct Pending {
     errors: Mutex<VecDeque<Failed>>,
     /// For each inode a change queued (or on its way) touches (its directory, the inode
     /// named): the last such change, until answered.
-    touching: Mutex<crate::FastMap<Fid, u64>>,
+    pub(crate) touching: Mutex<crate::FastMap<Fid, u64>>,
 }
 
 impl Pending {
@@ -311,7 +307,12 @@ impl Pending {
     /// Waits until a FID set aside for this client is at hand, asking the MDS for more when
     /// none is left. The caller takes it with [`Pending::take_fid`] under the gate and queues
     /// its create before letting the gate go.
-    pub async fn fids_at_hand(&self, inner: &Inner, client: &crate::Client) -> Result<()> {
+    /// `reserve` asks the MDS for a range (`MDS_RESERVE`) and returns it.
+    pub async fn fids_at_hand<F, Fut>(&self, reserve: F) -> Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(u32, u32)>>,
+    {
         let at_hand = || self.fids.lock().iter().any(|(n, e)| n < e);
         loop {
             if at_hand() {
@@ -331,12 +332,7 @@ impl Pending {
             if let Some(range) = oldest {
                 self.answered_from(range).await;
             }
-            let r = MdsReserve {
-                client: inner.client_id(),
-                count: RESERVE,
-            };
-            let got = client.rpc(&inner.mds.clone(), &r).await?;
-            let range = (got.first.oid, got.first.oid.saturating_add(got.count));
+            let range = reserve().await?;
             self.fids.lock().push_back(range);
             let mut given = self.given.lock();
             given.push_back(range);
@@ -403,154 +399,6 @@ impl Pending {
         }
         errors.push_back(f);
     }
-}
-
-/// Sends the queue in batches while the client lives: one batch on its way at a time, holding
-/// whatever was queued while the last one was out. A short queue nobody waits on lingers for
-/// [`LINGER`] first.
-pub(crate) async fn flusher(inner: std::sync::Weak<Inner>) {
-    let mut lingered = false;
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let hurry = strong.pending.hurry.clone();
-        let wait = hurry.wake.notified();
-        let batch: Option<Vec<Queued>> = {
-            let mut q = strong.pending.queue.lock();
-            let waited_on = q
-                .front()
-                .is_some_and(|f| hurry.upto.load(Ordering::SeqCst) >= f.seq);
-            if !q.is_empty() && q.len() < LINGER_BATCH && !waited_on && !lingered {
-                None
-            } else {
-                let n = q.len().min(MAX_BATCH);
-                Some(q.drain(..n).collect())
-            }
-        };
-        let Some(batch) = batch else {
-            drop(strong);
-            lingered = true;
-            let _ = tokio::time::timeout(LINGER, wait).await;
-            continue;
-        };
-        lingered = false;
-        if batch.is_empty() {
-            drop(strong);
-            // Woken by a push, or checks now and then whether the client is gone.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), wait).await;
-            continue;
-        }
-        strong.pending.room.notify_waiters();
-        let client = crate::Client::from_inner(strong.clone());
-        send(&client, &strong, batch).await;
-    }
-}
-
-async fn send(client: &crate::Client, inner: &Inner, mut batch: Vec<Queued>) {
-    if inner.uncommitted.full() {
-        let _ = client.sync_committed().await; // back-pressure: the MDS commits first
-    }
-    let stamp = inner.leases.stamp();
-    let last = batch.last().map_or(0, |q| q.seq);
-    let mds = inner.mds.clone();
-    // A failure in the filesystem's terms, as a call sent alone would have seen it.
-    let failed = |err: proto::RemoteError| {
-        let e = ClientError::from(lnet::NetError::Remote {
-            peer: mds.clone(),
-            err,
-        });
-        Err((e.kind(), e.to_string()))
-    };
-    // The MDS stops a batch at a change it refuses for now (Busy: no storage target in
-    // service yet, after its restart); that change and the rest are sent again, in order, as
-    // a call sent alone would be. They were answered here already: failing them would lose
-    // them.
-    let (start, mut pause) = (tokio::time::Instant::now(), Duration::from_millis(20));
-    let mut results: Vec<Outcome> = Vec::with_capacity(batch.len());
-    while results.len() < batch.len() {
-        let rest = &batch[results.len()..];
-        // What this client had replies below, as it stands when the batch goes.
-        let acked = inner.requests.replied_below();
-        let req = MdsBatch {
-            ops: rest
-                .iter()
-                .map(|q| match &q.op {
-                    BatchOp::Reint(r) => BatchOp::Reint(MdsReint { acked, ..r.clone() }),
-                    other => other.clone(),
-                })
-                .collect(),
-        };
-        match client.rpc(&mds, &req).await {
-            Ok(r) if r.results.len() == rest.len() => {
-                let retry = start.elapsed() < inner.cfg.retry_for;
-                for r in r.results {
-                    results.push(match r {
-                        BatchResult::Reint(reply) => Ok(reply),
-                        // A close answers nothing anyone waits for.
-                        BatchResult::Closed => {
-                            Err((FsErrorKind::Io, "a close, not a change".to_owned()))
-                        }
-                        BatchResult::Failed(e) if e.code == StatusCode::Busy && retry => break,
-                        BatchResult::Failed(e) => failed(e),
-                    });
-                }
-                if results.len() < batch.len() {
-                    tracing::debug!(
-                        left = batch.len() - results.len(),
-                        "resending changes refused for now"
-                    );
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
-            Ok(_) => results.extend(
-                rest.iter()
-                    .map(|_| Err((FsErrorKind::Io, "the MDS answered a batch short".to_owned()))),
-            ),
-            Err(e) => results.extend(rest.iter().map(|_| Err((e.kind(), e.to_string())))),
-        }
-    }
-    for q in &batch {
-        if let BatchOp::Reint(MdsReint { req: Some(r), .. }) = &q.op {
-            // Answered or given up on: never sent again.
-            inner.requests.settle(r.seq);
-        }
-    }
-    for (q, out) in batch.iter_mut().zip(results) {
-        let out = match (&q.op, out) {
-            (BatchOp::Close(_), _) => continue,
-            (BatchOp::Reint(r), Ok(mut reply)) => {
-                inner.leases.learn_change(stamp, &r.mutation, &reply, &|f| {
-                    inner.pending.settled(f, last)
-                });
-                let ticket = std::mem::take(&mut reply.ticket);
-                inner
-                    .uncommitted
-                    .keep(reply.instance, reply.transno, ticket, reply.committed);
-                Ok(reply)
-            }
-            (BatchOp::Reint(_), Err((kind, what))) => {
-                if let Some((dir, name)) = &q.named {
-                    inner.leases.undo(*dir, name);
-                }
-                if !q.quiet {
-                    inner.pending.failed(Failed {
-                        dir: q.named.as_ref().map(|(d, _)| *d),
-                        fid: q.fid,
-                        kind,
-                        what: what.clone(),
-                    });
-                }
-                Err((kind, what))
-            }
-        };
-        if let Some(tx) = q.done.take() {
-            let _ = tx.send(Some(out));
-        }
-    }
-    inner.pending.touching.lock().retain(|_, seq| *seq > last);
-    inner.pending.answered.send_replace(last);
 }
 
 #[cfg(test)]

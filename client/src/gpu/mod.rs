@@ -159,6 +159,9 @@ pub enum GpuError {
     Sim(String),
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The host staging ring could not give a chunk (closed, or its memory not registered).
+    #[error("staging ring: {0}")]
+    Staging(String),
 }
 
 /// A copy to the device in flight; `wait` returns once it is done.

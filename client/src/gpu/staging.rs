@@ -8,8 +8,7 @@ use lnet::{Registered, Transport};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{GpuBackend, PinnedBuf};
-use crate::error::{ClientError, Result};
+use super::{GpuBackend, GpuError, PinnedBuf};
 
 pub(crate) struct Staging {
     chunk: usize,
@@ -51,17 +50,20 @@ impl Staging {
         self: &Arc<Self>,
         gpu: &dyn GpuBackend,
         net: &impl Transport,
-    ) -> Result<Slot> {
+    ) -> Result<Slot, GpuError> {
         let permit = self
             .slots
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| ClientError::fs(proto::FsErrorKind::Io, "staging ring closed"))?;
+            .map_err(|_| GpuError::Staging("closed".into()))?;
         let reused = self.free.lock().pop();
         let region = match reused {
             Some(r) => r,
-            None => Arc::new(net.register(gpu.alloc_pinned(self.chunk)?)?),
+            None => Arc::new(
+                net.register(gpu.alloc_pinned(self.chunk)?)
+                    .map_err(|e| GpuError::Staging(e.to_string()))?,
+            ),
         };
         Ok(Slot {
             region,
