@@ -793,3 +793,28 @@ async fn first_writes_that_all_miss_the_target_list_read_it_once() {
     cluster.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_the_mds_would_refuse_is_refused_here_not_answered_ahead() {
+    let (cluster, _fabric, dir) = on_fabric("ahead-bad-name", 9).await;
+    let a = ahead_in_d(&cluster, "first").await;
+    let d = a.stat("/d").await.unwrap().fid;
+    let create = OpenOptions::new().write(true).create_new(true);
+    for bad in [&b"nul\0inside"[..], b"a/b", b"..", &[b'x'; 256]] {
+        let e = create.open_in(&a, d, bad).await.unwrap_err();
+        assert!(
+            e.is(FsErrorKind::Invalid) || e.is(FsErrorKind::NameTooLong),
+            "{bad:?}: {e}"
+        );
+        assert_eq!(a.unanswered(), 0, "{bad:?} was answered ahead");
+    }
+    a.settle_ahead().await.unwrap();
+    assert!(a.sync().await.is_ok(), "no change failed after its answer");
+    assert_eq!(
+        a.readdir("/d").await.unwrap().len(),
+        1,
+        "only the first file is there"
+    );
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
