@@ -5,7 +5,14 @@
 //!   caller registered.
 //! - [`blocking`]: the same for callers without an async runtime.
 //! - [`readahead`] and [`writebehind`]: which reads to have on their way and when a write may
-//!   go, as plain state machines.
+//!   go, as plain state machines; [`plan`]: which pieces a read or write takes from which
+//!   copies.
+//!
+//! The modules stand in floors, each importing only its own floor and those below: plain
+//! data (`plan`, `readahead`, `writebehind`, `replay`, `requests`, `unstable`, `error`, `gpu`),
+//! the MDS session (`client`, `lease`, `pending`, `closing`, `opens`, `kept`, `caps`), joining
+//! (`connect`: the session's background work), files (`file/`, one module per operation, and
+//! `early`), tools (`mirrors`, `blocking`). `scripts/check-architecture.py` checks it.
 //!
 //! Metadata goes to the MDS; file data goes to and from the storage servers directly, one
 //! stream per stripe, in parallel. This crate holds no server, no mount and no command line:
