@@ -1396,7 +1396,7 @@ impl Client {
     }
 
     /// Gives file `fid` the name `new` (a hard link by FID): also the one way to name a file
-    /// made with no name ([`crate::OpenOptions::open_unnamed`]) while it is open.
+    /// made with no name ([`crate::At::Unnamed`]) while it is open.
     pub async fn link_fid(&self, fid: Fid, new: &str) -> Result<Inode> {
         let (parent, name) = self.parent_of(new).await?;
         let m = Mutation::Link {

@@ -43,7 +43,7 @@ pub mod writebehind;
 pub use client::{parse_nid, raid0, Client, ClientConfig, Clock, ROOT};
 pub use early::EarlyRead;
 pub use error::{ClientError, Result};
-pub use file::{Behind, Chunk, File, OpenOptions, Reader, Writer};
+pub use file::{At, Behind, Chunk, File, OpenOptions, Reader, Writer};
 pub use readahead::{Access, Readahead};
 pub use writebehind::{Step, WriteBehind};
 

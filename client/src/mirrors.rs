@@ -198,7 +198,7 @@ async fn resync_fid(client: &Client, f: &ScannedFile, rate: Option<u64>) -> Resu
     let file = OpenOptions::new()
         .read(true)
         .write(true)
-        .open_fid(client, f.fid)
+        .open(client, f.fid)
         .await?;
     let r = file.resync_limited(|_, _| {}, rate).await;
     let closed = file.close().await;
@@ -246,7 +246,7 @@ pub async fn rebuild_target(
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .open_fid(client, f.fid)
+                .open(client, f.fid)
                 .await?;
             let r = async {
                 for &m in &f.on_target {

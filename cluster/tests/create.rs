@@ -1,5 +1,5 @@
 //! The create path as the network sees it: opening a file of a known directory with `O_CREAT`
-//! (as the mount does, and `OpenOptions::open_in`) costs one round trip to the MDS whether the
+//! (as the mount does, and `OpenOptions::open` of an `At::Entry`) costs one round trip to the MDS whether the
 //! file is new or already there (a checkpoint rewritten in place); with leases, creates in a
 //! directory the client holds cost none, and reach the MDS in batches.
 
@@ -96,14 +96,32 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     let create = OpenOptions::new().write(true).create(true).truncate(false);
 
     let before = requests_to_mds(&fabric, "client");
-    let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
+    let f = create
+        .open(
+            &c,
+            client::At::Entry {
+                parent: ROOT,
+                name: b"ckpt",
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(requests_to_mds(&fabric, "client") - before, 1, "a new file");
     let objects = f.inode().layout.unwrap().components[0].objects.clone();
     f.write_at(0, b"version 1").await.unwrap();
     f.close().await.unwrap();
 
     let before = requests_to_mds(&fabric, "client");
-    let f = create.open_in(&c, ROOT, b"ckpt").await.unwrap();
+    let f = create
+        .open(
+            &c,
+            client::At::Entry {
+                parent: ROOT,
+                name: b"ckpt",
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(
         requests_to_mds(&fabric, "client") - before,
         1,
@@ -123,11 +141,7 @@ async fn o_creat_is_one_round_trip_for_a_new_file_and_for_an_existing_one() {
     // with the file's attributes as of the open.
     let fid = c.stat("/ckpt").await.unwrap().fid;
     let before = requests_to_mds(&fabric, "client");
-    let g = OpenOptions::new()
-        .read(true)
-        .open_fid(&c, fid)
-        .await
-        .unwrap();
+    let g = OpenOptions::new().read(true).open(&c, fid).await.unwrap();
     assert_eq!(
         requests_to_mds(&fabric, "client") - before,
         1,
@@ -801,7 +815,16 @@ async fn a_name_the_mds_would_refuse_is_refused_here_not_answered_ahead() {
     let d = a.stat("/d").await.unwrap().fid;
     let create = OpenOptions::new().write(true).create_new(true);
     for bad in [&b"nul\0inside"[..], b"a/b", b"..", &[b'x'; 256]] {
-        let e = create.open_in(&a, d, bad).await.unwrap_err();
+        let e = create
+            .open(
+                &a,
+                client::At::Entry {
+                    parent: d,
+                    name: bad,
+                },
+            )
+            .await
+            .unwrap_err();
         assert!(
             e.is(FsErrorKind::Invalid) || e.is(FsErrorKind::NameTooLong),
             "{bad:?}: {e}"

@@ -18,7 +18,7 @@ mod resize;
 mod sync;
 mod write;
 
-pub use open::OpenOptions;
+pub use open::{At, OpenOptions};
 pub use read::{Chunk, Reader};
 use resize::objects_extent;
 use sync::publish;

@@ -18,6 +18,55 @@ pub struct OpenOptions {
     layout: Option<Layout>,
 }
 
+/// What [`OpenOptions::open`] opens. A path converts into it (`&str`, `&String`), and so do a
+/// FID and an inode.
+#[derive(Clone, Debug)]
+pub enum At<'a> {
+    /// A path from the root, symlinks followed; created with `create`.
+    Path(&'a str),
+    /// The entry `name` of directory `parent`; created with `create` in one round trip.
+    Entry { parent: proto::Fid, name: &'a [u8] },
+    /// A new regular file with no name in directory `parent` (open(2)'s `O_TMPFILE`): the MDS
+    /// keeps it while a handle holds it, and it is gone after the last close unless a link
+    /// names it first ([`Client::link_fid`]). Needs write access; the mode is as for a create.
+    Unnamed { parent: proto::Fid },
+    /// The file `fid`, in one round trip: the MDS counts the open and answers with its
+    /// attributes as of now (close-to-open).
+    Fid(proto::Fid),
+    /// A file already looked up.
+    Inode(Inode),
+}
+
+impl<'a> From<&'a str> for At<'a> {
+    fn from(path: &'a str) -> At<'a> {
+        At::Path(path)
+    }
+}
+
+impl<'a> From<&'a String> for At<'a> {
+    fn from(path: &'a String) -> At<'a> {
+        At::Path(path)
+    }
+}
+
+impl<'a, 'b> From<&'b &'a str> for At<'a> {
+    fn from(path: &'b &'a str) -> At<'a> {
+        At::Path(path)
+    }
+}
+
+impl From<proto::Fid> for At<'_> {
+    fn from(fid: proto::Fid) -> Self {
+        At::Fid(fid)
+    }
+}
+
+impl From<Inode> for At<'_> {
+    fn from(inode: Inode) -> Self {
+        At::Inode(inode)
+    }
+}
+
 impl OpenOptions {
     pub fn new() -> Self {
         OpenOptions {
@@ -102,10 +151,23 @@ impl OpenOptions {
         Ok(Some(Layout::new(vec![c])?))
     }
 
-    pub async fn open(&self, client: &Client, path: &str) -> Result<File> {
+    /// Opens what `at` names with these options: a path (`"/d/f"`), an entry of a directory
+    /// ([`At::Entry`]), a new file with no name ([`At::Unnamed`]), a FID, or an inode already
+    /// looked up. The one way to open a file.
+    pub async fn open<'a>(&self, client: &Client, at: impl Into<At<'a>>) -> Result<File> {
+        match at.into() {
+            At::Path(path) => self.open_path(client, path).await,
+            At::Entry { parent, name } => self.open_entry(client, parent, name).await,
+            At::Unnamed { parent } => self.open_unnamed(client, parent).await,
+            At::Fid(fid) => self.open_fid(client, fid).await,
+            At::Inode(inode) => self.open_named(client, inode, None).await,
+        }
+    }
+
+    async fn open_path(&self, client: &Client, path: &str) -> Result<File> {
         if self.create || self.create_new {
             let (parent, name) = client.parent_of(path).await?;
-            match self.open_in(client, parent.fid, name).await {
+            match self.open_entry(client, parent.fid, name).await {
                 // An existing directory or symlink under O_CREAT: resolve it as open(2) does.
                 Err(e) if e.is(FsErrorKind::Exists) && !self.create_new => {}
                 other => return other,
@@ -124,7 +186,7 @@ impl OpenOptions {
     }
 
     /// Opens (creating it, with `create`) the entry `name` of directory `parent`.
-    pub async fn open_in(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
+    async fn open_entry(&self, client: &Client, parent: proto::Fid, name: &[u8]) -> Result<File> {
         if self.create || self.create_new {
             if let Some(f) = self.create_ahead(client, parent, name).await {
                 return f;
@@ -152,14 +214,14 @@ impl OpenOptions {
             return self.open_counted(client, inode, Some(counted), None).await;
         }
         let inode = client.lookup(parent, name).await?;
-        self.open_inode(client, inode).await
+        self.open_named(client, inode, None).await
     }
 
     /// Creates a regular file with no name in directory `parent` (open(2)'s O_TMPFILE) and
     /// opens it, in one round trip: the MDS keeps it while a handle holds it, and it is gone
     /// after the last close unless a link names it first ([`Client::link_fid`]). Needs write
     /// access; the mode is as for a create.
-    pub async fn open_unnamed(&self, client: &Client, parent: proto::Fid) -> Result<File> {
+    async fn open_unnamed(&self, client: &Client, parent: proto::Fid) -> Result<File> {
         if !self.write {
             return Err(ClientError::fs(
                 FsErrorKind::Invalid,
@@ -255,7 +317,7 @@ impl OpenOptions {
     /// Opens the file `fid` in one round trip: the MDS counts the open and answers with its
     /// attributes as of now (close-to-open); the access asked for is then checked, and the open
     /// undone if it is refused.
-    pub async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
+    async fn open_fid(&self, client: &Client, fid: proto::Fid) -> Result<File> {
         let counted = Self::count_open(client, fid, None, self.rights()).await?;
         let checked = self
             .check_access(client, &counted.inode)
@@ -342,13 +404,8 @@ impl OpenOptions {
         r
     }
 
-    /// Opens a file already looked up, if the client's credentials allow the access asked for.
-    pub async fn open_inode(&self, client: &Client, inode: Inode) -> Result<File> {
-        self.open_named(client, inode, None).await
-    }
-
-    /// As [`OpenOptions::open_inode`], naming the path the file was found at (the MDS's audit
-    /// log records it).
+    /// Opens a file already looked up, if the client's credentials allow the access asked for,
+    /// naming the path it was found at if there is one (the MDS's audit log records it).
     async fn open_named(&self, client: &Client, inode: Inode, path: Option<&str>) -> Result<File> {
         self.check_access(client, &inode)?;
         self.open_counted(client, inode, None, path).await

@@ -149,7 +149,7 @@ impl LodeFs {
                             OpenOptions::new()
                                 .read(false)
                                 .write(true)
-                                .open_fid(&c, fid)
+                                .open(&c, fid)
                                 .await?,
                         ),
                     };

@@ -49,16 +49,14 @@ impl LodeFs {
                 (acc == libc::O_RDONLY && !direct && !pages.keep(fid, c.holds_lease(fid)))
                     .then(|| streams.read_early(&c, fid))
                     .flatten();
-            let mut opened = opts(acc != libc::O_WRONLY || writeback)
-                .open_fid(&c, fid)
-                .await;
+            let mut opened = opts(acc != libc::O_WRONLY || writeback).open(&c, fid).await;
             if acc == libc::O_WRONLY
                 && writeback
                 && opened
                     .as_ref()
                     .is_err_and(|e| e.is(FsErrorKind::AccessDenied))
             {
-                opened = opts(false).open_fid(&c, fid).await;
+                opened = opts(false).open(&c, fid).await;
             }
             match opened {
                 Ok(f) => {
@@ -139,13 +137,17 @@ impl LodeFs {
                     .mode(mode & !umask & 0o7777)
             };
             let parent = fid_of(parent);
-            let mut opened = opts(writeback).open_in(&c, parent, &n).await;
+            let mut opened = opts(writeback)
+                .open(&c, client::At::Entry { parent, name: &n })
+                .await;
             if writeback
                 && opened
                     .as_ref()
                     .is_err_and(|e| e.is(FsErrorKind::AccessDenied))
             {
-                opened = opts(false).open_in(&c, parent, &n).await;
+                opened = opts(false)
+                    .open(&c, client::At::Entry { parent, name: &n })
+                    .await;
             }
             match opened {
                 Ok(f) => {
@@ -195,7 +197,12 @@ impl LodeFs {
                 .write(true)
                 .append(flags & libc::O_APPEND != 0 && !writeback)
                 .mode(mode & !umask & 0o7777)
-                .open_unnamed(&c, fid_of(parent))
+                .open(
+                    &c,
+                    client::At::Unnamed {
+                        parent: fid_of(parent),
+                    },
+                )
                 .await;
             match opened {
                 Ok(f) => {
