@@ -31,7 +31,7 @@ use proto::{Fid, FsErrorKind};
 use crate::namespace::NsError;
 use crate::placement::{place_copy, Site};
 use crate::registry::Registry;
-use crate::store::Store;
+use crate::store::{Change, Store};
 
 /// Refill a pool when it falls below this many objects.
 pub const LOW_WATER: usize = 512;
@@ -526,7 +526,10 @@ impl Allocator {
                 None => None,
             };
             match store
-                .apply(Mutation::Released { fids: released }, Creds::root())
+                .apply(Change::new(
+                    Mutation::Released { fids: released },
+                    Creds::root(),
+                ))
                 .await
             {
                 Ok(_) => tracing::debug!(files = n, "released removed files' bytes on the MDS"),
@@ -573,7 +576,10 @@ impl Allocator {
         if !done.is_empty() {
             let n = done.len();
             if let Err(e) = store
-                .apply(Mutation::Destroyed { objects: done }, Creds::root())
+                .apply(Change::new(
+                    Mutation::Destroyed { objects: done },
+                    Creds::root(),
+                ))
                 .await
             {
                 tracing::warn!(error = %e, "cannot record destroyed objects");

@@ -176,6 +176,47 @@ fn stamp_time(now: Time, asked: Option<Time>) -> Time {
     }
 }
 
+/// A change for the store to apply, and what it is applied under: the one argument of
+/// [`Store::apply`] and [`Store::apply_behind`].
+pub struct Change<'a> {
+    pub mutation: Mutation,
+    /// Who asks (after the nodemap).
+    pub who: Creds,
+    /// The client's request it answers: a resend gets the first reply.
+    pub req: Option<proto::md::ReqId>,
+    /// Applied only while this is still the size generation of the file the change changes
+    /// (a writer's size, published late, never undoes a truncate).
+    pub size_gen: Option<u64>,
+    /// The time the client stamped it with (a create answered ahead).
+    pub time: Option<Time>,
+    /// Applied only if this holds for the inodes the change touches.
+    pub clear: &'a (dyn Fn(&[proto::Fid]) -> bool + Sync),
+    /// The touched inodes whose attributes come back.
+    pub after: &'a (dyn Fn(&proto::Fid) -> bool + Sync),
+}
+
+impl Change<'static> {
+    /// `mutation` by `who`, with nothing more to check.
+    pub fn new(mutation: Mutation, who: Creds) -> Change<'static> {
+        Change {
+            mutation,
+            who,
+            req: None,
+            size_gen: None,
+            time: None,
+            clear: &|_| true,
+            after: &|_| false,
+        }
+    }
+}
+
+impl<'a> Change<'a> {
+    /// As the answer to the client's request `req`.
+    pub fn request(self, req: Option<proto::md::ReqId>) -> Change<'a> {
+        Change { req, ..self }
+    }
+}
+
 impl Store {
     /// Recovers the namespace kept in `dir` (or starts one) and starts the committer.
     pub fn open(dir: &Path, checkpoint_bytes: u64) -> Result<Store, StoreError> {
@@ -262,67 +303,35 @@ impl Store {
         })
     }
 
-    /// Applies a mutation and returns once it is durable.
-    pub async fn apply(&self, m: Mutation, who: Creds) -> Result<Applied, StoreError> {
-        self.apply_request(m, who, None).await
-    }
-
-    /// Applies a client's request once (a resend gets the first reply) and returns once it is
-    /// durable.
-    pub async fn apply_request(
-        &self,
-        m: Mutation,
-        who: Creds,
-        req: Option<proto::md::ReqId>,
-    ) -> Result<Applied, StoreError> {
-        self.apply_if(m, who, req, None).await
-    }
-
-    /// As [`Store::apply_request`], when `size_gen` is `None` or still the size generation of
-    /// the file the mutation changes; otherwise `Stale`, and nothing changes. The check and
-    /// the change are made under one lock, so no truncate can come between them.
-    pub async fn apply_if(
-        &self,
-        m: Mutation,
-        who: Creds,
-        req: Option<proto::md::ReqId>,
-        size_gen: Option<u64>,
-    ) -> Result<Applied, StoreError> {
-        let done = self.apply_behind(m, who, req, size_gen)?;
+    /// Applies `c` and returns once it is durable.
+    pub async fn apply(&self, c: Change<'_>) -> Result<Applied, StoreError> {
+        let done = self.apply_behind(c)?;
         self.wait_durable(done.transno, done.applied).await
     }
 
-    /// As [`Store::apply_if`], answered as soon as the change is applied, before it is durable
-    /// (commit-behind): with its transaction number and, for a change made now, the ticket
-    /// that replays it exactly after a restart. A resend of a change already carried out is
-    /// answered as then, once everything so far is durable (no ticket: nothing to replay).
-    pub fn apply_behind(
-        &self,
-        m: Mutation,
-        who: Creds,
-        req: Option<proto::md::ReqId>,
-        size_gen: Option<u64>,
-    ) -> Result<Done, StoreError> {
-        self.apply_clear(m, who, req, size_gen, None, &|_| true, &|_| false)
-    }
-
-    /// As [`Store::apply_behind`], if `clear` holds for the inodes the change touches, as
-    /// they are under the namespace's lock (no other client holds a lease on them); otherwise
-    /// [`StoreError::Leased`], and nothing changes. The touched inodes `after` picks (other
-    /// than the one the change answers with) come back as the change left them. The change
-    /// is stamped with `time` where it is close enough to the MDS's clock (see
+    /// Applies `c`, answered as soon as it is applied, before it is durable (commit-behind):
+    /// with its transaction number and, for a change made now, the ticket that replays it
+    /// exactly after a restart. A resend of a change already carried out is answered as then,
+    /// once everything so far is durable (no ticket: nothing to replay).
+    ///
+    /// A change with a size generation applies only while it is still the file's (otherwise
+    /// `Stale`, and nothing changes); one with a `clear` test only if it holds for the inodes
+    /// the change touches, as they are under the namespace's lock (otherwise
+    /// [`StoreError::Leased`]). The check and the change are made under one lock, so no
+    /// truncate or lease can come between them. The touched inodes `after` picks (other than
+    /// the one the change answers with) come back as the change left them. The change is
+    /// stamped with `time` where it is close enough to the MDS's clock (see
     /// [`proto::md::CLIENT_TIME_SKEW`]), with the clock's time otherwise.
-    #[allow(clippy::too_many_arguments)]
-    pub fn apply_clear(
-        &self,
-        m: Mutation,
-        who: Creds,
-        req: Option<proto::md::ReqId>,
-        size_gen: Option<u64>,
-        time: Option<Time>,
-        clear: &dyn Fn(&[proto::Fid]) -> bool,
-        after: &dyn Fn(&proto::Fid) -> bool,
-    ) -> Result<Done, StoreError> {
+    pub fn apply_behind(&self, c: Change<'_>) -> Result<Done, StoreError> {
+        let Change {
+            mutation: m,
+            who,
+            req,
+            size_gen,
+            time,
+            clear,
+            after,
+        } = c;
         if self.shared.durable.borrow().is_err() {
             return Err(StoreError::Failed);
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mds::disk::{MemDisk, MetaDisk};
 use mds::namespace::{Creds, Kind, Mutation, ReqId, ROOT};
-use mds::store::Store;
+use mds::store::{Change, Store};
 use proto::layout::{Component, Layout, StripeCount, StripeObject};
 use proto::{Fid, FsErrorKind};
 
@@ -67,7 +67,10 @@ async fn a_resend_is_answered_only_once_its_change_is_durable() {
     disk.hold_syncs(true);
     let first = {
         let s = store.clone();
-        tokio::spawn(async move { s.apply_request(create("a", None), Creds::root(), req).await })
+        tokio::spawn(async move {
+            s.apply(Change::new(create("a", None), Creds::root()).request(req))
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The first attempt is applied in memory, its commit stalled: the resend must wait too.
@@ -93,7 +96,10 @@ async fn objects_are_not_destroyed_before_their_removal_is_durable() {
     let disk = Arc::new(MemDisk::new());
     let store = Arc::new(open(&disk));
     store
-        .apply(create("ckpt", Some(layout(1, 4, 0))), Creds::root())
+        .apply(Change::new(
+            create("ckpt", Some(layout(1, 4, 0))),
+            Creds::root(),
+        ))
         .await
         .unwrap();
     disk.hold_syncs(true);
@@ -105,7 +111,7 @@ async fn objects_are_not_destroyed_before_their_removal_is_durable() {
                 name: b"ckpt".to_vec(),
                 dir: false,
             };
-            s.apply(m, Creds::root()).await
+            s.apply(Change::new(m, Creds::root())).await
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -134,12 +140,15 @@ async fn a_record_too_large_to_journal_is_refused_and_later_records_survive() {
     std::fs::create_dir_all(&dir).unwrap();
     let store = Store::open(&dir, 1 << 30).unwrap();
     store
-        .apply(create("before", None), Creds::root())
+        .apply(Change::new(create("before", None), Creds::root()))
         .await
         .unwrap();
     // 64 components of 2000 objects: every part valid, the whole past the largest record.
     let err = store
-        .apply(create("huge", Some(layout(64, 2000, 0))), Creds::root())
+        .apply(Change::new(
+            create("huge", Some(layout(64, 2000, 0))),
+            Creds::root(),
+        ))
         .await
         .unwrap_err();
     match &err {
@@ -148,7 +157,7 @@ async fn a_record_too_large_to_journal_is_refused_and_later_records_survive() {
     }
     store.read(|ns| assert!(ns.lookup(ROOT, b"huge", &Creds::root()).is_err()));
     store
-        .apply(create("after", None), Creds::root())
+        .apply(Change::new(create("after", None), Creds::root()))
         .await
         .unwrap();
     drop(store);
@@ -167,7 +176,7 @@ async fn damage_in_the_middle_of_the_journal_stops_recovery_instead_of_cutting()
     let store = open(&disk);
     for i in 0..10 {
         store
-            .apply(create(&format!("f{i}"), None), Creds::root())
+            .apply(Change::new(create(&format!("f{i}"), None), Creds::root()))
             .await
             .unwrap();
     }
@@ -197,7 +206,7 @@ async fn every_acknowledged_change_survives_a_power_cut_that_tears_the_last_writ
         for i in 0..12 {
             let name = format!("f{i}");
             store
-                .apply(create(&name, None), Creds::root())
+                .apply(Change::new(create(&name, None), Creds::root()))
                 .await
                 .unwrap();
             acked.push(name);
@@ -205,7 +214,10 @@ async fn every_acknowledged_change_survives_a_power_cut_that_tears_the_last_writ
         // One change whose commit is under way when the power goes.
         disk.hold_syncs(true);
         let s = store.clone();
-        let late = tokio::spawn(async move { s.apply(create("late", None), Creds::root()).await });
+        let late = tokio::spawn(async move {
+            s.apply(Change::new(create("late", None), Creds::root()))
+                .await
+        });
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         disk.crash(Some(seed));

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mds::namespace::{Creds, Kind, Mutation, ROOT};
-use mds::store::Store;
+use mds::store::{Change, Store};
 
 fn dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("lode-store-{name}-{}", std::process::id()));
@@ -32,14 +32,17 @@ async fn concurrent_mutations_are_all_recovered() {
     let tasks: Vec<_> = (0..300)
         .map(|i| {
             let s = store.clone();
-            tokio::spawn(async move { s.apply(create(format!("f{i}")), Creds::root()).await })
+            tokio::spawn(async move {
+                s.apply(Change::new(create(format!("f{i}")), Creds::root()))
+                    .await
+            })
         })
         .collect();
     for t in tasks {
         t.await.unwrap().unwrap();
     }
     let err = store
-        .apply(create("f7".into()), Creds::root())
+        .apply(Change::new(create("f7".into()), Creds::root()))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("exists"), "{err}");
@@ -60,7 +63,7 @@ async fn a_torn_journal_tail_is_cut_and_the_rest_kept() {
     let store = Store::open(&d, 1 << 30).unwrap();
     for i in 0..5 {
         store
-            .apply(create(format!("f{i}")), Creds::root())
+            .apply(Change::new(create(format!("f{i}")), Creds::root()))
             .await
             .unwrap();
     }
@@ -79,7 +82,7 @@ async fn a_torn_journal_tail_is_cut_and_the_rest_kept() {
     let store = Store::open(&d, 1 << 30).unwrap();
     assert_eq!((store.recovered_records, store.torn_bytes), (5, 17));
     store
-        .apply(create("after".into()), Creds::root())
+        .apply(Change::new(create("after".into()), Creds::root()))
         .await
         .unwrap();
     drop(store);
@@ -95,7 +98,7 @@ async fn snapshots_replace_the_journal_without_loss() {
     let store = Store::open(&d, 4096).unwrap();
     for i in 0..200 {
         store
-            .apply(create(format!("file-{i:04}")), Creds::root())
+            .apply(Change::new(create(format!("file-{i:04}")), Creds::root()))
             .await
             .unwrap();
     }
@@ -124,11 +127,11 @@ async fn a_resent_request_is_answered_not_redone_even_after_a_restart() {
     let store = Store::open(&d, 1 << 30).unwrap();
     let req = Some(ReqId { client: 77, seq: 1 });
     let first = store
-        .apply_request(create("once".into()), Creds::root(), req)
+        .apply(Change::new(create("once".into()), Creds::root()).request(req))
         .await
         .unwrap();
     let again = store
-        .apply_request(create("once".into()), Creds::root(), req)
+        .apply(Change::new(create("once".into()), Creds::root()).request(req))
         .await
         .unwrap();
     assert_eq!(
@@ -138,13 +141,13 @@ async fn a_resent_request_is_answered_not_redone_even_after_a_restart() {
     // The same mutation under a new request id is a new request: it fails as it should.
     let fresh = Some(ReqId { client: 77, seq: 2 });
     assert!(store
-        .apply_request(create("once".into()), Creds::root(), fresh)
+        .apply(Change::new(create("once".into()), Creds::root()).request(fresh))
         .await
         .is_err());
     drop(store);
     let store = Store::open(&d, 1 << 30).unwrap();
     let after = store
-        .apply_request(create("once".into()), Creds::root(), req)
+        .apply(Change::new(create("once".into()), Creds::root()).request(req))
         .await
         .unwrap();
     assert_eq!(
@@ -165,7 +168,7 @@ async fn a_whole_batch_resent_is_answered_as_first_time_and_replies_go_only_when
     // their replies were lost on the way.
     for seq in 1..=512u64 {
         store
-            .apply_request(create(format!("f{seq}")), Creds::root(), req(seq))
+            .apply(Change::new(create(format!("f{seq}")), Creds::root()).request(req(seq)))
             .await
             .unwrap();
     }
@@ -175,11 +178,11 @@ async fn a_whole_batch_resent_is_answered_as_first_time_and_replies_go_only_when
         dir: false,
     };
     store
-        .apply_request(unlink.clone(), Creds::root(), req(513))
+        .apply(Change::new(unlink.clone(), Creds::root()).request(req(513)))
         .await
         .unwrap();
     let again = store
-        .apply_request(create("f1".into()), Creds::root(), req(514))
+        .apply(Change::new(create("f1".into()), Creds::root()).request(req(514)))
         .await
         .unwrap();
     // The whole batch comes again: every change is answered as the first time, none redone

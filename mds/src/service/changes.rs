@@ -118,7 +118,10 @@ impl MdsService {
         let count = r.count.clamp(1, MAX_RESERVE);
         let done = self
             .store
-            .apply(Mutation::ReserveInodes { count }, Creds::root())
+            .apply(crate::store::Change::new(
+                Mutation::ReserveInodes { count },
+                Creds::root(),
+            ))
             .await
             .map_err(store_error)?;
         let first = done.reserved.ok_or_else(|| {
@@ -503,15 +506,16 @@ impl MdsService {
             let _recall = self.leases.recall(&touched, except).await;
             let clear = |fids: &[proto::Fid]| self.leases.clear(fids, except);
             let after = |f: &proto::Fid| except.is_some_and(|c| self.leases.holds(c, *f));
-            match self.store.apply_clear(
-                m.clone(),
-                creds.clone(),
+            let change = crate::store::Change {
+                mutation: m.clone(),
+                who: creds.clone(),
                 req,
                 size_gen,
                 time,
-                &clear,
-                &after,
-            ) {
+                clear: &clear,
+                after: &after,
+            };
+            match self.store.apply_behind(change) {
                 Err(StoreError::Leased) => continue,
                 other => break other,
             }
