@@ -1,4 +1,5 @@
-//! A file's copies: read one alone, mark one stale, place one anew, resync, repair bytes that failed their checksum.
+//! A file's copies: read one alone, mark one stale, place one anew, resync, repair bytes that
+//! failed their checksum.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Opening a file: [`OpenOptions`], the one way to open one, by path, by name in a directory, by FID, unnamed, or as an inode already looked up.
+//! Opening a file: [`OpenOptions`], the one way to open one, by path, by name in a directory, by
+//! FID, unnamed, or as an inode already looked up.
 
 use super::*;
 

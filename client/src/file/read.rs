@@ -1,4 +1,5 @@
-//! Reads: planned by [`crate::plan`], carried out by one executor that verifies every piece in host memory and falls over to the next copy in sync; whole chunks and the streaming [`Reader`].
+//! Reads: planned by [`crate::plan`], carried out by one executor that verifies every piece in host
+//! memory and falls over to the next copy in sync; whole chunks and the streaming [`Reader`].
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Durability and closing: fsync, the size published to the MDS, close (now or behind), times set through the handle.
+//! Durability and closing: fsync, the size published to the MDS, close (now or behind), times set
+//! through the handle.
 
 use super::*;
 

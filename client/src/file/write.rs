@@ -1,4 +1,5 @@
-//! Writes: to every copy in sync, in the caller's order per object, marking a copy that missed one stale before it is acknowledged; the streaming [`Writer`].
+//! Writes: to every copy in sync, in the caller's order per object, marking a copy that missed one
+//! stale before it is acknowledged; the streaming [`Writer`].
 
 use super::*;
 

@@ -33,7 +33,8 @@
 //! bytes; a burst's create of a name never used before never finds it there, nor its removal
 //! finds it gone, and the burst's directory ends empty (a resent change carried out twice
 //! shows as one of these); a client evicted with acknowledged changes is told by its next
-//! sync (else they are held to the rules above, and found missing); after the faults stop, the cluster makes progress (a new checkpoint commits); the
+//! sync (else they are held to the rules above, and found missing); after the faults stop, the
+//! cluster makes progress (a new checkpoint commits); the
 //! namespace passes `fsck` and every target passes `scrub`. A change is held to this until its
 //! client knows it committed; a client dying with the MDS may take back its changes not yet
 //! committed and, with them, changes other clients made after them (recovery.md: lode has no

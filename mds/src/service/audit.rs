@@ -1,4 +1,5 @@
-//! What the audit log records of each request: the operation, the paths the MDS resolved, the outcome.
+//! What the audit log records of each request: the operation, the paths the MDS resolved, the
+//! outcome.
 
 use super::*;
 

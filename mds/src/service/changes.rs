@@ -1,4 +1,5 @@
-//! Namespace changes (`MDS_REINT`, `MDS_BATCH`, `MDS_RESERVE`): the caller mapped and checked, the change decided, objects allocated only for one that goes ahead, audited.
+//! Namespace changes (`MDS_REINT`, `MDS_BATCH`, `MDS_RESERVE`): the caller mapped and checked, the
+//! change decided, objects allocated only for one that goes ahead, audited.
 
 use super::*;
 

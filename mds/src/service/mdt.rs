@@ -1,4 +1,5 @@
-//! Reads of a file's bytes the MDS keeps (Data-on-MDT): through a handle granted read, else by the caller's read permission.
+//! Reads of a file's bytes the MDS keeps (Data-on-MDT): through a handle granted read, else by the
+//! caller's read permission.
 
 use super::*;
 

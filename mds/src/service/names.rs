@@ -1,4 +1,5 @@
-//! Lookups, attributes, directory pages and statfs: reads of the namespace, each showing the caller only what it may see, with leases granted before the state is read.
+//! Lookups, attributes, directory pages and statfs: reads of the namespace, each showing the caller
+//! only what it may see, with leases granted before the state is read.
 
 use super::*;
 

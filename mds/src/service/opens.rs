@@ -1,4 +1,5 @@
-//! Opens, closes and reopens: the rights an open grants are decided here from the caller's identity, and capabilities granted for them.
+//! Opens, closes and reopens: the rights an open grants are decided here from the caller's
+//! identity, and capabilities granted for them.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Client sessions: joining, pings, leaving, and the replay of uncommitted changes after a restart (with the sealed tickets it checks).
+//! Client sessions: joining, pings, leaving, and the replay of uncommitted changes after a restart
+//! (with the sealed tickets it checks).
 
 use super::*;
 
