@@ -66,6 +66,10 @@ pub struct UpArgs {
     /// With --netns: the first three numbers of the bridge's /24 network.
     #[arg(long, default_value = "10.99.0", requires = "netns")]
     subnet: String,
+    /// Serve each server's Prometheus metrics: the MDS's at this port of its address, storage
+    /// server N's at the port N + 1 after it (the first `up` only).
+    #[arg(long)]
+    metrics_port: Option<u16>,
 }
 
 struct Conf {
@@ -75,6 +79,8 @@ struct Conf {
     auth: bool,
     /// With namespaces: the bridge's /24 (its first three numbers).
     netns: Option<String>,
+    /// Where the MDS serves its metrics; storage server N at the port N + 1 after it.
+    metrics_port: Option<u16>,
 }
 
 impl Conf {
@@ -89,6 +95,15 @@ impl Conf {
 
     fn mds_addr(&self) -> String {
         format!("{}:{}", self.host(None), self.port)
+    }
+
+    /// The `--metrics ADDR` arguments of the MDS (`None`) or storage server `Some(i)`.
+    fn metrics_at(&self, server: Option<u32>) -> Vec<String> {
+        let Some(base) = self.metrics_port else {
+            return vec![];
+        };
+        let port = u32::from(base) + server.map_or(0, |i| i + 1);
+        vec!["--metrics".into(), format!("{}:{port}", self.host(server))]
     }
 
     /// Where the server `role` (`mds`, `oss0`, ...) listens.
@@ -121,6 +136,7 @@ fn read_conf(dir: &Path) -> Option<Conf> {
             .lines()
             .find_map(|l| l.strip_prefix("netns = "))
             .map(|v| v.trim().to_owned()),
+        metrics_port: get("metrics_port").and_then(|p| u16::try_from(p).ok()),
     })
 }
 
@@ -360,7 +376,13 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
         targets: a.targets_per_oss,
         auth: !a.no_auth,
         netns: a.netns.then(|| a.subnet.clone()),
+        metrics_port: a.metrics_port,
     };
+    if a.metrics_port
+        .is_some_and(|p| u32::from(p) + a.oss > u32::from(u16::MAX))
+    {
+        bail!("--metrics-port leaves no port for the last storage server");
+    }
     let mut text = format!(
         "port = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
         c.port,
@@ -370,6 +392,9 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
     );
     if let Some(net) = &c.netns {
         text.push_str(&format!("netns = {net}\n"));
+    }
+    if let Some(p) = c.metrics_port {
+        text.push_str(&format!("metrics_port = {p}\n"));
     }
     std::fs::write(dir.join("cluster.conf"), text)?;
     Ok(c)
@@ -423,6 +448,7 @@ fn start_servers(
     ]
     .into_iter()
     .chain(auth.iter().cloned())
+    .chain(conf.metrics_at(None))
     .collect();
     if wanted("mds") {
         started.push((
@@ -454,6 +480,7 @@ fn start_servers(
         ]
         .into_iter()
         .chain(auth.iter().cloned())
+        .chain(conf.metrics_at(Some(i)))
         .collect();
         started.push((
             role.clone(),

@@ -71,6 +71,11 @@ impl Client {
     pub fn read_early(&self, fid: Fid, max: u64) -> Option<EarlyRead> {
         let inode = self.getattr_cached(fid)?;
         let layout = inode.layout.as_ref()?;
+        // A handle of this client wrote to the file and is still open: its writes may reach
+        // past the size the MDS knows, which is all an early read would read.
+        if self.inner.writes.end_of(fid) != 0 {
+            return None;
+        }
         if inode.kind != Kind::File
             || inode.size == 0
             || inode.size > max

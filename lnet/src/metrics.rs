@@ -27,9 +27,33 @@ pub struct ErrorLabel {
     pub kind: String,
 }
 
-/// Latency buckets: 50 µs to about 6.5 s, doubling.
+/// Latency buckets: 10 µs to about 11 s, each 1.5 times the one before, fine enough to tell
+/// a 1 MiB request's median from its p99 (a doubling bucket cannot tell 300 µs from 500 µs).
 pub fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(50e-6, 2.0, 18))
+    Histogram::new(exponential_buckets(10e-6, 1.5, 35))
+}
+
+/// One stage of a request's way through a client or a server (waiting for readahead, a write
+/// in flight, the disk...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    pub stage: &'static str,
+}
+
+/// The time requests spend in each stage, by stage: always on, one clock read and one
+/// histogram observation per stage, so that a stall can be found in production.
+pub type Stages = Family<StageLabel, Histogram, fn() -> Histogram>;
+
+/// A family of stage histograms with [`latency_histogram`]'s buckets.
+pub fn stages() -> Stages {
+    Stages::new_with_constructor(latency_histogram)
+}
+
+/// Counts the time since `since` in `stage`.
+pub fn observe_stage(stages: &Stages, stage: &'static str, since: std::time::Instant) {
+    stages
+        .get_or_create(&StageLabel { stage })
+        .observe(since.elapsed().as_secs_f64());
 }
 
 type Latencies = Family<OpLabel, Histogram, fn() -> Histogram>;

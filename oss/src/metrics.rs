@@ -31,6 +31,7 @@ pub struct OssMetrics {
     space_total: Family<TargetLabel, Gauge>,
     space_free: Family<TargetLabel, Gauge>,
     objects: Family<TargetLabel, Gauge>,
+    stages: lnet::metrics::Stages,
     counted: Mutex<Option<Instant>>,
 }
 
@@ -51,6 +52,7 @@ impl OssMetrics {
             space_total: Family::default(),
             space_free: Family::default(),
             objects: Family::default(),
+            stages: lnet::metrics::stages(),
             counted: Mutex::new(None),
         };
         let r = registry.sub_registry_with_prefix("lode_oss");
@@ -81,7 +83,19 @@ impl OssMetrics {
             "Objects on a target (counted at most every 30 s)",
             m.objects.clone(),
         );
+        r.register(
+            "stage_seconds",
+            "Time in each stage of a data request on this server: bulk_get (the client's bytes \
+             pulled over the network), write_disk (written, checksums and all), read_disk (read \
+             and verified), bulk_put (the bytes pushed to the client), sync",
+            m.stages.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Counts the time since `since` in `stage` (see `lode_oss_stage_seconds`).
+    pub(crate) fn stage(&self, stage: &'static str, since: Instant) {
+        lnet::metrics::observe_stage(&self.stages, stage, since);
     }
 
     pub(crate) fn read(&self, target: u32, bytes: u64) {

@@ -85,15 +85,24 @@ impl OssService {
         })
     }
 
+    fn stage(&self, stage: &'static str, since: std::time::Instant) {
+        if let Some(m) = &self.metrics {
+            m.stage(stage, since);
+        }
+    }
+
     /// Data pulled from the client, its checksum verified before the target sees a byte.
     async fn write(&self, r: OstWrite, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
         let target = self.target(r.target)?;
         // A descriptor with a crc32c is checked against it on arrival (end to end); one
         // without (GPU memory the client cannot read) is checksummed here, on receipt.
+        let t = std::time::Instant::now();
         let data = bulk.get(&r.desc).await.map_err(bulk_error)?;
-        let size = target
-            .write(r.fid, r.offset, &data, r.sync, r.stamp)
-            .await?;
+        self.stage("bulk_get", t);
+        let t = std::time::Instant::now();
+        let size = target.write(r.fid, r.offset, &data, r.sync, r.stamp).await;
+        self.stage("write_disk", t);
+        let size = size?;
         if let Some(m) = &self.metrics {
             m.written(r.target, data.len() as u64);
         }
@@ -106,7 +115,10 @@ impl OssService {
     /// Data put from the target's buffer straight into the client's region.
     async fn read(&self, r: OstRead, bulk: Arc<dyn BulkPeer>) -> Result<Vec<u8>, RemoteError> {
         let target = self.target(r.target)?;
-        let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await?;
+        let t = std::time::Instant::now();
+        let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await;
+        self.stage("read_disk", t);
+        let data = data?;
         let size = target.size(r.fid).await?;
         let bytes = data.len() as u32;
         let crc32c = Some(crc32c::crc32c(&data));
@@ -115,7 +127,10 @@ impl OssService {
                 len: bytes,
                 ..r.desc
             };
-            bulk.put(&desc, data).await.map_err(bulk_error)?;
+            let t = std::time::Instant::now();
+            let put = bulk.put(&desc, data).await;
+            self.stage("bulk_put", t);
+            put.map_err(bulk_error)?;
         }
         if let Some(m) = &self.metrics {
             m.read(r.target, u64::from(bytes));
@@ -192,7 +207,10 @@ impl OssService {
                 // Syncing changes nothing: a handle open for reading may sync (fsync(2)).
                 self.authorize(&req, r.capa.as_ref(), r.target, r.fid, READ)?;
                 let target = self.target(r.target)?;
-                target.sync(r.fid).await?;
+                let t = std::time::Instant::now();
+                let synced = target.sync(r.fid).await;
+                self.stage("sync", t);
+                synced?;
                 reply::<OstSync>(&OstAck {
                     epoch: target.epoch(),
                 })

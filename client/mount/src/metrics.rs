@@ -19,6 +19,28 @@ pub struct OpLabel {
     pub op: &'static str,
 }
 
+/// How a handle's reads and writes go: past the kernel's page cache (`direct`: O_DIRECT, or
+/// chosen by hybrid I/O) or through it (`page_cache`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IoLabel {
+    pub io: &'static str,
+}
+
+/// An operation on a handle of one kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IoOpLabel {
+    pub io: &'static str,
+    pub op: &'static str,
+}
+
+fn io(direct: bool) -> &'static str {
+    if direct {
+        "direct"
+    } else {
+        "page_cache"
+    }
+}
+
 /// The mount's counters.
 pub struct MountMetrics {
     requests: Family<OpLabel, Counter>,
@@ -29,6 +51,9 @@ pub struct MountMetrics {
     open_files: Gauge,
     leases: Gauge,
     uncommitted: Gauge,
+    stages: lnet::metrics::Stages,
+    opens: Family<IoLabel, Counter>,
+    io_bytes: Family<IoOpLabel, Counter>,
     /// Reads the mount's open files, leases held and uncommitted changes.
     state: std::sync::OnceLock<State>,
 }
@@ -53,6 +78,9 @@ impl MountMetrics {
             open_files: Gauge::default(),
             leases: Gauge::default(),
             uncommitted: Gauge::default(),
+            stages: lnet::metrics::stages(),
+            opens: Family::default(),
+            io_bytes: Family::default(),
             state: std::sync::OnceLock::new(),
         };
         let r = registry.sub_registry_with_prefix("lode_mount");
@@ -96,7 +124,46 @@ impl MountMetrics {
             "Changes the MDS answered and has not committed yet, kept for replay",
             m.uncommitted.clone(),
         );
+        r.register(
+            "opens",
+            "Files opened, by how their reads and writes go: direct (past the page cache: \
+             O_DIRECT, or chosen by hybrid I/O) or page_cache",
+            m.opens.clone(),
+        );
+        r.register(
+            "io_bytes",
+            "Bytes read and written by the kernel's requests, by how the handle's I/O goes \
+             (direct or page_cache; under the page cache these are the kernel's readahead and \
+             write-through requests)",
+            m.io_bytes.clone(),
+        );
+        r.register(
+            "stage_seconds",
+            "Time in each stage of the kernel's data requests: read and write (request to \
+             reply), read_wait (for a readahead chunk to land), read_direct (a read outside a \
+             stream), write_wait (for an earlier write to land: a full window or an overlap), \
+             write_behind (a write in flight, issued to landed), fsync_settle (for the writes in \
+             flight), fsync_commit (the storage servers' sync), flush",
+            m.stages.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// A file opened, its I/O `direct` or through the page cache.
+    pub(crate) fn opened(&self, direct: bool) {
+        self.opens.get_or_create(&IoLabel { io: io(direct) }).inc();
+    }
+
+    /// `n` bytes of `op` (read, write) through a handle whose I/O is `direct` or cached.
+    pub(crate) fn io_bytes(&self, op: &'static str, direct: bool, n: usize) {
+        self.io_bytes
+            .get_or_create(&IoOpLabel { io: io(direct), op })
+            .inc_by(n as u64);
+    }
+
+    /// Counts the time since `since` in `stage` (see `lode_mount_stage_seconds`).
+    pub(crate) fn stage(&self, stage: &'static str, since: std::time::Instant) {
+        lnet::metrics::observe_stage(&self.stages, stage, since);
     }
 
     /// Where the gauges are read from: the mount being served.

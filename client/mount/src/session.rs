@@ -14,7 +14,8 @@ use crate::fs::LodeFs;
 /// The mount options `lode mount -o` takes.
 pub const OPTIONS: &str =
     "allow_other, allow_root, no_allow_other, default_permissions, no_default_permissions, ro, rw, readahead_kb=N, \
-     readahead_memory_mb=N, writeback, no_writeback, uring, no_uring";
+     readahead_memory_mb=N, writeback, no_writeback, uring, no_uring, hybrid, no_hybrid, \
+     hybrid_min_mb=N";
 
 /// The kernel's readahead for the mount unless `-o readahead_kb=N` says otherwise: enough to
 /// keep every stripe of a file busy from the page cache's sequential reads.
@@ -97,6 +98,43 @@ pub fn writeback(opts: Option<&str>) -> bool {
     })
 }
 
+/// Hybrid I/O: which buffered handles bypass the kernel's page cache, as O_DIRECT ones do
+/// (Lustre turns large buffered I/O into direct I/O; FUSE decides per handle, at its open). On
+/// by default (`hybrid`, off with `no_hybrid`, and off under the write-back cache): write-only
+/// handles, files created by their open, and files of at least `min_size` bytes
+/// (`hybrid_min_mb=N`, 8 MiB unless said) read and write past the page cache, through the
+/// daemon's readahead and write-behind; smaller files opened to be read keep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hybrid {
+    pub min_size: u64,
+}
+
+/// The size from which a file's handles bypass the page cache under hybrid I/O.
+pub const HYBRID_MIN_SIZE: u64 = 8 << 20;
+
+/// The hybrid I/O `opts` ask for (`None`: off).
+pub fn hybrid(opts: Option<&str>) -> Result<Option<Hybrid>, MountError> {
+    let mut on = true;
+    let mut min_size = HYBRID_MIN_SIZE;
+    for o in opts.unwrap_or("").split(',') {
+        match o {
+            "hybrid" => on = true,
+            "no_hybrid" => on = false,
+            o => {
+                if let Some(v) = o.strip_prefix("hybrid_min_mb=") {
+                    min_size = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|m| *m <= 1 << 30)
+                        .ok_or_else(|| MountError::UnknownOption(o.to_owned()))?
+                        << 20;
+                }
+            }
+        }
+    }
+    Ok(on.then_some(Hybrid { min_size }))
+}
+
 /// Whether `opts` leave the kernel checking permissions (`default_permissions`, the default;
 /// `no_default_permissions` leaves every check to the daemon and the MDS, which then never see
 /// the lookups the kernel answers from its cache: a name cached for one user is found by
@@ -176,8 +214,13 @@ pub fn config(opts: Option<&str>, mds: &str) -> Result<fuser::Config, MountError
             | "writeback"
             | "no_writeback"
             | "uring"
-            | "no_uring" => continue,
-            o if o.starts_with("readahead_kb=") || o.starts_with("readahead_memory_mb=") => {
+            | "no_uring"
+            | "hybrid"
+            | "no_hybrid" => continue,
+            o if o.starts_with("readahead_kb=")
+                || o.starts_with("readahead_memory_mb=")
+                || o.starts_with("hybrid_min_mb=") =>
+            {
                 continue
             }
             other => return Err(MountError::UnknownOption(other.to_owned())),
@@ -222,6 +265,7 @@ pub async fn serve(
         readahead_memory(opts)?,
     )
     .with_uring(uring(opts))
+    .with_hybrid(hybrid(opts)?)
     .with_kernel_checks(kernel_checks(opts))
     .with_metrics(metrics);
     if uring(opts) {

@@ -21,12 +21,17 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use client::{Access, Chunk, ClientError, File, Readahead, Result, Step, WriteBehind};
 
+use crate::metrics::MountMetrics;
+use std::time::Instant;
+
 /// Writes in flight for one file: the tasks, the plan that says when the next may go, and
 /// small writes gathered into one.
 struct Behind {
     tasks: JoinSet<(u64, u64, Result<()>)>,
     plan: WriteBehind<ClientError>,
     gather: Option<Gather>,
+    /// Where each write's time in flight is counted.
+    metrics: Option<Arc<MountMetrics>>,
 }
 
 /// Small writes that follow one another, or overlap, through one handle, acknowledged and not
@@ -53,6 +58,7 @@ impl Default for Behind {
             tasks: JoinSet::new(),
             plan: WriteBehind::new(MAX_BEHIND),
             gather: None,
+            metrics: None,
         }
     }
 }
@@ -73,7 +79,9 @@ impl Behind {
         // The size shows the write at once, as the kernel expects after the reply.
         file.issued_to(end);
         self.plan.issued(offset, end);
+        let metrics = self.metrics.clone();
         lnet::job::spawn_in(&mut self.tasks, async move {
+            let issued = Instant::now();
             // The kernel's bytes (or the gathered ones), registered as they are: no copy.
             let len = data.len() as u64;
             let r = match file.client().register(data) {
@@ -86,6 +94,9 @@ impl Behind {
             if r.is_err() {
                 // Acknowledged already: the file must not claim these bytes.
                 file.landing_failed(offset);
+            }
+            if let Some(m) = &metrics {
+                m.stage("write_behind", issued);
             }
             (offset, end, r)
         });
@@ -286,6 +297,8 @@ pub const READAHEAD_MEMORY: u64 = 256 << 20;
 pub struct Streams {
     files: Mutex<HashMap<Fid, Arc<PerFile>>>,
     budget: Arc<Budget>,
+    /// Where the time of each stage is counted, when the mount counts.
+    metrics: std::sync::OnceLock<Arc<MountMetrics>>,
 }
 
 impl Default for Streams {
@@ -300,7 +313,26 @@ impl Streams {
         Streams {
             files: Mutex::default(),
             budget: Budget::new(readahead_bytes),
+            metrics: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Counts the time of each stage in `metrics` from now on.
+    pub fn count_in(&self, metrics: Arc<MountMetrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn stage(&self, stage: &'static str, since: Instant) {
+        if let Some(m) = self.metrics.get() {
+            m.stage(stage, since);
+        }
+    }
+
+    /// A file's state, counting its writes where the mount counts.
+    fn new_file(&self) -> Arc<PerFile> {
+        let per = PerFile::default();
+        per.behind.try_lock().expect("a new lock").metrics = self.metrics.get().cloned();
+        Arc::new(per)
     }
 
     /// The mount's readahead budget.
@@ -309,7 +341,11 @@ impl Streams {
     }
 
     fn of(&self, fid: Fid) -> Arc<PerFile> {
-        self.files.lock().entry(fid).or_default().clone()
+        self.files
+            .lock()
+            .entry(fid)
+            .or_insert_with(|| self.new_file())
+            .clone()
     }
 
     /// Forgets a file no handle holds any more, once its writes have landed.
@@ -336,6 +372,13 @@ impl Streams {
     /// Issues a write and returns once it is in flight (or, at the limit, once an earlier one
     /// landed). An earlier write's failure is returned instead.
     pub async fn write(&self, file: &Arc<File>, offset: u64, data: Vec<u8>) -> Result<()> {
+        let admitted = Instant::now();
+        let r = self.admit_write(file, offset, data).await;
+        self.stage("write_wait", admitted);
+        r
+    }
+
+    async fn admit_write(&self, file: &Arc<File>, offset: u64, data: Vec<u8>) -> Result<()> {
         let fid = file.fid();
         let per = self.of(fid);
         per.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -444,7 +487,7 @@ impl Streams {
             match files.get(&fid) {
                 Some(p) => (p.clone(), false),
                 None => {
-                    let p = Arc::<PerFile>::default();
+                    let p = self.new_file();
                     files.insert(fid, p.clone());
                     (p, true)
                 }
@@ -495,6 +538,10 @@ impl Streams {
                 (per, epoch, None)
             }
         };
+        // Writes of this mount gathered or still in flight: the read could overtake them.
+        if per.behind.try_lock().map_or(true, |b| !b.idle()) {
+            return;
+        }
         let Ok(mut a) = ahead.try_lock() else {
             return;
         };
@@ -547,7 +594,10 @@ impl Streams {
         let behind = a.chunks.front().is_some_and(|(s, _, _)| *s > offset);
         if access == Access::Direct || behind {
             drop(a);
-            return Ok(ReadOut::Chunk(file.read_chunk(offset, size).await?));
+            let direct = Instant::now();
+            let chunk = file.read_chunk(offset, size).await;
+            self.stage("read_direct", direct);
+            return Ok(ReadOut::Chunk(chunk?));
         }
         let end = offset + size as u64;
         let mut parts: Vec<ReadOut> = vec![];
@@ -557,7 +607,12 @@ impl Streams {
             let Some((start, pending, permit)) = a.chunks.pop_front() else {
                 break; // past the end of the file
             };
-            let chunk = pending.landed().await?;
+            let waited = matches!(pending, Pending::Reading(_)).then(Instant::now);
+            let chunk = pending.landed().await;
+            if let Some(since) = waited {
+                self.stage("read_wait", since);
+            }
+            let chunk = chunk?;
             a.plan.landed(start, chunk.len() as u64);
             let chunk_end = start + chunk.len() as u64;
             if at >= chunk_end {

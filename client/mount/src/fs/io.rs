@@ -13,6 +13,7 @@ impl LodeFs {
         reply: ReplyData,
     ) {
         self.begin("read", req);
+        let asked = std::time::Instant::now();
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
@@ -35,14 +36,19 @@ impl LodeFs {
         let window = self.windows.lock().entry(fh.0).or_default().clone();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
+        let direct = metrics.is_some() && self.direct.lock().contains(&fh.0);
         self.inline(async move {
             let r = streams.read(&f, &window, offset, size as usize).await;
+            match &r {
+                Ok(data) => reply.data(data.as_slice()),
+                Err(e) => reply.error(errno(e)),
+            }
             if let Some(m) = &metrics {
                 m.read(&r.as_ref().map(|d| d.as_slice().len()).map_err(|_| ()));
-            }
-            match r {
-                Ok(data) => reply.data(data.as_slice()),
-                Err(e) => reply.error(errno(&e)),
+                if let Ok(d) = &r {
+                    m.io_bytes("read", direct, d.as_slice().len());
+                }
+                m.stage("read", asked);
             }
         });
     }
@@ -56,6 +62,7 @@ impl LodeFs {
         reply: ReplyWrite,
     ) {
         self.begin("write", req);
+        let asked = std::time::Instant::now();
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(errno(&e)),
@@ -78,6 +85,7 @@ impl LodeFs {
         let data = data.to_vec();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
+        let direct = metrics.is_some() && self.direct.lock().contains(&fh.0);
         let pages = self.pages.clone();
         self.inline(async move {
             let n = data.len() as u32;
@@ -90,16 +98,20 @@ impl LodeFs {
             } else {
                 streams.write(&f, offset, data).await
             };
-            if let Some(m) = &metrics {
-                m.written(&r.as_ref().map(|_| n as usize).map_err(|_| ()));
-            }
-            match r {
+            match &r {
                 Ok(()) => reply.written(n),
                 Err(e) => {
                     // Refused: the copy has bytes the file may not.
                     pages.changed(f.fid());
-                    reply.error(errno(&e))
+                    reply.error(errno(e))
                 }
+            }
+            if let Some(m) = &metrics {
+                m.written(&r.as_ref().map(|_| n as usize).map_err(|_| ()));
+                if r.is_ok() {
+                    m.io_bytes("write", direct, n as usize);
+                }
+                m.stage("write", asked);
             }
         });
     }
@@ -175,11 +187,23 @@ impl LodeFs {
             Ok(f) => {
                 let streams = self.streams.clone();
                 let (pages, dropper) = (self.pages.clone(), self.dropper.clone());
+                let metrics = self.metrics.clone();
                 self.empty(reply, async move {
                     let fid = f.fid();
+                    let stage = |stage, since| {
+                        if let Some(m) = &metrics {
+                            m.stage(stage, since);
+                        }
+                    };
                     let done = async {
-                        streams.settle(fid).await?;
-                        f.fsync().await
+                        let settling = std::time::Instant::now();
+                        let settled = streams.settle(fid).await;
+                        stage("fsync_settle", settling);
+                        settled?;
+                        let committing = std::time::Instant::now();
+                        let committed = f.fsync().await;
+                        stage("fsync_commit", committing);
+                        committed
                     }
                     .await;
                     if done.is_err() {

@@ -159,6 +159,10 @@ pub struct LodeFs {
     writeback: bool,
     /// Ask the kernel for FUSE over io_uring at INIT.
     uring: bool,
+    /// Hybrid I/O: which handles bypass the kernel's page cache (`session::hybrid`).
+    hybrid: Option<crate::session::Hybrid>,
+    /// The handles opened to bypass the page cache (asked for with O_DIRECT, or chosen).
+    direct: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// Which files' pages, and directories' listings, an open may keep.
     pages: Arc<crate::pages::PageTrust>,
     /// Directories' parents, for `..` in their listings.
@@ -302,6 +306,8 @@ impl LodeFs {
             windows: Arc::default(),
             writeback,
             uring: false,
+            hybrid: None,
+            direct: Arc::default(),
             pages,
             parents,
             dropper,
@@ -329,6 +335,19 @@ impl LodeFs {
         self
     }
 
+    /// Sends large sequential I/O straight to the daemon, past the kernel's page cache, as
+    /// `hybrid` says (see `session::hybrid`); `None` keeps every buffered handle cached.
+    pub fn with_hybrid(mut self, hybrid: Option<crate::session::Hybrid>) -> LodeFs {
+        self.hybrid = hybrid;
+        self
+    }
+
+    /// The hybrid I/O rule in force: none under the write-back cache, which keeps writes in
+    /// the page cache by choice.
+    fn hybrid(&self) -> Option<crate::session::Hybrid> {
+        self.hybrid.filter(|_| !self.writeback)
+    }
+
     /// Whether the kernel checks permissions itself (mounted with `default_permissions`): it
     /// then opens directories without asking the daemon.
     pub fn with_kernel_checks(mut self, on: bool) -> LodeFs {
@@ -347,6 +366,7 @@ impl LodeFs {
                     client.uncommitted(),
                 )
             }));
+            self.streams.count_in(m.clone());
         }
         self.metrics = metrics;
         self
@@ -518,6 +538,17 @@ impl Filesystem for LodeFs {
                 | fuser::InitFlags::FUSE_PARALLEL_DIROPS
                 | fuser::InitFlags::FUSE_ASYNC_DIO,
         );
+        // A file some handle reads or writes past the page cache may still be mapped through
+        // another (or through its own): the kernel then keeps the two coherent, writing back a
+        // range's dirty pages before a direct read or write of it, and dropping them after a
+        // direct write. Without it, such a file could not be mapped shared at all.
+        if config
+            .add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_err()
+        {
+            tracing::info!("the kernel cannot map files read past the page cache: hybrid I/O off");
+            self.hybrid = None;
+        }
         // The write-back cache: buffered writes stay in the page cache and reach the daemon
         // as the kernel writes them back, in requests of up to 1 MiB many at a time; the
         // kernel keeps the size and mtime they made, and flushes both at fsync and close.
@@ -861,4 +892,26 @@ impl Filesystem for LodeFs {
     fn access(&self, req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         LodeFs::access(self, req, reply)
     }
+}
+
+/// Whether a handle of a file of `size` bytes, opened with `flags` (`created` by this open),
+/// bypasses the page cache. O_DIRECT always does. Under hybrid I/O, a write-only handle does (it
+/// cannot map the file, and without the write-back cache each of its writes is a request of its
+/// own anyway: the page cache only adds a copy), as do a file created by its open and a file at
+/// least `Hybrid::min_size` large: the page cache's copy and readahead cost a stream about
+/// twice the CPU per byte, while the daemon's readahead and write-behind keep it going. Small
+/// files opened to be read keep the page cache, where re-reads and small reads cost no request.
+fn goes_direct(
+    hybrid: Option<crate::session::Hybrid>,
+    flags: i32,
+    size: u64,
+    created: bool,
+) -> bool {
+    if flags & libc::O_DIRECT != 0 {
+        return true;
+    }
+    let Some(h) = hybrid else {
+        return false;
+    };
+    flags & libc::O_ACCMODE == libc::O_WRONLY || created || size >= h.min_size
 }

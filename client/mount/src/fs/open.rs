@@ -13,6 +13,8 @@ impl LodeFs {
         let writeback = self.writeback;
         let pages = self.pages.clone();
         let (streams, windows) = (self.streams.clone(), self.windows.clone());
+        let (hybrid, handles) = (self.hybrid(), self.direct.clone());
+        let metrics = self.metrics.clone();
         self.inline(async move {
             let acc = raw & libc::O_ACCMODE;
             // O_DIRECT: bypass the kernel's page cache for this handle.
@@ -60,6 +62,17 @@ impl LodeFs {
             }
             match opened {
                 Ok(f) => {
+                    // Chosen to bypass the page cache (hybrid I/O): as if asked with O_DIRECT,
+                    // except that it may still map the file.
+                    let direct = direct || goes_direct(hybrid, raw, f.inode().size, false);
+                    let mut fopen = fopen;
+                    if direct {
+                        fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                        handles.lock().insert(fh);
+                    }
+                    if let Some(m) = &metrics {
+                        m.opened(direct);
+                    }
                     let leased = !direct && c.holds_lease(fid);
                     let keep = pages.keep(fid, leased);
                     let fopen = if keep {
@@ -125,6 +138,8 @@ impl LodeFs {
         // the mode; a file that was already there, as its mode says).
         let writeback = self.writeback;
         let pages = self.pages.clone();
+        let (hybrid, handles) = (self.hybrid(), self.direct.clone());
+        let metrics = self.metrics.clone();
         self.inline(async move {
             let opts = |read: bool| {
                 OpenOptions::new()
@@ -166,7 +181,19 @@ impl LodeFs {
                         pages.changed(i.fid);
                     }
                     files.lock().insert(fh, Arc::new(f));
-                    reply.created(&ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty());
+                    let direct = goes_direct(hybrid, flags, i.size, true);
+                    if direct {
+                        handles.lock().insert(fh);
+                    }
+                    if let Some(m) = &metrics {
+                        m.opened(direct);
+                    }
+                    let fopen = if direct {
+                        FopenFlags::FOPEN_DIRECT_IO
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.created(&ttl, &a, Generation(0), FileHandle(fh), fopen);
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -237,12 +264,17 @@ impl LodeFs {
                         behind.finish(landed).await;
                     });
                 }
+                let metrics = self.metrics.clone();
                 self.empty(reply, async move {
+                    let asked = std::time::Instant::now();
                     let done = async {
                         streams.settle(fid).await?;
                         f.flush().await
                     }
                     .await;
+                    if let Some(m) = &metrics {
+                        m.stage("flush", asked);
+                    }
                     if done.is_err() {
                         failed();
                     }
@@ -257,6 +289,7 @@ impl LodeFs {
         self.begin("release", req);
         let f = self.files.lock().remove(&fh.0);
         let window = self.windows.lock().remove(&fh.0);
+        self.direct.lock().remove(&fh.0);
         let streams = self.streams.clone();
         let Some(mut f) = f else {
             return reply.ok();
