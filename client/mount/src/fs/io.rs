@@ -59,6 +59,7 @@ impl LodeFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
+        kill_privs: bool,
         reply: ReplyWrite,
     ) {
         self.begin("write", req);
@@ -82,6 +83,19 @@ impl LodeFs {
             self.pages.changed(f.fid());
             return reply.error(Errno::from_i32(libc::EFBIG));
         }
+        // A direct write by a writer without CAP_FSETID asks the daemon to drop the set-user-ID
+        // and set-group-ID bits (the page cache's writes ask with a setattr of their own), as
+        // the writer: the MDS lets anyone who may write make exactly that change.
+        let drop_privs = kill_privs
+            .then(|| {
+                let fid = f.fid();
+                let mode = self
+                    .client
+                    .getattr_cached(fid)
+                    .map_or_else(|| f.inode().mode, |i| i.mode);
+                (mode & 0o6000 != 0).then(|| (self.as_caller(req), fid, mode & 0o7777 & !0o6000))
+            })
+            .flatten();
         let data = data.to_vec();
         let streams = self.streams.clone();
         let metrics = self.metrics.clone();
@@ -89,7 +103,26 @@ impl LodeFs {
         let pages = self.pages.clone();
         self.inline(async move {
             let n = data.len() as u32;
-            let r = if f.appends() {
+            let r = match drop_privs {
+                Some((c, fid, mode)) => {
+                    let a = proto::md::SetAttr {
+                        mode: Some(mode),
+                        uid: None,
+                        gid: None,
+                        size: None,
+                        atime: None,
+                        mtime: None,
+                        times_now: false,
+                    };
+                    c.reint(Mutation::Setattr { fid, attr: a })
+                        .await
+                        .map(|_| ())
+                }
+                None => Ok(()),
+            };
+            let r = if let Err(e) = r {
+                Err(e)
+            } else if f.appends() {
                 // Appends land in order, each at the end the one before left.
                 match streams.settle(f.fid()).await {
                     Ok(()) => f.write_at(offset, &data).await.map(|_| ()),

@@ -726,12 +726,13 @@ impl Filesystem for LodeFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: fuser::WriteFlags,
+        wf: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        LodeFs::write(self, req, fh, offset, data, reply)
+        let kill_privs = wf.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        LodeFs::write(self, req, fh, offset, data, kill_privs, reply)
     }
 
     fn flush(
