@@ -57,7 +57,6 @@ def data_of(seed, size):
 
 class Oracle(RuleBasedStateMachine):
     roots = None  # (mount, local, mount2 or None)
-    mmap = False  # whether writes through shared mappings are made (--mmap)
 
     def __init__(self):
         super().__init__()
@@ -174,7 +173,7 @@ class Oracle(RuleBasedStateMachine):
         """Writes through a shared mapping of what the file holds now (a handle open for
         reading and writing), then syncs the mapping."""
         m, l, mode = self.pair(i)
-        if not self.mmap or mode not in ("r+", "w+", "rw-creat", "excl"):
+        if mode not in ("r+", "w+", "rw-creat", "excl"):
             return
         n = os.fstat(l).st_size
         if os.fstat(m).st_size != n or n == 0 or offset >= n:
@@ -274,14 +273,10 @@ def main():
     p.add_argument("--examples", type=int, default=100)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seed", type=int)
-    p.add_argument("--mmap", action="store_true",
-                   help="also write through shared mappings (a known failure: SIGBUS, see "
-                        "docs/mount.md)")
     a = p.parse_args()
     for d in (a.mount, a.local):
         os.makedirs(d, exist_ok=True)
     Oracle.roots = (a.mount, a.local, a.mount2)
-    Oracle.mmap = a.mmap
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"oracle: seed {seed} ({a.examples} sequences of up to {a.steps} steps)", flush=True)
     cfg = settings(max_examples=a.examples, stateful_step_count=a.steps, deadline=None,

@@ -1106,6 +1106,75 @@ fn a_small_file_read_from_its_open_on_still_shows_writes_made_after_the_open() {
     }
 }
 
+/// A file made, cut or extended, and written through one handle reads back whole through
+/// another, and an extension made through one handle (ftruncate, truncate by path, fallocate)
+/// reads as zeros through handles opened before it, not as the end of the file: a read
+/// answered short would also move the kernel's size down, and a mapping of the file would then
+/// fault past it.
+#[test]
+fn sizes_changed_through_one_handle_are_read_through_every_other() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let Some((mnt, _mds, _oss, _mount, _unmount)) = one_server_mount("resized", "allow_other")
+    else {
+        return;
+    };
+    // Made here, cut, then written: a new open reads what the first handle wrote.
+    let p = mnt.join("made");
+    let data: Vec<u8> = (0..4097u32).map(|i| (i % 251) as u8).collect();
+    let w = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&p)
+        .unwrap();
+    w.set_len(3905).unwrap();
+    w.write_all_at(&data, 0).unwrap();
+    assert_eq!(
+        fs::read(&p).unwrap(),
+        data,
+        "a new open of a file made, cut and written"
+    );
+    drop(w);
+    // Extended through one handle while another is open.
+    let q = mnt.join("extended");
+    for how in ["ftruncate", "truncate", "fallocate"] {
+        fs::write(&q, b"0123456789").unwrap();
+        let a = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&q)
+            .unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&q)
+            .unwrap();
+        match how {
+            "ftruncate" => b.set_len(100_000).unwrap(),
+            "truncate" => {
+                let c = std::ffi::CString::new(q.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a NUL-terminated path.
+                assert_eq!(unsafe { libc::truncate(c.as_ptr(), 100_000) }, 0);
+            }
+            _ => {
+                // SAFETY: a valid descriptor.
+                let r = unsafe { libc::fallocate(b.as_raw_fd(), 0, 0, 100_000) };
+                assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+            }
+        }
+        let mut got = vec![0xFFu8; 4096];
+        let n = a.read_at(&mut got, 50_000).unwrap();
+        assert_eq!(
+            (n, got.iter().all(|&x| x == 0)),
+            (4096, true),
+            "{how}: bytes read past the old end through another handle, all zeros"
+        );
+        assert_eq!(a.metadata().unwrap().len(), 100_000, "{how}: the size");
+    }
+}
+
 /// Small files made through the mount are read back from the mount's own copy of their bytes
 /// (the kernel keeps no page a write covered in part): that copy holds every write, overlaps
 /// and holes included, and gives way to a size change, an append, and another client's write.

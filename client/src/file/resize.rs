@@ -3,9 +3,11 @@
 use super::*;
 
 impl File {
-    /// Tells this handle that the file was cut to `size` through another handle, so that it no
-    /// longer claims to have written past it.
+    /// Tells this handle that the file was cut or extended to `size` through another handle of
+    /// this client: it no longer claims to have written past it, and reads up to it (an
+    /// extension reads as zeros here too, not as the end of the file).
     pub fn truncated(&self, size: u64) {
+        self.inode.lock().size = size;
         self.written_to.fetch_min(size, Ordering::Relaxed);
         self.cut_loss(size);
         self.client.inner.writes.cut(self.fid(), size);

@@ -154,9 +154,7 @@ impl LodeFs {
                         ),
                     };
                     f.set_len(size).await?;
-                    for other in files.lock().values().filter(|o| o.fid() == fid) {
-                        other.truncated(size);
-                    }
+                    Self::resized(&files, fid, size);
                 }
                 if mtime_given {
                     // An mtime set outright (cp -a and tar set it through the handle they

@@ -103,24 +103,17 @@ impl LodeFs {
         let pages = self.pages.clone();
         self.inline(async move {
             let n = data.len() as u32;
-            let r = match drop_privs {
+            let dropped = match drop_privs {
                 Some((c, fid, mode)) => {
-                    let a = proto::md::SetAttr {
+                    let attr = proto::md::SetAttr {
                         mode: Some(mode),
-                        uid: None,
-                        gid: None,
-                        size: None,
-                        atime: None,
-                        mtime: None,
-                        times_now: false,
+                        ..Default::default()
                     };
-                    c.reint(Mutation::Setattr { fid, attr: a })
-                        .await
-                        .map(|_| ())
+                    c.reint(Mutation::Setattr { fid, attr }).await.map(|_| ())
                 }
                 None => Ok(()),
             };
-            let r = if let Err(e) = r {
+            let r = if let Err(e) = dropped {
                 Err(e)
             } else if f.appends() {
                 // Appends land in order, each at the end the one before left.
@@ -190,7 +183,9 @@ impl LodeFs {
             }
             let size = Self::size_of(&files, &f.inode());
             if !keep && end > size {
-                f.set_len(end).await
+                f.set_len(end).await?;
+                Self::resized(&files, fid, end);
+                Ok(())
             } else if !zero {
                 f.touch(false).await
             } else {

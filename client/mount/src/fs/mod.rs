@@ -405,6 +405,14 @@ impl LodeFs {
     }
 
     /// The size to show for an inode: further than the MDS knows if an open handle wrote further.
+    /// The file was cut or extended to `size` through one of its handles: every handle of it
+    /// reads up to the new size.
+    fn resized(files: &Mutex<HashMap<u64, Arc<File>>>, fid: proto::Fid, size: u64) {
+        for f in files.lock().values().filter(|f| f.fid() == fid) {
+            f.truncated(size);
+        }
+    }
+
     fn size_of(files: &Mutex<HashMap<u64, Arc<File>>>, i: &Inode) -> u64 {
         let local = files
             .lock()
