@@ -63,6 +63,13 @@ impl Transport for AnyNet {
         }
     }
 
+    fn seals_payloads(&self) -> bool {
+        match self {
+            AnyNet::Tcp(e) => e.seals_payloads(),
+            AnyNet::Sim(e) => e.seals_payloads(),
+        }
+    }
+
     fn rails(&self) -> Vec<Nid> {
         match self {
             AnyNet::Tcp(e) => e.rails(),

@@ -63,6 +63,12 @@ pub trait BulkPeer: Send + Sync {
     /// Pulls the described range from the peer's region (the data of a write), verifying the
     /// descriptor's checksum when it carries one.
     fn get(&self, desc: &BulkDesc) -> BoxFuture<'static, Result<Vec<u8>, NetError>>;
+    /// Whether every payload to and from this peer carries an authentication tag checked on
+    /// the bytes where they land (a sealed connection): a checksum of the same bytes then
+    /// checks nothing more.
+    fn sealed(&self) -> bool {
+        false
+    }
 }
 
 /// What a server runs: one handler for every request it accepts.
@@ -326,6 +332,10 @@ impl BulkPeer for CountingBulk {
             }
             out
         })
+    }
+
+    fn sealed(&self) -> bool {
+        self.inner.sealed()
     }
 }
 

@@ -47,6 +47,13 @@ pub trait Transport: Send + Sync + 'static {
         let _ = (peer, rails);
     }
 
+    /// Whether every connection of this node authenticates each bulk payload with a tag
+    /// checked on the bytes where they land (authentication on: a connection that cannot seal
+    /// is refused): a crc32c of a payload then checks nothing the tag does not.
+    fn seals_payloads(&self) -> bool {
+        false
+    }
+
     /// Registers `buf` so that peers can move bulk data in and out of it.
     fn register<B: DmaBuffer>(&self, buf: B) -> Result<Registered<B>, NetError>
     where

@@ -63,7 +63,9 @@ impl File {
     /// storage servers put the bytes there, with no copy on this side. Returns how many.
     ///
     /// Host memory is checked against the crc32c each server took from the data it read
-    /// (end to end); a piece that does not match is read once more, then reported as
+    /// (end to end), or, over a sealed connection, by the payload's tag on the bytes as they
+    /// landed (the server then sends no crc32c); a piece that does not match is read once
+    /// more, then reported as
     /// [`ClientError::Checksum`]. Device memory (a region from
     /// [`lnet::Transport::register_device`]) is not visible to the CPU: its bytes were checked
     /// by the servers only.

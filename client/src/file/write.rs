@@ -166,6 +166,7 @@ impl File {
             .map(|(_, o, _)| (o.target, self.client.window(o.target)))
             .collect();
         let mut tasks = JoinSet::new();
+        let sealed = self.client.inner.net.seals_payloads();
         for (p, obj, object_offset) in planned {
             let (mirror, p) = (p.mirror, *p);
             let oss = servers[&obj.target].clone();
@@ -187,10 +188,12 @@ impl File {
                         .acquire_owned()
                         .await
                         .map_err(|_| ClientError::fs(FsErrorKind::Io, "closed"))?;
+                    // The bytes' crc32c, for the server to check on arrival (end to end),
+                    // unless the connection's tag on each payload already does.
                     let desc = region.desc(
                         region_offset + (p.file_offset - offset),
                         p.len as u32,
-                        true,
+                        !sealed,
                     )?;
                     let w = |capa| OstWrite {
                         target: obj.target,

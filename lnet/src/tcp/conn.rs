@@ -770,6 +770,10 @@ fn length_mismatch(desc: &BulkDesc, got: usize) -> NetError {
 }
 
 impl BulkPeer for TcpBulk {
+    fn sealed(&self) -> bool {
+        self.conn.sealed
+    }
+
     fn put(&self, desc: &BulkDesc, data: Bytes) -> BoxFuture<'static, Result<(), NetError>> {
         let conn = self.conn.clone();
         let (xid, opcode, desc) = (self.xid, self.opcode, desc.clone());

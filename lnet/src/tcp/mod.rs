@@ -456,6 +456,10 @@ impl Drop for PendingGuard {
 }
 
 impl Transport for TcpEndpoint {
+    fn seals_payloads(&self) -> bool {
+        !matches!(self.inner.cfg.security, crate::auth::Security::Off)
+    }
+
     fn nid(&self) -> Nid {
         self.inner.nid.clone()
     }
