@@ -126,10 +126,25 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
             cancel,
         };
         let (net, mds) = (strong.net.clone(), strong.mds.clone());
+        let gave_back = strong.leases.gave_back();
         drop(strong);
         let sent = Instant::now();
-        let out = call(&net, &mds, &req, hold).await;
+        let out = {
+            // A wait that gives nothing back is held by the MDS; leases the cache's bound
+            // gives back meanwhile leave at once with a new one (which the MDS answers at
+            // once). The held one is let go: its answer's recalls come again in the next.
+            let held = req.cancel.is_empty();
+            let answer = call(&net, &mds, &req, hold);
+            tokio::pin!(answer);
+            tokio::select! {
+                out = &mut answer => Some(out),
+                _ = gave_back.notified(), if held => None,
+            }
+        };
         drop(net);
+        let Some(out) = out else {
+            continue;
+        };
         let Some(strong) = inner.upgrade() else {
             return;
         };

@@ -50,3 +50,4 @@ pub use writebehind::{Step, WriteBehind};
 /// Maps every metadata call looks up, keyed by FIDs: hashed with foldhash (seeded at random
 /// per process) instead of SipHash. The keys are numbers the MDS hands out.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

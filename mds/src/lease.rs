@@ -41,7 +41,7 @@ pub const TERM: Duration = Duration::from_millis(LEASE_TERM_MS);
 /// How long a wait is held when there is nothing to recall.
 pub const HOLD: Duration = Duration::from_millis(LEASE_TERM_MS / 3);
 /// Most leases one client holds.
-pub const MAX_PER_CLIENT: usize = 262_144;
+pub const MAX_PER_CLIENT: usize = 524_288;
 /// Most leases held in all.
 pub const MAX_TOTAL: usize = 8 << 20;
 
@@ -94,8 +94,11 @@ struct Holder {
     wake: Arc<Notify>,
     /// The client's leases cannot hold past this (the last answered wait, plus the term).
     confirmed_until: Instant,
-    /// Its waits held open now (at most [`WAITS_HELD_PER_CLIENT`]).
+    /// Its waits held open now (at most [`WAITS_HELD_PER_CLIENT`]), since the newest wait
+    /// came: that one lets go of those held before (the client gave up on them).
     waiting: u32,
+    /// Counts the waits that let go of those held before.
+    wait_gen: u64,
 }
 
 /// Waits of one client held open at once: the client library keeps one, and one more covers a
@@ -116,6 +119,7 @@ impl Holder {
             wake: Arc::new(Notify::new()),
             confirmed_until: Instant::now(),
             waiting: 0,
+            wait_gen: 0,
         }
     }
 }
@@ -460,7 +464,8 @@ impl Leases {
 
     /// One lease wait of `client`, number `nr`: takes its acknowledgements and (if it is the
     /// newest wait yet) its cancels, then answers with the recalls pending, at once or when
-    /// one comes, or empty after the hold.
+    /// one comes, or empty after the hold. A wait that gives leases back is answered at once,
+    /// and the newest wait lets go of those held before it.
     #[allow(clippy::too_many_arguments)]
     pub async fn wait(
         &self,
@@ -493,10 +498,18 @@ impl Leases {
             // granted those leases again since it sent it.
             let cancel = if nr > h.last_wait {
                 h.last_wait = nr;
+                if h.waiting > 0 {
+                    // The client sent a new wait while others were held: it gave up on them
+                    // (to give leases back at once). They end now, and no longer count.
+                    h.wait_gen += 1;
+                    h.waiting = 0;
+                    h.wake.notify_waiters();
+                }
                 cancel
             } else {
                 &[]
             };
+            let gave_back = !cancel.is_empty();
             for f in cancel {
                 if h.held.remove(f) {
                     s.total -= 1;
@@ -508,23 +521,31 @@ impl Leases {
                     }
                 }
             }
-            let hold = h.pending.is_empty() && h.knows_epoch && h.waiting < WAITS_HELD_PER_CLIENT;
+            // A wait that gave leases back is answered at once: the client has more to give
+            // back, or it would not have sent it before the held one's answer.
+            let hold = h.pending.is_empty()
+                && h.knows_epoch
+                && !gave_back
+                && h.waiting < WAITS_HELD_PER_CLIENT;
             if hold {
                 h.waiting += 1;
             }
-            hold.then(|| h.wake.clone())
+            hold.then(|| (h.wake.clone(), h.wait_gen))
         };
-        if let Some(wake) = wake {
-            // Counted down however the wait ends (its task dropped too).
-            struct Held<'a>(&'a Leases, u128);
+        if let Some((wake, gen)) = wake {
+            // Counted down however the wait ends (its task dropped too), unless a newer wait
+            // let go of it first.
+            struct Held<'a>(&'a Leases, u128, u64);
             impl Drop for Held<'_> {
                 fn drop(&mut self) {
                     if let Some(h) = self.0.state.lock().clients.get_mut(&self.1) {
-                        h.waiting = h.waiting.saturating_sub(1);
+                        if h.wait_gen == self.2 {
+                            h.waiting = h.waiting.saturating_sub(1);
+                        }
                     }
                 }
             }
-            let _held = Held(self, client);
+            let _held = Held(self, client, gen);
             let _ = tokio::time::timeout(self.hold, wake.notified()).await;
         }
         let mut s = self.state.lock();
@@ -689,6 +710,41 @@ mod tests {
         let t = Instant::now();
         drop(l.recall(&[fid(4)], None).await);
         assert!(t.elapsed() < Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn a_wait_giving_back_is_answered_at_once_and_lets_go_of_the_held_one() {
+        let l = Arc::new(Leases::new(Duration::from_secs(5), Duration::from_secs(3)));
+        let e = l.wait(1, 1, 0, 0, &[], 1, IdMap::default()).await.epoch;
+        // Wait 2 gives nothing back: held for the hold.
+        let held = tokio::spawn({
+            let l = l.clone();
+            async move { l.wait(1, 2, 0, e, &[], 1, IdMap::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!held.is_finished(), "a wait with nothing to give back is held");
+        assert!(l.grant(1, &[fid(4), fid(5)]));
+        // The client gave up on it to give leases back.
+        let t = Instant::now();
+        l.wait(1, 3, 0, e, &[fid(4)], 1, IdMap::default()).await;
+        assert!(t.elapsed() < Duration::from_secs(1), "answered at once");
+        assert_eq!(l.held_by(1), 1);
+        tokio::time::timeout(Duration::from_secs(1), held)
+            .await
+            .expect("the newer wait lets go of the held one")
+            .unwrap();
+        // The slots it held are free: the next two waits are held again, a third is not.
+        let a = tokio::spawn({
+            let l = l.clone();
+            async move { l.wait(1, 4, 0, e, &[], 1, IdMap::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!a.is_finished(), "held");
+        let t = Instant::now();
+        l.wait(1, 4, 0, e, &[], 1, IdMap::default()).await;
+        l.wait(1, 4, 0, e, &[], 1, IdMap::default()).await;
+        assert!(t.elapsed() >= Duration::from_secs(2), "two copies held");
+        a.abort();
     }
 
     #[tokio::test]
