@@ -738,9 +738,13 @@ impl Leases {
         let named = facts.entries;
         // The change recalled every other client's lease on the directories it named: holding
         // them alone is worth asking again.
+        // They are in use, too: a directory created into from answers alone (the kernel
+        // asks no lookup before a create) is not the least recently used.
+        let tick = s.tick;
         for (p, _) in &named {
             if let Some(h) = s.held.get_mut(p) {
                 h.refused = None;
+                h.used = tick;
             }
         }
         // The entries named, as cached before the change.
@@ -951,7 +955,10 @@ impl Leases {
     /// under `name`, and its own times are fetched again.
     pub fn created_here(&self, parent: Fid, name: &[u8], inode: &Inode) {
         let mut s = self.state.lock();
+        s.tick += 1;
+        let tick = s.tick;
         if let Some(h) = s.held.get_mut(&parent) {
+            h.used = tick;
             h.names.insert(
                 name.to_vec(),
                 Name {
@@ -979,7 +986,10 @@ impl Leases {
     /// file's attributes (its link count) are fetched again.
     pub fn unlinked_here(&self, parent: Fid, name: &[u8], fid: Fid) {
         let mut s = self.state.lock();
+        s.tick += 1;
+        let tick = s.tick;
         if let Some(h) = s.held.get_mut(&parent) {
+            h.used = tick;
             h.names.insert(
                 name.to_vec(),
                 Name {
@@ -1022,6 +1032,23 @@ impl Leases {
             if cancel {
                 s.cancel.insert(fid);
             }
+            if let Some(hook) = self.hook.get() {
+                hook(Dropped {
+                    fid,
+                    names: h.names.into_keys().collect(),
+                });
+            }
+        }
+    }
+
+    /// Gives back the lease on `fid` to stay within the bound. Nothing moved: answers on
+    /// their way about it are still true (the MDS holds the lease for this client until it
+    /// takes the cancel), so unlike a recall this does not mark it dropped, which would give
+    /// up every answer on its way once the table of those overflowed (and with them the
+    /// directories they name).
+    fn evict_one(&self, s: &mut State, fid: Fid) {
+        if let Some(h) = s.held.remove(&fid) {
+            s.cancel.insert(fid);
             if let Some(hook) = self.hook.get() {
                 hook(Dropped {
                     fid,
@@ -1081,7 +1108,7 @@ impl Leases {
             pool.swap(i, j);
         }
         for &(_, f) in &pool[..n] {
-            self.drop_one(s, f, true);
+            self.evict_one(s, f);
         }
         self.give_back.notify_one();
     }
