@@ -1527,32 +1527,59 @@ impl Client {
         }
         let stamp = leases.stamp();
         let lease = leases.live().then_some(self.inner.client_id);
-        let (mut entries, mut attrs) = (vec![], vec![]);
+        let (mut entries, mut attrs): (Vec<DirEntry>, Vec<Inode>) = (vec![], vec![]);
         let mut after = vec![];
         let mut leased = true;
+        // Pages with attributes stay well under the largest body.
+        let max = if plus { MAX_READDIR / 4 } else { MAX_READDIR };
+        // The leases pages brought, given back if the listing is not kept: a directory
+        // longer than the cache keeps is read without them past that length (the MDS would
+        // otherwise count hundreds of thousands of leases this client never took, and answer
+        // without leases once past its bound).
+        let mut granted: Vec<Fid> = vec![];
+        let give_back = |granted: &[Fid]| {
+            if !granted.is_empty() {
+                leases.give_back(granted);
+            }
+        };
         loop {
+            let ask = lease.filter(|_| leased && entries.len() + max as usize <= crate::lease::MAX_LISTING);
             let r = MdsReaddir {
                 creds: self.creds.clone(),
                 dir,
                 after: after.clone(),
-                // Pages with attributes stay well under the largest body.
-                max: if plus { MAX_READDIR / 4 } else { MAX_READDIR },
+                max,
                 plus,
-                lease: lease.filter(|_| leased),
+                lease: ask,
             };
-            let page = self.rpc(&self.inner.mds.clone(), &r).await?;
-            leased &= page.leased;
+            let page = match self.rpc(&self.inner.mds.clone(), &r).await {
+                Ok(p) => p,
+                Err(e) => {
+                    give_back(&granted);
+                    return Err(e);
+                }
+            };
+            if ask.is_some() && page.leased {
+                if granted.is_empty() {
+                    granted.push(dir);
+                }
+                granted.extend(page.attrs.iter().map(|a| a.fid));
+            }
+            leased &= ask.is_some() && page.leased;
             if let Some(last) = page.entries.last() {
                 after = last.name.clone();
             }
             entries.extend(page.entries);
             attrs.extend(page.attrs);
             if entries.len() > limit {
+                give_back(&granted);
                 return Ok(None);
             }
             if page.end {
                 if leased && lease.is_some() {
                     leases.learn_listing(stamp, dir, &entries, &attrs);
+                } else {
+                    give_back(&granted);
                 }
                 return Ok(Some((entries, attrs)));
             }

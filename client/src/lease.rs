@@ -681,6 +681,23 @@ impl Leases {
         });
     }
 
+    /// Leases an answer granted that the cache does not take (a listing too long to keep):
+    /// those not held are given back with the next wait.
+    pub fn give_back(&self, fids: &[Fid]) {
+        let Some(mut s) = self.live_state() else {
+            return;
+        };
+        let mut any = false;
+        for f in fids {
+            if !s.held.contains_key(f) {
+                any |= s.cancel.insert(*f);
+            }
+        }
+        if any {
+            self.give_back.notify_one();
+        }
+    }
+
     /// A directory read whole under its lease (with `attrs`, each entry's, leased too).
     pub fn learn_listing(&self, stamp: Stamp, dir: Fid, entries: &[DirEntry], attrs: &[Inode]) {
         if entries.len() > MAX_LISTING {
