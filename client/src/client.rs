@@ -1543,7 +1543,8 @@ impl Client {
             }
         };
         loop {
-            let ask = lease.filter(|_| leased && entries.len() + max as usize <= crate::lease::MAX_LISTING);
+            let ask = lease
+                .filter(|_| leased && entries.len() + max as usize <= crate::lease::MAX_LISTING);
             let r = MdsReaddir {
                 creds: self.creds.clone(),
                 dir,

@@ -573,9 +573,7 @@ impl Leases {
         let Some(mut s) = self.live_state() else {
             return;
         };
-        let given_back = granted
-            .iter()
-            .any(|g| s.cancelling.contains_key(g));
+        let given_back = granted.iter().any(|g| s.cancelling.contains_key(g));
         let moved = granted
             .iter()
             .chain(about)
@@ -863,8 +861,8 @@ impl Leases {
             }
         }
         if let Some(i) = reply.inode.as_ref().filter(|_| reply.leased) {
-            let cancelled = s.cancelling.contains_key(&i.fid)
-                || Self::given_back_since(s, stamp, i.fid);
+            let cancelled =
+                s.cancelling.contains_key(&i.fid) || Self::given_back_since(s, stamp, i.fid);
             if !cancelled {
                 let h = Self::held_mut(s, i.fid);
                 h.attr = Some(i.clone());

@@ -722,7 +722,10 @@ mod tests {
             async move { l.wait(1, 2, 0, e, &[], 1, IdMap::default()).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!held.is_finished(), "a wait with nothing to give back is held");
+        assert!(
+            !held.is_finished(),
+            "a wait with nothing to give back is held"
+        );
         assert!(l.grant(1, &[fid(4), fid(5)]));
         // The client gave up on it to give leases back.
         let t = Instant::now();
