@@ -530,9 +530,10 @@ impl Leases {
             if hold {
                 h.waiting += 1;
             }
-            hold.then(|| (h.wake.clone(), h.wait_gen))
+            // Made under the lock: a newer wait's wake-up reaches it however soon that comes.
+            hold.then(|| (h.wake.clone().notified_owned(), h.wait_gen))
         };
-        if let Some((wake, gen)) = wake {
+        if let Some((woken, gen)) = wake {
             // Counted down however the wait ends (its task dropped too), unless a newer wait
             // let go of it first.
             struct Held<'a>(&'a Leases, u128, u64);
@@ -546,7 +547,7 @@ impl Leases {
                 }
             }
             let _held = Held(self, client, gen);
-            let _ = tokio::time::timeout(self.hold, wake.notified()).await;
+            let _ = tokio::time::timeout(self.hold, woken).await;
         }
         let mut s = self.state.lock();
         let h = Self::holder(&mut s, client);
