@@ -1537,11 +1537,6 @@ impl Client {
         // otherwise count hundreds of thousands of leases this client never took, and answer
         // without leases once past its bound).
         let mut granted: Vec<Fid> = vec![];
-        let give_back = |granted: &[Fid]| {
-            if !granted.is_empty() {
-                leases.give_back(granted);
-            }
-        };
         loop {
             let ask = lease
                 .filter(|_| leased && entries.len() + max as usize <= crate::lease::MAX_LISTING);
@@ -1556,7 +1551,7 @@ impl Client {
             let page = match self.rpc(&self.inner.mds.clone(), &r).await {
                 Ok(p) => p,
                 Err(e) => {
-                    give_back(&granted);
+                    leases.give_back(&granted);
                     return Err(e);
                 }
             };
@@ -1573,14 +1568,14 @@ impl Client {
             entries.extend(page.entries);
             attrs.extend(page.attrs);
             if entries.len() > limit {
-                give_back(&granted);
+                leases.give_back(&granted);
                 return Ok(None);
             }
             if page.end {
                 if leased && lease.is_some() {
                     leases.learn_listing(stamp, dir, &entries, &attrs);
                 } else {
-                    give_back(&granted);
+                    leases.give_back(&granted);
                 }
                 return Ok(Some((entries, attrs)));
             }
