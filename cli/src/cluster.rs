@@ -70,6 +70,10 @@ pub struct UpArgs {
     /// server N's at the port N + 1 after it (the first `up` only).
     #[arg(long)]
     metrics_port: Option<u16>,
+    /// How the storage servers' large reads and writes reach the disk: auto (measured per
+    /// target), direct or buffered (the first `up` only; see `lode-oss --io`).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "direct", "buffered"])]
+    oss_io: String,
 }
 
 struct Conf {
@@ -81,6 +85,8 @@ struct Conf {
     netns: Option<String>,
     /// Where the MDS serves its metrics; storage server N at the port N + 1 after it.
     metrics_port: Option<u16>,
+    /// The storage servers' `--io`.
+    oss_io: String,
 }
 
 impl Conf {
@@ -137,6 +143,10 @@ fn read_conf(dir: &Path) -> Option<Conf> {
             .find_map(|l| l.strip_prefix("netns = "))
             .map(|v| v.trim().to_owned()),
         metrics_port: get("metrics_port").and_then(|p| u16::try_from(p).ok()),
+        oss_io: text
+            .lines()
+            .find_map(|l| l.strip_prefix("oss_io = "))
+            .map_or_else(|| "auto".to_owned(), |v| v.trim().to_owned()),
     })
 }
 
@@ -377,6 +387,7 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
         auth: !a.no_auth,
         netns: a.netns.then(|| a.subnet.clone()),
         metrics_port: a.metrics_port,
+        oss_io: a.oss_io.clone(),
     };
     if a.metrics_port
         .is_some_and(|p| u32::from(p) + a.oss > u32::from(u16::MAX))
@@ -396,6 +407,7 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
     if let Some(p) = c.metrics_port {
         text.push_str(&format!("metrics_port = {p}\n"));
     }
+    text.push_str(&format!("oss_io = {}\n", c.oss_io));
     std::fs::write(dir.join("cluster.conf"), text)?;
     Ok(c)
 }
@@ -477,6 +489,8 @@ fn start_servers(
             listen,
             "--targets".into(),
             conf.targets.to_string(),
+            "--io".into(),
+            conf.oss_io.clone(),
         ]
         .into_iter()
         .chain(auth.iter().cloned())

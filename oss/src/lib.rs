@@ -2,6 +2,7 @@
 //! local disks through io_uring, with a checksum on every block.
 //!
 //! - [`engine`]: how bytes reach the disk (io_uring, psync, and an in-memory crash simulator).
+//! - [`io_policy`]: which data I/O goes through the page cache, measured per target.
 //! - [`object`]: one object's data and checksums, in 4 KiB blocks.
 //! - [`target`]: a storage target: a directory of objects and the id counter.
 //! - [`service`]: the OST requests of the network, carried out on the targets.
@@ -12,6 +13,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod io_policy;
 pub mod metrics;
 pub mod object;
 pub mod server;

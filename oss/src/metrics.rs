@@ -20,6 +20,13 @@ pub struct TargetLabel {
     pub target: u32,
 }
 
+/// One target's reads or writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetOpLabel {
+    pub target: u32,
+    pub op: &'static str,
+}
+
 /// Objects are counted by walking a target's directories: at most this often.
 pub const OBJECT_COUNT_EVERY: Duration = Duration::from_secs(30);
 
@@ -31,6 +38,7 @@ pub struct OssMetrics {
     space_total: Family<TargetLabel, Gauge>,
     space_free: Family<TargetLabel, Gauge>,
     objects: Family<TargetLabel, Gauge>,
+    buffered: Family<TargetOpLabel, Gauge>,
     stages: lnet::metrics::Stages,
     counted: Mutex<Option<Instant>>,
 }
@@ -52,6 +60,7 @@ impl OssMetrics {
             space_total: Family::default(),
             space_free: Family::default(),
             objects: Family::default(),
+            buffered: Family::default(),
             stages: lnet::metrics::stages(),
             counted: Mutex::new(None),
         };
@@ -82,6 +91,12 @@ impl OssMetrics {
             "objects",
             "Objects on a target (counted at most every 30 s)",
             m.objects.clone(),
+        );
+        r.register(
+            "streams_buffered",
+            "1 where a target's large reads (op=read) or writes (op=write) go through the page \
+             cache, 0 where they go direct (measured per device, or set with --io)",
+            m.buffered.clone(),
         );
         r.register(
             "stage_seconds",
@@ -133,6 +148,15 @@ impl OssMetrics {
         };
         for t in targets {
             let label = TargetLabel { target: t.index() };
+            let io = t.io();
+            for (op, limit) in [("read", io.cache_max_read), ("write", io.cache_max_write)] {
+                self.buffered
+                    .get_or_create(&TargetOpLabel {
+                        target: t.index(),
+                        op,
+                    })
+                    .set(i64::from(limit == u64::MAX));
+            }
             match t.space() {
                 Ok(s) => {
                     self.space_total.get_or_create(&label).set(s.total as i64);

@@ -30,6 +30,7 @@ use tokio::sync::{Notify, RwLock};
 
 use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode};
 use crate::error::TargetError;
+use crate::io_policy::IoPolicy;
 
 /// Bytes per checksummed block.
 pub const BLOCK: u64 = 4096;
@@ -45,13 +46,13 @@ const ENTRY: u64 = 12;
 /// Data I/Os this small are made on the calling thread (when the engine allows it): a few
 /// blocks take the disk tens of microseconds, less than the trip to an engine thread and back.
 const INLINE_DATA: u64 = 16 << 10;
-/// Data I/Os up to this size go through the page cache (the data file's buffered open), as
-/// Lustre's OSS caches small I/O: a small file read soon after it was written, or read again,
-/// costs no disk trip. Larger ones, a stream's, go straight to the disk (O_DIRECT). The kernel
-/// keeps the two coherent: a direct read writes back the cached range first, and a direct
-/// write drops it. The buffered open reads nothing ahead, so no page of a block comes into
-/// the cache but under that block's lock.
-pub const CACHED_IO: u64 = 256 << 10;
+// Data I/Os up to a size go through the page cache (the data file's buffered open), as
+// Lustre's OSS caches small I/O: a small file read soon after it was written, or read again,
+// costs no disk trip. Larger ones, a stream's, go straight to the disk (O_DIRECT), or through
+// the cache too where the target's device is faster so ([`IoPolicy`]). The kernel keeps the
+// two coherent: a direct read writes back the cached range first, and a direct write drops it.
+// The buffered open reads nothing ahead, so no page of a block comes into the cache but under
+// that block's lock.
 /// Writes remembered per object for ordering (beyond the client's oldest write in flight).
 pub const MAX_STAMPS: usize = 4096;
 
@@ -240,8 +241,9 @@ pub struct Object {
     pub fid: Fid,
     engine: Arc<dyn Engine>,
     data: FileHandle,
-    /// The data file opened again through the page cache, for I/Os up to [`CACHED_IO`].
+    /// The data file opened again through the page cache, for I/Os up to `io`'s limits.
     cached: FileHandle,
+    io: IoPolicy,
     meta: FileHandle,
     /// Reads and writes share it; sync, truncate and punch take it alone.
     gate: RwLock<()>,
@@ -343,6 +345,7 @@ impl Object {
             engine,
             data,
             cached,
+            io: IoPolicy::default(),
             meta,
             gate: RwLock::new(()),
             blocks: BlockLocks::default(),
@@ -379,13 +382,30 @@ impl Object {
         move |e| TargetError::io(self.fid, offset, e)
     }
 
-    /// The open of the data file an I/O of `len` bytes goes through.
-    fn data_for(&self, len: u64) -> &FileHandle {
-        if len <= CACHED_IO {
+    /// The open of the data file a read of `len` bytes goes through.
+    fn data_to_read(&self, len: u64) -> &FileHandle {
+        if len <= self.io.cache_max_read {
             &self.cached
         } else {
             &self.data
         }
+    }
+
+    /// The open of the data file a write of `len` bytes (and the reads of its edge blocks)
+    /// goes through.
+    fn data_to_write(&self, len: u64) -> &FileHandle {
+        if len <= self.io.cache_max_write {
+            &self.cached
+        } else {
+            &self.data
+        }
+    }
+
+    /// Streams through the page cache or direct, as `io` says (set before the object is
+    /// used: a target sets it as it opens the object).
+    pub fn with_io(mut self, io: IoPolicy) -> Object {
+        self.io = io;
+        self
     }
 
     async fn pread(&self, f: &FileHandle, offset: u64, len: u64) -> Result<AlignedBuf> {
@@ -524,7 +544,9 @@ impl Object {
         self.engine
             .will_need(&self.meta, META_HEADER + b0 * ENTRY, (b1 - b0) * ENTRY);
         let whole = (b1 - b0) * BLOCK;
-        let buf = self.pread(self.data_for(whole), b0 * BLOCK, whole).await?;
+        let buf = self
+            .pread(self.data_to_read(whole), b0 * BLOCK, whole)
+            .await?;
         let entries = self.read_entries(b0, b1 - b0)?;
         self.verify(b0, &buf, &entries)?;
         let start = (offset - b0 * BLOCK) as usize;
@@ -624,7 +646,7 @@ impl Object {
         }
         for b in edges {
             let old = self
-                .pread(self.data_for(n * BLOCK), b * BLOCK, BLOCK)
+                .pread(self.data_to_write(n * BLOCK), b * BLOCK, BLOCK)
                 .await?;
             let i = (b - b0) as usize;
             self.verify(b, &old, &entries[i..=i])?;
@@ -654,7 +676,10 @@ impl Object {
         if self.die_after_checksums.load(Ordering::Relaxed) {
             return Err(TargetError::Invalid("killed".into()));
         }
-        if let Err(e) = self.pwrite(self.data_for(n * BLOCK), b0 * BLOCK, buf).await {
+        if let Err(e) = self
+            .pwrite(self.data_to_write(n * BLOCK), b0 * BLOCK, buf)
+            .await
+        {
             // The old data is still what the checksums must describe.
             let _ = self.write_entries(b0, &before);
             return Err(e);

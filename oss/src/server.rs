@@ -48,6 +48,8 @@ pub struct OssConfig {
     /// orphan cleanup may destroy past its bound and a rolled-back LAST_ID is moved on
     /// ([`Target::trust_mds_objects`]).
     pub trust_mds_objects: bool,
+    /// Whether streams go through the page cache or direct (see [`crate::io_policy`]).
+    pub io: crate::io_policy::IoMode,
 }
 
 impl OssConfig {
@@ -59,6 +61,7 @@ impl OssConfig {
             mds_timeout: Duration::from_secs(60),
             metrics: None,
             trust_mds_objects: false,
+            io: crate::io_policy::IoMode::Auto,
         }
     }
 }
@@ -189,6 +192,14 @@ impl OssServer {
             if cfg.trust_mds_objects {
                 target.trust_mds_objects();
             }
+            let io = cfg.io.policy(&home.root, home.engine.on_disk()).await;
+            tracing::info!(
+                target = target.index(),
+                reads = io.reads(),
+                writes = io.writes(),
+                "stream I/O"
+            );
+            target.set_io(io);
             targets.push(Arc::new(target));
         }
         let beat = tokio::spawn(heartbeat(

@@ -45,6 +45,7 @@ use proto::Fid;
 
 use crate::engine::{AlignedBuf, Engine, FileHandle, OpenMode, Space};
 use crate::error::TargetError;
+use crate::io_policy::IoPolicy;
 use crate::object::Object;
 
 type Result<T> = std::result::Result<T, TargetError>;
@@ -133,6 +134,8 @@ pub struct Target {
     /// journal scans past every recently freed inode to allocate one). Changed only under
     /// `opening`, or (adding) once set aside under it and emptied.
     free: Mutex<Vec<Vec<String>>>,
+    /// Which data I/O goes through the page cache (see [`crate::io_policy`]).
+    io: Mutex<IoPolicy>,
 }
 
 /// Clients whose write order is remembered; past it, the table starts again (ordering then
@@ -353,6 +356,7 @@ impl Target {
             fs: label.fs,
             trust_mds: Default::default(),
             free: Mutex::new(vec![vec![]; FANOUT as usize]),
+            io: Mutex::new(IoPolicy::default()),
         };
         for d in 0..FANOUT {
             target
@@ -578,6 +582,16 @@ impl Target {
             self.epoch.store(next, Ordering::SeqCst);
         }
         r
+    }
+
+    /// Sets which data I/O goes through the page cache, for the objects opened from now on
+    /// (a server sets it before it serves the target).
+    pub fn set_io(&self, io: IoPolicy) {
+        *self.io.lock() = io;
+    }
+
+    pub fn io(&self) -> IoPolicy {
+        *self.io.lock()
     }
 
     pub fn index(&self) -> u32 {
@@ -819,7 +833,7 @@ impl Target {
         }
         objects
             .entry(obj.fid)
-            .or_insert_with(|| Arc::new(obj))
+            .or_insert_with(|| Arc::new(obj.with_io(*self.io.lock())))
             .clone()
     }
 

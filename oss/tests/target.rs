@@ -545,45 +545,114 @@ async fn concurrent_first_writes_on_a_real_disk_share_one_object() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Small I/Os go through the page cache and large ones straight to the disk: each sees what
-/// the other wrote, whichever came first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_cached_and_large_direct_io_see_each_others_bytes_on_a_real_disk() {
-    let dir = std::env::temp_dir().join(format!("lode-cached-io-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
-    Target::format(&engine, &dir, 11, Some(11)).await.unwrap();
-    let t = Target::open(engine.clone(), &dir).await.unwrap();
-    let o = t.precreate(1).await.unwrap();
-    let big = 1usize << 20;
-    assert!(big as u64 > oss::object::CACHED_IO && 8192 <= oss::object::CACHED_IO);
-    let mut want = bytes(1, big);
-    t.write(o, 0, &want, false, Default::default())
-        .await
-        .unwrap();
-    // A small write into it, cached (and not on a block boundary), then a large direct read.
-    let small = bytes(2, 8192);
-    t.write(o, 100_001, &small, false, Default::default())
-        .await
-        .unwrap();
-    want[100_001..100_001 + 8192].copy_from_slice(&small);
-    assert_eq!(&t.read(o, 0, big as u64).await.unwrap()[..], &want[..]);
-    assert_eq!(&t.read(o, 100_001, 8192).await.unwrap()[..], &small[..]);
-    // A large direct write over what the cache holds, then small cached reads.
-    let want = bytes(3, big);
-    t.write(o, 0, &want, false, Default::default())
-        .await
-        .unwrap();
-    for at in [100_001usize, 0, 500_000, big - 4096] {
-        let got = t.read(o, at as u64, 4096).await.unwrap();
-        assert_eq!(&got[..], &want[at..at + 4096], "4 KiB at {at}");
+/// How many of `path`'s pages are in the page cache.
+fn resident_pages(path: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0;
     }
-    t.sync(o).await.unwrap();
-    drop(t);
-    let t = Target::open(engine, &dir).await.unwrap();
-    assert_eq!(&t.read(o, 0, big as u64).await.unwrap()[..], &want[..]);
-    assert!(t.scrub().await.unwrap().bad.is_empty());
-    std::fs::remove_dir_all(&dir).unwrap();
+    let page = 4096;
+    let mut v = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a shared read-only map of a file this function holds open, unmapped before it
+    // returns; mincore writes one byte per page into `v`, which has room for every page.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
+        libc::munmap(p, len);
+    }
+    v.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+/// The data file of object `o` in target directory `dir`.
+fn data_file(dir: &Path, o: Fid) -> std::path::PathBuf {
+    let name = format!("{:x}", o.oid);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().unwrap().to_str() == Some(name.as_str()) {
+                return p;
+            }
+        }
+    }
+    panic!("no data file for {o}");
+}
+
+/// Small I/Os go through the page cache and large ones straight to the disk or through the
+/// cache too, as the target's policy says: each sees what the other wrote, whichever came
+/// first, and what was synced survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_and_direct_io_see_each_others_bytes_on_a_real_disk_under_every_policy() {
+    use oss::io_policy::{IoPolicy, SMALL_IO};
+    let mixed = IoPolicy {
+        cache_max_read: u64::MAX,
+        cache_max_write: SMALL_IO,
+    };
+    for (k, policy) in [IoPolicy::DIRECT, IoPolicy::BUFFERED, mixed]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = std::env::temp_dir().join(format!("lode-cached-io-{}-{k}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let engine: Arc<dyn Engine> = Arc::new(Psync::start(EngineConfig::default()));
+        Target::format(&engine, &dir, 11, Some(11)).await.unwrap();
+        let t = Target::open(engine.clone(), &dir).await.unwrap();
+        t.set_io(policy);
+        let o = t.precreate(1).await.unwrap();
+        let big = 1usize << 20;
+        assert!(big as u64 > SMALL_IO && 8192 <= SMALL_IO);
+        let mut want = bytes(1, big);
+        t.write(o, 0, &want, false, Default::default())
+            .await
+            .unwrap();
+        // A large write leaves its pages cached only where writes go buffered.
+        let cached = resident_pages(&data_file(&dir, o));
+        if policy.cache_max_write == u64::MAX {
+            assert_eq!(cached, big / 4096, "{policy:?}");
+        } else {
+            assert_eq!(cached, 0, "{policy:?}");
+        }
+        // A small write into it, cached (and not on a block boundary), then a large read.
+        let small = bytes(2, 8192);
+        t.write(o, 100_001, &small, false, Default::default())
+            .await
+            .unwrap();
+        want[100_001..100_001 + 8192].copy_from_slice(&small);
+        assert_eq!(
+            &t.read(o, 0, big as u64).await.unwrap()[..],
+            &want[..],
+            "{policy:?}"
+        );
+        assert_eq!(&t.read(o, 100_001, 8192).await.unwrap()[..], &small[..]);
+        // A large write over what the cache holds, then small cached reads.
+        let want = bytes(3, big);
+        t.write(o, 0, &want, false, Default::default())
+            .await
+            .unwrap();
+        for at in [100_001usize, 0, 500_000, big - 4096] {
+            let got = t.read(o, at as u64, 4096).await.unwrap();
+            assert_eq!(&got[..], &want[at..at + 4096], "4 KiB at {at}, {policy:?}");
+        }
+        t.sync(o).await.unwrap();
+        drop(t);
+        let t = Target::open(engine, &dir).await.unwrap();
+        t.set_io(policy);
+        assert_eq!(&t.read(o, 0, big as u64).await.unwrap()[..], &want[..]);
+        assert!(t.scrub().await.unwrap().bad.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 #[tokio::test]

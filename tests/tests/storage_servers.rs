@@ -59,6 +59,13 @@ async fn targets_register_and_acknowledged_writes_survive_kill_9() {
     let listed = call(&client, &mds.nid, &ListTargets {}, T).await.unwrap();
     let indices: Vec<u32> = listed.targets.iter().map(|t| t.index).collect();
     assert_eq!(indices, vec![0, 1]);
+    // Under the default `--io auto`, each target measured its device and kept the figures.
+    let targets = oss::server::target_dirs(&oss_dir).unwrap();
+    assert_eq!(targets.len(), 2);
+    for t in &targets {
+        let p = oss::io_policy::IoProfile::load(t).expect("a kept device profile");
+        assert!(p.direct_write > 0.0 && p.buffered_read > 0.0, "{p:?}");
+    }
     assert!(listed
         .targets
         .iter()

@@ -160,6 +160,10 @@ impl Engine for MemEngine {
         format!("mem-{}", self.state.lock().crashes)
     }
 
+    fn on_disk(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         "mem"
     }

@@ -152,6 +152,11 @@ pub trait Engine: Send + Sync + 'static {
     fn data_inline(&self) -> bool {
         true
     }
+
+    /// Whether the files are a real disk's (which [`crate::io_policy`] can measure).
+    fn on_disk(&self) -> bool {
+        true
+    }
 }
 
 /// Which engine to run.

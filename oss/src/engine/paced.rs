@@ -113,6 +113,10 @@ impl Clock {
 }
 
 impl Engine for PacedEngine {
+    fn on_disk(&self) -> bool {
+        self.inner.on_disk()
+    }
+
     fn name(&self) -> &'static str {
         "paced"
     }

@@ -2,7 +2,8 @@
 //!
 //! `lode-oss --data-dir DIR --mds ADDR --listen ADDR [--targets N]` serves N targets kept in
 //! DIR (formatting the missing ones, with indices assigned by the MDS), registers them with the
-//! MDS and heartbeats their space. `lode-oss scrub --data-dir DIR` checks every block offline.
+//! MDS and heartbeats their space. `lode-oss scrub --data-dir DIR` checks every block offline;
+//! `lode-oss probe --data-dir DIR` measures each target's device again for `--io auto`.
 
 /// mimalloc: the servers and the mount allocate and free small buffers and maps on many
 /// threads at once, where glibc's allocator spent a tenth of their time (docs/decisions.md).
@@ -45,12 +46,18 @@ enum Cmd {
     },
     /// Measure the I/O engines against plain O_DIRECT file I/O on the same disk.
     Bench(bench::BenchArgs),
+    /// Measure each target's device again (direct against buffered, writes and reads) and
+    /// keep the result, which `--io auto` follows from the next start. Offline.
+    Probe {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Args)]
 struct ServeArgs {
     /// A TOML file with any of `data_dir`, `mds`, `listen`, `targets`, `engine`, `threads`,
-    /// `queue_depth`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy`,
+    /// `queue_depth`, `io`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy`,
     /// `metrics`, `stats` and `job_stats`; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -77,6 +84,11 @@ struct ServeArgs {
     /// Operations in flight per engine thread [default: 64].
     #[arg(long)]
     queue_depth: Option<usize>,
+    /// How large reads and writes reach the disk: auto (per target, by a measurement of its
+    /// device kept in the target: buffered where the page cache is faster, else direct),
+    /// direct, or buffered. Small I/O goes through the page cache either way [default: auto].
+    #[arg(long)]
+    io: Option<oss::io_policy::IoMode>,
     /// Seconds between heartbeats to the MDS [default: 5].
     #[arg(long)]
     heartbeat: Option<u64>,
@@ -109,6 +121,8 @@ struct Config {
     engine: Option<String>,
     threads: Option<usize>,
     queue_depth: Option<usize>,
+    /// "auto", "direct" or "buffered".
+    io: Option<String>,
     heartbeat_s: Option<u64>,
     mds_timeout_s: Option<u64>,
     /// The cluster key file.
@@ -133,6 +147,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::Scrub { data_dir }) => rt.block_on(scrub(&data_dir)),
         Some(Cmd::Bench(args)) => rt.block_on(bench::run(args)),
+        Some(Cmd::Probe { data_dir }) => probe(&data_dir),
         None => rt.block_on(serve(cli.serve)),
     }
 }
@@ -165,6 +180,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("engine in the config: {e}"))?,
         (None, None) => EngineKind::Auto,
     };
+    let io = match (args.io, file.io) {
+        (Some(m), _) => m,
+        (None, Some(name)) => name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("io in the config: {e}"))?,
+        (None, None) => oss::io_policy::IoMode::Auto,
+    };
     let telemetry = args
         .stats
         .telemetry(file.metrics, file.stats, file.job_stats);
@@ -195,6 +217,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
         mds_rails,
         trust_mds_objects: args.trust_mds_objects,
+        io,
         ..OssConfig::new(mds)
     };
     if telemetry.counting() {
@@ -212,6 +235,32 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let why = daemon::stop_requested().await?;
     tracing::info!(signal = why, engine = engine.name(), "shutting down");
     server.stop().await?;
+    Ok(())
+}
+
+fn probe(data_dir: &Path) -> Result<()> {
+    use oss::io_policy::IoProfile;
+    let _lock = daemon::DataDirLock::acquire(data_dir)?;
+    let dirs = target_dirs(data_dir)?;
+    if dirs.is_empty() {
+        bail!("{}: no targets", data_dir.display());
+    }
+    for dir in dirs {
+        let p = IoProfile::measure(&dir).with_context(|| format!("measuring {}", dir.display()))?;
+        p.save(&dir)
+            .with_context(|| format!("keeping the profile in {}", dir.display()))?;
+        let c = p.choose();
+        println!(
+            "{}: write direct {:.0} MB/s, buffered {:.0} MB/s; read direct {:.0} MB/s, buffered {:.0} MB/s: writes {}, reads {}",
+            dir.display(),
+            p.direct_write / 1e6,
+            p.buffered_write / 1e6,
+            p.direct_read / 1e6,
+            p.buffered_read / 1e6,
+            c.writes(),
+            c.reads()
+        );
+    }
     Ok(())
 }
 
