@@ -51,6 +51,31 @@ const GATHER_SMALL: usize = 128 << 10;
 const GATHER_MAX: usize = 1 << 20;
 /// And at the latest this long after it started.
 const GATHER_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+/// The storage servers' block: a write that starts or ends inside one makes the server read
+/// the block and write it whole, and two writes that share one wait for each other there.
+/// So large writes go to the servers cut at block boundaries, the part past the last one
+/// held back as a gather for the write that follows.
+const BLOCK: u64 = 4096;
+
+/// Where `data` at `offset` is cut so that the part before ends on a block boundary: `None`
+/// where it already does, or where no whole block lies before the cut.
+fn block_cut(offset: u64, len: usize) -> Option<usize> {
+    let end = offset + len as u64;
+    let aligned = end / BLOCK * BLOCK;
+    (end % BLOCK != 0 && aligned > offset).then(|| (aligned - offset) as usize)
+}
+
+/// Issues the file's gather, whatever it holds then, [`GATHER_LINGER`] from now.
+fn linger(per: &Arc<PerFile>) {
+    // Weak: a file released meanwhile (its gather issued then) is forgotten, not kept.
+    let per = Arc::downgrade(per);
+    tokio::spawn(async move {
+        tokio::time::sleep(GATHER_LINGER).await;
+        if let Some(per) = per.upgrade() {
+            per.behind.lock().await.issue_gather().await;
+        }
+    });
+}
 
 impl Default for Behind {
     fn default() -> Self {
@@ -414,7 +439,16 @@ impl Streams {
                 g.data[at..at + data.len()].copy_from_slice(&data);
                 file.issued_to(end);
                 if g.data.len() >= GATHER_MAX {
+                    let tail = block_cut(g.offset, g.data.len()).map(|cut| Gather {
+                        file: g.file.clone(),
+                        offset: g.offset + cut as u64,
+                        data: g.data.split_off(cut),
+                    });
                     b.issue_gather().await;
+                    if let Some(tail) = tail {
+                        b.gather = Some(tail);
+                        linger(&per);
+                    }
                 }
                 return Ok(());
             }
@@ -428,9 +462,18 @@ impl Streams {
                 Step::Issue => break,
             }
         }
+        let (mut offset, mut data) = (offset, data);
         if data.len() >= GATHER_SMALL {
+            let Some(cut) = block_cut(offset, data.len()) else {
+                b.spawn(file.clone(), offset, data);
+                return Ok(());
+            };
+            // The blocks it covers whole go now; the rest waits for the next write, as the
+            // kernel cuts a large write from a buffer not aligned to a page (Python's, most
+            // often) into a large part and a few bytes.
+            let tail = data.split_off(cut);
             b.spawn(file.clone(), offset, data);
-            return Ok(());
+            (offset, data) = (offset + cut as u64, tail);
         }
         // The size shows the write at once, as the kernel expects after the reply.
         file.issued_to(end);
@@ -439,14 +482,7 @@ impl Streams {
             offset,
             data,
         });
-        // Weak: a file released meanwhile (its gather issued then) is forgotten, not kept.
-        let per = Arc::downgrade(&per);
-        tokio::spawn(async move {
-            tokio::time::sleep(GATHER_LINGER).await;
-            if let Some(per) = per.upgrade() {
-                per.behind.lock().await.issue_gather().await;
-            }
-        });
+        linger(&per);
         Ok(())
     }
 
@@ -673,5 +709,16 @@ mod tests {
         drop(held);
         assert_eq!((b.held(), b.free(0)), (0, 3));
         assert_eq!(Budget::new(1).free(0), 1, "at least one chunk");
+    }
+
+    #[test]
+    fn a_large_write_is_cut_at_its_last_block_boundary() {
+        // Python's 1 MiB buffer, 32 bytes into a page: the kernel sends 1 MiB - 32 bytes.
+        assert_eq!(block_cut(0, (1 << 20) - 32), Some((1 << 20) - 4096));
+        assert_eq!(block_cut(1 << 20, 1 << 20), None, "aligned already");
+        assert_eq!(block_cut(100, 3000), None, "no whole block before the cut");
+        assert_eq!(block_cut(4000, 200), Some(96));
+        // Starting inside a block: the first part still ends on a boundary (257 blocks in).
+        assert_eq!(block_cut(4064, (1 << 20) + 64), Some(257 * 4096 - 4064));
     }
 }
