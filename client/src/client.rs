@@ -1471,6 +1471,13 @@ impl Client {
     /// The entries of `dir` with each one's attributes (without layout, xattrs or symlink
     /// target), in one round trip per page as readdirplus needs.
     pub async fn readdir_plus(&self, dir: Fid) -> Result<Vec<(DirEntry, Inode)>> {
+        let (entries, attrs) = self.readdir_plus_apart(dir).await?;
+        Ok(entries.into_iter().zip(attrs).collect())
+    }
+
+    /// As [`Client::readdir_plus`], the entries and their attributes in two lists of the same
+    /// length (for a caller building a listing of its own without a copy between).
+    pub async fn readdir_plus_apart(&self, dir: Fid) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
         let (entries, attrs) = self.readdir_pages(dir, true).await?;
         if entries.len() != attrs.len() {
             return Err(ClientError::fs(
@@ -1478,7 +1485,7 @@ impl Client {
                 "a readdirplus page lost attributes",
             ));
         }
-        Ok(entries.into_iter().zip(attrs).collect())
+        Ok((entries, attrs))
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
@@ -1527,19 +1534,27 @@ impl Client {
         }
         let stamp = leases.stamp();
         let lease = leases.live().then_some(self.inner.client_id);
-        let (mut entries, mut attrs): (Vec<DirEntry>, Vec<Inode>) = (vec![], vec![]);
+        // The pages as they came, joined once at the end: a listing of hundreds of thousands
+        // of entries grown page by page would be copied again at every doubling.
+        let mut pages: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
+        let mut listed = 0;
         let mut after = vec![];
         let mut leased = true;
-        // Pages with attributes stay well under the largest body.
-        let max = if plus { MAX_READDIR / 4 } else { MAX_READDIR };
         // The leases pages brought, given back if the listing is not kept: a directory
         // longer than the cache keeps is read without them past that length (the MDS would
         // otherwise count hundreds of thousands of leases this client never took, and answer
         // without leases once past its bound).
         let mut granted: Vec<Fid> = vec![];
         loop {
-            let ask = lease
-                .filter(|_| leased && entries.len() + max as usize <= crate::lease::MAX_LISTING);
+            // As many entries a page as the MDS fits in half the largest body (with
+            // attributes, about 2,400 of short names), so a long directory is read in few
+            // round trips; while leases are asked, no more than the cache keeps of a listing.
+            let room = crate::lease::MAX_LISTING.saturating_sub(listed);
+            let ask = lease.filter(|_| leased && room > 0);
+            let max = match ask {
+                Some(_) => MAX_READDIR.min(room as u32),
+                None => MAX_READDIR,
+            };
             let r = MdsReaddir {
                 creds: self.creds.clone(),
                 dir,
@@ -1565,13 +1580,20 @@ impl Client {
             if let Some(last) = page.entries.last() {
                 after = last.name.clone();
             }
-            entries.extend(page.entries);
-            attrs.extend(page.attrs);
-            if entries.len() > limit {
+            listed += page.entries.len();
+            let end = page.end;
+            pages.push((page.entries, page.attrs));
+            if listed > limit {
                 leases.give_back(&granted);
                 return Ok(None);
             }
-            if page.end {
+            if end {
+                let mut entries = Vec::with_capacity(listed);
+                let mut attrs = Vec::with_capacity(if plus { listed } else { 0 });
+                for (e, a) in pages {
+                    entries.extend(e);
+                    attrs.extend(a);
+                }
                 if leased && lease.is_some() {
                     leases.learn_listing(stamp, dir, &entries, &attrs);
                 } else {

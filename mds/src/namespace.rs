@@ -327,6 +327,29 @@ impl Namespace {
             .collect())
     }
 
+    /// As [`Namespace::readdir`], each entry with its inode (one lookup per entry: a listing
+    /// with attributes reads each inode once).
+    pub fn readdir_inodes(
+        &self,
+        dir: Fid,
+        after: Option<&[u8]>,
+        max: usize,
+        who: &Creds,
+    ) -> Result<Vec<(&[u8], &Inode)>> {
+        let d = self.dir(dir)?;
+        self.require(dir, who, 4)?;
+        let range = match after {
+            Some(a) => {
+                d.range::<[u8], _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+            }
+            None => d.range::<[u8], _>(..),
+        };
+        Ok(range
+            .take(max)
+            .map(|(n, f)| (n.as_slice(), &self.inodes[f]))
+            .collect())
+    }
+
     /// Whether `dir` is `ancestor` or lies below it.
     fn is_within(&self, mut dir: Fid, ancestor: Fid) -> bool {
         loop {

@@ -10,9 +10,17 @@
 //! At most [`MAX_KEPT`] listings of at most [`MAX_KEPT_ENTRIES`] entries together are kept;
 //! the oldest go first. A read that goes on in a listing no longer kept reads the directory
 //! again and goes on from the same index in it.
+//!
+//! A listing also answers lookups of its names for as long as the kernel would keep the
+//! entries readdirplus gives it ([`crate::kernel::TTL`]), and only while nothing changed
+//! through this mount and no lease was recalled since the listing was asked for: `find` over
+//! a directory too long for the lease cache then stats the names it lists without a trip to
+//! the MDS each, and sees what an `ls -l` (readdirplus) of the same moment would.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use proto::md::{DirEntry, Inode};
@@ -35,12 +43,24 @@ struct Kept {
     /// Numbers, oldest first.
     order: VecDeque<u32>,
     entries: usize,
+    /// Per directory, its newest listing that may answer lookups: its number, when it was
+    /// asked for, and the changes and recalls counted then.
+    fresh: HashMap<Fid, (u32, Instant, Since)>,
+}
+
+/// Where the counts of changes stood.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Since {
+    changes: u64,
+    recalls: u64,
 }
 
 pub(crate) struct Listings {
     kept: Mutex<Kept>,
     max_kept: usize,
     max_entries: usize,
+    /// Moves on with every request through this mount that may change the namespace.
+    changes: AtomicU64,
 }
 
 impl Default for Listings {
@@ -56,7 +76,58 @@ impl Listings {
             kept: Mutex::default(),
             max_kept,
             max_entries,
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// A request that may change names or attributes came in.
+    pub(crate) fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The counts now, with the lease cache's `recalls`: taken before a listing is asked for.
+    pub(crate) fn since(&self, recalls: u64) -> Since {
+        Since {
+            changes: self.changes.load(Ordering::SeqCst),
+            recalls,
+        }
+    }
+
+    /// Lets listing `id` of `dir`, asked for at `at` with the counts `since`, answer lookups
+    /// (if its names after `.` and `..` are in order, as the MDS lists them).
+    pub(crate) fn answer_from(&self, dir: Fid, id: u32, at: Instant, since: Since) {
+        let mut k = self.kept.lock();
+        let Some((_, l)) = k.by_id.get(&id) else {
+            return;
+        };
+        let sorted = l
+            .get(2..)
+            .is_some_and(|r| r.windows(2).all(|w| w[0].0.name < w[1].0.name));
+        if sorted {
+            k.fresh.insert(dir, (id, at, since));
+        }
+    }
+
+    /// The attributes of `name` in `dir` from a listing that may answer lookups: asked for
+    /// less than `within` ago, with the counts `now` unchanged since.
+    pub(crate) fn entry(
+        &self,
+        dir: Fid,
+        name: &[u8],
+        within: Duration,
+        now: Since,
+    ) -> Option<Inode> {
+        let k = self.kept.lock();
+        let &(id, at, since) = k.fresh.get(&dir)?;
+        if since != now || at.elapsed() >= within {
+            return None;
+        }
+        let (_, l) = k.by_id.get(&id)?;
+        let rest = l.get(2..)?;
+        let i = rest
+            .binary_search_by(|(e, _)| e.name.as_slice().cmp(name))
+            .ok()?;
+        rest[i].1.clone()
     }
 
     /// Keeps `listing` of `dir`; its number.
@@ -66,8 +137,11 @@ impl Listings {
             && (k.order.len() >= self.max_kept || k.entries + listing.len() > self.max_entries)
         {
             if let Some(old) = k.order.pop_front() {
-                if let Some((_, l)) = k.by_id.remove(&old) {
+                if let Some((d, l)) = k.by_id.remove(&old) {
                     k.entries -= l.len();
+                    if k.fresh.get(&d).is_some_and(|f| f.0 == old) {
+                        k.fresh.remove(&d);
+                    }
                 }
             }
         }
@@ -164,5 +238,87 @@ mod tests {
                 "numbers do not repeat"
             );
         }
+    }
+
+    fn attrs(fid: Fid) -> Inode {
+        Inode {
+            fid,
+            kind: Kind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 3901,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            xattrs: Default::default(),
+            layout: None,
+            target: vec![],
+        }
+    }
+
+    /// `.`, `..` and `names` in the order given, each with attributes.
+    fn with_attrs(names: &[&str]) -> Arc<Listing> {
+        let e = |n: &str, i: u32| {
+            (
+                DirEntry {
+                    name: n.as_bytes().to_vec(),
+                    fid: dir(1000 + i),
+                    kind: Kind::File,
+                },
+                Some(attrs(dir(1000 + i))),
+            )
+        };
+        Arc::new(
+            [".", ".."]
+                .iter()
+                .chain(names)
+                .enumerate()
+                .map(|(i, n)| e(n, i as u32))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_fresh_listing_answers_lookups_until_anything_changes_or_it_ages() {
+        let l = Listings::default();
+        let d = dir(1);
+        let since = l.since(5);
+        let id = l.keep(d, with_attrs(&["a", "file.01", "file.02", "z"]));
+        l.answer_from(d, id, Instant::now(), since);
+        let ttl = Duration::from_secs(60);
+        let got = l.entry(d, b"file.02", ttl, l.since(5)).expect("listed");
+        assert_eq!(got.fid, dir(1004), "the entry of that name");
+        assert_eq!(
+            l.entry(d, b"file.03", ttl, l.since(5)),
+            None,
+            "absent: asked of the MDS"
+        );
+        assert_eq!(
+            l.entry(dir(2), b"a", ttl, l.since(5)),
+            None,
+            "another directory"
+        );
+        assert_eq!(
+            l.entry(d, b"a", ttl, l.since(6)),
+            None,
+            "a lease was recalled since"
+        );
+        assert_eq!(
+            l.entry(d, b"a", Duration::ZERO, l.since(5)),
+            None,
+            "too old"
+        );
+        l.changed();
+        assert_eq!(
+            l.entry(d, b"a", ttl, l.since(5)),
+            None,
+            "a change through the mount"
+        );
+        // A listing out of order never answers.
+        let id = l.keep(d, with_attrs(&["b", "a"]));
+        l.answer_from(d, id, Instant::now(), l.since(5));
+        assert_eq!(l.entry(d, b"a", ttl, l.since(5)), None);
     }
 }

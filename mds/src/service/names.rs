@@ -125,30 +125,38 @@ impl MdsService {
         let (entries, mut attrs, max) = self
             .store
             .read(|ns| {
-                let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
                 // A page stays well under the largest body, whatever the names' length.
                 let per_entry = if r.plus { 192 } else { 32 };
-                let mut budget = proto::frame::MAX_BODY as usize / 2;
-                let fits = entries
-                    .iter()
-                    .position(|(name, ..)| {
-                        budget = budget.saturating_sub(name.len() + per_entry);
-                        budget == 0
-                    })
-                    .unwrap_or(entries.len());
-                let max = max.min(fits.max(1));
-                entries.truncate(max + 1);
-                let attrs: Vec<Inode> = if r.plus {
-                    entries
+                // How many of the entries (by their names' lengths) fit a page.
+                let fits = |lens: &[usize]| {
+                    let mut budget = proto::frame::MAX_BODY as usize / 2;
+                    lens.iter()
+                        .position(|len| {
+                            budget = budget.saturating_sub(len + per_entry);
+                            budget == 0
+                        })
+                        .map_or(max, |fits| max.min(fits.max(1)))
+                };
+                if r.plus {
+                    let listed = ns.readdir_inodes(r.dir, after, max + 1, &r.creds)?;
+                    let max = fits(&listed.iter().map(|(n, _)| n.len()).collect::<Vec<_>>());
+                    let attrs: Vec<Inode> = listed
                         .iter()
                         .take(max)
-                        .filter_map(|(_, fid, _)| ns.inode(*fid).ok())
-                        .map(Self::bare)
-                        .collect()
+                        .map(|(_, i)| Self::bare(i))
+                        .collect();
+                    let entries: Vec<(Vec<u8>, proto::Fid, Kind)> = listed
+                        .into_iter()
+                        .take(max + 1)
+                        .map(|(n, i)| (n.to_vec(), i.fid, i.kind))
+                        .collect();
+                    Ok((entries, attrs, max))
                 } else {
-                    vec![]
-                };
-                Ok((entries, attrs, max))
+                    let mut entries = ns.readdir(r.dir, after, max + 1, &r.creds)?;
+                    let max = fits(&entries.iter().map(|(n, ..)| n.len()).collect::<Vec<_>>());
+                    entries.truncate(max + 1);
+                    Ok((entries, vec![], max))
+                }
             })
             .map_err(ns_error)?;
         let end = entries.len() <= max;
@@ -182,11 +190,21 @@ impl MdsService {
 
     /// An inode's attributes as readdirplus sends them: without xattrs, layout or target.
     pub(super) fn bare(i: &Inode) -> Inode {
+        // Field by field: a clone would copy the layout and xattrs only to drop them.
         Inode {
+            fid: i.fid,
+            kind: i.kind,
+            mode: i.mode,
+            uid: i.uid,
+            gid: i.gid,
+            nlink: i.nlink,
+            size: i.size,
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
             xattrs: Default::default(),
             layout: None,
             target: vec![],
-            ..i.clone()
         }
     }
 

@@ -102,13 +102,10 @@ async fn read_listing(
             };
             (e, Some(i))
         };
-        let mut all = vec![dot(b".", dir.clone()), dot(b"..", parent)];
-        all.extend(
-            c.readdir_plus(dir.fid)
-                .await?
-                .into_iter()
-                .map(|(e, i)| (e, Some(i))),
-        );
+        let (entries, attrs) = c.readdir_plus_apart(dir.fid).await?;
+        let mut all = Vec::with_capacity(entries.len() + 2);
+        all.extend([dot(b".", dir.clone()), dot(b"..", parent)]);
+        all.extend(entries.into_iter().zip(attrs).map(|(e, i)| (e, Some(i))));
         Ok::<_, ClientError>(Arc::new(all))
     };
     read.await.map_err(|e| errno(&e))
@@ -131,8 +128,10 @@ async fn unopened_listing(
         }
         tracing::debug!(%dir, offset, "a listing read on from an offset is no longer kept; reading it again");
     }
+    let (at, since) = (std::time::Instant::now(), listings.since(c.lease_recalls()));
     let l = read_listing(&c, dir, &parents).await?;
     let id = listings.keep(dir, l.clone());
+    listings.answer_from(dir, id, at, since);
     Ok((id, l, from.map_or(0, |(_, i)| i)))
 }
 
@@ -378,6 +377,26 @@ impl LodeFs {
     fn begin(&self, op: &'static str, req: &Request) {
         if let Some(m) = &self.metrics {
             m.request(op);
+        }
+        // Listings answer lookups only while nothing could have changed through this mount.
+        if !matches!(
+            op,
+            "lookup"
+                | "getattr"
+                | "readdir"
+                | "readdirplus"
+                | "opendir"
+                | "releasedir"
+                | "statfs"
+                | "getxattr"
+                | "listxattr"
+                | "access"
+                | "readlink"
+                | "read"
+                | "lseek"
+                | "forget"
+        ) {
+            self.listings.changed();
         }
         let job = self.jobs.of(req.pid(), req.uid(), &self.rt);
         CALLER_JOB.with(|j| *j.borrow_mut() = job);

@@ -32,6 +32,18 @@ impl LodeFs {
             Some(Err(e)) => return reply.error(errno(&e)),
             None => {}
         }
+        // A name of a listing just read (where the kernel checks permissions: it checked the
+        // search right on the directory before asking), as readdirplus would have given it.
+        if self.kernel_checks {
+            let now = self.listings.since(before);
+            if let Some(i) = self.listings.entry(fid_of(parent), &n, TTL, now) {
+                return reply.entry(
+                    &TTL,
+                    &attr(&i, Self::size_of(&self.files, &i)),
+                    Generation(0),
+                );
+            }
+        }
         self.entry(reply, async move { c.lookup(fid_of(parent), &n).await });
     }
 
