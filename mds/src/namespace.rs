@@ -313,18 +313,28 @@ impl Namespace {
         max: usize,
         who: &Creds,
     ) -> Result<Vec<(Vec<u8>, Fid, Kind)>> {
+        Ok(self
+            .entries_after(dir, after, who)?
+            .take(max)
+            .map(|(n, f)| (n.clone(), *f, self.inodes[f].kind))
+            .collect())
+    }
+
+    /// The entries of `dir` after `after` in name order, once `who` may read it.
+    fn entries_after<'a>(
+        &'a self,
+        dir: Fid,
+        after: Option<&[u8]>,
+        who: &Creds,
+    ) -> Result<std::collections::btree_map::Range<'a, Vec<u8>, Fid>> {
         let d = self.dir(dir)?;
         self.require(dir, who, 4)?;
-        let range = match after {
+        Ok(match after {
             Some(a) => {
                 d.range::<[u8], _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
             }
             None => d.range::<[u8], _>(..),
-        };
-        Ok(range
-            .take(max)
-            .map(|(n, f)| (n.clone(), *f, self.inodes[f].kind))
-            .collect())
+        })
     }
 
     /// As [`Namespace::readdir`], each entry with its inode (one lookup per entry: a listing
@@ -336,15 +346,8 @@ impl Namespace {
         max: usize,
         who: &Creds,
     ) -> Result<Vec<(&[u8], &Inode)>> {
-        let d = self.dir(dir)?;
-        self.require(dir, who, 4)?;
-        let range = match after {
-            Some(a) => {
-                d.range::<[u8], _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
-            }
-            None => d.range::<[u8], _>(..),
-        };
-        Ok(range
+        Ok(self
+            .entries_after(dir, after, who)?
             .take(max)
             .map(|(n, f)| (n.as_slice(), &self.inodes[f]))
             .collect())
