@@ -149,6 +149,12 @@ impl OssServer {
         net: &AnyNet,
         caller: &AnyNet,
     ) -> Result<(Vec<Arc<Target>>, JoinHandle<()>), ServerError> {
+        // Measure each device before registering: a target the MDS knows of must answer at
+        // once, not stay Busy through a probe of seconds while the MDS tries to fill its pool.
+        let mut policies = Vec::with_capacity(homes.len());
+        for home in &homes {
+            policies.push(cfg.io.policy(&home.root, home.engine.on_disk()).await);
+        }
         caller.set_peer_rails(&cfg.mds, &cfg.mds_rails);
         let register = RegisterTargets {
             oss: net.nid(),
@@ -187,12 +193,11 @@ impl OssServer {
             Target::bind(&home.engine, &home.root, *index, registered.fs).await?;
         }
         tracing::info!(filesystem = %registered.fs_name, uuid = %format_args!("{:032x}", registered.fs), "registered with the MDS");
-        for home in &homes {
+        for (home, io) in homes.iter().zip(policies) {
             let target = Target::open(home.engine.clone(), &home.root).await?;
             if cfg.trust_mds_objects {
                 target.trust_mds_objects();
             }
-            let io = cfg.io.policy(&home.root, home.engine.on_disk()).await;
             tracing::info!(
                 target = target.index(),
                 reads = io.reads(),
