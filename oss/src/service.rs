@@ -118,8 +118,11 @@ impl OssService {
         let t = std::time::Instant::now();
         let data = target.read(r.fid, r.offset, u64::from(r.desc.len)).await;
         self.stage("read_disk", t);
-        let data = data?;
+        let mut data = data?;
         let size = target.size(r.fid).await?;
+        // Zeros at the end (holes, mostly) are not sent: the reply says how many bytes were
+        // placed, and a client takes the rest of what it asked for as zeros.
+        data.truncate(crate::object::without_trailing_zeros(&data));
         let bytes = data.len() as u32;
         // The client checks the bytes in its memory against this, end to end, unless the
         // connection's tag (checked on the same bytes) already does.

@@ -139,6 +139,61 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         .size,
         10
     );
+    // Grown into a hole: a read sends the block with data and none of the hole's zeros; the
+    // object's size says how far the zeros go.
+    let w = OstWrite {
+        capa: None,
+        target: 7,
+        fid,
+        offset: 0,
+        desc: src.desc(0, 10, true).unwrap(),
+        sync: false,
+        stamp: Default::default(),
+    };
+    call(&c, &nid, &w, T).await.unwrap();
+    call(
+        &c,
+        &nid,
+        &OstTruncate {
+            capa: None,
+            target: 7,
+            fid,
+            size: 3 << 20,
+            stamp: WriteStamp::default(),
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    let dst = c.register(vec![0xeeu8; 4 << 20]).unwrap();
+    let r = OstRead {
+        capa: None,
+        target: 7,
+        fid,
+        offset: 0,
+        desc: dst.desc(0, 4 << 20, false).unwrap(),
+    };
+    let done = call(&c, &nid, &r, T).await.unwrap();
+    assert_eq!((done.bytes, done.size), (4096, 3 << 20));
+    let head = dst.read(0, 4096).unwrap();
+    assert_eq!(&head.as_slice()[..10], &data[..10]);
+    assert!(head.as_slice()[10..].iter().all(|&b| b == 0));
+    // Past what was placed, the region is as it was: the client fills the zeros.
+    assert_eq!(dst.read(4096, 1).unwrap().as_slice(), &[0xee]);
+    call(
+        &c,
+        &nid,
+        &OstTruncate {
+            capa: None,
+            target: 7,
+            fid,
+            size: 10,
+            stamp: WriteStamp::default(),
+        },
+        T,
+    )
+    .await
+    .unwrap();
     call(
         &c,
         &nid,

@@ -80,7 +80,8 @@ pub struct OstRead {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstReadDone {
-    /// Bytes placed at the start of the descriptor's range.
+    /// Bytes placed at the start of the descriptor's range. The rest of the range, up to what
+    /// was asked, reads as zeros: a hole, the object's end, or zeros the server did not send.
     pub bytes: u32,
     pub size: u64,
     /// The crc32c of the bytes placed, taken from the data the server read and verified
