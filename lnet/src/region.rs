@@ -239,6 +239,36 @@ impl DmaAccess {
         }
     }
 
+    /// Fills the range with zeros (a hole read); refused unless taken for writing.
+    pub fn zero(&mut self) -> Result<(), RegionError> {
+        const CHUNK: usize = 64 << 10;
+        static ZEROS: [u8; CHUNK] = [0; CHUNK];
+        let a = &mut self.access;
+        if !a.write {
+            return Err(RegionError::Conflict {
+                key: a.region.key,
+                offset: a.offset,
+                len: a.len as u64,
+            });
+        }
+        match &a.region.device {
+            Some((addr, _, dma)) => {
+                let mut at = 0;
+                while at < a.len {
+                    let n = CHUNK.min(a.len - at);
+                    dma.write(addr + a.offset + at as u64, &ZEROS[..n])
+                        .map_err(Self::device_error)?;
+                    at += n;
+                }
+                Ok(())
+            }
+            None => {
+                a.as_mut_slice().unwrap_or_default().fill(0);
+                Ok(())
+            }
+        }
+    }
+
     /// Copies the first `n` bytes of `src` into the start of the range, as a transfer that
     /// broke off after `n` bytes leaves it.
     pub fn copy_in_prefix(&mut self, src: &[u8], n: usize) -> Result<(), RegionError> {
@@ -583,6 +613,23 @@ mod tests {
         assert!(matches!(
             table.access(reg.key() ^ 1, 0, 1, false),
             Err(RegionError::UnknownKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_zeroed_range_is_zeros_and_only_a_writer_may_zero() {
+        let table = RegionTable::new(9);
+        let reg = table.register(vec![7u8; 200_000]).unwrap();
+        reg.dma(10, 150_000, true).unwrap().zero().unwrap();
+        let all = reg.read(0, 200_000).unwrap();
+        let b = all.as_slice();
+        assert!(b[..10].iter().all(|&x| x == 7));
+        assert!(b[10..150_010].iter().all(|&x| x == 0));
+        assert!(b[150_010..].iter().all(|&x| x == 7));
+        drop(all);
+        assert!(matches!(
+            reg.dma(0, 5, false).unwrap().zero(),
+            Err(RegionError::Conflict { .. })
         ));
     }
 

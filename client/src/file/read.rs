@@ -273,9 +273,7 @@ impl File {
             let got = u64::from(l.done.bytes).min(l.piece.len);
             if got < l.piece.len {
                 let n = l.piece.len - got;
-                region
-                    .dma(l.at + got, n, true)?
-                    .copy_in(&vec![0u8; n as usize])?;
+                region.dma(l.at + got, n, true)?.zero()?;
             }
         }
         Ok(repairs)
