@@ -1008,6 +1008,11 @@ fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes
             .unwrap()
     };
     let (a, b) = (open(mnt.join("f")), open(local_dir.join("f")));
+    // A second handle of the mount's file: the writes go through either, and gather together.
+    let a2 = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("f"))
+        .unwrap();
     // A fixed pseudo-random sequence: the same case every run.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |n: u64| {
@@ -1053,10 +1058,29 @@ fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes
         }
         let n = sizes[next(sizes.len() as u64) as usize] as usize;
         let data: Vec<u8> = (0..n).map(|_| next(256) as u8).collect();
-        a.write_all_at(&data, off).unwrap();
+        let through = if next(2) == 0 { &a } else { &a2 };
+        through.write_all_at(&data, off).unwrap();
         b.write_all_at(&data, off).unwrap();
         off += n as u64;
     }
+    // Two writers of one shared file in turns, each every other 47,008-byte piece (IO500's
+    // ior-hard), the pieces of each pair written in either order.
+    let shared = 20_000_000u64;
+    for pair in 0..300u64 {
+        let piece =
+            |k: u64| -> Vec<u8> { (0..47_008u64).map(|j| (k * 31 + j % 251) as u8).collect() };
+        let mut order = [(0u64, &a), (1, &a2)];
+        if next(2) == 0 {
+            order.swap(0, 1);
+        }
+        for (k, through) in order {
+            let at = shared + (pair * 2 + k) * 47_008;
+            through.write_all_at(&piece(pair * 2 + k), at).unwrap();
+            b.write_all_at(&piece(pair * 2 + k), at).unwrap();
+        }
+    }
+    a2.sync_all().unwrap();
+    drop(a2);
     // Before close: the size and every byte; then after close and a new open.
     assert_eq!(a.metadata().unwrap().len(), b.metadata().unwrap().len());
     a.sync_all().unwrap();
