@@ -89,6 +89,25 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
     let big: Vec<u8> = (0..5_000_000u32).map(|i| (i * 13 % 256) as u8).collect();
     fs::write(m("big"), &big).unwrap();
     assert!(fs::read(m("big")).unwrap() == big);
+    // A file polls ready both ways, as on a local disk.
+    {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m("a.txt"))
+            .unwrap();
+        for _ in 0..2 {
+            let mut p = libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the length given.
+            assert_eq!(unsafe { libc::poll(&mut p, 1, 1000) }, 1);
+            assert_eq!(p.revents, libc::POLLIN | libc::POLLOUT);
+        }
+    }
 
     // The errors POSIX names.
     fs::create_dir(m("d")).unwrap();

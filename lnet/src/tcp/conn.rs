@@ -525,7 +525,13 @@ impl Conn {
         if let Err(e) = outcome {
             match self.pending.lock().get_mut(&header.xid) {
                 Some(p) => {
-                    tracing::warn!(peer = %self.peer, xid = header.xid, error = %e, "bulk put refused");
+                    // A region let go of while its call was still out (a readahead chunk
+                    // dropped when its reader closed the file) is ours, not the peer's doing.
+                    if matches!(e, NetError::Region(RegionError::UnknownKey { .. })) {
+                        tracing::debug!(peer = %self.peer, xid = header.xid, error = %e, "bulk put for a region already let go of");
+                    } else {
+                        tracing::warn!(peer = %self.peer, xid = header.xid, error = %e, "bulk put refused");
+                    }
                     p.bulk_error.get_or_insert(e);
                 }
                 // The caller gave up on the call (a deadline, or a read begun early that was

@@ -786,6 +786,21 @@ impl Filesystem for LodeFs {
         LodeFs::fallocate(self, req, fh, offset, length, mode, reply)
     }
 
+    // Files here are always ready, as on a local disk: "no poll" tells the kernel to answer
+    // so itself from now on (its default mask), without a request per call or a warning.
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
     fn ioctl(
         &self,
         req: &Request,
