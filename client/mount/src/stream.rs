@@ -34,29 +34,15 @@ struct Behind {
     metrics: Option<Arc<MountMetrics>>,
 }
 
-/// Small writes that follow one another, or overlap, through any of the file's handles,
-/// acknowledged and not yet issued (the later write's bytes laid over the earlier's): they go
-/// to the storage servers as one write when the next write neither follows on nor meets them,
-/// when they reach `GATHER_MAX`, after `GATHER_LINGER`, or before anything that waits for the
-/// file's writes (a read, a size change, flush, fsync, release). Processes writing one shared
-/// file in turns (IO500's ior-hard: 47,008-byte pieces, each process every other one) so reach
-/// the servers as whole blocks, not as pieces that share a block at each end.
+/// Small writes that follow one another, or overlap, through one handle, acknowledged and not
+/// yet issued (the later write's bytes laid over the earlier's): they go to the storage
+/// servers as one write when the next write neither follows on nor meets them, when
+/// they reach `GATHER_MAX`, after `GATHER_LINGER`, or before anything that waits for the
+/// file's writes (a read, a size change, flush, fsync, release).
 struct Gather {
-    /// The handle the write goes through.
     file: Arc<File>,
-    /// The other handles whose bytes it holds: a failure to land is theirs too.
-    others: Vec<Arc<File>>,
     offset: u64,
     data: Vec<u8>,
-}
-
-impl Gather {
-    /// Counts `file` among the handles whose bytes this holds.
-    fn holds_from(&mut self, file: &Arc<File>) {
-        if !Arc::ptr_eq(&self.file, file) && !self.others.iter().any(|o| Arc::ptr_eq(o, file)) {
-            self.others.push(file.clone());
-        }
-    }
 }
 
 /// A write this small starts or extends a gather.
@@ -114,11 +100,6 @@ impl Behind {
 
     /// Puts a write in flight.
     fn spawn(&mut self, file: Arc<File>, offset: u64, data: Vec<u8>) {
-        self.spawn_for(file, vec![], offset, data);
-    }
-
-    /// Puts a write in flight through `file` that holds bytes of `others` too.
-    fn spawn_for(&mut self, file: Arc<File>, others: Vec<Arc<File>>, offset: u64, data: Vec<u8>) {
         let end = offset + data.len() as u64;
         // The size shows the write at once, as the kernel expects after the reply.
         file.issued_to(end);
@@ -136,12 +117,8 @@ impl Behind {
                 Err(e) => Err(e),
             };
             if r.is_err() {
-                // Acknowledged already: the file must not claim these bytes, and every handle
-                // that wrote some reports the failure.
+                // Acknowledged already: the file must not claim these bytes.
                 file.landing_failed(offset);
-                for o in &others {
-                    o.landing_failed(offset);
-                }
             }
             if let Some(m) = &metrics {
                 m.stage("write_behind", issued);
@@ -161,7 +138,7 @@ impl Behind {
         while self.plan.overlaps(g.offset, end) || self.plan.in_flight() >= MAX_BEHIND {
             self.land_one().await;
         }
-        self.spawn_for(g.file, g.others, g.offset, g.data);
+        self.spawn(g.file, g.offset, g.data);
     }
 
     /// Waits for any one write in flight.
@@ -432,7 +409,7 @@ impl Streams {
         per.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut b = per.behind.lock().await;
         let end = offset + data.len() as u64;
-        // Following on from the gather (through any handle of the file), with room: joins it.
+        // Following on from the gather, through the same handle, with room: joins it.
         let b = &mut *b;
         if let Some(g) = &mut b.gather {
             // Following on, or overlapping what is gathered (a file server rewrites a
@@ -441,7 +418,8 @@ impl Streams {
             // earlier to land first.
             let g_end = g.offset + g.data.len() as u64;
             let (from, to) = (g.offset.min(offset), g_end.max(end));
-            let joins = offset <= g_end
+            let joins = Arc::ptr_eq(&g.file, file)
+                && offset <= g_end
                 && end >= g.offset
                 && to - from <= GATHER_MAX as u64
                 && matches!(b.plan.before(offset, end), Step::Issue);
@@ -459,12 +437,10 @@ impl Streams {
                 // meet), so nothing is left as the zeros it was made with.
                 let at = (offset - g.offset) as usize;
                 g.data[at..at + data.len()].copy_from_slice(&data);
-                g.holds_from(file);
                 file.issued_to(end);
                 if g.data.len() >= GATHER_MAX {
                     let tail = block_cut(g.offset, g.data.len()).map(|cut| Gather {
                         file: g.file.clone(),
-                        others: g.others.clone(),
                         offset: g.offset + cut as u64,
                         data: g.data.split_off(cut),
                     });
@@ -503,7 +479,6 @@ impl Streams {
         file.issued_to(end);
         b.gather = Some(Gather {
             file: file.clone(),
-            others: vec![],
             offset,
             data,
         });
