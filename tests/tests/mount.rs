@@ -1027,7 +1027,8 @@ fn gathered_small_writes_mixed_with_jumps_overlaps_and_reads_give_the_same_bytes
             .unwrap()
     };
     let (a, b) = (open(mnt.join("f")), open(local_dir.join("f")));
-    // A second handle of the mount's file: the writes go through either, and gather together.
+    // A second handle of the mount's file: the writes go through either, each breaking off
+    // what the other gathered.
     let a2 = fs::OpenOptions::new()
         .write(true)
         .open(mnt.join("f"))
