@@ -109,20 +109,14 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         &data[..]
     );
 
-    call(
-        &c,
-        &nid,
-        &OstTruncate {
-            capa: None,
-            target: 7,
-            fid,
-            size: 10,
-            stamp: WriteStamp::default(),
-        },
-        T,
-    )
-    .await
-    .unwrap();
+    let truncate = |size| OstTruncate {
+        capa: None,
+        target: 7,
+        fid,
+        size,
+        stamp: WriteStamp::default(),
+    };
+    call(&c, &nid, &truncate(10), T).await.unwrap();
     assert_eq!(
         call(
             &c,
@@ -151,20 +145,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         stamp: Default::default(),
     };
     call(&c, &nid, &w, T).await.unwrap();
-    call(
-        &c,
-        &nid,
-        &OstTruncate {
-            capa: None,
-            target: 7,
-            fid,
-            size: 3 << 20,
-            stamp: WriteStamp::default(),
-        },
-        T,
-    )
-    .await
-    .unwrap();
+    call(&c, &nid, &truncate(3 << 20), T).await.unwrap();
     let dst = c.register(vec![0xeeu8; 4 << 20]).unwrap();
     let r = OstRead {
         capa: None,
@@ -180,20 +161,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
     assert!(head.as_slice()[10..].iter().all(|&b| b == 0));
     // Past what was placed, the region is as it was: the client fills the zeros.
     assert_eq!(dst.read(4096, 1).unwrap().as_slice(), &[0xee]);
-    call(
-        &c,
-        &nid,
-        &OstTruncate {
-            capa: None,
-            target: 7,
-            fid,
-            size: 10,
-            stamp: WriteStamp::default(),
-        },
-        T,
-    )
-    .await
-    .unwrap();
+    call(&c, &nid, &truncate(10), T).await.unwrap();
     call(
         &c,
         &nid,
