@@ -1478,20 +1478,26 @@ impl Client {
     /// As [`Client::readdir_plus`], the entries and their attributes in two lists of the same
     /// length (for a caller building a listing of its own without a copy between).
     pub async fn readdir_plus_apart(&self, dir: Fid) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
-        let (entries, attrs) = self.readdir_pages(dir, true).await?;
-        if entries.len() != attrs.len() {
-            return Err(ClientError::fs(
-                FsErrorKind::Io,
-                "a readdirplus page lost attributes",
-            ));
-        }
-        Ok((entries, attrs))
+        self.readdir_pages(dir, true).await
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
         self.readdir_upto(dir, plus, usize::MAX)
             .await?
             .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "a listing without end"))
+    }
+
+    /// As [`Client::readdir_plus_apart`], handing each page of entries and their attributes
+    /// to `page` as it comes rather than the whole listing at its end, so that a caller can
+    /// serve the first entries of a long directory while the rest is read. The pages show
+    /// the sizes closes finishing behind publish, as a whole listing does.
+    pub async fn readdir_plus_paged(
+        &self,
+        dir: Fid,
+        mut page: impl FnMut(Vec<DirEntry>, Vec<Inode>) + Send,
+    ) -> Result<()> {
+        self.list_pages(dir, true, usize::MAX, &mut page).await?;
+        Ok(())
     }
 
     /// As [`Client::readdir_pages`], giving up (`None`) once the directory has more than
@@ -1502,104 +1508,146 @@ impl Client {
         plus: bool,
         limit: usize,
     ) -> Result<Option<(Vec<DirEntry>, Vec<Inode>)>> {
-        // A listing shows the sizes closes finishing behind will publish: those of the files
-        // made in this directory. A file closing behind under another name (a hard link made
-        // while it was open) shows up among the entries: then every close is waited for and
-        // the listing read again.
-        if self.inner.closings.any_in(dir) {
-            self.inner.pending.hurry_queued();
-        }
-        self.inner.closings.dir(dir).await;
-        let Some(listed) = self.read_pages(dir, plus, limit).await? else {
+        // The pages as they came, joined once at the end: a listing of hundreds of thousands
+        // of entries grown page by page would be copied again at every doubling.
+        let mut pages: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
+        if !self
+            .list_pages(dir, plus, limit, &mut |e, a| pages.push((e, a)))
+            .await?
+        {
             return Ok(None);
-        };
-        if !self.inner.closings.any_busy(listed.0.iter().map(|e| e.fid)) {
-            return Ok(Some(listed));
         }
-        self.after_closings().await;
-        self.read_pages(dir, plus, limit).await
+        let listed = pages.iter().map(|p| p.0.len()).sum();
+        let mut entries = Vec::with_capacity(listed);
+        let mut attrs = Vec::with_capacity(if plus { listed } else { 0 });
+        for (e, a) in pages {
+            entries.extend(e);
+            attrs.extend(a);
+        }
+        Ok(Some((entries, attrs)))
     }
 
-    /// The listing of `dir` from the lease cache, or read from the MDS page by page; `None`
-    /// past `limit` entries.
-    async fn read_pages(
+    /// The listing of `dir` from the lease cache, or read from the MDS page by page, each
+    /// page handed to `page` as it comes; `false` once past `limit` entries (the pages past
+    /// it unread).
+    async fn list_pages(
         &self,
         dir: Fid,
         plus: bool,
         limit: usize,
-    ) -> Result<Option<(Vec<DirEntry>, Vec<Inode>)>> {
+        page: &mut (dyn FnMut(Vec<DirEntry>, Vec<Inode>) + Send),
+    ) -> Result<bool> {
+        // A listing shows the sizes closes finishing behind will publish: those of the files
+        // made in this directory are waited for first. A file closing behind under another
+        // name (a hard link made while it was open) shows up among a page's entries: then
+        // every close is waited for and the page read again.
+        if self.inner.closings.any_in(dir) {
+            self.inner.pending.hurry_queued();
+        }
+        self.inner.closings.dir(dir).await;
         let leases = &self.inner.leases;
-        if let Some(hit) = leases.listing(dir, &self.creds, plus) {
-            return hit.map(Some);
+        while let Some(hit) = leases.listing(dir, &self.creds, plus) {
+            let (entries, attrs) = hit?;
+            if self.inner.closings.any_busy(entries.iter().map(|e| e.fid)) {
+                self.after_closings().await;
+                continue;
+            }
+            if entries.len() > limit {
+                return Ok(false);
+            }
+            page(entries, attrs);
+            return Ok(true);
         }
         let stamp = leases.stamp();
         let lease = leases.live().then_some(self.inner.client_id);
-        // The pages as they came, joined once at the end: a listing of hundreds of thousands
-        // of entries grown page by page would be copied again at every doubling.
-        let mut pages: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
+        // Copies of the pages for the lease cache, while they are leased.
+        let mut kept: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
         let mut listed = 0;
         let mut after = vec![];
         let mut leased = true;
-        // The leases pages brought, given back if the listing is not kept: a directory
-        // longer than the cache keeps is read without them past that length (the MDS would
-        // otherwise count hundreds of thousands of leases this client never took, and answer
-        // without leases once past its bound).
+        // The leases pages brought, given back if the listing is not kept: the MDS grants
+        // none with the pages of a directory longer than the cache keeps.
         let mut granted: Vec<Fid> = vec![];
         loop {
             // As many entries a page as the MDS fits in half the largest body (with
             // attributes, about 2,400 of short names), so a long directory is read in few
-            // round trips; while leases are asked, no more than the cache keeps of a listing.
+            // round trips; while leases come, no more than the cache keeps of a listing.
             let room = crate::lease::MAX_LISTING.saturating_sub(listed);
-            let ask = lease.filter(|_| leased && room > 0);
-            let max = match ask {
-                Some(_) => MAX_READDIR.min(room as u32),
-                None => MAX_READDIR,
+            let max = if leased && room > 0 {
+                MAX_READDIR.min(room as u32)
+            } else {
+                MAX_READDIR
             };
+            // Every page says who reads it, leases or not: the MDS recalls a directory held
+            // alone from any other reader first (what was answered ahead there comes first),
+            // and only this client's own pages leave it held. It grants no leases with the
+            // pages of a directory longer than the cache keeps.
             let r = MdsReaddir {
                 creds: self.creds.clone(),
                 dir,
                 after: after.clone(),
                 max,
                 plus,
-                lease: ask,
+                lease,
             };
-            let page = match self.rpc(&self.inner.mds.clone(), &r).await {
+            let got = match self.rpc(&self.inner.mds.clone(), &r).await {
                 Ok(p) => p,
                 Err(e) => {
                     leases.give_back(&granted);
                     return Err(e);
                 }
             };
-            if ask.is_some() && page.leased {
+            if lease.is_some() && got.leased {
                 if granted.is_empty() {
                     granted.push(dir);
                 }
-                granted.extend(page.attrs.iter().map(|a| a.fid));
+                granted.extend(got.attrs.iter().map(|a| a.fid));
             }
-            leased &= ask.is_some() && page.leased;
-            if let Some(last) = page.entries.last() {
+            if plus && got.attrs.len() != got.entries.len() {
+                leases.give_back(&granted);
+                return Err(ClientError::fs(
+                    FsErrorKind::Io,
+                    "a readdirplus page lost attributes",
+                ));
+            }
+            if self
+                .inner
+                .closings
+                .any_busy(got.entries.iter().map(|e| e.fid))
+            {
+                self.after_closings().await;
+                continue;
+            }
+            leased &= lease.is_some()
+                && got.leased
+                && listed + got.entries.len() <= crate::lease::MAX_LISTING;
+            if let Some(last) = got.entries.last() {
                 after = last.name.clone();
             }
-            listed += page.entries.len();
-            let end = page.end;
-            pages.push((page.entries, page.attrs));
+            listed += got.entries.len();
             if listed > limit {
                 leases.give_back(&granted);
-                return Ok(None);
+                return Ok(false);
             }
-            if end {
-                let mut entries = Vec::with_capacity(listed);
-                let mut attrs = Vec::with_capacity(if plus { listed } else { 0 });
-                for (e, a) in pages {
-                    entries.extend(e);
-                    attrs.extend(a);
-                }
-                if leased && lease.is_some() {
+            if leased {
+                kept.push((got.entries.clone(), got.attrs.clone()));
+            } else {
+                kept.clear();
+            }
+            page(got.entries, got.attrs);
+            if got.end {
+                if leased {
+                    let mut entries = Vec::with_capacity(listed);
+                    let mut attrs = Vec::with_capacity(if plus { listed } else { 0 });
+                    for (e, a) in kept {
+                        entries.extend(e);
+                        attrs.extend(a);
+                    }
                     leases.learn_listing(stamp, dir, &entries, &attrs);
                 } else {
                     leases.give_back(&granted);
                 }
-                return Ok(Some((entries, attrs)));
+                return Ok(true);
             }
         }
     }

@@ -36,7 +36,7 @@ use crate::error::{ClientError, Result};
 /// Most inodes whose leases a client keeps; past it the least recently used are given back.
 pub const MAX_LEASES: usize = 262_144;
 /// Largest directory read whole to answer negative lookups from its listing.
-pub const MAX_LISTING: usize = 65_536;
+pub const MAX_LISTING: usize = proto::md::MAX_LEASED_LISTING;
 /// Longest a recall's acknowledgement waits for whoever mirrors the cache (a mount: the
 /// kernel) to drop its copy.
 const BARRIER_WAIT: Duration = Duration::from_secs(1);
@@ -1100,12 +1100,17 @@ impl Leases {
         stamp.recalls < s.dropped_all || s.dropped.get(&fid).is_some_and(|t| *t > stamp.recalls)
     }
 
-    /// Gives back leases past the bound, at random but for the most recently used.
+    /// Gives back leases past the bound, at random but for the most recently used, the leases
+    /// of directories with names cached last.
     fn bound(&self, s: &mut State) {
         if s.held.len() <= self.max {
             return;
         }
-        let mut ages: Vec<(u64, Fid)> = s.held.iter().map(|(f, h)| (h.used, *f)).collect();
+        let mut ages: Vec<(u64, Fid, bool)> = s
+            .held
+            .iter()
+            .map(|(f, h)| (h.used, *f, !h.names.is_empty()))
+            .collect();
         let n = (s.held.len() - self.max + self.max / 16).min(ages.len());
         // Given back at random, all but the most recently used sixteenth: a scan over more
         // inodes than the bound (stat after create in a directory past it) finds a share of
@@ -1117,12 +1122,24 @@ impl Leases {
             ages.select_nth_unstable(older);
         }
         let pool = &mut ages[..older];
+        // Among them, directories with names cached go last: giving one back drops each of
+        // its names wherever the cache is mirrored (a mount: one invalidation per name, each
+        // under the directory's lock in the kernel, hundreds of thousands for a directory a
+        // job filled), and with it the creates this client answers there ahead.
+        let mut plain = 0;
+        for i in 0..pool.len() {
+            if !pool[i].2 {
+                pool.swap(i, plain);
+                plain += 1;
+            }
+        }
         let mut rng = rand::thread_rng();
         for i in 0..n {
-            let j = rand::Rng::gen_range(&mut rng, i..pool.len());
+            let end = if i < plain { plain } else { pool.len() };
+            let j = rand::Rng::gen_range(&mut rng, i..end);
             pool.swap(i, j);
         }
-        for &(_, f) in &pool[..n] {
+        for &(_, f, _) in &pool[..n] {
             self.evict_one(s, f);
         }
         self.give_back.notify_one();
@@ -1637,5 +1654,39 @@ mod tests {
         }
         // Least recently used first would find none (each miss evicting what comes next).
         assert!(hits > 400, "{hits} hits of 4,000");
+    }
+
+    #[test]
+    fn directories_with_names_are_given_back_after_files() {
+        let l = live();
+        // Ten directories whose listings were learned, each naming two of its files, then
+        // files past the bound: the files make the room.
+        let dirs: Vec<Fid> = (0..10).map(|n| fid(100_000 + n)).collect();
+        for (k, d) in dirs.iter().enumerate() {
+            let files: Vec<Inode> = (0..2)
+                .map(|i| inode(fid(200_000 + 2 * k as u32 + i), Kind::File))
+                .collect();
+            let entries: Vec<DirEntry> = files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| DirEntry {
+                    name: format!("f{i}").into_bytes(),
+                    fid: f.fid,
+                    kind: Kind::File,
+                })
+                .collect();
+            let st = l.stamp();
+            l.learn_attr(st, &inode(*d, Kind::Dir), true);
+            let st = l.stamp();
+            l.learn_listing(st, *d, &entries, &files);
+        }
+        for n in 0..3000 {
+            let st = l.stamp();
+            l.learn_attr(st, &inode(fid(n + 10), Kind::File), true);
+            assert!(l.len() <= 1000);
+        }
+        for d in &dirs {
+            assert!(l.holds(*d), "{d} was given back while files could be");
+        }
     }
 }

@@ -337,6 +337,11 @@ impl Namespace {
         })
     }
 
+    /// How many entries directory `dir` has (`None` where it is not a directory).
+    pub fn entry_count(&self, dir: Fid) -> Option<usize> {
+        self.entries.get(&dir).map(BTreeMap::len)
+    }
+
     /// As [`Namespace::readdir`], each entry with its inode (one lookup per entry: a listing
     /// with attributes reads each inode once).
     pub fn readdir_inodes(

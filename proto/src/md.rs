@@ -1112,6 +1112,11 @@ impl Rpc for MdsStatfs {
 /// Most entries in one readdir reply.
 pub const MAX_READDIR: u32 = 4096;
 
+/// Longest directory whose listing is leased: the MDS grants no leases with the pages of a
+/// longer one (a client would keep no such listing, and the leases of its entries would only
+/// be granted to be given back).
+pub const MAX_LEASED_LISTING: usize = 65_536;
+
 impl Rpc for MdsReint {
     const OPCODE: Opcode = opcodes::MDS_REINT;
     type Reply = MdsReintReply;

@@ -115,6 +115,63 @@ async fn a_change_by_another_client_recalls_the_lease_and_shows_at_once() {
     let _ = fs::remove_dir_all(&root);
 }
 
+/// A directory this client filled and holds alone, longer than its cache keeps a listing of:
+/// reading it whole leaves the lease where it is (the MDS recalls a directory held alone from
+/// any other reader, and each page says who reads it), so the creates there go on being
+/// answered ahead, and the MDS grants no leases with the pages of such a directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_directory_held_alone_stays_held_through_its_own_listing() {
+    let (root, mds, _oss) = cluster("leases-long-listing");
+    let a = connect(&mds.nid).await;
+    a.mkdir("/big", 0o755).await.unwrap();
+    leased(&a, "/big").await;
+    let dir = a.stat("/big").await.unwrap().fid;
+    let n = proto::md::MAX_LEASED_LISTING + 100;
+    let mut ahead = 0;
+    for i in 0..n {
+        let name = format!("f{i:06}");
+        match a.create_ahead(dir, name.as_bytes(), 0o644, None).await {
+            Some(r) => {
+                r.unwrap();
+                ahead += 1;
+            }
+            None => {
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .open(&a, &format!("/big/{name}"))
+                    .await
+                    .unwrap()
+                    .close()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    assert!(ahead > n / 2, "creates answered ahead: {ahead} of {n}");
+    // The creates' answers in (with their leases), so that what the listing brings shows.
+    a.sync_dir(dir).await.unwrap();
+    let recalls = a.lease_recalls();
+    let held = a.leases_held();
+    let listed = a.readdir_plus(dir).await.unwrap();
+    assert_eq!(listed.len(), n, "every file listed");
+    assert!(listed.iter().all(|(e, i)| e.fid == i.fid));
+    assert_eq!(a.lease_recalls(), recalls, "nothing was recalled");
+    assert!(a.holds_lease(dir), "the directory is still held");
+    assert!(
+        a.create_ahead(dir, b"after", 0o644, None).await.is_some(),
+        "and creates in it are still answered ahead"
+    );
+    assert!(
+        a.leases_held() <= held + 1,
+        "the listing brought no leases of its entries ({held} held before, {} after)",
+        a.leases_held()
+    );
+    a.close().await.unwrap();
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_begun_before_its_open_counts_only_if_the_open_finds_the_same_file() {
     let (root, mds, _oss) = cluster("leases-early");

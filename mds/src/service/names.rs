@@ -120,7 +120,13 @@ impl MdsService {
     pub(super) fn readdir(&self, r: MdsReaddir) -> Result<Vec<u8>, RemoteError> {
         let max = r.max.clamp(1, MAX_READDIR) as usize;
         let after = (!r.after.is_empty()).then_some(&r.after[..]);
-        let client = self.lessee(r.lease);
+        // The listing of a directory too long for a client to keep is read without leases.
+        let long = || {
+            self.store
+                .read(|ns| ns.entry_count(r.dir))
+                .is_some_and(|n| n > proto::md::MAX_LEASED_LISTING)
+        };
+        let client = self.lessee(r.lease).filter(|_| !long());
         let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.dir]));
         let (entries, mut attrs, max) = self
             .store
