@@ -22,12 +22,128 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
+use fuser::Errno;
 use parking_lot::Mutex;
 use proto::md::{DirEntry, Inode};
 use proto::Fid;
 
-/// A directory's entries (`.` and `..` first), with their attributes where known.
-pub(crate) type Listing = Vec<(DirEntry, Option<Inode>)>;
+/// One entry of a listing, with its attributes where known.
+pub(crate) type Entry = (DirEntry, Option<Inode>);
+
+/// A directory's entries (`.` and `..` first), with their attributes where known, read page
+/// by page: a reader is answered from the entries already there while the rest is on its
+/// way, so the first entries of a long directory reach the kernel after one round trip to
+/// the MDS, and the kernel and the MDS work side by side on the rest.
+pub(crate) struct Listing {
+    filled: Mutex<Filled>,
+    grew: Notify,
+}
+
+struct Filled {
+    entries: Vec<Entry>,
+    /// Whether the entries past `.` and `..` are in order of their names.
+    sorted: bool,
+    /// How the reading ended, once it did.
+    end: Option<Result<(), Errno>>,
+}
+
+impl Listing {
+    /// A listing that goes on past `dots` (`.` and `..`) as [`Listing::push`] adds entries.
+    pub(crate) fn begin(dots: [Entry; 2]) -> Arc<Listing> {
+        Arc::new(Listing {
+            filled: Mutex::new(Filled {
+                entries: dots.into(),
+                sorted: true,
+                end: None,
+            }),
+            grew: Notify::new(),
+        })
+    }
+
+    /// A listing read whole: `entries`, `.` and `..` first.
+    #[cfg(test)]
+    pub(crate) fn whole(entries: Vec<Entry>) -> Arc<Listing> {
+        let l = Listing::begin([entries[0].clone(), entries[1].clone()]);
+        l.push(entries.into_iter().skip(2));
+        l.finish(Ok(()));
+        l
+    }
+
+    /// Adds the entries of the next page.
+    pub(crate) fn push(&self, page: impl IntoIterator<Item = Entry>) {
+        let mut f = self.filled.lock();
+        let from = f.entries.len();
+        f.entries.extend(page);
+        let Filled {
+            entries, sorted, ..
+        } = &mut *f;
+        if *sorted {
+            let start = from.max(3) - 1;
+            *sorted = entries
+                .get(start..)
+                .is_none_or(|r| r.windows(2).all(|w| w[0].0.name < w[1].0.name));
+        }
+        drop(f);
+        self.grew.notify_waiters();
+    }
+
+    /// The reading ended, whole (`Ok`) or with the error readers past its entries get.
+    pub(crate) fn finish(&self, end: Result<(), Errno>) {
+        self.filled.lock().end = Some(end);
+        self.grew.notify_waiters();
+    }
+
+    /// Whether the reading ended without error.
+    pub(crate) fn is_whole(&self) -> bool {
+        self.filled.lock().end == Some(Ok(()))
+    }
+
+    /// How many entries are there now.
+    pub(crate) fn len(&self) -> usize {
+        self.filled.lock().entries.len()
+    }
+
+    /// Once entry `from` is there or the reading ended, `read` of the entries from `from`
+    /// on (none at the listing's end); the reading's error where it ended before `from`.
+    pub(crate) async fn read_from<R>(
+        &self,
+        from: usize,
+        read: impl FnOnce(&[Entry]) -> R,
+    ) -> Result<R, Errno> {
+        loop {
+            // Made before the check, so that an entry pushed between is not missed.
+            let grew = self.grew.notified();
+            {
+                let f = self.filled.lock();
+                if let Some(there) = f.entries.get(from..).filter(|r| !r.is_empty()) {
+                    return Ok(read(there));
+                }
+                match f.end {
+                    Some(Ok(())) => return Ok(read(&[])),
+                    Some(Err(e)) => return Err(e),
+                    None => {}
+                }
+            }
+            grew.await;
+        }
+    }
+
+    /// The attributes of `name`, where the listing was read whole and its names are in
+    /// order.
+    fn find(&self, name: &[u8]) -> Option<Inode> {
+        let f = self.filled.lock();
+        if f.end != Some(Ok(())) || !f.sorted {
+            return None;
+        }
+        let rest = f.entries.get(2..)?;
+        let i = rest
+            .binary_search_by(|(e, _)| e.name.as_slice().cmp(name))
+            .ok()?;
+        rest[i].1.clone()
+    }
+}
 
 /// Most listings kept at once.
 pub(crate) const MAX_KEPT: usize = 256;
@@ -42,7 +158,6 @@ struct Kept {
     by_id: HashMap<u32, (Fid, Arc<Listing>)>,
     /// Numbers, oldest first.
     order: VecDeque<u32>,
-    entries: usize,
     /// Per directory, its newest listing that may answer lookups: its number, when it was
     /// asked for, and the changes and recalls counted then.
     fresh: HashMap<Fid, (u32, Instant, Since)>,
@@ -94,16 +209,11 @@ impl Listings {
     }
 
     /// Lets listing `id` of `dir`, asked for at `at` with the counts `since`, answer lookups
-    /// (if its names after `.` and `..` are in order, as the MDS lists them).
+    /// once it is read whole (if its names after `.` and `..` are in order, as the MDS lists
+    /// them).
     pub(crate) fn answer_from(&self, dir: Fid, id: u32, at: Instant, since: Since) {
         let mut k = self.kept.lock();
-        let Some((_, l)) = k.by_id.get(&id) else {
-            return;
-        };
-        let sorted = l
-            .get(2..)
-            .is_some_and(|r| r.windows(2).all(|w| w[0].0.name < w[1].0.name));
-        if sorted {
+        if k.by_id.contains_key(&id) {
             k.fresh.insert(dir, (id, at, since));
         }
     }
@@ -123,22 +233,20 @@ impl Listings {
             return None;
         }
         let (_, l) = k.by_id.get(&id)?;
-        let rest = l.get(2..)?;
-        let i = rest
-            .binary_search_by(|(e, _)| e.name.as_slice().cmp(name))
-            .ok()?;
-        rest[i].1.clone()
+        l.find(name)
     }
 
-    /// Keeps `listing` of `dir`; its number.
+    /// Keeps `listing` of `dir`; its number. Listings grow after they are kept (they are
+    /// read page by page), so the entries kept are counted again at each keep.
     pub(crate) fn keep(&self, dir: Fid, listing: Arc<Listing>) -> u32 {
         let mut k = self.kept.lock();
+        let mut entries: usize = k.by_id.values().map(|(_, l)| l.len()).sum();
         while !k.order.is_empty()
-            && (k.order.len() >= self.max_kept || k.entries + listing.len() > self.max_entries)
+            && (k.order.len() >= self.max_kept || entries + listing.len() > self.max_entries)
         {
             if let Some(old) = k.order.pop_front() {
                 if let Some((d, l)) = k.by_id.remove(&old) {
-                    k.entries -= l.len();
+                    entries -= l.len().min(entries);
                     if k.fresh.get(&d).is_some_and(|f| f.0 == old) {
                         k.fresh.remove(&d);
                     }
@@ -147,7 +255,6 @@ impl Listings {
         }
         k.last = if k.last >= MAX_ID { 1 } else { k.last + 1 };
         let id = k.last;
-        k.entries += listing.len();
         k.order.push_back(id);
         k.by_id.insert(id, (dir, listing));
         id
@@ -186,13 +293,14 @@ mod tests {
         }
     }
 
+    /// `.`, `..` and `n - 2` more entries.
     fn listing(n: usize) -> Arc<Listing> {
-        Arc::new(
-            (0..n)
+        Listing::whole(
+            (0..n.max(2))
                 .map(|i| {
                     (
                         DirEntry {
-                            name: format!("f{i}").into_bytes(),
+                            name: format!("f{i:06}").into_bytes(),
                             fid: dir(1000 + i as u32),
                             kind: Kind::File,
                         },
@@ -221,7 +329,7 @@ mod tests {
         assert!(l.get(dir(2), a).is_none(), "another directory's number");
         let mut ids = vec![a];
         for _ in 0..16 {
-            ids.push(l.keep(dir(1), listing(1)));
+            ids.push(l.keep(dir(1), listing(2)));
         }
         assert!(l.get(dir(1), a).is_none(), "the oldest went first");
         assert!(l.get(dir(1), ids[1]).is_some());
@@ -234,7 +342,7 @@ mod tests {
         let mut ids = std::collections::HashSet::new();
         for _ in 0..1000 {
             assert!(
-                ids.insert(l.keep(dir(4), listing(0))),
+                ids.insert(l.keep(dir(4), listing(2))),
                 "numbers do not repeat"
             );
         }
@@ -270,7 +378,7 @@ mod tests {
                 Some(attrs(dir(1000 + i))),
             )
         };
-        Arc::new(
+        Listing::whole(
             [".", ".."]
                 .iter()
                 .chain(names)
@@ -320,5 +428,68 @@ mod tests {
         let id = l.keep(d, with_attrs(&["b", "a"]));
         l.answer_from(d, id, Instant::now(), l.since(5));
         assert_eq!(l.entry(d, b"a", ttl, l.since(5)), None);
+    }
+
+    #[tokio::test]
+    async fn readers_are_answered_from_the_entries_there_and_wait_for_the_rest() {
+        let whole = with_attrs(&["a", "b", "c", "d"]);
+        let all: Vec<Entry> = whole.read_from(0, |e| e.to_vec()).await.unwrap();
+        let l = Listing::begin([all[0].clone(), all[1].clone()]);
+        l.push(all[2..4].iter().cloned());
+        let names = |e: &[Entry]| e.iter().map(|(e, _)| e.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            l.read_from(1, names).await.unwrap(),
+            vec![b"..".to_vec(), b"a".to_vec(), b"b".to_vec()],
+            "what is there is answered at once"
+        );
+        // A reader past the entries waits for the next page.
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.read_from(4, names).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "nothing past entry 4 yet");
+        l.push(all[4..].iter().cloned());
+        assert_eq!(
+            waiting.await.unwrap().unwrap(),
+            vec![b"c".to_vec(), b"d".to_vec()]
+        );
+        // A lookup is answered only from a listing read whole.
+        let kept = Listings::default();
+        let id = kept.keep(dir(1), l.clone());
+        kept.answer_from(dir(1), id, Instant::now(), kept.since(0));
+        let ttl = Duration::from_secs(60);
+        assert_eq!(
+            kept.entry(dir(1), b"c", ttl, kept.since(0)),
+            None,
+            "not yet whole"
+        );
+        l.finish(Ok(()));
+        assert!(kept.entry(dir(1), b"c", ttl, kept.since(0)).is_some());
+        assert_eq!(
+            l.read_from(6, names).await.unwrap(),
+            Vec::<Vec<u8>>::new(),
+            "past the end: no entries"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listing_that_fails_part_way_fails_only_the_readers_past_its_entries() {
+        let all: Vec<Entry> = with_attrs(&["b", "a", "c"])
+            .read_from(0, |e| e.to_vec())
+            .await
+            .unwrap();
+        let l = Listing::begin([all[0].clone(), all[1].clone()]);
+        l.push(all[2..4].iter().cloned());
+        l.finish(Err(Errno::EIO));
+        assert_eq!(l.read_from(3, |e| e.len()).await, Ok(1));
+        assert_eq!(l.read_from(4, |e| e.len()).await, Err(Errno::EIO));
+        assert!(!l.is_whole());
+        // Names out of order across pages are seen as such.
+        let o = Listing::begin([all[0].clone(), all[1].clone()]);
+        o.push([all[2].clone()]);
+        o.push([all[3].clone()]);
+        o.finish(Ok(()));
+        assert_eq!(o.find(b"a"), None, "b then a: never answers");
     }
 }

@@ -82,36 +82,47 @@ impl LodeFs {
         if fh.0 == 0 {
             let unopened = self.unopened(req, ino, offset);
             return self.inline(async move {
-                let (id, entries, from) = match unopened.await {
+                let (id, listing, from) = match unopened.await {
                     Ok(x) => x,
                     Err(e) => return reply.error(e),
                 };
-                for (i, (e, _)) in entries.iter().enumerate().skip(from) {
-                    let name = OsStr::from_bytes(&e.name);
-                    if reply.add(ino_of(e.fid), cookie(id, i), kind(e.kind), name) {
-                        break;
-                    }
+                let added = listing
+                    .read_from(from, |entries| {
+                        for (i, (e, _)) in (from..).zip(entries) {
+                            let name = OsStr::from_bytes(&e.name);
+                            if reply.add(ino_of(e.fid), cookie(id, i), kind(e.kind), name) {
+                                break;
+                            }
+                        }
+                    })
+                    .await;
+                match added {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
                 }
-                reply.ok();
             });
         }
         let listing = listing(self.dirs.clone(), self.parents.clone(), fh.0);
         self.inline(async move {
-            let entries = match listing.await {
+            let listing = match listing.await {
                 Ok(l) => l,
                 Err(e) => return reply.error(e),
             };
-            for (i, (e, _)) in entries.iter().enumerate().skip(offset as usize) {
-                if reply.add(
-                    ino_of(e.fid),
-                    i as u64 + 1,
-                    kind(e.kind),
-                    OsStr::from_bytes(&e.name),
-                ) {
-                    break;
-                }
+            let from = offset as usize;
+            let added = listing
+                .read_from(from, |entries| {
+                    for (i, (e, _)) in (from..).zip(entries) {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(ino_of(e.fid), i as u64 + 1, kind(e.kind), name) {
+                            break;
+                        }
+                    }
+                })
+                .await;
+            match added {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
             }
-            reply.ok();
         });
     }
 
@@ -139,26 +150,34 @@ impl LodeFs {
             Box::pin(async move { listing.await.map(|l| (None, l, offset as usize)) })
         };
         self.inline(async move {
-            let (id, entries, from) = match read.await {
+            let (id, listing, from) = match read.await {
                 Ok(x) => x,
                 Err(e) => return reply.error(e),
             };
-            for (i, (e, a)) in entries.iter().enumerate().skip(from) {
-                // Entries come with the attributes read in the same round trip as the listing.
-                let Some(a) = a else { continue };
-                let full = reply.add(
-                    ino_of(e.fid),
-                    id.map_or(i as u64 + 1, |id| cookie(id, i)),
-                    OsStr::from_bytes(&e.name),
-                    &TTL,
-                    &attr(a, Self::size_of(&files, a)),
-                    Generation(0),
-                );
-                if full {
-                    break;
-                }
+            let added = listing
+                .read_from(from, |entries| {
+                    for (i, (e, a)) in (from..).zip(entries) {
+                        // Entries come with the attributes read in the same round trip as
+                        // the listing.
+                        let Some(a) = a else { continue };
+                        let full = reply.add(
+                            ino_of(e.fid),
+                            id.map_or(i as u64 + 1, |id| cookie(id, i)),
+                            OsStr::from_bytes(&e.name),
+                            &TTL,
+                            &attr(a, Self::size_of(&files, a)),
+                            Generation(0),
+                        );
+                        if full {
+                            break;
+                        }
+                    }
+                })
+                .await;
+            match added {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
             }
-            reply.ok();
         });
     }
 

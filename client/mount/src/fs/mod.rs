@@ -64,20 +64,22 @@ async fn listing(
         }
         (h.fid, h.caller.clone())
     };
-    let listing = read_listing(&c, fid, &parents).await?;
+    let listing = read_listing(&c, fid, &parents, || {}).await?;
     if let Some(h) = dirs.lock().get_mut(&fh) {
         h.listing = Some(listing.clone());
     }
     Ok(listing)
 }
 
-/// Reads the listing of directory `fid` for caller `c`: `.`, `..` and the entries.
+/// Starts reading the listing of directory `fid` for caller `c`: `.`, `..` and the entries,
+/// the entries page by page behind the answer; `done` is called once it is read whole.
 async fn read_listing(
     c: &Client,
     fid: proto::Fid,
     parents: &crate::pages::Parents,
+    done: impl FnOnce() + Send + 'static,
 ) -> Result<Arc<Listing>, Errno> {
-    let read = async {
+    let dots = async {
         let dir = c.getattr(fid).await?;
         if dir.kind != Kind::Dir {
             return Err(ClientError::fs(FsErrorKind::NotDir, "not a directory"));
@@ -102,13 +104,20 @@ async fn read_listing(
             };
             (e, Some(i))
         };
-        let (entries, attrs) = c.readdir_plus_apart(dir.fid).await?;
-        let mut all = Vec::with_capacity(entries.len() + 2);
-        all.extend([dot(b".", dir.clone()), dot(b"..", parent)]);
-        all.extend(entries.into_iter().zip(attrs).map(|(e, i)| (e, Some(i))));
-        Ok::<_, ClientError>(Arc::new(all))
+        Ok::<_, ClientError>([dot(b".", dir), dot(b"..", parent)])
     };
-    read.await.map_err(|e| errno(&e))
+    let listing = Listing::begin(dots.await.map_err(|e| errno(&e))?);
+    let (c, l) = (c.clone(), listing.clone());
+    lnet::job::spawn(async move {
+        let read = c
+            .readdir_plus_paged(fid, |entries, attrs| {
+                l.push(entries.into_iter().zip(attrs).map(|(e, i)| (e, Some(i))))
+            })
+            .await;
+        l.finish(read.map_err(|e| errno(&e)));
+        done();
+    });
+    Ok(listing)
 }
 
 /// The listing a read of directory `dir` from `offset` goes on in, with the number it is kept
@@ -129,10 +138,25 @@ async fn unopened_listing(
         tracing::debug!(%dir, offset, "a listing read on from an offset is no longer kept; reading it again");
     }
     let (at, since) = (std::time::Instant::now(), listings.since(c.lease_recalls()));
-    let l = read_listing(&c, dir, &parents).await?;
-    let id = listings.keep(dir, l.clone());
-    listings.answer_from(dir, id, at, since);
-    Ok((id, l, from.map_or(0, |(_, i)| i)))
+    // Numbered before it is read, so that the kernel's next request goes on in it while the
+    // rest is read; it answers lookups once read whole.
+    let id = Arc::new(std::sync::OnceLock::new());
+    let done = {
+        let (id, listings) = (id.clone(), listings.clone());
+        move || {
+            if let Some(&id) = id.get() {
+                listings.answer_from(dir, id, at, since);
+            }
+        }
+    };
+    let l = read_listing(&c, dir, &parents, done).await?;
+    let kept = listings.keep(dir, l.clone());
+    let _ = id.set(kept);
+    if l.is_whole() {
+        // Read whole before it was numbered (from the lease cache, say).
+        listings.answer_from(dir, kept, at, since);
+    }
+    Ok((kept, l, from.map_or(0, |(_, i)| i)))
 }
 
 /// The mounted filesystem.
