@@ -209,6 +209,24 @@ fn posix_calls_and_real_tools_work_on_a_mount() {
             3
         );
         assert_eq!(&buf[..3], b"new");
+        // Names outside user.* are never kept: asked for, they are not supported (so `ls -l`
+        // stops asking for ACLs and security labels after the first file), and not set.
+        for name in ["security.selinux", "system.posix_acl_access", "trusted.x"] {
+            let n = CString::new(name).unwrap();
+            assert_eq!(
+                libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), 16),
+                -1
+            );
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EOPNOTSUPP),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            set(&CString::new("trusted.x").unwrap(), 0),
+            libc::EOPNOTSUPP
+        );
     }
     // A write past the largest file lode keeps is refused at once.
     {

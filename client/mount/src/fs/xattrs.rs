@@ -68,6 +68,15 @@ impl LodeFs {
         self.begin("getxattr", req);
         let (c, n) = (self.client.clone(), n.to_string_lossy().into_owned());
         let layout = n == LAYOUT_XATTR;
+        if !layout && !n.starts_with("user.") {
+            // lode keeps user.* attributes only (the MDS refuses to set any other), so no
+            // other name can have a value: answered at once as a filesystem without ACLs or
+            // security labels answers. `ls -l` asks two such names of every file it shows
+            // (security.selinux, system.posix_acl_access) and stops asking of a filesystem
+            // that answers this, and the kernel's check for a capability before each write
+            // waits for nothing.
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         let answer = move |i: &Inode, reply: ReplyXattr| match layout
             .then(|| {
                 i.layout
@@ -84,8 +93,7 @@ impl LodeFs {
             None => reply.error(Errno::from_i32(libc::ENODATA)),
         };
         // A file this mount created ahead whose create the MDS has not answered yet: its
-        // attributes are those made here, and the kernel's check for a capability before
-        // every write need not wait for the answer. Only its layout comes with the answer.
+        // attributes are those made here. Only its layout comes with the answer.
         let fid = fid_of(ino);
         if !layout {
             if let Some(i) = self.made_here(fid) {
