@@ -430,9 +430,12 @@ impl Leases {
             .collect();
         let mut attrs = vec![];
         if plus {
+            attrs.reserve(entries.len());
             for e in &entries {
                 let a = s.held.get(&e.fid)?;
-                attrs.push(a.attr.clone().filter(|_| !a.stale)?);
+                // The POSIX attributes, as the MDS's pages carry them: a copy of a file's
+                // layout for each entry would cost more than the rest of the listing.
+                attrs.push(a.attr.as_ref().filter(|_| !a.stale)?.bare());
             }
         }
         s.tick += 1;

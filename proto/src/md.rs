@@ -149,6 +149,26 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// The attributes as readdirplus carries them: without xattrs, layout or symlink target.
+    pub fn bare(&self) -> Inode {
+        // Field by field: a clone would copy the layout and xattrs only to drop them.
+        Inode {
+            fid: self.fid,
+            kind: self.kind,
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: self.nlink,
+            size: self.size,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            xattrs: BTreeMap::new(),
+            layout: None,
+            target: vec![],
+        }
+    }
+
     /// Whether `who` may read (4), write (2) and/or search or execute (1) this inode, by its mode
     /// bits as POSIX checks them: owner, else group, else others; root passes all but execute of
     /// a file nobody may execute.

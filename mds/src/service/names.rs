@@ -146,11 +146,8 @@ impl MdsService {
                 if r.plus {
                     let listed = ns.readdir_inodes(r.dir, after, max + 1, &r.creds)?;
                     let max = fits(&listed.iter().map(|(n, _)| n.len()).collect::<Vec<_>>());
-                    let attrs: Vec<Inode> = listed
-                        .iter()
-                        .take(max)
-                        .map(|(_, i)| Self::bare(i))
-                        .collect();
+                    let attrs: Vec<Inode> =
+                        listed.iter().take(max).map(|(_, i)| i.bare()).collect();
                     let entries: Vec<(Vec<u8>, proto::Fid, Kind)> = listed
                         .into_iter()
                         .take(max + 1)
@@ -179,7 +176,7 @@ impl MdsService {
                 let fresh: Vec<Inode> = self.store.read(|ns| {
                     fids.iter()
                         .filter_map(|f| ns.inode(*f).ok())
-                        .map(Self::bare)
+                        .map(Inode::bare)
                         .collect()
                 });
                 leased = fresh.len() == attrs.len();
@@ -192,26 +189,6 @@ impl MdsService {
             end,
             leased,
         })
-    }
-
-    /// An inode's attributes as readdirplus sends them: without xattrs, layout or target.
-    pub(super) fn bare(i: &Inode) -> Inode {
-        // Field by field: a clone would copy the layout and xattrs only to drop them.
-        Inode {
-            fid: i.fid,
-            kind: i.kind,
-            mode: i.mode,
-            uid: i.uid,
-            gid: i.gid,
-            nlink: i.nlink,
-            size: i.size,
-            atime: i.atime,
-            mtime: i.mtime,
-            ctime: i.ctime,
-            xattrs: Default::default(),
-            layout: None,
-            target: vec![],
-        }
     }
 
     /// The filesystem's inodes and space (`MDS_STATFS`).
