@@ -96,7 +96,8 @@ impl Listing {
     }
 
     /// Whether the reading ended without error.
-    pub(crate) fn is_whole(&self) -> bool {
+    #[cfg(test)]
+    fn is_whole(&self) -> bool {
         self.filled.lock().end == Some(Ok(()))
     }
 

@@ -64,7 +64,7 @@ async fn listing(
         }
         (h.fid, h.caller.clone())
     };
-    let listing = read_listing(&c, fid, &parents, || {}).await?;
+    let listing = read_listing(&c, fid, &parents).await?;
     if let Some(h) = dirs.lock().get_mut(&fh) {
         h.listing = Some(listing.clone());
     }
@@ -72,12 +72,11 @@ async fn listing(
 }
 
 /// Starts reading the listing of directory `fid` for caller `c`: `.`, `..` and the entries,
-/// the entries page by page behind the answer; `done` is called once it is read whole.
+/// the entries page by page behind the answer.
 async fn read_listing(
     c: &Client,
     fid: proto::Fid,
     parents: &crate::pages::Parents,
-    done: impl FnOnce() + Send + 'static,
 ) -> Result<Arc<Listing>, Errno> {
     let dots = async {
         let dir = c.getattr(fid).await?;
@@ -115,7 +114,6 @@ async fn read_listing(
             })
             .await;
         l.finish(read.map_err(|e| errno(&e)));
-        done();
     });
     Ok(listing)
 }
@@ -140,22 +138,9 @@ async fn unopened_listing(
     let (at, since) = (std::time::Instant::now(), listings.since(c.lease_recalls()));
     // Numbered before it is read, so that the kernel's next request goes on in it while the
     // rest is read; it answers lookups once read whole.
-    let id = Arc::new(std::sync::OnceLock::new());
-    let done = {
-        let (id, listings) = (id.clone(), listings.clone());
-        move || {
-            if let Some(&id) = id.get() {
-                listings.answer_from(dir, id, at, since);
-            }
-        }
-    };
-    let l = read_listing(&c, dir, &parents, done).await?;
+    let l = read_listing(&c, dir, &parents).await?;
     let kept = listings.keep(dir, l.clone());
-    let _ = id.set(kept);
-    if l.is_whole() {
-        // Read whole before it was numbered (from the lease cache, say).
-        listings.answer_from(dir, kept, at, since);
-    }
+    listings.answer_from(dir, kept, at, since);
     Ok((kept, l, from.map_or(0, |(_, i)| i)))
 }
 
