@@ -4,6 +4,8 @@
 //!
 //! A read that starts where the last one ended extends a streak; after `trigger` such reads the
 //! handle is a stream and the next `depth` chunks past the read are kept on their way. A read
+//! that skips ahead by no more than its own length (and by less than half a chunk) counts as
+//! sequential too: a strided reader, as Lustre's stride readahead finds. A read
 //! inside the chunks already on their way stays in the stream (the kernel sends a stream's
 //! readahead as several requests at once, which arrive in any order). Any other read (random
 //! access) breaks the streak and drops what was ahead. A chunk that comes back
@@ -73,7 +75,13 @@ impl Readahead {
             && offset >= self.next.saturating_sub(span)
             && offset < self.issued_to.max(self.next);
         let end = offset.saturating_add(len);
-        if offset == self.next || in_window {
+        // A read that skips forward by no more than it reads, and by less than half a chunk,
+        // is a strided stream (records of one writer among several interleaved in a shared
+        // file, IOR's segments): read in whole chunks, it wastes at most half of each, and
+        // takes one request per chunk instead of one per record.
+        let skip = offset.saturating_sub(self.next);
+        let strided = offset > self.next && skip <= len && skip < self.chunk / 2;
+        if offset == self.next || strided || in_window {
             self.streak = self.streak.saturating_add(1);
             self.next = if in_window { self.next.max(end) } else { end };
         } else {
@@ -200,6 +208,29 @@ mod tests {
         assert_eq!(r.observe(2 * MIB, MIB), (Access::Stream, vec![]));
         // A read far from the stream breaks it.
         assert_eq!(r.observe(100 * MIB, MIB).0, Access::Direct);
+    }
+
+    #[test]
+    fn reads_that_skip_as_much_as_they_read_are_a_strided_stream() {
+        // One of two writers' records, interleaved: every other 47,008-byte record.
+        const REC: u64 = 47_008;
+        let mut r = Readahead::new(MIB, 4, 2);
+        assert_eq!(r.observe(REC, REC).0, Access::Direct);
+        assert_eq!(r.observe(3 * REC, REC).0, Access::Stream);
+        assert_eq!(r.issue()[0], (3 * REC, MIB));
+        for k in 2..40 {
+            assert_eq!(
+                r.observe((2 * k + 1) * REC, REC).0,
+                Access::Stream,
+                "record {k}"
+            );
+        }
+        // A skip larger than the read is random access.
+        let mut r = Readahead::new(MIB, 4, 2);
+        r.observe(0, 4096);
+        assert_eq!(r.observe(3 * 4096, 4096).0, Access::Direct);
+        assert_eq!(r.observe(6 * 4096, 4096).0, Access::Direct);
+        assert!(r.issue().is_empty());
     }
 
     #[test]
