@@ -46,6 +46,11 @@ const ENTRY: u64 = 12;
 /// Data I/Os this small are made on the calling thread (when the engine allows it): a few
 /// blocks take the disk tens of microseconds, less than the trip to an engine thread and back.
 const INLINE_DATA: u64 = 16 << 10;
+/// Writes through the page cache this small are made on the calling thread too: copying whole
+/// blocks into the cache takes microseconds, where io_uring hands a buffered write to one of
+/// its worker threads (ext4 cannot take one without blocking) and wakes two threads more on
+/// its way back.
+const INLINE_CACHED_WRITE: u64 = 128 << 10;
 // Data I/Os up to a size go through the page cache (the data file's buffered open), as
 // Lustre's OSS caches small I/O: a small file read soon after it was written, or read again,
 // costs no disk trip. Larger ones, a stream's, go straight to the disk (O_DIRECT), or through
@@ -445,7 +450,10 @@ impl Object {
     }
 
     async fn pwrite(&self, f: &FileHandle, offset: u64, buf: AlignedBuf) -> Result<()> {
-        if buf.len() as u64 <= INLINE_DATA && self.engine.data_inline() {
+        let len = buf.len() as u64;
+        let cached = std::ptr::eq(f, &self.cached);
+        let inline = len <= INLINE_DATA || (cached && len <= INLINE_CACHED_WRITE);
+        if inline && self.engine.data_inline() {
             return self
                 .engine
                 .write_inline(f, offset, &buf)
