@@ -630,6 +630,13 @@ async fn cached_and_direct_io_see_each_others_bytes_on_a_real_disk_under_every_p
             .await
             .unwrap();
         want[100_001..100_001 + 8192].copy_from_slice(&small);
+        // One of IOR's interleaved records: twelve blocks through the page cache, written
+        // on the serving thread, its edge blocks merged with their neighbours.
+        let record = bytes(3, 47_008);
+        t.write(o, 300_000, &record, false, Default::default())
+            .await
+            .unwrap();
+        want[300_000..300_000 + 47_008].copy_from_slice(&record);
         assert_eq!(
             &t.read(o, 0, big as u64).await.unwrap()[..],
             &want[..],
