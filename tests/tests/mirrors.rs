@@ -258,7 +258,9 @@ impl Cluster {
                 .create(true)
                 .open(&client, "/probe")
                 .await;
-            if t.len() == 4 && t.iter().all(|t| t.up) && probe.is_ok() {
+            // Up is not enough: a target takes stripes once its precreated objects are in,
+            // and a mirrored file needs all four.
+            if t.len() == 4 && t.iter().all(|t| t.up && t.takes_stripes) && probe.is_ok() {
                 break;
             }
             assert!(
@@ -361,7 +363,8 @@ async fn a_wiped_target_is_rebuilt_and_a_copy_can_be_added() {
     cl.servers[s] = Some(oss(&dir, &cl.mds.nid, &listen));
     let c = &cl.client;
     let start = Instant::now();
-    while c.targets().await.unwrap().iter().filter(|t| t.up).count() < 4 {
+    let taking = |t: &&proto::registry::TargetInfo| t.up && t.takes_stripes;
+    while c.targets().await.unwrap().iter().filter(taking).count() < 4 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the new target never came up"
