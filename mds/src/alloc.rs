@@ -172,6 +172,12 @@ impl Allocator {
     }
 
     /// Whether any target can take new stripes.
+    /// The MDT this server holds: its objects are precreated in its own sequence on each
+    /// target.
+    pub fn mdt(&self) -> u32 {
+        self.registry.filesystem().mdt
+    }
+
     pub fn has_targets(&self) -> bool {
         self.has_targets_in(&self.registry.list())
     }
@@ -228,11 +234,23 @@ impl Allocator {
             &OstPrecreate {
                 target,
                 count: BATCH,
+                mdt: self.mdt(),
             },
             RPC_DEADLINE,
         )
         .await
         .map_err(|e| no_space(format!("precreating on target {target}: {e}")))?;
+        let seq = proto::fid::object_seq(target, self.mdt());
+        if r.first.seq != seq
+            || r.count == 0
+            || r.count > BATCH
+            || r.first.oid.checked_add(r.count - 1).is_none()
+        {
+            return Err(no_space(format!(
+                "target {target}'s server answered a precreate with {} objects from {}, not of this MDT's sequence {seq:#x}",
+                r.count, r.first
+            )));
+        }
         let mut pools = self.pools.lock();
         if self.pool_epochs.lock().get(&target).copied() != epoch {
             return Ok(());
@@ -433,13 +451,14 @@ impl Allocator {
     /// orphans are gone.
     async fn clean_up(&self, store: &Store, t: &TargetInfo) {
         let keep = store
-            .read(|ns| ns.highest_object(t.index))
+            .read(|ns| ns.highest_object(t.index, self.mdt()))
             .max(self.handed.lock().get(&t.index).copied().unwrap_or(0));
         // Ids in the pool, and any a precreate under way brings, are above `keep`: the
         // cleanup destroys them.
         self.drop_pool(t.index);
         let req = OstDestroyAbove {
             target: t.index,
+            mdt: self.mdt(),
             keep_up_to: keep,
             run: self.run,
             fs: self.registry.filesystem().uuid,

@@ -13,8 +13,12 @@
 //!
 //! ```text
 //! filesystem:  "LODEFS\0\0" (8) | version u32 | uuid u128 | name_len u16 | name (UTF-8)
-//!              | crc32c of everything before it, u32            (all little-endian)
+//!              | [version 2: mdt u32] | crc32c of everything before it, u32   (little-endian)
 //! ```
+//!
+//! A filesystem has one or more metadata targets (MDTs), each formatted with its index and
+//! the filesystem's uuid and name: MDT0 makes the filesystem (and holds its root), MDT `k` joins
+//! it. Version 1, still written for MDT0, is version 2 with MDT 0.
 //!
 //! The file is written last at a format and replaced atomically, so a crash while formatting
 //! leaves a directory that is refused as unformatted, never one that half-serves.
@@ -28,7 +32,10 @@ use crate::namespace::{Namespace, Time};
 /// The identity's file on the MDS's disk.
 pub const FILE: &str = "filesystem";
 const MAGIC: [u8; 8] = *b"LODEFS\0\0";
+/// The identity of MDT0 (written as before there were several MDTs).
 const VERSION: u32 = 1;
+/// The identity of any MDT.
+const VERSION_MDT: u32 = 2;
 /// Longest filesystem name.
 pub const MAX_NAME: usize = 32;
 /// The name a filesystem gets when the operator gives none.
@@ -39,11 +46,17 @@ pub const DEFAULT_NAME: &str = "lode";
 pub struct Identity {
     pub uuid: u128,
     pub name: String,
+    /// The index of the metadata target this data directory holds.
+    pub mdt: u32,
 }
 
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({:032x})", self.name, self.uuid)
+        write!(f, "{} ({:032x})", self.name, self.uuid)?;
+        if self.mdt != 0 {
+            write!(f, " MDT{}", self.mdt)?;
+        }
+        Ok(())
     }
 }
 
@@ -70,6 +83,8 @@ pub enum FormatError {
     },
     #[error("a filesystem name is 1 to {MAX_NAME} letters, digits, '-' or '_', not {0:?}")]
     BadName(String),
+    #[error("an MDT index is below {max}, not {0}", max = proto::fid::MAX_MDTS)]
+    BadMdt(u32),
     #[error("{FILE} in {dir} is damaged: {reason}")]
     Damaged { dir: String, reason: String },
     #[error("{dir}: {source}")]
@@ -92,12 +107,16 @@ fn check_name(name: &str) -> Result<(), FormatError> {
 }
 
 fn encode(id: &Identity) -> Vec<u8> {
-    let mut out = Vec::with_capacity(34 + id.name.len() + 4);
+    let mut out = Vec::with_capacity(34 + id.name.len() + 8);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    let version = if id.mdt == 0 { VERSION } else { VERSION_MDT };
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&id.uuid.to_le_bytes());
     out.extend_from_slice(&(id.name.len() as u16).to_le_bytes());
     out.extend_from_slice(id.name.as_bytes());
+    if version == VERSION_MDT {
+        out.extend_from_slice(&id.mdt.to_le_bytes());
+    }
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -113,18 +132,28 @@ pub fn decode(raw: &[u8]) -> Result<Identity, String> {
         return Err("checksum mismatch".into());
     }
     let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(format!("unknown version {version}"));
-    }
+    let tail = match version {
+        VERSION => 0,
+        VERSION_MDT => 4,
+        _ => return Err(format!("unknown version {version}")),
+    };
     let uuid = u128::from_le_bytes(body[12..28].try_into().expect("16 bytes"));
     let len = usize::from(u16::from_le_bytes([body[28], body[29]]));
-    let name = body
-        .get(30..)
-        .filter(|n| n.len() == len)
-        .ok_or("name length does not match")?;
+    let rest = &body[30..];
+    if rest.len() != len + tail {
+        return Err("name length does not match".into());
+    }
+    let (name, tail) = rest.split_at(len);
     let name = String::from_utf8(name.to_vec()).map_err(|_| "name is not UTF-8")?;
     check_name(&name).map_err(|e| e.to_string())?;
-    Ok(Identity { uuid, name })
+    let mdt = match tail.try_into() {
+        Ok(b) => u32::from_le_bytes(b),
+        Err(_) => 0,
+    };
+    if mdt >= proto::fid::MAX_MDTS {
+        return Err(format!("MDT index {mdt} is out of range"));
+    }
+    Ok(Identity { uuid, name, mdt })
 }
 
 fn io(dir: &str) -> impl Fn(std::io::Error) -> FormatError + '_ {
@@ -160,7 +189,22 @@ pub fn format(
     uuid: u128,
     now: Time,
 ) -> Result<Identity, FormatError> {
+    format_mdt(disk, dir, name, uuid, 0, now)
+}
+
+/// Makes MDT `mdt` of filesystem `uuid` (`name`) on `disk`, as [`format`] makes MDT0.
+pub fn format_mdt(
+    disk: &dyn MetaDisk,
+    dir: &str,
+    name: &str,
+    uuid: u128,
+    mdt: u32,
+    now: Time,
+) -> Result<Identity, FormatError> {
     check_name(name)?;
+    if mdt >= proto::fid::MAX_MDTS {
+        return Err(FormatError::BadMdt(mdt));
+    }
     let existing = read(disk, dir)?;
     if existing.is_some() || namespace_present(disk, dir)? {
         return Err(FormatError::AlreadyFormatted {
@@ -168,10 +212,11 @@ pub fn format(
             identity: existing.map(Box::new),
         });
     }
-    journal::write_snapshot(disk, &Namespace::new(now), 0)?;
+    journal::write_snapshot(disk, &Namespace::for_mdt(mdt, now), 0)?;
     let id = Identity {
         uuid,
         name: name.to_owned(),
+        mdt,
     };
     disk.replace(FILE, &encode(&id)).map_err(io(dir))?;
     Ok(id)
@@ -196,6 +241,7 @@ pub fn check(disk: &dyn MetaDisk, dir: &str, adopt_uuid: u128) -> Result<Identit
             let id = Identity {
                 uuid: adopt_uuid,
                 name: DEFAULT_NAME.to_owned(),
+                mdt: 0,
             };
             disk.replace(FILE, &encode(&id)).map_err(io(dir))?;
             tracing::warn!(dir, filesystem = %id, "a namespace without an identity: adopted, and its identity written");
@@ -222,6 +268,22 @@ mod tests {
         ));
         let id = format(&disk, "d", "scratch", 7, now()).unwrap();
         assert_eq!(check(&disk, "d", 1).unwrap(), id);
+        assert_eq!(id.mdt, 0);
+        let second = MemDisk::new();
+        let joined = format_mdt(&second, "e", "scratch", 7, 2, now()).unwrap();
+        assert_eq!((joined.uuid, joined.mdt), (7, 2));
+        assert_eq!(check(&second, "e", 1).unwrap(), joined);
+        assert!(matches!(
+            format_mdt(
+                &MemDisk::new(),
+                "f",
+                "scratch",
+                7,
+                proto::fid::MAX_MDTS,
+                now()
+            ),
+            Err(FormatError::BadMdt(_))
+        ));
         assert!(matches!(
             format(&disk, "d", "again", 8, now()),
             Err(FormatError::AlreadyFormatted { identity: Some(i), .. }) if *i == id
@@ -246,18 +308,21 @@ mod tests {
 
     #[test]
     fn a_damaged_identity_or_a_bad_name_is_refused() {
-        let id = Identity {
-            uuid: 3,
-            name: "fs-1".into(),
-        };
-        let raw = encode(&id);
-        assert_eq!(decode(&raw).unwrap(), id);
-        for at in 0..raw.len() {
-            let mut bad = raw.clone();
-            bad[at] ^= 0x40;
-            assert!(decode(&bad).is_err(), "a flip at byte {at} went unseen");
+        for mdt in [0, 3] {
+            let id = Identity {
+                uuid: 3,
+                name: "fs-1".into(),
+                mdt,
+            };
+            let raw = encode(&id);
+            assert_eq!(decode(&raw).unwrap(), id);
+            for at in 0..raw.len() {
+                let mut bad = raw.clone();
+                bad[at] ^= 0x40;
+                assert!(decode(&bad).is_err(), "a flip at byte {at} went unseen");
+            }
+            assert!(decode(&raw[..raw.len() - 1]).is_err());
         }
-        assert!(decode(&raw[..raw.len() - 1]).is_err());
         let disk = MemDisk::new();
         for name in ["", "a b", "x/y", &"n".repeat(MAX_NAME + 1)] {
             assert!(matches!(

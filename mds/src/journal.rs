@@ -203,9 +203,12 @@ pub struct Recovered {
     pub torn: u64,
 }
 
-/// Reads the snapshot and replays the journal.
+/// Reads the snapshot and replays the journal. `fresh` is the namespace of a disk that holds
+/// none yet; the one read back numbers its inodes in `fresh`'s sequence (its MDT's).
 pub fn recover(disk: &dyn MetaDisk, fresh: Namespace) -> Result<Recovered, JournalError> {
+    let mdt = (fresh.seq(), fresh.root());
     let (mut ns, mut last_seq) = read_snapshot(disk)?.unwrap_or((fresh, 0));
+    ns.belong_to(mdt);
     let raw = disk
         .read(JOURNAL)
         .map_err(io_err(JOURNAL))?

@@ -115,6 +115,22 @@ pub struct Namespace {
     /// join `doomed`. Not saved: they are the files with no link.
     #[serde(skip)]
     unlinked: BTreeSet<Fid>,
+    /// The sequence new inodes are numbered in: the MDT's ([`proto::fid::inode_seq`]). Not
+    /// saved: it is the MDT's identity's, which [`crate::journal::recover`] carries over.
+    #[serde(skip, default = "mdt0_seq")]
+    seq: u64,
+    /// The MDT's root directory: the filesystem's on MDT0 ([`ROOT`]); on another MDT, the
+    /// directory its own tree hangs from ([`proto::fid::mdt_root`]). Not saved, as `seq`.
+    #[serde(skip, default = "mdt0_root")]
+    root: Fid,
+}
+
+fn mdt0_root() -> Fid {
+    ROOT
+}
+
+fn mdt0_seq() -> u64 {
+    INODE_SEQ
 }
 
 /// Truncates per file. Not part of what a namespace holds, so not compared.
@@ -174,10 +190,16 @@ impl Default for Namespace {
 }
 
 impl Namespace {
-    /// An empty namespace: the root directory, owned by root, mode 0755.
+    /// An empty namespace of MDT0: the root directory, owned by root, mode 0755.
     pub fn new(now: Time) -> Namespace {
+        Self::for_mdt(0, now)
+    }
+
+    /// An empty namespace of MDT `mdt`, whose inodes are numbered in its sequence.
+    pub fn for_mdt(mdt: u32, now: Time) -> Namespace {
+        let root_fid = proto::fid::mdt_root(mdt);
         let root = Inode {
-            fid: ROOT,
+            fid: root_fid,
             kind: Kind::Dir,
             mode: 0o755,
             uid: 0,
@@ -192,16 +214,35 @@ impl Namespace {
             target: vec![],
         };
         Namespace {
-            inodes: FastMap::from_iter([(ROOT, root)]),
-            entries: FastMap::from_iter([(ROOT, BTreeMap::new())]),
-            parents: FastMap::from_iter([(ROOT, ROOT)]),
+            inodes: FastMap::from_iter([(root_fid, root)]),
+            entries: FastMap::from_iter([(root_fid, BTreeMap::new())]),
+            parents: FastMap::from_iter([(root_fid, root_fid)]),
             next_oid: 1,
             doomed: BTreeMap::new(),
             replies: ReplyCache::default(),
             truncates: Truncates::default(),
             mdt: HashMap::new(),
             unlinked: BTreeSet::new(),
+            seq: proto::fid::inode_seq(mdt),
+            root: root_fid,
         }
+    }
+
+    /// The sequence this namespace numbers its inodes in.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The MDT's root directory.
+    pub fn root(&self) -> Fid {
+        self.root
+    }
+
+    /// Numbers new inodes in sequence `seq` under root `root`, an MDT's (a namespace read
+    /// back from a snapshot gets them from its MDT's identity).
+    pub fn belong_to(&mut self, (seq, root): (u64, Fid)) {
+        self.seq = seq;
+        self.root = root;
     }
 
     /// The inode number the next create takes.
@@ -229,7 +270,7 @@ impl Namespace {
     pub fn dir_path(&self, dir: Fid) -> Option<String> {
         let mut names = vec![];
         let mut at = dir;
-        while at != ROOT {
+        while at != self.root {
             let parent = *self.parents.get(&at)?;
             let (name, _) = self.entries.get(&parent)?.iter().find(|(_, f)| **f == at)?;
             names.push(String::from_utf8_lossy(name).into_owned());
@@ -702,7 +743,7 @@ impl Namespace {
     /// Whether `fid` can be a new inode's: an inode number set aside already (below the next
     /// one given out) that no inode has. Which client may use it is the MDS's business.
     fn check_reserved(&self, fid: Fid) -> Result<()> {
-        if fid.seq != INODE_SEQ || fid.ver != 0 || fid.oid == 0 || fid.oid >= self.next_oid {
+        if fid.seq != self.seq || fid.ver != 0 || fid.oid == 0 || fid.oid >= self.next_oid {
             return err(
                 FsErrorKind::Invalid,
                 format!("{fid} is not an inode number set aside"),
@@ -747,7 +788,7 @@ impl Namespace {
                 let Some(next) = oid.checked_add(1) else {
                     return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
                 };
-                (Fid::new(INODE_SEQ, oid, 0), next)
+                (Fid::new(self.seq, oid, 0), next)
             }
         };
         let p = self.inode(parent)?;
@@ -891,7 +932,7 @@ impl Namespace {
         };
         let p = self.inode(parent)?;
         let mut inode = new_inode(
-            Fid::new(INODE_SEQ, oid, 0),
+            Fid::new(self.seq, oid, 0),
             Kind::File,
             mode,
             &[],
@@ -1317,21 +1358,22 @@ impl Namespace {
             .collect()
     }
 
-    /// The highest object id of `target` that a file (or the destroy queue) knows about;
-    /// objects above it are orphans.
-    pub fn highest_object(&self, target: u32) -> u32 {
+    /// The highest object id of MDT `mdt`'s sequence on `target` that a file (or the destroy
+    /// queue) knows about; objects of that sequence above it are orphans.
+    pub fn highest_object(&self, target: u32, mdt: u32) -> u32 {
+        let seq = proto::fid::object_seq(target, mdt);
         let in_files = self
             .inodes
             .values()
             .flat_map(|i| i.layout.iter())
             .flat_map(|l| &l.components)
             .flat_map(|c| &c.objects)
-            .filter(|o| o.target == target)
+            .filter(|o| o.target == target && o.fid.seq == seq)
             .map(|o| o.fid.oid);
         let in_queue = self
             .doomed
             .iter()
-            .filter(|(_, (t, _))| *t == target)
+            .filter(|(f, (t, _))| *t == target && f.seq == seq)
             .map(|(f, _)| f.oid);
         in_files.chain(in_queue).max().unwrap_or(0)
     }
@@ -1712,15 +1754,15 @@ impl Namespace {
             if i.nlink != want {
                 problems.push(format!("{fid} has nlink {} but {want} links", i.nlink));
             }
-            if i.kind == Kind::Dir && *fid != ROOT {
+            if i.kind == Kind::Dir && *fid != self.root {
                 // Reachable from the root without a cycle.
                 let mut at = *fid;
                 let mut steps = 0;
-                while at != ROOT && steps <= self.entries.len() {
-                    at = self.parents.get(&at).copied().unwrap_or(ROOT);
+                while at != self.root && steps <= self.entries.len() {
+                    at = self.parents.get(&at).copied().unwrap_or(self.root);
                     steps += 1;
                 }
-                if at != ROOT {
+                if at != self.root {
                     problems.push(format!("{fid} is not reachable from the root"));
                 }
             }

@@ -57,6 +57,11 @@ pub enum RegistryError {
          `lode-mds target-add --data-dir DIR --index {index} --uuid {uuid:032x} --oss ADDR`"
     )]
     UnknownIndex { index: u32, uuid: u128 },
+    #[error(
+        "target {uuid:032x} has no index yet, and only MDT0 gives targets their indices: \
+         register its server with MDT0's MDS first (the first --mds of lode-oss)"
+    )]
+    NotFromMdt0 { uuid: u128 },
     #[error("the filesystem already has {MAX_TARGETS} targets")]
     Full,
     #[error("registry file {path}: {reason}")]
@@ -261,6 +266,11 @@ impl Registry {
                         return Err(RegistryError::IndexTaken { index: i })
                     }
                     Some(_) => i,
+                    // On another MDT than 0: MDT0 gave the index and bound the target to
+                    // this filesystem, and this MDT's objects are in a sequence of its own,
+                    // which no other MDT's cleanup touches (and a namespace that lost its
+                    // own is kept from destroying them by the server's bound on orphans).
+                    None if self.fs.mdt != 0 && t.fs == Some(self.fs.uuid) => i,
                     // An index given by some MDS, not this one: the target holds objects
                     // this namespace knows nothing of, which its orphan cleanup would take
                     // for its own and destroy.
@@ -271,6 +281,9 @@ impl Registry {
                         })
                     }
                 },
+                None if self.fs.mdt != 0 => {
+                    return Err(RegistryError::NotFromMdt0 { uuid: t.uuid })
+                }
                 None => match next.iter().find(|(_, e)| e.uuid == t.uuid) {
                     Some((i, _)) => *i,
                     None => (0..MAX_TARGETS as u32)
@@ -400,6 +413,7 @@ mod tests {
         Identity {
             uuid: 0xf5,
             name: "test".into(),
+            mdt: 0,
         }
     }
 

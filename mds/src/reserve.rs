@@ -16,7 +16,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use proto::fid::INODE_SEQ;
 use proto::Fid;
 
 use crate::disk::MetaDisk;
@@ -34,6 +33,8 @@ pub struct Reservations {
     held: Mutex<HashMap<u128, VecDeque<(u32, u32)>>>,
     /// One writer of the file at a time, in the order ranges were given.
     saving: tokio::sync::Mutex<()>,
+    /// The sequence the ranges are of: the MDT's.
+    seq: u64,
 }
 
 type Saved = Vec<(u128, u32, u32)>;
@@ -59,16 +60,22 @@ impl Reservations {
         for (client, first, end) in load(&*disk)? {
             held.entry(client).or_default().push_back((first, end));
         }
+        // The MDT the disk holds (one without an identity, in tests, is MDT0's).
+        let mdt = crate::format::read(&*disk, "data directory")
+            .ok()
+            .flatten()
+            .map_or(0, |id| id.mdt);
         Ok(Reservations {
             disk,
             held: Mutex::new(held),
             saving: tokio::sync::Mutex::new(()),
+            seq: proto::fid::inode_seq(mdt),
         })
     }
 
     /// Whether `client` holds `fid`.
     pub fn holds(&self, client: u128, fid: Fid) -> bool {
-        fid.seq == INODE_SEQ
+        fid.seq == self.seq
             && fid.ver == 0
             && self.held.lock().get(&client).is_some_and(|ranges| {
                 ranges
@@ -117,6 +124,7 @@ impl Reservations {
 mod tests {
     use super::*;
     use crate::disk::MemDisk;
+    use proto::fid::INODE_SEQ;
 
     #[tokio::test]
     async fn ranges_survive_a_reopen_and_only_the_last_few_hold() {

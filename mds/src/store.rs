@@ -245,7 +245,13 @@ impl Store {
         // A journal is made at the first open: without one, no run has served this namespace
         // (it is new, or only formatted) and no client can hold changes of an earlier run.
         let fresh = !exists("journal")?;
-        let rec = journal::recover(&*disk, Namespace::new(now()))?;
+        // The MDT the disk holds numbers its inodes in its own sequence (a disk without an
+        // identity, in tests, is MDT0's).
+        let mdt = crate::format::read(&*disk, "data directory")
+            .ok()
+            .flatten()
+            .map_or(0, |id| id.mdt);
+        let rec = journal::recover(&*disk, Namespace::for_mdt(mdt, now()))?;
         if fresh && !exists("snapshot")? {
             // A new filesystem: its root (and the time it was made) is durable from the start.
             journal::write_snapshot(&*disk, &rec.namespace, 0)?;

@@ -739,7 +739,8 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
         layout: Some(layout),
     };
     fs.run(m, &root).unwrap();
-    assert_eq!(fs.ns.highest_object(3), 42);
+    assert_eq!(fs.ns.highest_object(3, 0), 42);
+    assert_eq!(fs.ns.highest_object(3, 1), 0, "another MDT's sequence");
     assert!(fs.ns.doomed(10, |_| false).is_empty());
     fs.run(
         Mutation::Unlink {
@@ -752,7 +753,7 @@ fn removed_files_objects_wait_in_the_destroy_queue() {
     .unwrap();
     assert_eq!(fs.ns.doomed(10, |_| false), vec![obj]);
     assert_eq!(
-        fs.ns.highest_object(3),
+        fs.ns.highest_object(3, 0),
         42,
         "a queued object still counts: it is not an orphan"
     );

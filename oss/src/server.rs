@@ -34,10 +34,15 @@ pub struct TargetHome {
 /// What a storage server runs with.
 #[derive(Clone, Debug)]
 pub struct OssConfig {
-    /// The MDS to register with and heartbeat to.
+    /// The MDS to register with and heartbeat to: MDT0's, which assigns the targets their
+    /// indices.
     pub mds: Nid,
     /// The MDS's other addresses (multi-rail).
     pub mds_rails: Vec<Nid>,
+    /// The MDSs of the filesystem's other MDTs: each precreates its own objects on the
+    /// targets, so each is registered with (once MDT0 has given the targets their indices)
+    /// and heartbeaten to, in the background, retrying while it cannot be reached.
+    pub other_mds: Vec<Nid>,
     /// Time between heartbeats.
     pub heartbeat_every: Duration,
     /// How long to keep trying to reach the MDS at start before giving up.
@@ -57,6 +62,7 @@ impl OssConfig {
         OssConfig {
             mds,
             mds_rails: vec![],
+            other_mds: vec![],
             heartbeat_every: Duration::from_secs(5),
             mds_timeout: Duration::from_secs(60),
             metrics: None,
@@ -91,7 +97,8 @@ pub struct OssServer {
     /// The endpoint of registration and heartbeats.
     caller: AnyNet,
     targets: Vec<Arc<Target>>,
-    heartbeat: JoinHandle<()>,
+    /// One per MDS: registration (for the other MDTs') and heartbeats.
+    heartbeats: Vec<JoinHandle<()>>,
     metrics: Option<Arc<crate::metrics::OssMetrics>>,
 }
 
@@ -118,7 +125,7 @@ impl OssServer {
                 return Err(ServerError::Net(e));
             }
         };
-        let (targets, heartbeat) = match Self::join(&cfg, homes, &net, &caller).await {
+        let (targets, heartbeats) = match Self::join(&cfg, homes, &net, &caller).await {
             Ok(t) => t,
             Err(e) => {
                 net.shutdown();
@@ -137,7 +144,7 @@ impl OssServer {
             net,
             caller,
             targets,
-            heartbeat,
+            heartbeats,
             metrics: cfg.metrics,
         })
     }
@@ -148,7 +155,7 @@ impl OssServer {
         homes: Vec<TargetHome>,
         net: &AnyNet,
         caller: &AnyNet,
-    ) -> Result<(Vec<Arc<Target>>, JoinHandle<()>), ServerError> {
+    ) -> Result<(Vec<Arc<Target>>, Vec<JoinHandle<()>>), ServerError> {
         // Measure each device before registering: a target the MDS knows of must answer at
         // once, not stay Busy through a probe of seconds while the MDS tries to fill its pool.
         let mut policies = Vec::with_capacity(homes.len());
@@ -207,15 +214,26 @@ impl OssServer {
             target.set_io(io);
             targets.push(Arc::new(target));
         }
-        let beat = tokio::spawn(heartbeat(
+        let every = cfg.heartbeat_every.max(Duration::from_millis(10));
+        let mut beats = vec![tokio::spawn(heartbeat(
             caller.clone(),
             cfg.mds.clone(),
             net.nid(),
             net.rails(),
-            homes,
-            cfg.heartbeat_every.max(Duration::from_millis(10)),
-        ));
-        Ok((targets, beat))
+            homes.clone(),
+            every,
+        ))];
+        for mds in &cfg.other_mds {
+            beats.push(tokio::spawn(join_other(
+                caller.clone(),
+                mds.clone(),
+                register.clone(),
+                registered.indices.clone(),
+                homes.clone(),
+                every,
+            )));
+        }
+        Ok((targets, beats))
     }
 
     /// Where clients and the MDS reach it.
@@ -248,13 +266,17 @@ impl OssServer {
     /// Stops at once, as kill -9 would: no last sync (the kernel, or the simulated disk,
     /// keeps what was written).
     pub fn kill(self) {
-        self.heartbeat.abort();
+        for h in &self.heartbeats {
+            h.abort();
+        }
         self.net.shutdown();
         self.caller.shutdown();
     }
 
     pub async fn stop(self) -> Result<(), TargetError> {
-        self.heartbeat.abort();
+        for h in &self.heartbeats {
+            h.abort();
+        }
         self.net.shutdown();
         self.caller.shutdown();
         for t in &self.targets {
@@ -282,6 +304,46 @@ async fn reports(homes: &[TargetHome]) -> Result<Vec<TargetReport>, TargetError>
         });
     }
     Ok(out)
+}
+
+/// Registers the targets with the MDS of another MDT (`mds`), retrying while it cannot be
+/// reached or refuses, then heartbeats to it. Its answer must give each target the index MDT0
+/// gave (`indices`); a server whose targets another MDT knows by other indices is left
+/// unregistered there, loudly.
+async fn join_other(
+    caller: AnyNet,
+    mds: Nid,
+    mut register: RegisterTargets,
+    indices: Vec<u32>,
+    homes: Vec<TargetHome>,
+    every: Duration,
+) {
+    let mut warned = false;
+    loop {
+        // The labels now hold the indices and the filesystem MDT0 gave.
+        match reports(&homes).await {
+            Ok(t) => register.targets = t,
+            Err(e) => tracing::warn!(error = %e, "cannot read the targets' labels"),
+        }
+        match call(&caller, &mds, &register, MDS_CALL_TIMEOUT).await {
+            Ok(r) if r.indices == indices => {
+                tracing::info!(%mds, "registered with the MDS of another MDT");
+                break;
+            }
+            Ok(r) => {
+                tracing::error!(%mds, theirs = ?r.indices, ours = ?indices, "the MDS of another MDT knows these targets by other indices: not serving it");
+                return;
+            }
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(%mds, error = %e, "cannot register with the MDS of another MDT yet; retrying");
+                    warned = true;
+                }
+                tokio::time::sleep(every.min(Duration::from_secs(1))).await;
+            }
+        }
+    }
+    heartbeat(caller, mds, register.oss, register.rails, homes, every).await
 }
 
 /// Tells the MDS every `every` that this server is up and how much space its targets have.

@@ -156,7 +156,7 @@ impl OssService {
             opcodes::OST_PRECREATE => {
                 self.server_only(&req)?;
                 let r: OstPrecreate = req.decode()?;
-                let first = self.target(r.target)?.precreate(r.count).await?;
+                let first = self.target(r.target)?.precreate_for(r.mdt, r.count).await?;
                 reply::<OstPrecreate>(&OstPrecreated {
                     first,
                     count: r.count,
@@ -249,7 +249,7 @@ impl OssService {
                 let r: OstDestroyAbove = req.decode()?;
                 let destroyed = self
                     .target(r.target)?
-                    .destroy_above(r.keep_up_to, r.run, r.fs)
+                    .destroy_above(r.mdt, r.keep_up_to, r.run, r.fs)
                     .await?;
                 reply::<OstDestroyAbove>(&OstDestroyedAbove { destroyed })
             }

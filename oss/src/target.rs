@@ -11,9 +11,15 @@
 //! <root>/EPOCH                       durability epoch (u64) | boot id length u8 | boot id
 //! <root>/O/<seq>/d<oid % 32>/<oid>     object data (hex names)
 //! <root>/O/<seq>/d<oid % 32>/<oid>.cs  its checksums and size
+//! <root>/O/<seq>/LAST_ID, DEAD        the same as LAST_ID and DEAD, for an MDT other than 0
 //! ```
 //!
-//! Objects of target `i` have FIDs in sequence `OST_SEQ_BASE + i`. A precreate only moves
+//! Each MDT allocates objects on the target in a sequence of its own
+//! ([`proto::fid::object_seq`]): MDT0's objects of target `i` have FIDs in sequence
+//! `OST_SEQ_BASE + i`, with LAST_ID and DEAD beside TARGET, as before there were several MDTs;
+//! another MDT's sequence, with its own LAST_ID and DEAD in its directory under `O/`, is made at
+//! its first precreate. Everything below holds per sequence: one MDT's precreates and orphan
+//! cleanups never touch another's ids. A precreate only moves
 //! LAST_ID on, durably, so an id is never handed out twice, even across a crash. An object's
 //! files are made at its first write (or truncate), and their directory entries are durable
 //! before its first sync is answered: until then the object is empty, as a new file is. Most
@@ -51,6 +57,7 @@ use crate::object::Object;
 type Result<T> = std::result::Result<T, TargetError>;
 
 pub use proto::fid::OST_SEQ_BASE;
+use proto::fid::{object_owner, object_seq};
 /// Most objects created by one precreate.
 pub const MAX_PRECREATE: u32 = 20_000;
 /// Written objects an orphan cleanup destroys without an operator's word when they are more
@@ -99,10 +106,13 @@ pub struct ScrubReport {
     pub bad: Vec<(Fid, u64)>,
 }
 
-pub struct Target {
-    index: u32,
-    root: PathBuf,
-    engine: Arc<dyn Engine>,
+/// The objects one MDT allocates on a target: their sequence, the highest id handed out and
+/// the ids destroyed.
+struct Sequence {
+    mdt: u32,
+    seq: u64,
+    /// Where its LAST_ID and DEAD are.
+    home: PathBuf,
     last_id_file: FileHandle,
     /// The highest object id handed out; held across a precreate.
     last_id: tokio::sync::Mutex<u32>,
@@ -113,6 +123,40 @@ pub struct Target {
     dead: Mutex<Vec<u8>>,
     /// One writer of DEAD at a time.
     dead_io: tokio::sync::Mutex<()>,
+    /// Held by an orphan cleanup: one at a time, each seeing what the one before left.
+    cleanup: tokio::sync::Mutex<()>,
+    /// The MDS run whose cleanup came last, and the highest id then handed out.
+    cleaned: Mutex<Option<(u64, u32)>>,
+    /// Per object directory, the files of destroyed objects kept there, emptied, for new
+    /// objects: a rename costs the file system far less than making a file (ext4 without a
+    /// journal scans past every recently freed inode to allocate one). Changed only under
+    /// the target's `opening`, or (adding) once set aside under it and emptied.
+    free: Mutex<Vec<Vec<String>>>,
+}
+
+impl Sequence {
+    fn is_dead(&self, oid: u32) -> bool {
+        let d = self.dead.lock();
+        d.get(oid as usize / 8)
+            .is_some_and(|b| b & (1 << (oid % 8)) != 0)
+    }
+
+    /// Whether `oid` was handed out and not destroyed.
+    fn live(&self, oid: u32) -> bool {
+        oid != 0 && oid <= self.allocated.load(Ordering::SeqCst) && !self.is_dead(oid)
+    }
+}
+
+pub struct Target {
+    index: u32,
+    root: PathBuf,
+    engine: Arc<dyn Engine>,
+    /// MDT0's sequence.
+    first: Arc<Sequence>,
+    /// The other MDTs' sequences, by MDT.
+    others: Mutex<HashMap<u32, Arc<Sequence>>>,
+    /// One maker of a new sequence at a time.
+    making: tokio::sync::Mutex<()>,
     objects: Mutex<HashMap<Fid, Arc<Object>>>,
     opening: tokio::sync::Mutex<()>,
     /// The durability epoch; moved on (durably) by a failed sync too.
@@ -121,19 +165,10 @@ pub struct Target {
     epoch_io: tokio::sync::Mutex<()>,
     /// Per client, the oldest write it still waits on (see [`proto::ost::WriteStamp`]).
     floors: Mutex<HashMap<u64, u64>>,
-    /// Held by an orphan cleanup: one at a time, each seeing what the one before left.
-    cleanup: tokio::sync::Mutex<()>,
-    /// The MDS run whose cleanup came last, and the highest id then handed out.
-    cleaned: Mutex<Option<(u64, u32)>>,
     /// The filesystem it is bound to, as its label said at open.
     fs: Option<u128>,
     /// The operator's word for this run ([`Target::trust_mds_objects`]).
     trust_mds: std::sync::atomic::AtomicBool,
-    /// Per object directory, the files of destroyed objects kept there, emptied, for new
-    /// objects: a rename costs the file system far less than making a file (ext4 without a
-    /// journal scans past every recently freed inode to allocate one). Changed only under
-    /// `opening`, or (adding) once set aside under it and emptied.
-    free: Mutex<Vec<Vec<String>>>,
     /// Which data I/O goes through the page cache (see [`crate::io_policy`]).
     io: Mutex<IoPolicy>,
 }
@@ -298,21 +333,7 @@ impl Target {
         let index = label
             .index
             .ok_or_else(|| TargetError::Invalid(format!("{} has no index yet", root.display())))?;
-        let last_id_file = engine
-            .open(&root.join("LAST_ID"), OpenMode::Existing, false)
-            .map_err(err("open LAST_ID"))?;
-        let (raw, r) = engine
-            .read_at(&last_id_file, 0, AlignedBuf::zeroed(8))
-            .await;
-        if r.map_err(err("read LAST_ID"))? < 8 {
-            return Err(TargetError::Damaged(format!(
-                "{}/LAST_ID is short",
-                root.display()
-            )));
-        }
-        let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
-            TargetError::Damaged(format!("{}/LAST_ID is out of range", root.display()))
-        })?;
+        let (last_id_file, last) = Self::read_last_id(&engine, root, OpenMode::Existing).await?;
         let epoch = Self::next_epoch(&engine, root).await?;
         let (dead_file, dead) = match Self::read_dead(&engine, root).await? {
             Some(d) => d,
@@ -323,7 +344,7 @@ impl Target {
                 for oid in 1..=last {
                     bits[oid as usize / 8] |= 1 << (oid % 8);
                 }
-                let seq = OST_SEQ_BASE + u64::from(index);
+                let seq = object_seq(index, 0);
                 for fid in list_objects(&engine, root, seq)? {
                     if fid.oid <= last {
                         bits[fid.oid as usize / 8] &= !(1 << (fid.oid % 8));
@@ -336,51 +357,221 @@ impl Target {
                 })?
             }
         };
-        let target = Target {
-            index,
-            root: root.to_path_buf(),
-            engine,
+        let first = Arc::new(Sequence {
+            mdt: 0,
+            seq: object_seq(index, 0),
+            home: root.to_path_buf(),
             last_id_file,
             last_id: tokio::sync::Mutex::new(last),
             allocated: AtomicU32::new(last),
             dead_file,
             dead: Mutex::new(dead),
             dead_io: tokio::sync::Mutex::new(()),
+            cleanup: tokio::sync::Mutex::new(()),
+            cleaned: Mutex::new(None),
+            free: Mutex::new(vec![vec![]; FANOUT as usize]),
+        });
+        let target = Target {
+            index,
+            root: root.to_path_buf(),
+            engine,
+            first,
+            others: Mutex::new(HashMap::new()),
+            making: tokio::sync::Mutex::new(()),
             objects: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             epoch: epoch.into(),
             epoch_io: tokio::sync::Mutex::new(()),
             floors: Mutex::new(HashMap::new()),
-            cleanup: tokio::sync::Mutex::new(()),
-            cleaned: Mutex::new(None),
             fs: label.fs,
             trust_mds: Default::default(),
-            free: Mutex::new(vec![vec![]; FANOUT as usize]),
             io: Mutex::new(IoPolicy::default()),
         };
+        // The other MDTs' sequences: every directory under O/ that one of them made.
+        let objects_dir = root.join("O");
+        let listed = match target.engine.list(&objects_dir) {
+            Ok(l) => l,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => vec![],
+            Err(e) => return Err(err("list O")(e)),
+        };
+        for p in listed {
+            let owner = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+                .and_then(|seq| object_owner(seq).map(|o| (seq, o)));
+            match owner {
+                Some((seq, (i, mdt))) if i == index && mdt != 0 => {
+                    let sq = target.make_sequence(mdt, seq).await?;
+                    target.others.lock().insert(mdt, Arc::new(sq));
+                }
+                Some((_, (i, 0))) if i == index => {}
+                _ => {
+                    tracing::warn!(dir = %p.display(), "a directory under O/ that is no sequence of this target's: left alone");
+                }
+            }
+        }
+        let mut sequences = vec![target.first.clone()];
+        sequences.extend(target.others.lock().values().cloned());
+        for sq in &sequences {
+            target.open_sequence(sq).await?;
+        }
+        Ok(target)
+    }
+
+    /// Makes ready the object directories of a sequence just opened or made: made if
+    /// missing, kept files of the last run dropped, synced.
+    async fn open_sequence(&self, sq: &Sequence) -> Result<()> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", self.root.display());
+            move |e| TargetError::target(what, e)
+        };
         for d in 0..FANOUT {
-            target
-                .engine
-                .create_dir_all(&target.dir_of(d))
+            self.engine
+                .create_dir_all(&object_dir(&self.root, sq.seq, d))
                 .map_err(err("create object directories"))?;
         }
-        target.drop_kept()?;
+        self.drop_kept(sq.seq)?;
         // Objects made by an earlier run may have files whose directory entries were never
         // synced (the run died before their first sync): their first sync in this run does
         // not sync the directory, so every object directory is synced once now.
         for d in 0..FANOUT {
-            let dir = target.dir_of(d);
-            target
-                .engine
+            let dir = object_dir(&self.root, sq.seq, d);
+            self.engine
                 .sync_dir(&dir)
                 .map_err(|e| TargetError::target(format!("sync {}", dir.display()), e))?;
         }
         // A target whose DEAD predates the room kept for every id handed out gets it now; on
         // a full disk, later (its next precreate).
-        if let Err(e) = target.room_in_dead(last).await {
-            tracing::warn!(root = %root.display(), error = %e, "no room yet in DEAD for every object id handed out");
+        let last = *sq.last_id.lock().await;
+        if let Err(e) = self.room_in_dead(sq, last).await {
+            tracing::warn!(root = %self.root.display(), mdt = sq.mdt, error = %e, "no room yet in DEAD for every object id handed out");
         }
-        Ok(target)
+        Ok(())
+    }
+
+    /// LAST_ID in `home`, opened with `mode`, and the id it holds.
+    async fn read_last_id(
+        engine: &Arc<dyn Engine>,
+        home: &Path,
+        mode: OpenMode,
+    ) -> Result<(FileHandle, u32)> {
+        let err = |what: &str| {
+            let what = format!("{} {what}", home.display());
+            move |e| TargetError::target(what, e)
+        };
+        let f = engine
+            .open(&home.join("LAST_ID"), mode, false)
+            .map_err(err("open LAST_ID"))?;
+        let (raw, r) = engine.read_at(&f, 0, AlignedBuf::zeroed(8)).await;
+        if r.map_err(err("read LAST_ID"))? < 8 {
+            return Err(TargetError::Damaged(format!(
+                "{}/LAST_ID is short",
+                home.display()
+            )));
+        }
+        let last = u32::try_from(word(&raw, 0, 8)).map_err(|_| {
+            TargetError::Damaged(format!("{}/LAST_ID is out of range", home.display()))
+        })?;
+        Ok((f, last))
+    }
+
+    /// MDT `mdt`'s sequence `seq` in `O/<seq>/`: opened, or made (or its making, cut by a
+    /// crash, finished). A sequence's DEAD is finished last, and ids are handed out only
+    /// after: one whose DEAD is unfinished never handed any out, and starts again empty.
+    async fn make_sequence(&self, mdt: u32, seq: u64) -> Result<Sequence> {
+        let home = self.root.join("O").join(format!("{seq:x}"));
+        let err = |what: &str| {
+            let what = format!("{} {what}", home.display());
+            move |e| TargetError::target(what, e)
+        };
+        let (last_id_file, last, dead_file, dead) = match Self::read_dead(&self.engine, &home)
+            .await?
+        {
+            Some((dead_file, dead)) => {
+                let (f, last) = Self::read_last_id(&self.engine, &home, OpenMode::Existing).await?;
+                (f, last, dead_file, dead)
+            }
+            None => {
+                self.engine.create_dir_all(&home).map_err(err("create"))?;
+                let f = self
+                    .engine
+                    .open(&home.join("LAST_ID"), OpenMode::Create, false)
+                    .map_err(err("open LAST_ID"))?;
+                self.engine
+                    .write_at(&f, 0, AlignedBuf::zeroed(8))
+                    .await
+                    .1
+                    .map_err(err("write LAST_ID"))?;
+                self.engine.sync(&f).await.map_err(err("sync LAST_ID"))?;
+                Self::write_dead(&self.engine, &home, &[]).await?;
+                self.engine
+                    .sync_dir(&self.root.join("O"))
+                    .map_err(err("sync O"))?;
+                let (dead_file, dead) =
+                    Self::read_dead(&self.engine, &home).await?.ok_or_else(|| {
+                        TargetError::Damaged(format!("{}/DEAD was not written", home.display()))
+                    })?;
+                tracing::info!(target = self.index, mdt, "a new object sequence for an MDT");
+                (f, 0, dead_file, dead)
+            }
+        };
+        Ok(Sequence {
+            mdt,
+            seq,
+            home,
+            last_id_file,
+            last_id: tokio::sync::Mutex::new(last),
+            allocated: AtomicU32::new(last),
+            dead_file,
+            dead: Mutex::new(dead),
+            dead_io: tokio::sync::Mutex::new(()),
+            cleanup: tokio::sync::Mutex::new(()),
+            cleaned: Mutex::new(None),
+            free: Mutex::new(vec![vec![]; FANOUT as usize]),
+        })
+    }
+
+    /// MDT `mdt`'s sequence, if it has one here.
+    fn sequence(&self, mdt: u32) -> Option<Arc<Sequence>> {
+        if mdt == 0 {
+            Some(self.first.clone())
+        } else {
+            self.others.lock().get(&mdt).cloned()
+        }
+    }
+
+    /// The sequence `fid` belongs to, if it is one of this target's.
+    fn sequence_of(&self, fid: Fid) -> Option<Arc<Sequence>> {
+        if fid.seq == self.first.seq {
+            return Some(self.first.clone());
+        }
+        match object_owner(fid.seq) {
+            Some((i, mdt)) if i == self.index => self.sequence(mdt),
+            _ => None,
+        }
+    }
+
+    /// MDT `mdt`'s sequence, made at its first use.
+    async fn sequence_made(&self, mdt: u32) -> Result<Arc<Sequence>> {
+        if let Some(sq) = self.sequence(mdt) {
+            return Ok(sq);
+        }
+        if mdt >= proto::fid::MAX_MDTS {
+            return Err(TargetError::Invalid(format!(
+                "MDT {mdt} is past the most a filesystem has ({})",
+                proto::fid::MAX_MDTS
+            )));
+        }
+        let _one = self.making.lock().await;
+        if let Some(sq) = self.sequence(mdt) {
+            return Ok(sq);
+        }
+        let sq = self.make_sequence(mdt, object_seq(self.index, mdt)).await?;
+        self.open_sequence(&sq).await?;
+        let sq = Arc::new(sq);
+        self.others.lock().insert(mdt, sq.clone());
+        Ok(sq)
     }
 
     /// Writes DEAD whole: the bitmap, then (once it is durable) the magic that says it is.
@@ -448,20 +639,14 @@ impl Target {
         Ok(Some((f, raw[DEAD_HEAD as usize..].to_vec())))
     }
 
-    fn is_dead(&self, oid: u32) -> bool {
-        let d = self.dead.lock();
-        d.get(oid as usize / 8)
-            .is_some_and(|b| b & (1 << (oid % 8)) != 0)
-    }
-
-    /// Records the ids `oids` destroyed, durably: the bytes they touch are written in runs,
-    /// and DEAD is synced once.
-    async fn mark_dead(&self, oids: impl IntoIterator<Item = u32>) -> Result<()> {
+    /// Records the ids `oids` of sequence `sq` destroyed, durably: the bytes they touch are
+    /// written in runs, and DEAD is synced once.
+    async fn mark_dead(&self, sq: &Sequence, oids: impl IntoIterator<Item = u32>) -> Result<()> {
         /// Bytes between two touched ones that are written rather than starting a new run.
         const GAP: usize = 512;
-        let _one = self.dead_io.lock().await;
+        let _one = sq.dead_io.lock().await;
         let runs: Vec<(usize, AlignedBuf)> = {
-            let mut d = self.dead.lock();
+            let mut d = sq.dead.lock();
             let mut touched: Vec<usize> = vec![];
             for oid in oids {
                 let at = oid as usize / 8;
@@ -492,15 +677,15 @@ impl Target {
         if runs.is_empty() {
             return Ok(());
         }
-        let err = |e| TargetError::target(format!("{}/DEAD", self.root.display()), e);
+        let err = |e| TargetError::target(format!("{}/DEAD", sq.home.display()), e);
         for (first, buf) in runs {
             self.engine
-                .write_at(&self.dead_file, DEAD_HEAD + first as u64, buf)
+                .write_at(&sq.dead_file, DEAD_HEAD + first as u64, buf)
                 .await
                 .1
                 .map_err(err)?;
         }
-        self.engine.sync(&self.dead_file).await.map_err(err)
+        self.engine.sync(&sq.dead_file).await.map_err(err)
     }
 
     /// EPOCH, opened (made if missing), and this boot's id as it is recorded there.
@@ -602,31 +787,41 @@ impl Target {
         &self.root
     }
 
+    /// The sequence MDT0's objects here are in.
     pub fn seq(&self) -> u64 {
-        OST_SEQ_BASE + u64::from(self.index)
+        self.first.seq
     }
 
-    fn dir_of(&self, oid: u32) -> PathBuf {
-        object_dir(&self.root, self.seq(), oid % FANOUT)
+    /// The directory of object `oid` of sequence `seq`.
+    fn dir_of(&self, seq: u64, oid: u32) -> PathBuf {
+        object_dir(&self.root, seq, oid % FANOUT)
     }
 
     fn paths(&self, fid: Fid) -> (PathBuf, PathBuf) {
-        let dir = self.dir_of(fid.oid);
+        let dir = self.dir_of(fid.seq, fid.oid);
         (
             dir.join(format!("{:x}", fid.oid)),
             dir.join(format!("{:x}.cs", fid.oid)),
         )
     }
 
-    /// Hands out `count` new object ids and returns the first; the ids are consecutive. The
-    /// objects are empty, and get their files when first written.
+    /// Hands out `count` new object ids of MDT0's sequence and returns the first (see
+    /// [`Target::precreate_for`]).
     pub async fn precreate(&self, count: u32) -> Result<Fid> {
+        self.precreate_for(0, count).await
+    }
+
+    /// Hands out `count` new object ids of MDT `mdt`'s sequence (made at its first
+    /// precreate) and returns the first; the ids are consecutive. The objects are empty, and
+    /// get their files when first written.
+    pub async fn precreate_for(&self, mdt: u32, count: u32) -> Result<Fid> {
         if count == 0 || count > MAX_PRECREATE {
             return Err(TargetError::Invalid(format!(
                 "precreate count must be 1..={MAX_PRECREATE}, not {count}"
             )));
         }
-        let mut last = self.last_id.lock().await;
+        let sq = self.sequence_made(mdt).await?;
+        let mut last = sq.last_id.lock().await;
         let first = last
             .checked_add(1)
             .filter(|f| f.checked_add(count - 1).is_some())
@@ -634,24 +829,24 @@ impl Target {
         let new_last = first + (count - 1);
         // Their bits in DEAD take room now: destroying them later, even on a full disk (when
         // destroying is how room is made), only writes inside the file.
-        self.room_in_dead(new_last).await?;
-        self.write_last_id(&mut last, new_last).await?;
-        Ok(Fid::new(self.seq(), first, 0))
+        self.room_in_dead(&sq, new_last).await?;
+        self.write_last_id(&sq, &mut last, new_last).await?;
+        Ok(Fid::new(sq.seq, first, 0))
     }
 
-    /// Moves LAST_ID to `new_last`, durably, under its lock (`last`).
-    async fn write_last_id(&self, last: &mut u32, new_last: u32) -> Result<()> {
+    /// Moves `sq`'s LAST_ID to `new_last`, durably, under its lock (`last`).
+    async fn write_last_id(&self, sq: &Sequence, last: &mut u32, new_last: u32) -> Result<()> {
         let mut raw = AlignedBuf::zeroed(8);
         raw.copy_from_slice(&u64::from(new_last).to_le_bytes());
-        let err = |e| TargetError::target(format!("{} LAST_ID", self.root.display()), e);
+        let err = |e| TargetError::target(format!("{} LAST_ID", sq.home.display()), e);
         self.engine
-            .write_at(&self.last_id_file, 0, raw)
+            .write_at(&sq.last_id_file, 0, raw)
             .await
             .1
             .map_err(err)?;
-        self.engine.sync(&self.last_id_file).await.map_err(err)?;
+        self.engine.sync(&sq.last_id_file).await.map_err(err)?;
         *last = new_last;
-        self.allocated.store(new_last, Ordering::SeqCst);
+        sq.allocated.store(new_last, Ordering::SeqCst);
         Ok(())
     }
 
@@ -669,24 +864,24 @@ impl Target {
 
     /// Makes DEAD long enough (its bytes written, not a hole) to hold the bits of every id up
     /// to `last`.
-    async fn room_in_dead(&self, last: u32) -> Result<()> {
-        let _one = self.dead_io.lock().await;
+    async fn room_in_dead(&self, sq: &Sequence, last: u32) -> Result<()> {
+        let _one = sq.dead_io.lock().await;
         let want = last as usize / 8 + 1;
-        let have = self.dead.lock().len();
+        let have = sq.dead.lock().len();
         if have >= want {
             return Ok(());
         }
-        let err = |e| TargetError::target(format!("{}/DEAD", self.root.display()), e);
+        let err = |e| TargetError::target(format!("{}/DEAD", sq.home.display()), e);
         let (_, r) = self
             .engine
             .write_at(
-                &self.dead_file,
+                &sq.dead_file,
                 DEAD_HEAD + have as u64,
                 AlignedBuf::zeroed(want - have),
             )
             .await;
         r.map_err(err)?;
-        let mut d = self.dead.lock();
+        let mut d = sq.dead.lock();
         if d.len() < want {
             d.resize(want, 0);
         }
@@ -695,9 +890,9 @@ impl Target {
 
     /// Removes the files kept by [`Target::keep_free`] before a restart: a crash may have
     /// come between setting them aside and emptying them, so none is trusted.
-    fn drop_kept(&self) -> Result<()> {
+    fn drop_kept(&self, seq: u64) -> Result<()> {
         for d in 0..FANOUT {
-            let dir = self.dir_of(d);
+            let dir = self.dir_of(seq, d);
             let entries = self
                 .engine
                 .list(&dir)
@@ -723,9 +918,9 @@ impl Target {
     /// object is large, or it was never written); the caller removes them then. Called under
     /// `opening`, so no open of the destroyed object can start meanwhile; [`Target::keep_free`]
     /// then empties them.
-    fn set_aside(&self, fid: Fid) -> std::io::Result<Option<String>> {
+    fn set_aside(&self, sq: &Sequence, fid: Fid) -> std::io::Result<Option<String>> {
         let d = (fid.oid % FANOUT) as usize;
-        if self.free.lock()[d].len() >= FREE_PER_DIR {
+        if sq.free.lock()[d].len() >= FREE_PER_DIR {
             return Ok(None);
         }
         let (data, meta) = self.paths(fid);
@@ -740,7 +935,7 @@ impl Target {
         // Made with the data file if missing: a crash can leave a data file alone.
         drop(self.engine.open(&meta, OpenMode::Create, false)?);
         let name = format!("{FREE_PREFIX}{:016x}", rand::random::<u64>());
-        let dir = self.dir_of(fid.oid);
+        let dir = self.dir_of(fid.seq, fid.oid);
         self.engine.rename(&data, &dir.join(&name))?;
         self.engine.rename(&meta, &dir.join(format!("{name}.cs")))?;
         Ok(Some(name))
@@ -749,25 +944,25 @@ impl Target {
     /// Empties the files set aside as `name` in the directory of `oid`, durably (so no power
     /// cut brings a destroyed object's bytes back under a new object's name), and keeps them
     /// for a new object.
-    async fn keep_free(&self, oid: u32, name: String) -> std::io::Result<()> {
-        let dir = self.dir_of(oid);
+    async fn keep_free(&self, sq: &Sequence, oid: u32, name: String) -> std::io::Result<()> {
+        let dir = self.dir_of(sq.seq, oid);
         for p in [dir.join(format!("{name}.cs")), dir.join(&name)] {
             let f = self.engine.open(&p, OpenMode::Existing, false)?;
             self.engine.set_len(&f, 0)?;
             self.engine.sync(&f).await?;
         }
-        self.free.lock()[(oid % FANOUT) as usize].push(name);
+        sq.free.lock()[(oid % FANOUT) as usize].push(name);
         Ok(())
     }
 
     /// The files of a new object `fid`: a destroyed object's kept ones if its directory has
     /// some, renamed to its names (checksum file first, as a create makes them), else new
     /// ones. Called under `opening`.
-    async fn new_files(&self, fid: Fid, data: &Path, meta: &Path) -> Result<Object> {
+    async fn new_files(&self, sq: &Sequence, fid: Fid, data: &Path, meta: &Path) -> Result<Object> {
         let d = (fid.oid % FANOUT) as usize;
-        let kept = self.free.lock()[d].pop();
+        let kept = sq.free.lock()[d].pop();
         if let Some(name) = kept {
-            let dir = self.dir_of(fid.oid);
+            let dir = self.dir_of(fid.seq, fid.oid);
             let moved = self
                 .engine
                 .rename(&dir.join(format!("{name}.cs")), meta)
@@ -789,11 +984,12 @@ impl Target {
 
     /// Whether `fid` names an object of this target that was handed out and not destroyed.
     fn live(&self, fid: Fid) -> bool {
-        fid.seq == self.seq()
-            && fid.ver == 0
-            && fid.oid != 0
-            && fid.oid <= self.allocated.load(Ordering::SeqCst)
-            && !self.is_dead(fid.oid)
+        fid.ver == 0 && self.sequence_of(fid).is_some_and(|sq| sq.live(fid.oid))
+    }
+
+    /// Whether `fid` is no object of this target's, or a destroyed one.
+    fn gone(&self, fid: Fid) -> bool {
+        fid.ver != 0 || self.sequence_of(fid).is_none_or(|sq| sq.is_dead(fid.oid))
     }
 
     /// The object, opened; `None` for one handed out and never written (it is empty).
@@ -816,12 +1012,13 @@ impl Target {
             return Ok(o.clone());
         }
         // Checked under the opening lock, which a destroy takes to mark the id dead.
-        if !self.live(fid) {
-            return Err(TargetError::NotFound(fid));
-        }
+        let sq = match self.sequence_of(fid) {
+            Some(sq) if fid.ver == 0 && sq.live(fid.oid) => sq,
+            _ => return Err(TargetError::NotFound(fid)),
+        };
         let (data, meta) = self.paths(fid);
-        let obj = self.new_files(fid, &data, &meta).await?;
-        obj.new_in(self.dir_of(fid.oid));
+        let obj = self.new_files(&sq, fid, &data, &meta).await?;
+        obj.new_in(self.dir_of(fid.seq, fid.oid));
         Ok(self.keep_open(obj))
     }
 
@@ -838,7 +1035,7 @@ impl Target {
     }
 
     async fn object(&self, fid: Fid) -> Result<Arc<Object>> {
-        if fid.seq != self.seq() || fid.ver != 0 || self.is_dead(fid.oid) {
+        if self.gone(fid) {
             return Err(TargetError::NotFound(fid));
         }
         if let Some(o) = self.objects.lock().get(&fid) {
@@ -851,7 +1048,7 @@ impl Target {
         }
         // Checked again under the lock a destroy takes: a destroyed object's files may be
         // another object's by now.
-        if self.is_dead(fid.oid) {
+        if self.gone(fid) {
             return Err(TargetError::NotFound(fid));
         }
         let (data, meta) = self.paths(fid);
@@ -959,9 +1156,21 @@ impl Target {
     /// of each directory that lost files; returns those that were not there.
     pub async fn destroy_many(&self, fids: &[Fid]) -> Result<Vec<Fid>> {
         let (live, missing): (Vec<Fid>, Vec<Fid>) = fids.iter().partition(|f| self.live(**f));
-        if live.is_empty() {
-            return Ok(missing);
+        // One MDT asks, so the objects are of one sequence; each is done on its own.
+        let mut by_seq: HashMap<u64, Vec<Fid>> = HashMap::new();
+        for f in live {
+            by_seq.entry(f.seq).or_default().push(f);
         }
+        for (_, live) in by_seq {
+            if let Some(sq) = self.sequence_of(live[0]) {
+                self.destroy_live(&sq, &live).await?;
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Destroys `live`, objects of `sq` handed out and not destroyed.
+    async fn destroy_live(&self, sq: &Sequence, live: &[Fid]) -> Result<()> {
         let gone = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
@@ -973,7 +1182,7 @@ impl Target {
         {
             // No write makes these objects' files from now on, and none opens them.
             let _opening = self.opening.lock().await;
-            self.mark_dead(live.iter().map(|f| f.oid)).await?;
+            self.mark_dead(sq, live.iter().map(|f| f.oid)).await?;
             let mut objects = self.objects.lock();
             let in_use: Vec<Fid> = live
                 .iter()
@@ -981,12 +1190,12 @@ impl Target {
                 .copied()
                 .collect();
             drop(objects);
-            for &fid in &live {
+            for &fid in live {
                 // Files a request still works on are removed, so its late writes land nowhere.
                 let set = if in_use.contains(&fid) {
                     None
                 } else {
-                    self.set_aside(fid)
+                    self.set_aside(sq, fid)
                         .map_err(|e| TargetError::io(fid, 0, e))?
                 };
                 match set {
@@ -997,7 +1206,7 @@ impl Target {
         }
         for (fid, name) in aside {
             dirs.insert(fid.oid % FANOUT);
-            self.keep_free(fid.oid, name)
+            self.keep_free(sq, fid.oid, name)
                 .await
                 .map_err(|e| TargetError::io(fid, 0, e))?;
         }
@@ -1010,16 +1219,16 @@ impl Target {
             gone(self.engine.remove(&meta)).map_err(err)?;
         }
         for d in dirs {
-            let dir = self.dir_of(d);
+            let dir = self.dir_of(sq.seq, d);
             self.engine
                 .sync_dir(&dir)
                 .map_err(|e| TargetError::target(format!("sync {}", dir.display()), e))?;
         }
-        Ok(missing)
+        Ok(())
     }
 
-    /// Destroys every object with an id above `keep_up_to` (orphans of an MDS crash); returns
-    /// how many went. Durable on return, with one sync per directory rather than per object.
+    /// Destroys every object of MDT `mdt`'s sequence with an id above `keep_up_to` (orphans
+    /// of an MDS crash); returns how many went. Another MDT's objects are never touched. Durable on return, with one sync per directory rather than per object.
     /// Cleanups asked for at once run one after the other.
     ///
     /// `run` names the MDS run asking. The ids precreated after a run's cleanup are that
@@ -1031,7 +1240,13 @@ impl Target {
     /// twice); more written objects than [`MAX_ORPHANS`] that are also more than a tenth of
     /// the target's (an MDS that lost its namespace would destroy the target's data as
     /// orphans). [`Target::trust_mds_objects`] lifts the last two.
-    pub async fn destroy_above(&self, keep_up_to: u32, run: u64, fs: u128) -> Result<u32> {
+    pub async fn destroy_above(
+        &self,
+        mdt: u32,
+        keep_up_to: u32,
+        run: u64,
+        fs: u128,
+    ) -> Result<u32> {
         if self.fs != Some(fs) {
             return Err(TargetError::Refused(format!(
                 "{} belongs to filesystem {}, and an MDS of {fs:032x} asked to clean it up",
@@ -1040,10 +1255,12 @@ impl Target {
                     .map_or("(none yet)".to_string(), |f| format!("{f:032x}")),
             )));
         }
-        let _one = self.cleanup.lock().await;
+        // An MDT's first cleanup makes its sequence: it then precreates there.
+        let sq = self.sequence_made(mdt).await?;
+        let _one = sq.cleanup.lock().await;
         let trust = self.trust_mds.load(Ordering::SeqCst);
         {
-            let mut last = self.last_id.lock().await;
+            let mut last = sq.last_id.lock().await;
             if keep_up_to > *last {
                 if !trust {
                     return Err(TargetError::Refused(format!(
@@ -1060,20 +1277,20 @@ impl Target {
                     )));
                 }
                 let lost = *last + 1..=keep_up_to;
-                tracing::warn!(target = self.index, last = *last, keep_up_to, "LAST_ID is behind the filesystem: moved past it on the operator's word; the objects between are lost");
-                self.room_in_dead(keep_up_to).await?;
-                self.mark_dead(lost).await?;
-                self.write_last_id(&mut last, keep_up_to).await?;
+                tracing::warn!(target = self.index, mdt, last = *last, keep_up_to, "LAST_ID is behind the filesystem: moved past it on the operator's word; the objects between are lost");
+                self.room_in_dead(&sq, keep_up_to).await?;
+                self.mark_dead(&sq, lost).await?;
+                self.write_last_id(&sq, &mut last, keep_up_to).await?;
             }
         }
-        let mut last = *self.last_id.lock().await;
-        let cleaned_before = *self.cleaned.lock();
+        let mut last = *sq.last_id.lock().await;
+        let cleaned_before = *sq.cleaned.lock();
         if let Some((r, reached)) = cleaned_before {
             if r == run {
                 last = last.min(reached);
             }
         }
-        let all = self.objects()?;
+        let all = list_objects(&self.engine, &self.root, sq.seq)?;
         let doomed: Vec<Fid> = all
             .iter()
             .copied()
@@ -1094,11 +1311,11 @@ impl Target {
             )));
         }
         if cleaned_before.is_none_or(|(r, _)| r != run) {
-            *self.cleaned.lock() = Some((run, last));
+            *sq.cleaned.lock() = Some((run, last));
         }
         if keep_up_to < last {
             let _opening = self.opening.lock().await;
-            self.mark_dead(keep_up_to + 1..=last).await?;
+            self.mark_dead(&sq, keep_up_to + 1..=last).await?;
         }
         let gone = |r: std::io::Result<()>| match r {
             Ok(()) => Ok(true),
@@ -1118,7 +1335,7 @@ impl Target {
             dirs.insert(fid.oid % FANOUT);
         }
         for d in dirs {
-            let dir = self.dir_of(d);
+            let dir = self.dir_of(sq.seq, d);
             self.engine
                 .sync_dir(&dir)
                 .map_err(|e| TargetError::target(format!("sync {}", dir.display()), e))?;
@@ -1132,9 +1349,17 @@ impl Target {
             .map_err(|e| TargetError::target(format!("{} statfs", self.root.display()), e))
     }
 
-    /// Every object id that has a data file (was written and not destroyed).
+    /// Every object, of every MDT's sequence, that has a data file (was written and not
+    /// destroyed).
     pub fn objects(&self) -> Result<Vec<Fid>> {
-        list_objects(&self.engine, &self.root, self.seq())
+        let mut seqs = vec![self.first.seq];
+        seqs.extend(self.others.lock().values().map(|sq| sq.seq));
+        let mut out = vec![];
+        for seq in seqs {
+            out.extend(list_objects(&self.engine, &self.root, seq)?);
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// Makes every write to every open object durable (a clean shutdown).

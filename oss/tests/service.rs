@@ -68,6 +68,7 @@ async fn objects_are_written_and_read_through_bulk_transfers() {
         &OstPrecreate {
             target: 7,
             count: 4,
+            mdt: 0,
         },
         T,
     )
@@ -249,6 +250,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &OstPrecreate {
             target: 7,
             count: 1,
+            mdt: 0,
         },
         T,
     )
@@ -421,6 +423,7 @@ async fn bad_requests_get_clear_errors_and_store_nothing() {
         &OstPrecreate {
             target: 7,
             count: u32::MAX,
+            mdt: 0,
         },
         T,
     )
@@ -449,6 +452,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
         &OstPrecreate {
             target: 7,
             count: 2,
+            mdt: 0,
         },
         T,
     )
@@ -474,6 +478,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
             &OstPrecreate {
                 target: 7,
                 count: 1,
+                mdt: 0,
             },
             T,
         )
@@ -504,6 +509,7 @@ async fn object_io_needs_a_valid_capability_and_objects_are_for_servers_to_make(
             &nid,
             &OstDestroyAbove {
                 target: 7,
+                mdt: 0,
                 keep_up_to: 0,
                 run: 1,
                 fs: 0xf5,

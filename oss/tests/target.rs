@@ -726,7 +726,7 @@ async fn destroyed_ids_stay_dead_across_a_power_cut_and_an_orphan_cleanup() {
         .await
         .unwrap();
     // Objects above id(4) were never given to a file: an orphan cleanup takes them.
-    assert_eq!(t.destroy_above(id(4).oid, 1, FS).await.unwrap(), 1);
+    assert_eq!(t.destroy_above(0, id(4).oid, 1, FS).await.unwrap(), 1);
     drop(t);
     mem.crash();
     let t = reopen(&mem).await;
@@ -748,13 +748,13 @@ async fn a_second_cleanup_from_the_same_mds_run_spares_what_that_run_precreated_
     let o = t.precreate(4).await.unwrap();
     let id = |k: u32| Fid::new(o.seq, o.oid + k, 0);
     // Run 7 starts: the ids above id(1) were its predecessor's orphans.
-    t.destroy_above(id(1).oid, 7, FS).await.unwrap();
+    t.destroy_above(0, id(1).oid, 7, FS).await.unwrap();
     let fresh = t.precreate(4).await.unwrap();
     t.write(fresh, 0, b"new file", true, Default::default())
         .await
         .unwrap();
     // The same cleanup again (held back on the way): what run 7 precreated since stays.
-    assert_eq!(t.destroy_above(id(1).oid, 7, FS).await.unwrap(), 0);
+    assert_eq!(t.destroy_above(0, id(1).oid, 7, FS).await.unwrap(), 0);
     assert_eq!(&t.read(fresh, 0, 100).await.unwrap()[..], b"new file");
     let unwritten = Fid::new(fresh.seq, fresh.oid + 1, 0);
     assert_eq!(t.size(unwritten).await.unwrap(), 0);
@@ -763,7 +763,7 @@ async fn a_second_cleanup_from_the_same_mds_run_spares_what_that_run_precreated_
         Err(TargetError::NotFound(_))
     ));
     // A new run's cleanup takes every id above the highest its files know.
-    assert_eq!(t.destroy_above(id(1).oid, 8, FS).await.unwrap(), 1);
+    assert_eq!(t.destroy_above(0, id(1).oid, 8, FS).await.unwrap(), 1);
     assert!(matches!(
         t.read(fresh, 0, 10).await,
         Err(TargetError::NotFound(_))
@@ -926,7 +926,7 @@ async fn a_cleanup_from_another_filesystem_or_none_is_refused_and_destroys_nothi
         .await
         .unwrap();
     assert!(matches!(
-        t.destroy_above(0, 1, FS + 1).await,
+        t.destroy_above(0, 0, 1, FS + 1).await,
         Err(TargetError::Refused(_))
     ));
     assert_eq!(&t.read(o, 0, 10).await.unwrap()[..], b"data");
@@ -960,7 +960,7 @@ async fn a_cleanup_that_would_destroy_a_targets_data_is_refused_until_an_operato
     }
     // An MDS whose namespace is empty (formatted afresh on a missing data directory): it
     // knows none of them.
-    let err = t.destroy_above(0, 1, FS).await.unwrap_err();
+    let err = t.destroy_above(0, 0, 1, FS).await.unwrap_err();
     assert!(
         matches!(&err, TargetError::Refused(m) if m.contains("lost its namespace")),
         "{err}"
@@ -970,10 +970,10 @@ async fn a_cleanup_that_would_destroy_a_targets_data_is_refused_until_an_operato
         assert_eq!(&t.read(f, 0, 100).await.unwrap()[..], b"acknowledged");
     }
     // A handful of orphans is an MDS crash's: cleaned up as before.
-    assert_eq!(t.destroy_above(o.oid + n - 6, 2, FS).await.unwrap(), 5);
+    assert_eq!(t.destroy_above(0, o.oid + n - 6, 2, FS).await.unwrap(), 5);
     // The operator's word lifts the bound.
     t.trust_mds_objects();
-    assert_eq!(t.destroy_above(0, 3, FS).await.unwrap(), n - 5);
+    assert_eq!(t.destroy_above(0, 0, 3, FS).await.unwrap(), n - 5);
 }
 
 #[tokio::test]
@@ -983,7 +983,7 @@ async fn a_rolled_back_last_id_is_refused_and_never_hands_out_an_id_twice() {
     // The filesystem references ids up to o + 9 (the target was restored from a copy taken
     // before the last six were handed out).
     let referenced = o.oid + 9;
-    let err = t.destroy_above(referenced, 1, FS).await.unwrap_err();
+    let err = t.destroy_above(0, referenced, 1, FS).await.unwrap_err();
     assert!(
         matches!(&err, TargetError::Refused(m) if m.contains("rolled back")),
         "{err}"
@@ -991,7 +991,7 @@ async fn a_rolled_back_last_id_is_refused_and_never_hands_out_an_id_twice() {
     drop(t);
     let t = reopen(&mem).await;
     t.trust_mds_objects();
-    assert_eq!(t.destroy_above(referenced, 2, FS).await.unwrap(), 0);
+    assert_eq!(t.destroy_above(0, referenced, 2, FS).await.unwrap(), 0);
     // Ids past the referenced ones only; the lost ones read as errors, never as empty.
     assert_eq!(t.precreate(1).await.unwrap().oid, referenced + 1);
     assert!(matches!(
@@ -1035,4 +1035,83 @@ async fn a_late_truncate_or_punch_never_cuts_a_newer_write_of_its_client() {
     // Asked for after it: applied.
     t.truncate(o, 10, st(6)).await.unwrap();
     assert_eq!(t.size(o).await.unwrap(), 10);
+}
+
+/// Each MDT precreates in a sequence of its own: ids counted apart, written and destroyed
+/// apart, an orphan cleanup of one never reaching another's objects, and all of it kept
+/// through a crash (the second sequence made at its first precreate).
+#[tokio::test]
+async fn each_mdt_has_its_own_sequence_and_one_mdts_cleanup_never_touches_anothers() {
+    let (mem, t) = mem_target(1 << 30).await;
+    let zero = t.precreate_for(0, 8).await.unwrap();
+    let one = t.precreate_for(1, 8).await.unwrap();
+    assert_eq!(zero.seq, proto::fid::object_seq(0, 0));
+    assert_eq!(one.seq, proto::fid::object_seq(0, 1));
+    assert_eq!(
+        (zero.oid, one.oid),
+        (1, 1),
+        "each sequence counts its own ids"
+    );
+    let z = |k: u32| Fid::new(zero.seq, zero.oid + k, 0);
+    let o = |k: u32| Fid::new(one.seq, one.oid + k, 0);
+    for k in 0..8 {
+        t.write(z(k), 0, &bytes(k as u8, 5000), true, Default::default())
+            .await
+            .unwrap();
+        t.write(
+            o(k),
+            0,
+            &bytes(100 + k as u8, 7000),
+            true,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    // MDT1's cleanup takes its objects above id(5), and none of MDT0's.
+    assert_eq!(t.destroy_above(1, o(5).oid, 3, FS).await.unwrap(), 2);
+    // A destroy of MDT0's object leaves MDT1's of the same id.
+    t.destroy(z(0)).await.unwrap();
+    assert_eq!(t.objects().unwrap().len(), 7 + 6);
+    drop(t);
+    mem.crash();
+    let t = reopen(&mem).await;
+    assert!(matches!(
+        t.read(z(0), 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
+    assert_eq!(
+        &t.read(o(0), 0, 7000).await.unwrap()[..],
+        &bytes(100, 7000)[..]
+    );
+    for k in 1..8 {
+        assert_eq!(
+            &t.read(z(k), 0, 5000).await.unwrap()[..],
+            &bytes(k as u8, 5000)[..]
+        );
+    }
+    for k in 6..8 {
+        assert!(matches!(
+            t.read(o(k), 0, 10).await,
+            Err(TargetError::NotFound(_))
+        ));
+    }
+    // Both counters survived: no id is handed out twice.
+    assert_eq!(t.precreate_for(0, 1).await.unwrap(), z(8));
+    assert_eq!(t.precreate_for(1, 1).await.unwrap(), o(8));
+    // An MDT past the most a filesystem has, or an object of no sequence here, is refused.
+    assert!(matches!(
+        t.precreate_for(proto::fid::MAX_MDTS, 1).await,
+        Err(TargetError::Invalid(_))
+    ));
+    let stranger = Fid::new(proto::fid::object_seq(0, 9), 1, 0);
+    assert!(matches!(
+        t.write(stranger, 0, b"x", true, Default::default()).await,
+        Err(TargetError::NotFound(_))
+    ));
+    let elsewhere = Fid::new(proto::fid::object_seq(3, 1), 1, 0);
+    assert!(matches!(
+        t.read(elsewhere, 0, 10).await,
+        Err(TargetError::NotFound(_))
+    ));
 }

@@ -9,11 +9,13 @@ use crate::capa::Capability;
 use crate::msg::{opcodes, Opcode, Rpc};
 use crate::Fid;
 
-/// Creates `count` objects; their ids are consecutive from `first`.
+/// Creates `count` objects for MDT `mdt`, in its sequence on the target
+/// ([`crate::fid::object_seq`]); their ids are consecutive from `first`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstPrecreate {
     pub target: u32,
     pub count: u32,
+    pub mdt: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +191,8 @@ pub struct TargetSpace {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OstDestroyAbove {
     pub target: u32,
+    /// The MDT whose objects these are: only its sequence is cleaned up.
+    pub mdt: u32,
     pub keep_up_to: u32,
     pub run: u64,
     /// The filesystem the asking MDS serves: a target bound to another, or to none yet,
@@ -260,7 +264,7 @@ mod tests {
                                                       total: u64, free: u64, n in 0usize..20) {
             let fid = Fid::new(seq, oid, 0);
             let desc = BulkDesc { key, offset, len, crc32c: crc };
-            round_trips(OstPrecreate { target, count: len });
+            round_trips(OstPrecreate { target, count: len, mdt: target % 256 });
             round_trips(OstPrecreated { first: fid, count: len });
             let stamp = WriteStamp { client: u64::from(target), xid: offset, oldest: u64::from(len) };
             round_trips(OstWrite { target, fid, offset, desc: desc.clone(), sync, stamp, capa: None });

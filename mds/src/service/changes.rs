@@ -134,7 +134,7 @@ impl MdsService {
             .await
             .map_err(|e| RemoteError::new(StatusCode::Io, e.to_string()))?;
         reply::<MdsReserve>(&MdsReserved {
-            first: proto::Fid::new(proto::fid::INODE_SEQ, first, 0),
+            first: proto::Fid::new(self.store.read(|ns| ns.seq()), first, 0),
             count,
         })
     }

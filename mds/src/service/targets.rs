@@ -19,7 +19,9 @@ impl MdsService {
                 let code = match e {
                     RegistryError::IndexTaken { .. } => StatusCode::Exists,
                     RegistryError::Full => StatusCode::NoSpace,
-                    RegistryError::OtherFilesystem { .. } | RegistryError::UnknownIndex { .. } => {
+                    RegistryError::OtherFilesystem { .. }
+                    | RegistryError::UnknownIndex { .. }
+                    | RegistryError::NotFromMdt0 { .. } => {
                         tracing::error!(oss = %r.oss, error = %e, "refused a storage server's targets");
                         StatusCode::Refused
                     }

@@ -56,6 +56,14 @@ enum Cmd {
         /// The filesystem's name (1 to 32 letters, digits, '-' or '_').
         #[arg(long, default_value = mds::format::DEFAULT_NAME)]
         fsname: String,
+        /// The metadata target (MDT) this directory holds. MDT0 makes the filesystem and
+        /// holds its root; another MDT joins the filesystem MDT0 made, named by `--fs-uuid`.
+        #[arg(long, default_value_t = 0)]
+        mdt_index: u32,
+        /// The uuid (hexadecimal) of the filesystem an MDT other than 0 joins, as MDT0's
+        /// format printed it.
+        #[arg(long)]
+        fs_uuid: Option<String>,
     },
     /// Add a storage target the registry does not know (its registry file lost, or restored
     /// from an older copy), by the index and uuid its server's refusal named. Offline: the
@@ -335,7 +343,9 @@ fn main() -> Result<()> {
             data_dir,
             config,
             fsname,
-        }) => format(data_dir, config, &fsname),
+            mdt_index,
+            fs_uuid,
+        }) => format(data_dir, config, &fsname, mdt_index, fs_uuid.as_deref()),
         Some(Cmd::TargetAdd {
             data_dir,
             index,
@@ -347,7 +357,24 @@ fn main() -> Result<()> {
     }
 }
 
-fn format(data_dir: Option<PathBuf>, config: Option<PathBuf>, name: &str) -> Result<()> {
+fn format(
+    data_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+    name: &str,
+    mdt: u32,
+    fs_uuid: Option<&str>,
+) -> Result<()> {
+    let uuid = match (mdt, fs_uuid) {
+        (_, Some(u)) => u128::from_str_radix(u.trim_start_matches("0x"), 16)
+            .ok()
+            .filter(|u| *u != 0)
+            .with_context(|| format!("{u:?} is not a filesystem uuid (32 hexadecimal digits)"))?,
+        (0, None) => rand::random(),
+        (k, None) => bail!(
+            "MDT{k} joins a filesystem: give --fs-uuid, the uuid its MDT0's format printed \
+             (and the same --fsname)"
+        ),
+    };
     let file: Config = daemon::telemetry::load_config(config.as_deref())?;
     let dir = data_dir
         .or(file.data_dir)
@@ -355,17 +382,19 @@ fn format(data_dir: Option<PathBuf>, config: Option<PathBuf>, name: &str) -> Res
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let _lock = daemon::DataDirLock::acquire(&dir)?;
     let disk = mds::disk::DirDisk::new(&dir);
-    let id = mds::format::format(
+    let id = mds::format::format_mdt(
         &disk,
         &dir.display().to_string(),
         name,
-        rand::random(),
+        uuid,
+        mdt,
         mds::store::wall_clock()(),
     )?;
     println!(
-        "formatted filesystem {} ({:032x}) in {}",
+        "formatted filesystem {} ({:032x}) MDT{} in {}",
         id.name,
         id.uuid,
+        id.mdt,
         dir.display()
     );
     Ok(())
@@ -398,7 +427,9 @@ fn target_add(dir: &std::path::Path, index: u32, uuid: &str, oss: &str) -> Resul
 fn fsck(dir: &std::path::Path) -> Result<()> {
     let _lock = daemon::DataDirLock::acquire(dir)?;
     let disk = mds::disk::DirDisk::new(dir);
-    let rec = mds::journal::recover(&disk, mds::namespace::Namespace::default())
+    let mdt = mds::format::read(&disk, &dir.display().to_string())?.map_or(0, |id| id.mdt);
+    let fresh = mds::namespace::Namespace::for_mdt(mdt, Default::default());
+    let rec = mds::journal::recover(&disk, fresh)
         .with_context(|| format!("reading the namespace in {}", dir.display()))?;
     let problems = rec.namespace.check();
     println!(
