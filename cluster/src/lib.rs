@@ -85,9 +85,18 @@ pub struct ClusterBuilder {
     capability_lifetime: Duration,
     audit: Option<mds::audit::AuditConfig>,
     heal: Option<(client::mirrors::HealConfig, ClientConfig)>,
+    /// Metadata targets: MDT0 (the MDS) and this many more, each on an MDS of its own.
+    mdts: u32,
 }
 
 impl ClusterBuilder {
+    /// Serves `n` metadata targets, each on an MDS of its own (MDT0 is [`Cluster::mds`]; the
+    /// others [`Cluster::mdt`]); the storage servers register with all of them.
+    pub fn mdts(mut self, n: u32) -> ClusterBuilder {
+        self.mdts = n.max(1);
+        self
+    }
+
     /// A cluster on `network` keeping the MDS's files under `scratch`.
     pub fn new(network: Network, scratch: impl Into<PathBuf>) -> ClusterBuilder {
         let mds = MdsConfig::new("");
@@ -111,6 +120,7 @@ impl ClusterBuilder {
             capability_lifetime: mds.capability_lifetime,
             audit: None,
             heal: None,
+            mdts: 1,
         }
     }
 
@@ -245,7 +255,7 @@ impl ClusterBuilder {
     /// Formats the MDS's disk as `lode-mds format` does, unless it holds a filesystem
     /// already (a cluster started again on its scratch directory). A simulation's filesystem
     /// is named after its instance, so that a seed replays exactly.
-    fn format_mds(&self, dir: &std::path::Path) -> Result<(), ClusterError> {
+    fn format_mds(&self, dir: &std::path::Path) -> Result<u128, ClusterError> {
         let disk: Arc<dyn mds::disk::MetaDisk> = match &self.mds_disk {
             Some(d) => d.clone(),
             None => Arc::new(mds::disk::DirDisk::new(dir)),
@@ -257,7 +267,22 @@ impl ClusterBuilder {
                     .instance
                     .map_or_else(rand::random, |i| (0x0010_def5_u128 << 64) | u128::from(i));
                 let now = self.clock.clone().unwrap_or_else(mds::store::wall_clock)();
-                mds::format::format(&*disk, &name, "lode", uuid, now)?;
+                Ok(mds::format::format(&*disk, &name, "lode", uuid, now)?.uuid)
+            }
+            Err(e) => Err(e.into()),
+            Ok(id) => Ok(id.uuid),
+        }
+    }
+
+    /// Formats MDT `k`'s directory as `lode-mds format --mdt-index k --fs-uuid` does, unless it
+    /// holds one already.
+    fn format_mdt(&self, dir: &std::path::Path, k: u32, uuid: u128) -> Result<(), ClusterError> {
+        let disk = mds::disk::DirDisk::new(dir);
+        let name = dir.display().to_string();
+        match mds::format::check(&disk, &name, 0) {
+            Err(mds::format::FormatError::NotFormatted { .. }) => {
+                let now = self.clock.clone().unwrap_or_else(mds::store::wall_clock)();
+                mds::format::format_mdt(&disk, &name, "lode", uuid, k, now)?;
                 Ok(())
             }
             Err(e) => Err(e.into()),
@@ -288,13 +313,42 @@ impl ClusterBuilder {
             audit: self.audit.clone(),
             ..MdsConfig::new(&mds_dir)
         };
-        self.format_mds(&mds_dir)?;
+        let uuid = self.format_mds(&mds_dir)?;
         let mds = MdsServer::start(cfg.clone(), &self.attach("mds")).await?;
+        let mut mdts = vec![];
+        for k in 1..self.mdts {
+            let dir = self.scratch.join(format!("mdt{k}"));
+            std::fs::create_dir_all(&dir).map_err(|source| ClusterError::Scratch {
+                path: dir.clone(),
+                source,
+            })?;
+            self.format_mdt(&dir, k, uuid)?;
+            // Its own directory on the real disk (a crash-simulating disk is MDT0's).
+            let cfg = MdsConfig {
+                disk: None,
+                data_dir: dir,
+                ..cfg.clone()
+            };
+            let server = MdsServer::start(cfg.clone(), &self.attach(&format!("mdt{k}"))).await?;
+            let attach = match server.nid() {
+                Nid::Tcp(addr) => Attach::tcp(addr, self.server_security()),
+                _ => self.attach(&format!("mdt{k}")),
+            };
+            mdts.push(OtherMdt {
+                server: Some(server),
+                cfg,
+                attach,
+            });
+        }
         let mut oss = vec![];
         let mut all_homes = vec![];
         let oss_cfg = OssConfig {
             heartbeat_every: self.heartbeat_every,
             mds_timeout: Duration::from_secs(30),
+            other_mds: mdts
+                .iter()
+                .filter_map(|m| m.server.as_ref().map(MdsServer::nid))
+                .collect(),
             ..OssConfig::new(mds.nid())
         };
         for (i, engines) in self.servers.iter().enumerate() {
@@ -328,6 +382,7 @@ impl ClusterBuilder {
         };
         let mut cluster = Cluster {
             mds: Some(mds),
+            mdts,
             healer: None,
             healers: 0,
             oss,
@@ -342,10 +397,20 @@ impl ClusterBuilder {
     }
 }
 
+/// An MDS of a metadata target other than 0.
+struct OtherMdt {
+    server: Option<MdsServer>,
+    cfg: MdsConfig,
+    /// Where it comes back at a restart.
+    attach: Attach,
+}
+
 /// A running cluster.
 pub struct Cluster {
     builder: ClusterBuilder,
     mds: Option<MdsServer>,
+    /// MDT 1, 2, ...'s servers.
+    mdts: Vec<OtherMdt>,
     /// The MDS's mirror healer, when asked for: it stops and starts with the MDS.
     healer: Option<client::mirrors::HealerTask>,
     /// Healers started so far (each on a node of its own on the fabric).
@@ -425,6 +490,51 @@ impl Cluster {
             },
             cfg,
         ));
+        Ok(())
+    }
+
+    /// The MDS of MDT `k` (0 is [`Cluster::mds`]), if it runs.
+    pub fn mdt(&self, k: u32) -> Option<&MdsServer> {
+        match k {
+            0 => self.mds.as_ref(),
+            k => self
+                .mdts
+                .get(k as usize - 1)
+                .and_then(|m| m.server.as_ref()),
+        }
+    }
+
+    /// Where MDT `k` (not 0) keeps its data.
+    pub fn mdt_dir(&self, k: u32) -> Option<PathBuf> {
+        let m = self.mdts.get((k as usize).checked_sub(1)?)?;
+        Some(m.cfg.data_dir.clone())
+    }
+
+    /// Stops MDT `k`'s MDS (not 0's: [`Cluster::kill_mds`]) as kill -9 would.
+    pub async fn kill_mdt(&mut self, k: u32) {
+        let Some(m) = (k as usize)
+            .checked_sub(1)
+            .and_then(|i| self.mdts.get_mut(i))
+        else {
+            return;
+        };
+        if let Some(s) = m.server.take() {
+            s.kill().await;
+        }
+    }
+
+    /// Starts MDT `k`'s MDS again on its data directory, formatting it first if it holds
+    /// nothing (an operator who formats a lost MDT's directory anew).
+    pub async fn start_mdt(&mut self, k: u32) -> Result<(), ClusterError> {
+        let uuid = self.builder.format_mds(&self.builder.scratch.join("mds"))?;
+        let i = (k as usize).checked_sub(1).filter(|i| *i < self.mdts.len());
+        let Some(i) = i else {
+            return Ok(());
+        };
+        self.builder
+            .format_mdt(&self.mdts[i].cfg.data_dir, k, uuid)?;
+        let m = &mut self.mdts[i];
+        m.server = Some(MdsServer::start(m.cfg.clone(), &m.attach).await?);
         Ok(())
     }
 
@@ -511,6 +621,11 @@ impl Cluster {
         for s in self.oss.into_iter().flatten() {
             if let Err(e) = s.stop().await {
                 tracing::warn!(error = %e, "stopping a storage server");
+            }
+        }
+        for m in self.mdts {
+            if let Some(s) = m.server {
+                s.stop().await;
             }
         }
         if let Some(m) = self.mds {

@@ -328,3 +328,71 @@ async fn an_mds_on_a_missing_or_reformatted_directory_takes_no_target_of_the_old
     std::fs::remove_dir_all(&dir).unwrap();
     let _ = std::fs::remove_file(dir.with_extension("key"));
 }
+
+/// `format --mdt-index K --fs-uuid U` joins filesystem U as MDT K; MDT K without the uuid, an
+/// index past the most, and a malformed uuid are refused with the reason, and nothing is made.
+#[test]
+fn another_mdt_is_formatted_into_mdt0s_filesystem_and_bad_asks_are_refused() {
+    let base = std::env::temp_dir().join(format!("lode-mds-mdt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (zero, one) = (base.join("mdt0"), base.join("mdt1"));
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lode-mds"))
+            .arg("format")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--data-dir", zero.to_str().unwrap(), "--fsname", "scratch"]);
+    assert!(out.status.success());
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    let uuid = printed
+        .split(['(', ')'])
+        .nth(1)
+        .expect("the uuid is printed")
+        .to_string();
+    for (args, why) in [
+        (vec!["--mdt-index", "1"], "--fs-uuid"),
+        (
+            vec!["--mdt-index", "1", "--fs-uuid", "xyz"],
+            "not a filesystem uuid",
+        ),
+        (vec!["--mdt-index", "256", "--fs-uuid", &uuid], "below 256"),
+    ] {
+        let mut all = vec!["--data-dir", one.to_str().unwrap(), "--fsname", "scratch"];
+        all.extend(args);
+        let out = run(&all);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{err}");
+        assert!(!one.join(mds::format::FILE).exists(), "nothing made");
+    }
+    let out = run(&[
+        "--data-dir",
+        one.to_str().unwrap(),
+        "--fsname",
+        "scratch",
+        "--mdt-index",
+        "1",
+        "--fs-uuid",
+        &uuid,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("MDT1"));
+    let disk = mds::disk::DirDisk::new(&one);
+    let id = mds::format::read(&disk, "mdt1").unwrap().unwrap();
+    assert_eq!((format!("{:032x}", id.uuid), id.mdt), (uuid, 1));
+    // Its namespace numbers inodes in MDT1's sequence, under MDT1's own root.
+    let rec = mds::journal::recover(
+        &disk,
+        mds::namespace::Namespace::for_mdt(1, Default::default()),
+    )
+    .unwrap();
+    assert_eq!(rec.namespace.root(), proto::fid::mdt_root(1));
+    assert!(rec.namespace.check().is_empty());
+    let _ = std::fs::remove_dir_all(&base);
+}
