@@ -8,6 +8,7 @@
 //! DIR/client.key        its client key, for clients (`export LODE_KEY=DIR/client.key`)
 //! DIR/cluster.pids      one line per running process: role, pid
 //! DIR/mds/  DIR/oss<i>/ their data (the MDS's formatted by the first `up`)
+//! DIR/mdt<k>/           with --mds N: MDT k's MDS's data (formatted into MDT0's filesystem)
 //! DIR/logs/             their logs
 //! ```
 //!
@@ -49,6 +50,10 @@ pub struct UpArgs {
     /// Storage servers (the first `up` only).
     #[arg(long, default_value_t = 4)]
     oss: u32,
+    /// Metadata servers, one MDT each: MDT0's at --port, MDT k's at the port k after it (the
+    /// first `up` only).
+    #[arg(long = "mdts", default_value_t = 1)]
+    mdts: u32,
     /// Targets per storage server (the first `up` only).
     #[arg(long, default_value_t = 1)]
     targets_per_oss: u32,
@@ -78,6 +83,8 @@ pub struct UpArgs {
 
 struct Conf {
     port: u16,
+    /// MDTs, each on an MDS of its own.
+    mdts: u32,
     oss: u32,
     targets: u32,
     auth: bool,
@@ -112,10 +119,14 @@ impl Conf {
         vec!["--metrics".into(), format!("{}:{port}", self.host(server))]
     }
 
-    /// Where the server `role` (`mds`, `oss0`, ...) listens.
+    /// Where the server `role` (`mds`, `mdt1`, ..., `oss0`, ...) listens.
     fn addr_of(&self, role: &str) -> Option<String> {
         if role == "mds" {
             return Some(self.mds_addr());
+        }
+        if let Some(k) = role.strip_prefix("mdt").and_then(|k| k.parse::<u32>().ok()) {
+            return (k > 0 && k < self.mdts)
+                .then(|| format!("{}:{}", self.host(None), u32::from(self.port) + k));
         }
         let i: u32 = role.strip_prefix("oss")?.parse().ok()?;
         Some(format!(
@@ -135,6 +146,7 @@ fn read_conf(dir: &Path) -> Option<Conf> {
     };
     Some(Conf {
         port: u16::try_from(get("port")?).ok()?,
+        mdts: get("mdts").unwrap_or(1),
         oss: get("oss")?,
         targets: get("targets_per_oss")?,
         auth: get("auth").unwrap_or(1) != 0,
@@ -261,13 +273,18 @@ async fn up(a: UpArgs) -> Result<()> {
             // The first `up` makes the filesystem, as an operator does once with
             // `lode-mds format`; later ones serve what it made, and an MDS directory gone
             // missing is refused rather than formatted again.
-            format_mds(&dir.join("mds"))?;
+            let uuid = format_mds(&dir.join("mds"))?;
+            for k in 1..conf.mdts {
+                format_mdt(&dir.join(format!("mdt{k}")), k, &uuid)?;
+            }
             conf
         }
         None => bail!("{} has running servers but no cluster.conf", dir.display()),
     };
     let mds_addr = conf.mds_addr();
-    let roles = std::iter::once("mds".to_owned()).chain((0..conf.oss).map(|i| format!("oss{i}")));
+    let roles = std::iter::once("mds".to_owned())
+        .chain((1..conf.mdts).map(|k| format!("mdt{k}")))
+        .chain((0..conf.oss).map(|i| format!("oss{i}")));
     let missing: Vec<String> = roles
         .filter(|r| !running.iter().any(|(role, _)| role == r))
         .collect();
@@ -299,8 +316,13 @@ async fn up(a: UpArgs) -> Result<()> {
     let started = start_servers(&dir, &conf, &mds_addr, &missing, &running)?;
     let want = conf.oss * conf.targets;
     wait_ready(&dir, &started, &missing, &mds_addr, want, &conf).await?;
+    let mdts = if conf.mdts > 1 {
+        format!(" (MDT0; {} MDTs in all)", conf.mdts)
+    } else {
+        String::new()
+    };
     out!(
-        "lode cluster up: MDS at {mds_addr}, {want} targets on {} storage servers, data in {}",
+        "lode cluster up: MDS at {mds_addr}{mdts}, {want} targets on {} storage servers, data in {}",
         conf.oss,
         dir.display()
     );
@@ -321,10 +343,11 @@ async fn up(a: UpArgs) -> Result<()> {
 }
 
 /// `lode-mds format` on the MDS's data directory, unless it holds a filesystem already (a
-/// directory from before `cluster.conf` recorded it).
-fn format_mds(mds_dir: &Path) -> Result<()> {
+/// directory from before `cluster.conf` recorded it); returns the filesystem's uuid, as the
+/// format printed it.
+fn format_mds(mds_dir: &Path) -> Result<String> {
     if mds_dir.join("filesystem").exists() {
-        return Ok(());
+        return Ok(String::new());
     }
     let out = Command::new(sibling("lode-mds")?)
         .arg("format")
@@ -337,6 +360,34 @@ fn format_mds(mds_dir: &Path) -> Result<()> {
         bail!(
             "lode-mds format --data-dir {}: {}",
             mds_dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    // "formatted filesystem NAME (UUID) MDT0 in DIR"
+    let printed = String::from_utf8_lossy(&out.stdout);
+    Ok(printed
+        .split(['(', ')'])
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// `lode-mds format --mdt-index k --fs-uuid UUID` on MDT `k`'s data directory.
+fn format_mdt(dir: &Path, k: u32, uuid: &str) -> Result<()> {
+    if uuid.is_empty() {
+        bail!("the filesystem's uuid is unknown: MDT{k} cannot be formatted into it");
+    }
+    let out = Command::new(sibling("lode-mds")?)
+        .args(["format", "--mdt-index", &k.to_string(), "--fs-uuid", uuid])
+        .arg("--data-dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .context("running lode-mds format")?;
+    if !out.status.success() {
+        bail!(
+            "lode-mds format --mdt-index {k} --data-dir {}: {}",
+            dir.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
@@ -374,6 +425,12 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
     if a.oss == 0 || a.oss > 64 || a.targets_per_oss == 0 || a.targets_per_oss > 64 {
         bail!("--oss and --targets-per-oss must be 1..=64");
     }
+    if a.mdts == 0 || a.mdts > 16 {
+        bail!("--mdts must be 1..=16");
+    }
+    if a.mdts > 1 && a.netns {
+        bail!("--netns runs one MDS; several (--mdts) run on loopback");
+    }
     if a.netns {
         netns::check_subnet(&a.subnet)?;
         if a.oss > 200 {
@@ -382,6 +439,7 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
     }
     let c = Conf {
         port: a.port,
+        mdts: a.mdts,
         oss: a.oss,
         targets: a.targets_per_oss,
         auth: !a.no_auth,
@@ -395,8 +453,9 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
         bail!("--metrics-port leaves no port for the last storage server");
     }
     let mut text = format!(
-        "port = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
+        "port = {}\nmdts = {}\noss = {}\ntargets_per_oss = {}\nauth = {}\n",
         c.port,
+        c.mdts,
         c.oss,
         c.targets,
         u8::from(c.auth)
@@ -414,7 +473,8 @@ fn new_conf(dir: &Path, a: &UpArgs) -> Result<Conf> {
 
 /// Refuses ports in use: another cluster (or anything) there would answer in our servers' place.
 fn ports_free(conf: &Conf) -> Result<()> {
-    for port in std::iter::once(u32::from(conf.port))
+    for port in (0..conf.mdts)
+        .map(|k| u32::from(conf.port) + k)
         .chain((0..conf.oss).map(|i| u32::from(conf.port) + 100 + i))
     {
         if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_err() {
@@ -472,6 +532,32 @@ fn start_servers(
                 &sibling("lode-mds")?,
                 &mds_args,
             )?,
+        ));
+        write_pids(dir, &started)?;
+    }
+    for k in 1..conf.mdts {
+        let role = format!("mdt{k}");
+        let Some(listen) = conf.addr_of(&role).filter(|_| wanted(&role)) else {
+            continue;
+        };
+        let args: Vec<String> = [
+            "--data-dir".into(),
+            d(&role),
+            "--listen".into(),
+            listen,
+            "--mdt0".into(),
+            mds_addr.into(),
+            "--trust".into(),
+            "127.0.0.0/8".into(),
+            // MDT0's healer resyncs mirrors; another MDT's files are not reached by it yet.
+            "--no-auto-resync".into(),
+        ]
+        .into_iter()
+        .chain(auth.iter().cloned())
+        .collect();
+        started.push((
+            role.clone(),
+            spawn(dir, &role, None, &sibling("lode-mds")?, &args)?,
         ));
         write_pids(dir, &started)?;
     }
@@ -553,7 +639,14 @@ async fn wait_ready(
         if let Some(role) = deaf {
             why = format!("{role} does not listen yet");
         } else if let Ok(c) = Client::connect_with(mds_addr, cfg.clone()).await {
+            let mdts_up = match c.mdts().await {
+                Ok(m) => m.iter().filter(|m| m.up).count() as u32 + 1,
+                Err(_) => 0,
+            };
             match c.can_stripe_over(want).await {
+                Ok(true) if mdts_up < conf.mdts => {
+                    why = format!("{mdts_up} of {} MDTs are up", conf.mdts);
+                }
                 Ok(true) => return Ok(()),
                 Ok(false) => {
                     why = match c.statfs().await {
@@ -615,6 +708,14 @@ async fn status(dir: &Path) -> Result<()> {
         };
         match Client::connect_with(&addr, cfg).await {
             Ok(c) => {
+                for m in c.mdts().await? {
+                    out!(
+                        "MDT{:<4}   on {:<22} {}",
+                        m.index,
+                        m.nid.to_string(),
+                        if m.up { "up" } else { "down" }
+                    );
+                }
                 for t in c.targets().await? {
                     out!(
                         "target {:<4} on {:<22} {:>10} free of {:>10} {}",

@@ -145,11 +145,14 @@ enum Cmd {
         yaml: bool,
         path: String,
     },
-    /// Space of every target, like `lfs df`.
+    /// Space of every metadata and storage target, like `lfs df`; -i for the MDTs' inodes.
     #[command(disable_help_flag = true)]
     Df {
         #[arg(short = 'h', long = "human-readable")]
         human: bool,
+        /// Inodes of every MDT instead of bytes.
+        #[arg(short = 'i', long = "inodes")]
+        inodes: bool,
         #[arg(long, action = clap::ArgAction::Help)]
         help: Option<bool>,
     },
@@ -522,7 +525,7 @@ fn run() -> Result<()> {
                 resync(&client, &paths, Some(count)).await
             }
             Cmd::Mirror(MirrorCmd::Rebuild { target }) => rebuild(&client, target).await,
-            Cmd::Df { human, .. } => df(&client, human).await,
+            Cmd::Df { human, inodes, .. } => df(&client, human, inodes).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => {
                 // `cat: X: No such file or directory`
@@ -803,8 +806,67 @@ pub fn human(n: u64) -> String {
     }
 }
 
-async fn df(client: &Client, h: bool) -> Result<()> {
+/// Each MDT's figures: MDT0's from the MDS the client uses, the others' from their own MDSs
+/// (a down one as `None`).
+async fn mdt_stats(client: &Client) -> Result<Vec<(u32, Option<proto::md::FsStats>)>> {
+    let mut out = vec![(0, Some(client.statfs().await?))];
+    for m in client.mdts().await? {
+        let s = if m.up {
+            client.mdt_statfs(&m).await.ok()
+        } else {
+            None
+        };
+        out.push((m.index, s));
+    }
+    Ok(out)
+}
+
+async fn df(client: &Client, h: bool, inodes: bool) -> Result<()> {
     let fmt = |n: u64| if h { human(n) } else { (n / 1024).to_string() };
+    let mdts = mdt_stats(client).await?;
+    if inodes {
+        // An MDT numbers at most 2^32 - 1 inodes in its sequence: that is its capacity.
+        let cap = u64::from(u32::MAX);
+        out!(
+            "{:<24} {:>12} {:>12} {:>12} {:>5} Mounted on",
+            "UUID",
+            "Inodes",
+            "IUsed",
+            "IFree",
+            "IUse%"
+        );
+        let (mut t, mut u) = (0, 0);
+        for (k, s) in &mdts {
+            match s {
+                Some(s) => {
+                    let used = s.inodes.min(cap);
+                    out!(
+                        "{:<24} {:>12} {:>12} {:>12} {:>4}% lode[MDT:{k}]",
+                        format!("lode-MDT{k:04x}_UUID"),
+                        cap,
+                        used,
+                        cap - used,
+                        used * 100 / cap
+                    );
+                    (t, u) = (t + cap, u + used);
+                }
+                None => out!(
+                    "{:<24} {:>56} lode[MDT:{k}] (down)",
+                    format!("lode-MDT{k:04x}_UUID"),
+                    ""
+                ),
+            }
+        }
+        out!(
+            "\n{:<24} {:>12} {:>12} {:>12} {:>4}% lode",
+            "filesystem_summary:",
+            t,
+            u,
+            t - u,
+            (u * 100).checked_div(t).unwrap_or(0)
+        );
+        return Ok(());
+    }
     out!(
         "{:<24} {:>12} {:>12} {:>12} {:>5} Mounted on",
         "UUID",
@@ -813,6 +875,26 @@ async fn df(client: &Client, h: bool) -> Result<()> {
         "Available",
         "Use%"
     );
+    for (k, s) in &mdts {
+        match s {
+            Some(s) => {
+                let used = s.mdt_total.saturating_sub(s.mdt_free);
+                out!(
+                    "{:<24} {:>12} {:>12} {:>12} {:>4}% lode[MDT:{k}]",
+                    format!("lode-MDT{k:04x}_UUID"),
+                    fmt(s.mdt_total),
+                    fmt(used),
+                    fmt(s.mdt_free),
+                    (used * 100).checked_div(s.mdt_total).unwrap_or(0)
+                );
+            }
+            None => out!(
+                "{:<24} {:>56} lode[MDT:{k}] (down)",
+                format!("lode-MDT{k:04x}_UUID"),
+                ""
+            ),
+        }
+    }
     let (mut t, mut u, mut a) = (0, 0, 0);
     for tg in client.targets().await? {
         let used = tg.total.saturating_sub(tg.free);

@@ -1656,6 +1656,28 @@ impl Client {
         self.rpc(&self.inner.mds.clone(), &MdsStatfs {}).await
     }
 
+    /// The filesystem's other MDTs, as MDT0 (the MDS this client connected to) knows them.
+    pub async fn mdts(&self) -> Result<Vec<proto::registry::MdtInfo>> {
+        Ok(self
+            .rpc(&self.inner.mds.clone(), &proto::registry::ListMdts {})
+            .await?
+            .mdts)
+    }
+
+    /// What MDT `mdt` (MDT0's answer is [`Client::statfs`]'s), served at `nid`, holds: its
+    /// inodes and its device's space. One attempt: a down MDT is an error, not a wait.
+    pub async fn mdt_statfs(&self, mdt: &proto::registry::MdtInfo) -> Result<FsStats> {
+        let limit = self.inner.cfg.attempt.min(Duration::from_secs(5));
+        let s = self.rpc_raw(&mdt.nid, &MdsStatfs {}, Some(limit)).await?;
+        if s.mdt != mdt.index {
+            return Err(ClientError::fs(
+                FsErrorKind::Stale,
+                format!("{} serves MDT{}, not MDT{}", mdt.nid, s.mdt, mdt.index),
+            ));
+        }
+        Ok(s)
+    }
+
     /// Every mirrored file the MDS finds with a stale mirror (`stale`) and/or an object on
     /// `target`, in FID order, a page at a time.
     pub async fn mirror_scan(&self, stale: bool, target: Option<u32>) -> Result<Vec<ScannedFile>> {

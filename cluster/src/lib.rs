@@ -327,6 +327,8 @@ impl ClusterBuilder {
             let cfg = MdsConfig {
                 disk: None,
                 data_dir: dir,
+                mdt0: Some(mds.nid()),
+                mdt_heartbeat: self.heartbeat_every,
                 ..cfg.clone()
             };
             let server = MdsServer::start(cfg.clone(), &self.attach(&format!("mdt{k}"))).await?;
@@ -345,10 +347,6 @@ impl ClusterBuilder {
         let oss_cfg = OssConfig {
             heartbeat_every: self.heartbeat_every,
             mds_timeout: Duration::from_secs(30),
-            other_mds: mdts
-                .iter()
-                .filter_map(|m| m.server.as_ref().map(MdsServer::nid))
-                .collect(),
             ..OssConfig::new(mds.nid())
         };
         for (i, engines) in self.servers.iter().enumerate() {

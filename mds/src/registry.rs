@@ -9,7 +9,14 @@
 //! ```text
 //! registry file:  "LODEREG\0" (8) | version u32 | body_len u32 | crc32c(body) u32 | body
 //! body:           postcard Vec<(index u32, uuid u128, oss NID)>
+//! mdts file:      "LODEMDT\0" (8) | version u32 | body_len u32 | crc32c(body) u32 | body
+//! body:           postcard Vec<(mdt u32, NID)>
 //! ```
+//!
+//! MDT0's registry also lists the filesystem's other MDTs, each where its MDS last said it
+//! serves (kept the same way, so a restarted MDT0 lists them before they are heard from
+//! again), and whether it was heard from lately: every other MDT's MDS registers again at
+//! each heartbeat.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -27,6 +34,7 @@ use proto::Nid;
 use crate::format::Identity;
 
 const MAGIC: [u8; 8] = *b"LODEREG\0";
+const MDTS_MAGIC: [u8; 8] = *b"LODEMDT\0";
 const VERSION: u32 = 1;
 /// Most targets one filesystem may have.
 pub const MAX_TARGETS: usize = 65_536;
@@ -64,6 +72,21 @@ pub enum RegistryError {
     NotFromMdt0 { uuid: u128 },
     #[error("the filesystem already has {MAX_TARGETS} targets")]
     Full,
+    #[error("MDT{mdt} belongs to filesystem {theirs:032x}, and this MDS serves {ours}: refused")]
+    MdtOfAnother {
+        mdt: u32,
+        theirs: u128,
+        ours: Box<Identity>,
+    },
+    #[error("only MDT0 keeps the list of MDTs; this MDS serves MDT{0}")]
+    NotMdt0(u32),
+    #[error("MDT{0} is not another MDT of a filesystem (0 is this one; at most {max} MDTs)", max = proto::fid::MAX_MDTS)]
+    BadMdt(u32),
+    #[error(
+        "MDT{mdt} is served at {serving}, heard from lately, and {asking} says it serves it too: \
+         refused (two MDSs formatted as one MDT?)"
+    )]
+    MdtTaken { mdt: u32, serving: Nid, asking: Nid },
     #[error("registry file {path}: {reason}")]
     Damaged { path: PathBuf, reason: String },
     #[error("registry file {path}: {source}")]
@@ -92,6 +115,30 @@ pub struct Registry {
     heartbeat_timeout: Duration,
     /// The list as last made, and when; dropped by every change.
     snapshot: Mutex<Option<(Instant, Arc<[TargetInfo]>)>>,
+    /// The other MDTs (on MDT0): where each serves, its other addresses, when last heard of.
+    mdts: Mutex<BTreeMap<u32, MdtEntry>>,
+}
+
+/// Another MDT as MDT0 knows it: where it serves, its other addresses, when last heard of.
+type MdtEntry = (Nid, Vec<Nid>, Option<Instant>);
+
+/// The MDTs an mdts file lists, (index, server), or why the file is damaged.
+fn decode_mdts(raw: &[u8]) -> Result<Vec<(u32, Nid)>, String> {
+    if raw.len() < 20 || raw[..8] != MDTS_MAGIC {
+        return Err("not an mdts file".into());
+    }
+    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    if word(8) != VERSION {
+        return Err("unknown version".into());
+    }
+    let body = (word(12) as usize)
+        .checked_add(20)
+        .and_then(|end| raw.get(20..end))
+        .ok_or("truncated")?;
+    if crc32c::crc32c(body) != word(16) {
+        return Err("checksum mismatch".into());
+    }
+    proto::msg::decode_body(body).map_err(|e| e.to_string())
 }
 
 /// The targets a registry file lists, (index, uuid, server), or why the file is damaged. An
@@ -157,12 +204,33 @@ impl Registry {
                 }
             }
         }
+        let mdts_path = dir.join("mdts");
+        let mut mdts = BTreeMap::new();
+        match fs::read(&mdts_path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(RegistryError::Io {
+                    path: mdts_path,
+                    source,
+                })
+            }
+            Ok(raw) => {
+                let list = decode_mdts(&raw).map_err(|reason| RegistryError::Damaged {
+                    path: mdts_path.clone(),
+                    reason,
+                })?;
+                for (mdt, nid) in list {
+                    mdts.insert(mdt, (nid, vec![], None));
+                }
+            }
+        }
         Ok(Registry {
             path,
             fs,
             entries: Mutex::new(entries),
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             snapshot: Mutex::new(None),
+            mdts: Mutex::new(mdts),
         })
     }
 
@@ -209,21 +277,31 @@ impl Registry {
     }
 
     fn persist(&self, entries: &BTreeMap<u32, Entry>) -> Result<(), RegistryError> {
-        let io = |source| RegistryError::Io {
-            path: self.path.clone(),
-            source,
-        };
         let list: Vec<(u32, u128, Nid)> = entries
             .iter()
             .map(|(i, e)| (*i, e.uuid, e.oss.clone()))
             .collect();
-        let body = postcard::to_allocvec(&list).map_err(|e| RegistryError::Damaged {
-            path: self.path.clone(),
+        Self::write_file(&self.path, &MAGIC, &list)
+    }
+
+    /// Writes `list` whole into `path` under `magic`: a temporary file, synced, renamed over
+    /// the old one, the directory synced.
+    fn write_file<T: serde::Serialize>(
+        path: &Path,
+        magic: &[u8; 8],
+        list: &T,
+    ) -> Result<(), RegistryError> {
+        let io = |source| RegistryError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let body = postcard::to_allocvec(list).map_err(|e| RegistryError::Damaged {
+            path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        let tmp = self.path.with_extension("tmp");
+        let tmp = path.with_extension("tmp");
         let mut f = File::create(&tmp).map_err(io)?;
-        f.write_all(&MAGIC).map_err(io)?;
+        f.write_all(magic).map_err(io)?;
         f.write_all(&VERSION.to_le_bytes()).map_err(io)?;
         f.write_all(&(body.len() as u32).to_le_bytes())
             .map_err(io)?;
@@ -231,11 +309,77 @@ impl Registry {
             .map_err(io)?;
         f.write_all(&body).map_err(io)?;
         f.sync_all().map_err(io)?;
-        fs::rename(&tmp, &self.path).map_err(io)?;
-        if let Some(dir) = self.path.parent() {
+        fs::rename(&tmp, path).map_err(io)?;
+        if let Some(dir) = path.parent() {
             File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// Records that MDT `mdt`'s MDS serves at `nid` (with `rails`), for MDT0's list: durable
+    /// before it returns when the MDT or its address is new. Refused on any other MDT, for
+    /// another filesystem's MDT, for MDT0 or an index past the most, and for an MDT another
+    /// server was heard serving lately.
+    pub fn register_mdt(
+        &self,
+        mdt: u32,
+        fs: u128,
+        nid: &Nid,
+        rails: &[Nid],
+    ) -> Result<(), RegistryError> {
+        if self.fs.mdt != 0 {
+            return Err(RegistryError::NotMdt0(self.fs.mdt));
+        }
+        if mdt == 0 || mdt >= proto::fid::MAX_MDTS {
+            return Err(RegistryError::BadMdt(mdt));
+        }
+        if fs != self.fs.uuid {
+            return Err(RegistryError::MdtOfAnother {
+                mdt,
+                theirs: fs,
+                ours: Box::new(self.fs.clone()),
+            });
+        }
+        let mut mdts = self.mdts.lock();
+        let now = Instant::now();
+        match mdts.get(&mdt) {
+            Some((serving, _, Some(seen)))
+                if serving != nid
+                    && now.saturating_duration_since(*seen) < self.heartbeat_timeout =>
+            {
+                return Err(RegistryError::MdtTaken {
+                    mdt,
+                    serving: serving.clone(),
+                    asking: nid.clone(),
+                });
+            }
+            Some((serving, _, _)) if serving == nid => {}
+            _ => {
+                let mut list: Vec<(u32, Nid)> =
+                    mdts.iter().map(|(k, (n, _, _))| (*k, n.clone())).collect();
+                list.retain(|(k, _)| *k != mdt);
+                list.push((mdt, nid.clone()));
+                list.sort_by_key(|(k, _)| *k);
+                Self::write_file(&self.path.with_file_name("mdts"), &MDTS_MAGIC, &list)?;
+                tracing::info!(mdt, %nid, "an MDT registered");
+            }
+        }
+        mdts.insert(mdt, (nid.clone(), bounded(rails), Some(now)));
+        Ok(())
+    }
+
+    /// The other MDTs, as MDT0 knows them (none on another MDT).
+    pub fn mdts(&self) -> Vec<proto::registry::MdtInfo> {
+        self.mdts
+            .lock()
+            .iter()
+            .map(|(k, (nid, rails, seen))| proto::registry::MdtInfo {
+                index: *k,
+                nid: nid.clone(),
+                rails: rails.clone(),
+                up: seen.is_some_and(|t| t.elapsed() < self.heartbeat_timeout),
+            })
+            .collect()
     }
 
     /// Registers a server's targets and returns their indices in order. A target without an
@@ -415,6 +559,76 @@ mod tests {
             name: "test".into(),
             mdt: 0,
         }
+    }
+
+    #[test]
+    fn mdt0_lists_the_other_mdts_durably_and_refuses_strangers_and_impostors() {
+        let dir = std::env::temp_dir().join(format!("lode-registry-mdts-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let a: Nid = "127.0.0.1:9401@tcp".parse().unwrap();
+        let b: Nid = "127.0.0.1:9402@tcp".parse().unwrap();
+        let r = Registry::open(&dir, ours()).unwrap();
+        r.register_mdt(1, 0xf5, &a, &[]).unwrap();
+        r.register_mdt(2, 0xf5, &b, &[]).unwrap();
+        assert!(matches!(
+            r.register_mdt(0, 0xf5, &a, &[]),
+            Err(RegistryError::BadMdt(0))
+        ));
+        assert!(matches!(
+            r.register_mdt(proto::fid::MAX_MDTS, 0xf5, &a, &[]),
+            Err(RegistryError::BadMdt(_))
+        ));
+        assert!(matches!(
+            r.register_mdt(3, 0xbad, &a, &[]),
+            Err(RegistryError::MdtOfAnother { theirs: 0xbad, .. })
+        ));
+        // A second server claiming MDT1 while its own is heard from.
+        assert!(matches!(
+            r.register_mdt(1, 0xf5, &b, &[]),
+            Err(RegistryError::MdtTaken { mdt: 1, .. })
+        ));
+        let listed = r.mdts();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|m| (m.index, m.nid.clone(), m.up))
+                .collect::<Vec<_>>(),
+            vec![(1, a.clone(), true), (2, b.clone(), true)]
+        );
+        // Kept across a restart, down until heard from again.
+        drop(r);
+        let again = Registry::open(&dir, ours()).unwrap();
+        let listed = again.mdts();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.iter().all(|m| !m.up));
+        // Not heard from lately: another server may take MDT1 over (it moved).
+        again.register_mdt(1, 0xf5, &b, &[]).unwrap();
+        assert_eq!(again.mdts()[0].nid, b);
+        // Another MDT keeps no list.
+        let other = Registry::open(&dir, Identity { mdt: 1, ..ours() }).unwrap();
+        assert!(matches!(
+            other.register_mdt(2, 0xf5, &a, &[]),
+            Err(RegistryError::NotMdt0(1))
+        ));
+        // It admits a target MDT0 indexed and bound to the filesystem, under that index, and
+        // refuses one MDT0 has not indexed.
+        let oss: Nid = "127.0.0.1:9500@tcp".parse().unwrap();
+        assert!(matches!(
+            other.register(&oss, &[], &[report(None, 7)]),
+            Err(RegistryError::NotFromMdt0 { uuid: 7 })
+        ));
+        let bound = TargetReport {
+            fs: Some(0xf5),
+            ..report(Some(4), 7)
+        };
+        assert_eq!(other.register(&oss, &[], &[bound]).unwrap(), vec![4]);
+        let unbound = report(Some(5), 8);
+        assert!(matches!(
+            other.register(&oss, &[], &[unbound]),
+            Err(RegistryError::UnknownIndex { index: 5, .. })
+        ));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

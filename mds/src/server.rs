@@ -58,6 +58,10 @@ pub struct MdsConfig {
     pub audit: Option<crate::audit::AuditConfig>,
     /// Where changes and journal commits are counted, for the metrics endpoint.
     pub metrics: Option<Arc<crate::metrics::MdsMetrics>>,
+    /// On an MDT other than 0: MDT0's MDS, which this one registers with (again at every
+    /// `mdt_heartbeat`) so storage servers and clients learn where it serves.
+    pub mdt0: Option<Nid>,
+    pub mdt_heartbeat: Duration,
 }
 
 impl std::fmt::Debug for MdsConfig {
@@ -77,6 +81,7 @@ impl std::fmt::Debug for MdsConfig {
             .field("nodemap", &self.nodemap)
             .field("capability_lifetime", &self.capability_lifetime)
             .field("audit", &self.audit)
+            .field("mdt0", &self.mdt0)
             .finish()
     }
 }
@@ -105,6 +110,8 @@ impl MdsConfig {
             capability_lifetime: crate::identity::CAPABILITY_LIFETIME,
             audit: None,
             metrics: None,
+            mdt0: None,
+            mdt_heartbeat: Duration::from_secs(5),
         }
     }
 }
@@ -123,6 +130,8 @@ pub enum ServerError {
     Net(#[from] NetError),
     #[error("the table of clients: {0}")]
     Clients(String),
+    #[error("{0} holds MDT{1}, which registers with MDT0's MDS: give its address (--mdt0 / mdt0)")]
+    NoMdt0(String, u32),
     #[error("opening the audit log {path}: {source}")]
     Audit {
         path: PathBuf,
@@ -138,6 +147,8 @@ pub struct MdsServer {
     maintain: JoinHandle<()>,
     /// Closes the recovery window and evicts silent clients from the table.
     watcher: JoinHandle<()>,
+    /// On an MDT other than 0: its registrations with MDT0.
+    beat: Option<JoinHandle<()>>,
     registry: Arc<Registry>,
     store: Arc<Store>,
     clients: Arc<crate::recovery::Clients>,
@@ -162,6 +173,9 @@ impl MdsServer {
         };
         // Before anything is opened or served: which filesystem this is.
         let fs = crate::format::check(&*disk, &dir, rand::random())?;
+        if fs.mdt != 0 && cfg.mdt0.is_none() {
+            return Err(ServerError::NoMdt0(dir, fs.mdt));
+        }
         let registry = Arc::new(
             Registry::open(&cfg.data_dir, fs.clone())?
                 .with_heartbeat_timeout(cfg.heartbeat_timeout),
@@ -231,11 +245,26 @@ impl MdsServer {
             }
         };
         tracing::info!(nid = %net.nid(), dir = %cfg.data_dir.display(), filesystem = %fs, "MDS serving");
+        let beat = cfg.mdt0.clone().filter(|_| fs.mdt != 0).map(|mdt0| {
+            let r = proto::registry::RegisterMdt {
+                mdt: fs.mdt,
+                fs: fs.uuid,
+                nid: net.nid(),
+                rails: net.rails(),
+            };
+            tokio::spawn(register_with_mdt0(
+                caller.clone(),
+                mdt0,
+                r,
+                cfg.mdt_heartbeat.max(Duration::from_millis(10)),
+            ))
+        });
         Ok(MdsServer {
             net,
             caller,
             maintain,
             watcher,
+            beat,
             registry,
             store,
             clients,
@@ -306,11 +335,50 @@ impl MdsServer {
 
     /// Stops serving and closes the store (its committed journal is on disk).
     pub async fn stop(self) {
+        if let Some(b) = &self.beat {
+            b.abort();
+        }
         self.net.shutdown();
         self.maintain.abort();
         self.watcher.abort();
         let _ = self.maintain.await;
         self.caller.shutdown();
         drop(self.store);
+    }
+}
+
+/// Registers MDT `r.mdt` with MDT0's MDS every `every`, for as long as the MDS runs: MDT0
+/// learns where it serves and that it is up. Failures are logged when they start and stop.
+async fn register_with_mdt0(
+    caller: AnyNet,
+    mdt0: Nid,
+    r: proto::registry::RegisterMdt,
+    every: Duration,
+) {
+    let mut failing: Option<String> = None;
+    let mut first = true;
+    loop {
+        match lnet::call(&caller, &mdt0, &r, every.max(Duration::from_secs(5))).await {
+            Ok(_) => {
+                if first || failing.take().is_some() {
+                    tracing::info!(mdt = r.mdt, %mdt0, "registered with MDT0");
+                }
+                first = false;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if failing.as_ref() != Some(&e) {
+                    tracing::warn!(mdt = r.mdt, %mdt0, error = %e, "cannot register with MDT0; retrying");
+                    failing = Some(e);
+                }
+            }
+        }
+        // The first registrations come fast: storage servers and clients wait on them.
+        let pause = if first {
+            every.min(Duration::from_millis(200))
+        } else {
+            every
+        };
+        tokio::time::sleep(pause).await;
     }
 }

@@ -39,10 +39,7 @@ pub struct OssConfig {
     pub mds: Nid,
     /// The MDS's other addresses (multi-rail).
     pub mds_rails: Vec<Nid>,
-    /// The MDSs of the filesystem's other MDTs: each precreates its own objects on the
-    /// targets, so each is registered with (once MDT0 has given the targets their indices)
-    /// and heartbeaten to, in the background, retrying while it cannot be reached.
-    pub other_mds: Vec<Nid>,
+
     /// Time between heartbeats.
     pub heartbeat_every: Duration,
     /// How long to keep trying to reach the MDS at start before giving up.
@@ -62,7 +59,6 @@ impl OssConfig {
         OssConfig {
             mds,
             mds_rails: vec![],
-            other_mds: vec![],
             heartbeat_every: Duration::from_secs(5),
             mds_timeout: Duration::from_secs(60),
             metrics: None,
@@ -98,7 +94,7 @@ pub struct OssServer {
     caller: AnyNet,
     targets: Vec<Arc<Target>>,
     /// One per MDS: registration (for the other MDTs') and heartbeats.
-    heartbeats: Vec<JoinHandle<()>>,
+    heartbeats: Beats,
     metrics: Option<Arc<crate::metrics::OssMetrics>>,
 }
 
@@ -155,7 +151,7 @@ impl OssServer {
         homes: Vec<TargetHome>,
         net: &AnyNet,
         caller: &AnyNet,
-    ) -> Result<(Vec<Arc<Target>>, Vec<JoinHandle<()>>), ServerError> {
+    ) -> Result<(Vec<Arc<Target>>, Beats), ServerError> {
         // Measure each device before registering: a target the MDS knows of must answer at
         // once, not stay Busy through a probe of seconds while the MDS tries to fill its pool.
         let mut policies = Vec::with_capacity(homes.len());
@@ -215,24 +211,34 @@ impl OssServer {
             targets.push(Arc::new(target));
         }
         let every = cfg.heartbeat_every.max(Duration::from_millis(10));
-        let mut beats = vec![tokio::spawn(heartbeat(
+        let beats = Beats::default();
+        let others = Others {
+            beats: beats.clone(),
+            joined: Default::default(),
+            register,
+            indices: registered.indices.clone(),
+        };
+        // The other MDTs MDT0 knows now; those that join later come with its heartbeats.
+        match call(
+            caller,
+            &cfg.mds,
+            &proto::registry::ListMdts {},
+            MDS_CALL_TIMEOUT,
+        )
+        .await
+        {
+            Ok(list) => others.learn(caller, &list.mdts, &homes, every),
+            Err(e) => tracing::warn!(mds = %cfg.mds, error = %e, "cannot list the other MDTs yet"),
+        }
+        beats.push(tokio::spawn(heartbeat(
             caller.clone(),
             cfg.mds.clone(),
             net.nid(),
             net.rails(),
             homes.clone(),
             every,
-        ))];
-        for mds in &cfg.other_mds {
-            beats.push(tokio::spawn(join_other(
-                caller.clone(),
-                mds.clone(),
-                register.clone(),
-                registered.indices.clone(),
-                homes.clone(),
-                every,
-            )));
-        }
+            Some(others),
+        )));
         Ok((targets, beats))
     }
 
@@ -266,17 +272,13 @@ impl OssServer {
     /// Stops at once, as kill -9 would: no last sync (the kernel, or the simulated disk,
     /// keeps what was written).
     pub fn kill(self) {
-        for h in &self.heartbeats {
-            h.abort();
-        }
+        self.heartbeats.abort();
         self.net.shutdown();
         self.caller.shutdown();
     }
 
     pub async fn stop(self) -> Result<(), TargetError> {
-        for h in &self.heartbeats {
-            h.abort();
-        }
+        self.heartbeats.abort();
         self.net.shutdown();
         self.caller.shutdown();
         for t in &self.targets {
@@ -304,6 +306,62 @@ async fn reports(homes: &[TargetHome]) -> Result<Vec<TargetReport>, TargetError>
         });
     }
     Ok(out)
+}
+
+/// The server's registration and heartbeat tasks, one per MDS; aborted together.
+#[derive(Clone, Default)]
+struct Beats(Arc<parking_lot::Mutex<Vec<JoinHandle<()>>>>);
+
+impl Beats {
+    fn push(&self, h: JoinHandle<()>) {
+        self.0.lock().push(h);
+    }
+
+    fn abort(&self) {
+        for h in self.0.lock().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+/// What joining the other MDTs takes: MDT0's heartbeat answers name them, and the server
+/// registers with each it has not yet.
+#[derive(Clone)]
+struct Others {
+    beats: Beats,
+    /// The MDTs joined, and where.
+    joined: Arc<parking_lot::Mutex<std::collections::HashMap<u32, Nid>>>,
+    register: RegisterTargets,
+    /// The indices MDT0 gave the targets.
+    indices: Vec<u32>,
+}
+
+impl Others {
+    /// Joins every MDT of `mdts` not joined yet where it now serves.
+    fn learn(
+        &self,
+        caller: &AnyNet,
+        mdts: &[proto::registry::MdtInfo],
+        homes: &[TargetHome],
+        every: Duration,
+    ) {
+        let mut joined = self.joined.lock();
+        for m in mdts {
+            if joined.get(&m.index) == Some(&m.nid) {
+                continue;
+            }
+            tracing::info!(mdt = m.index, nid = %m.nid, "joining another MDT");
+            joined.insert(m.index, m.nid.clone());
+            self.beats.push(tokio::spawn(join_other(
+                caller.clone(),
+                m.nid.clone(),
+                self.register.clone(),
+                self.indices.clone(),
+                homes.to_vec(),
+                every,
+            )));
+        }
+    }
 }
 
 /// Registers the targets with the MDS of another MDT (`mds`), retrying while it cannot be
@@ -343,7 +401,16 @@ async fn join_other(
             }
         }
     }
-    heartbeat(caller, mds, register.oss, register.rails, homes, every).await
+    heartbeat(
+        caller,
+        mds,
+        register.oss,
+        register.rails,
+        homes,
+        every,
+        None,
+    )
+    .await
 }
 
 /// Tells the MDS every `every` that this server is up and how much space its targets have.
@@ -354,6 +421,7 @@ async fn heartbeat(
     rails: Vec<Nid>,
     homes: Vec<TargetHome>,
     every: Duration,
+    others: Option<Others>,
 ) {
     loop {
         tokio::time::sleep(every).await;
@@ -369,8 +437,13 @@ async fn heartbeat(
             rails: rails.clone(),
             targets,
         };
-        if let Err(e) = call(&caller, &mds, &hb, every.max(MDS_CALL_TIMEOUT)).await {
-            tracing::warn!(mds = %mds, error = %e, "heartbeat failed");
+        match call(&caller, &mds, &hb, every.max(MDS_CALL_TIMEOUT)).await {
+            Ok(ack) => {
+                if let Some(o) = &others {
+                    o.learn(&caller, &ack.mdts, &homes, every);
+                }
+            }
+            Err(e) => tracing::warn!(mds = %mds, error = %e, "heartbeat failed"),
         }
     }
 }

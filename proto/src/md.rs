@@ -1117,11 +1117,18 @@ pub struct MdsStatfs {}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsStats {
+    /// Inodes this MDT holds.
     pub inodes: u64,
+    /// Bytes of the storage targets that are up, and free there.
     pub total: u64,
     pub free: u64,
     pub targets: u32,
     pub targets_up: u32,
+    /// The MDT answering, and the bytes of the device its journal is on, and free there (0
+    /// where it is not on a device).
+    pub mdt: u32,
+    pub mdt_total: u64,
+    pub mdt_free: u64,
 }
 
 impl Rpc for MdsStatfs {

@@ -52,6 +52,8 @@ pub mod opcodes {
     pub const MDS_RESERVE: Opcode = Opcode(0x0122);
     pub const MDS_READ_MDT: Opcode = Opcode(0x0123);
     pub const MDS_LEASE_ALONE: Opcode = Opcode(0x0124);
+    pub const MDS_REGISTER_MDT: Opcode = Opcode(0x0125);
+    pub const MDS_LIST_MDTS: Opcode = Opcode(0x0126);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -96,6 +98,8 @@ pub mod opcodes {
         MDS_RESERVE,
         MDS_READ_MDT,
         MDS_LEASE_ALONE,
+        MDS_REGISTER_MDT,
+        MDS_LIST_MDTS,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
@@ -153,6 +157,8 @@ impl Opcode {
             opcodes::MDS_RESERVE => "mds_reserve",
             opcodes::MDS_READ_MDT => "mds_read_mdt",
             opcodes::MDS_LEASE_ALONE => "mds_lease_alone",
+            opcodes::MDS_REGISTER_MDT => "mds_register_mdt",
+            opcodes::MDS_LIST_MDTS => "mds_list_mdts",
             opcodes::OST_PRECREATE => "ost_precreate",
             opcodes::OST_WRITE => "ost_write",
             opcodes::OST_READ => "ost_read",

@@ -1,5 +1,7 @@
 //! Messages between storage servers and the MDS's registry of targets: a server registers its
 //! targets when it starts (and is given indices for new ones), then heartbeats with their space.
+//! And the registry of metadata targets MDT0 keeps: every other MDT's MDS registers with it
+//! (again and again, as a heartbeat), and storage servers and clients learn the MDTs from it.
 
 use serde::{Deserialize, Serialize};
 
@@ -54,7 +56,57 @@ pub struct Heartbeat {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeartbeatAck {}
+pub struct HeartbeatAck {
+    /// The filesystem's other MDTs, as MDT0 knows them (empty from any other MDT): the
+    /// storage server registers with each it has not yet.
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub mdts: Vec<MdtInfo>,
+}
+
+/// An MDT's MDS (not MDT0's) tells MDT0 where it is serving; sent again every few seconds,
+/// so MDT0 knows which MDTs are up. Servers only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterMdt {
+    pub mdt: u32,
+    /// The filesystem the MDT was formatted into: MDT0 refuses another's.
+    pub fs: u128,
+    pub nid: Nid,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub rails: Vec<Nid>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdtRegistered {}
+
+/// Lists the filesystem's MDTs, MDT0 first (answered by MDT0).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListMdts {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdtInfo {
+    pub index: u32,
+    pub nid: Nid,
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub rails: Vec<Nid>,
+    /// Heard from within the heartbeat timeout (MDT0, answering, is up).
+    pub up: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdtList {
+    #[serde(deserialize_with = "crate::seq::deserialize")]
+    pub mdts: Vec<MdtInfo>,
+}
+
+impl Rpc for RegisterMdt {
+    const OPCODE: Opcode = opcodes::MDS_REGISTER_MDT;
+    type Reply = MdtRegistered;
+}
+
+impl Rpc for ListMdts {
+    const OPCODE: Opcode = opcodes::MDS_LIST_MDTS;
+    type Reply = MdtList;
+}
 
 /// Lists every registered target.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

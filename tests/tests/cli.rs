@@ -197,3 +197,61 @@ fn cluster_up_starts_again_only_the_servers_that_stopped() {
     assert_eq!(code, 1);
     assert!(err.contains("already runs"), "{err}");
 }
+
+/// `cluster up --mdts 3`: three MDSs as processes, every one listed by `df` (bytes and inodes)
+/// and `status`; one killed shows as down, and `up` again starts only it, which registers
+/// with MDT0 again.
+#[test]
+fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
+    let dir = scratch("cli-mdts");
+    let c = Cluster {
+        dir,
+        port: "9761".into(),
+    };
+    let d = c.dir.to_str().unwrap().to_owned();
+    let (code, out, err) = c.lode(&[
+        "cluster", "up", "--dir", &d, "--port", &c.port, "--mdts", "3", "--oss", "2",
+    ]);
+    assert_eq!(code, 0, "cluster up: {out}{err}");
+    assert!(out.contains("3 MDTs"), "{out}");
+    let (code, out, err) = c.lode(&["df"]);
+    assert_eq!(code, 0, "{err}");
+    for k in 0..3 {
+        assert!(out.contains(&format!("lode-MDT{k:04x}_UUID")), "{out}");
+        assert!(out.contains(&format!("lode[MDT:{k}]")), "{out}");
+    }
+    assert!(!out.contains("(down)"), "{out}");
+    let (code, out, _) = c.lode(&["df", "-i"]);
+    assert_eq!(code, 0);
+    // Each MDT holds its root, and nothing else yet.
+    assert_eq!(out.matches(" 1 ").count(), 3, "{out}");
+    let (_, out, _) = c.lode(&["cluster", "status", "--dir", &d]);
+    assert!(out.contains("mdt2") && out.contains("MDT2"), "{out}");
+
+    let pid: i32 = std::fs::read_to_string(c.dir.join("cluster.pids"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("mdt1 "))
+        .expect("mdt1 recorded")
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill with a pid the cluster recorded, and a plain signal.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // A down MDT is a line of its own, not an error of the whole command.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (code, out, _) = c.lode(&["df"]);
+        assert_eq!(code, 0);
+        if out.contains("lode[MDT:1] (down)") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{out}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (code, out, err) = c.lode(&["cluster", "up", "--dir", &d]);
+    assert_eq!(code, 0, "cluster up again: {out}{err}");
+    assert!(out.contains("starting mdt1 again"), "{out}");
+    let (_, out, _) = c.lode(&["df"]);
+    assert!(!out.contains("(down)"), "{out}");
+}

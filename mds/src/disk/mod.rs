@@ -34,4 +34,9 @@ pub trait MetaDisk: Send + Sync + 'static {
     fn exists(&self, name: &str) -> io::Result<bool> {
         Ok(self.read(name)?.is_some())
     }
+    /// The bytes of the device the files are on, and how many are free to an unprivileged
+    /// writer; `None` where there is no such device (a disk in memory).
+    fn space(&self) -> Option<(u64, u64)> {
+        None
+    }
 }

@@ -56,6 +56,21 @@ impl DirDisk {
 }
 
 impl MetaDisk for DirDisk {
+    fn space(&self) -> Option<(u64, u64)> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_bytes()).ok()?;
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a statvfs the call fills.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return None;
+        }
+        let frag = st.f_frsize as u64;
+        Some((
+            (st.f_blocks as u64).saturating_mul(frag),
+            (st.f_bavail as u64).saturating_mul(frag),
+        ))
+    }
+
     fn read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         match fs::read(self.dir.join(name)) {
             Ok(v) => Ok(Some(v)),

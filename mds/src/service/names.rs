@@ -200,12 +200,16 @@ impl MdsService {
     pub(super) fn statfs(&self) -> Result<Vec<u8>, RemoteError> {
         let targets = self.registry.list();
         let up: Vec<_> = targets.iter().filter(|t| t.up).collect();
+        let space = self.store.disk().space().unwrap_or((0, 0));
         reply::<MdsStatfs>(&FsStats {
             inodes: self.store.read(|ns| ns.len() as u64),
             total: up.iter().map(|t| t.total).sum(),
             free: up.iter().map(|t| t.free).sum(),
             targets: targets.len() as u32,
             targets_up: up.len() as u32,
+            mdt: self.registry.filesystem().mdt,
+            mdt_total: space.0,
+            mdt_free: space.1,
         })
     }
 }

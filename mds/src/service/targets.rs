@@ -44,7 +44,38 @@ impl MdsService {
         let r: Heartbeat = req.decode()?;
         self.registry.heartbeat(&r.oss, &r.rails, &r.targets);
         self.alloc.peer_rails(&r.oss, &r.rails);
-        reply::<Heartbeat>(&HeartbeatAck {})
+        reply::<Heartbeat>(&HeartbeatAck {
+            mdts: self.registry.mdts(),
+        })
+    }
+
+    /// Another MDT's MDS says where it serves (`MDS_REGISTER_MDT`, servers only, on MDT0).
+    pub(super) fn serve_register_mdt(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        self.server_only(req)?;
+        let r: RegisterMdt = req.decode()?;
+        self.registry
+            .register_mdt(r.mdt, r.fs, &r.nid, &r.rails)
+            .map_err(|e| {
+                let code = match e {
+                    RegistryError::BadMdt(_) => StatusCode::Invalid,
+                    RegistryError::Io { .. } | RegistryError::Damaged { .. } => StatusCode::Io,
+                    _ => {
+                        tracing::error!(mdt = r.mdt, nid = %r.nid, error = %e, "refused an MDT");
+                        StatusCode::Refused
+                    }
+                };
+                RemoteError::new(code, e.to_string())
+            })?;
+        reply::<RegisterMdt>(&MdtRegistered {})
+    }
+
+    /// The filesystem's other MDTs (`MDS_LIST_MDTS`; MDT0 knows them, another MDT lists
+    /// none).
+    pub(super) fn serve_list_mdts(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
+        let _: ListMdts = req.decode()?;
+        reply::<ListMdts>(&MdtList {
+            mdts: self.registry.mdts(),
+        })
     }
 
     /// The targets and whether each takes new stripes (`MDS_LIST_TARGETS`).

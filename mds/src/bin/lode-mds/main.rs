@@ -131,6 +131,9 @@ struct ServeArgs {
     /// Do not resync stale mirrors in the background (`lode mirror resync` still does).
     #[arg(long)]
     no_auto_resync: bool,
+    /// On an MDT other than 0: MDT0's MDS (IP:PORT or a NID), which this one registers with.
+    #[arg(long)]
+    mdt0: Option<String>,
     #[command(flatten)]
     stats: daemon::telemetry::StatsArgs,
 }
@@ -140,6 +143,8 @@ struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct Config {
     data_dir: Option<PathBuf>,
+    /// On an MDT other than 0: MDT0's MDS.
+    mdt0: Option<String>,
     /// One address, or a list of them (one per interface).
     listen: Option<daemon::Addrs>,
     checkpoint_mib: Option<u64>,
@@ -228,12 +233,22 @@ struct Settings {
     audit: Option<mds::audit::AuditConfig>,
     heal: Option<client::mirrors::HealConfig>,
     telemetry: daemon::telemetry::Telemetry,
+    mdt0: Option<proto::Nid>,
 }
 
 impl ServeArgs {
     fn settings(self) -> Result<Settings> {
         let file: Config = daemon::telemetry::load_config(self.config.as_deref())?;
+        let mdt0 = match self.mdt0.as_deref().or(file.mdt0.as_deref()) {
+            Some(a) => Some(
+                proto::Nid::parse_loose(a)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("--mdt0 {a:?}"))?,
+            ),
+            None => None,
+        };
         Ok(Settings {
+            mdt0,
             telemetry: self
                 .stats
                 .telemetry(file.metrics, file.stats, file.job_stats),
@@ -458,6 +473,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         nodemap: args.nodemap,
         capability_lifetime: args.capability_lifetime,
         audit: args.audit,
+        mdt0: args.mdt0.clone(),
         ..MdsConfig::new(args.data_dir)
     };
     let mut telemetry = args.telemetry;

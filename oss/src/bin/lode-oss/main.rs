@@ -56,7 +56,7 @@ enum Cmd {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A TOML file with any of `data_dir`, `mds`, `other_mds`, `listen`, `targets`, `engine`, `threads`,
+    /// A TOML file with any of `data_dir`, `mds`, `listen`, `targets`, `engine`, `threads`,
     /// `queue_depth`, `io`, `heartbeat_s`, `mds_timeout_s`, `key_file`, `auth`, `privacy`,
     /// `metrics`, `stats` and `job_stats`; flags override it.
     #[arg(long)]
@@ -66,13 +66,10 @@ struct ServeArgs {
     data_dir: Option<PathBuf>,
     /// The MDS, as IP:PORT or a NID; an MDS on several interfaces by all its addresses,
     /// comma-separated. In a filesystem of several MDTs, MDT0's: it gives the targets their
-    /// indices.
+    /// indices, and names the other MDTs, which the server then registers with too.
     #[arg(long)]
     mds: Option<String>,
-    /// The MDS of another MDT of the filesystem (IP:PORT or a NID), registered with once MDT0
-    /// has given the targets their indices; give it once per MDT.
-    #[arg(long = "other-mds")]
-    other_mds: Vec<String>,
+
     /// Address to serve on [default: 127.0.0.1:9500]. Given again, the server listens on each
     /// (one per interface) and clients use any that answers (multi-rail); the first names it.
     #[arg(long)]
@@ -119,8 +116,7 @@ struct Config {
     data_dir: Option<PathBuf>,
     /// The MDS, as IP:PORT or a NID (several, comma-separated, for multi-rail).
     mds: Option<String>,
-    /// The MDSs of the other MDTs.
-    other_mds: Option<Vec<String>>,
+
     /// One address, or a list of them (one per interface).
     listen: Option<daemon::Addrs>,
     targets: Option<u32>,
@@ -172,19 +168,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .context("--mds (or mds in the config) is required")?;
     let (mds, mds_rails) =
         Nid::parse_rails(mds_arg).with_context(|| format!("--mds {mds_arg:?}"))?;
-    let other_args = if args.other_mds.is_empty() {
-        file.other_mds.unwrap_or_default()
-    } else {
-        args.other_mds
-    };
-    let other_mds = other_args
-        .iter()
-        .map(|a| {
-            Nid::parse_rails(a)
-                .map(|(nid, _)| nid)
-                .with_context(|| format!("--other-mds {a:?}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
+
     let mut listen = if args.listen.is_empty() {
         file.listen.map(daemon::Addrs::into_vec).unwrap_or_default()
     } else {
@@ -236,7 +220,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ),
         mds_timeout: Duration::from_secs(args.mds_timeout.or(file.mds_timeout_s).unwrap_or(60)),
         mds_rails,
-        other_mds,
         trust_mds_objects: args.trust_mds_objects,
         io,
         ..OssConfig::new(mds)
