@@ -172,9 +172,13 @@ enum Cmd {
     /// machine's own filesystem is written `local:PATH` (`local:-` is stdin or stdout):
     /// `lode cp local:/data/a.bin /shards/a.bin`, `lode cp /shards/a.bin local:a.bin`.
     Cp { from: String, to: String },
+    /// Make a directory; -i places it on a metadata target (MDT), as `lfs mkdir -i` does.
     Mkdir {
         #[arg(short = 'p')]
         parents: bool,
+        /// The MDT the new directory (and what is made in it) lives on.
+        #[arg(short = 'i', long = "mdt-index", conflicts_with = "parents")]
+        mdt: Option<u32>,
         path: String,
     },
     /// Remove files (and with -r, directories and what they hold).
@@ -544,12 +548,16 @@ fn run() -> Result<()> {
             }
             Cmd::Verify { path } => verify::run(&client, &path).await,
             Cmd::Cp { from, to } => cp(&client, &from, &to).await,
-            Cmd::Mkdir { parents, path } => {
+            Cmd::Mkdir { parents, mdt, path } => {
                 let err = posix("cannot create directory", &path, 1);
-                if parents {
-                    client.mkdir_all(&path, 0o755).await.map_err(err)?;
-                } else {
-                    client.mkdir(&path, 0o755).await.map_err(err)?;
+                match (parents, mdt) {
+                    (true, _) => client.mkdir_all(&path, 0o755).await.map_err(err)?,
+                    (false, Some(k)) => {
+                        client.mkdir_on(&path, 0o755, k).await.map_err(err)?;
+                    }
+                    (false, None) => {
+                        client.mkdir(&path, 0o755).await.map_err(err)?;
+                    }
                 }
                 Ok(())
             }

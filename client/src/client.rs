@@ -157,6 +157,7 @@ impl Inner {
             grants: Default::default(),
             kept: Default::default(),
             statahead: Default::default(),
+            mdts: Default::default(),
         }
     }
 }
@@ -219,6 +220,8 @@ pub(crate) struct Inner {
     /// read whole with attributes (see [`Client::statahead_due`]); `usize::MAX`: not to be
     /// read so.
     statahead: parking_lot::Mutex<crate::FastMap<Fid, usize>>,
+    /// Where the other MDTs' MDSs serve, as MDT0 last listed them.
+    mdts: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
 }
 
 impl Inner {
@@ -466,7 +469,9 @@ impl Client {
 
     /// Counts again at the MDS every handle this client holds open.
     async fn reopen_all(&self) -> Result<()> {
-        let held = self.inner.opens.replaying();
+        // MDT0 restarted: its files' handles (another MDT's are counted there).
+        let mut held = self.inner.opens.replaying();
+        held.retain(|(_, fid)| !Self::elsewhere(*fid));
         tracing::info!(
             handles = held.len(),
             "the MDS restarted: counting open files again"
@@ -499,7 +504,7 @@ impl Client {
     /// restarted and the client reopened its files meanwhile, without it.
     pub(crate) async fn opened(&self, handle: OpenHandle, fid: Fid, replays: u64) -> Result<()> {
         self.inner.opens.insert(handle.handle, fid);
-        if self.inner.opens.replays() != replays {
+        if self.inner.opens.replays() != replays && !Self::elsewhere(fid) {
             let r = MdsReopen {
                 handles: vec![(fid, handle)],
             };
@@ -511,8 +516,8 @@ impl Client {
     /// Forgets the open `handle` of `fid` and tells the MDS.
     pub(crate) async fn close_handle(&self, handle: OpenHandle, fid: Fid) -> Result<()> {
         self.inner.opens.remove(handle.handle);
-        self.rpc(&self.inner.mds.clone(), &MdsClose { fid, handle })
-            .await?;
+        let mds = self.mds_for(fid).await?;
+        self.rpc(&mds, &MdsClose { fid, handle }).await?;
         Ok(())
     }
 
@@ -661,6 +666,17 @@ impl Client {
             self.after_closing(*fid).await;
         }
         let leases = &self.inner.leases;
+        let home = home_of(&mutation)?;
+        let peer = self.mds_for(home).await;
+        let peer = match peer {
+            Ok(p) => p,
+            Err(e) => {
+                self.inner.requests.settle(req.seq);
+                return Err(e);
+            }
+        };
+        // Another MDT answers once durable, and leases nothing to a client that joined MDT0.
+        let there = Self::elsewhere(home);
         let r = MdsReint {
             creds: self.creds.clone(),
             mutation,
@@ -668,15 +684,18 @@ impl Client {
             acked: self.inner.requests.replied_below(),
             open,
             size_gen,
-            behind,
-            lease: leases.live(),
+            behind: behind && !there,
+            lease: leases.live() && !there,
             time: None,
         };
         let stamp = leases.stamp();
-        let sent = self.rpc(&self.inner.mds.clone(), &r).await;
+        let sent = self.rpc(&peer, &r).await;
         // Answered or given up on: never sent again.
         self.inner.requests.settle(req.seq);
         let mut reply = sent?;
+        if there {
+            return Ok(reply);
+        }
         let pending = &self.inner.pending;
         leases.learn_change(stamp, &r.mutation, &reply, &|f| pending.settled(f, 0));
         let ticket = std::mem::take(&mut reply.ticket);
@@ -706,7 +725,11 @@ impl Client {
         open: Option<OpenHandle>,
     ) -> Option<Result<(Inode, crate::pending::Sent)>> {
         let inner = &self.inner;
-        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
+        if !inner.joined.load(Ordering::Relaxed)
+            || !inner.cfg.leases
+            || !inner.cfg.ahead
+            || Self::elsewhere(parent)
+        {
             return None;
         }
         let may = || {
@@ -778,7 +801,11 @@ impl Client {
     /// be sent and waited for.
     pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
         let inner = &self.inner;
-        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
+        if !inner.joined.load(Ordering::Relaxed)
+            || !inner.cfg.leases
+            || !inner.cfg.ahead
+            || Self::elsewhere(parent)
+        {
             return false;
         }
         if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
@@ -833,7 +860,7 @@ impl Client {
     /// [`proto::md::MdsLeaseAlone`]); not asked again a moment after a refusal.
     async fn hold_alone(&self, dir: Fid) {
         let leases = &self.inner.leases;
-        if !leases.may_ask_alone(dir) {
+        if Self::elsewhere(dir) || !leases.may_ask_alone(dir) {
             return;
         }
         let recalls = leases.recalls();
@@ -1019,12 +1046,13 @@ impl Client {
             creds: self.creds.clone(),
             parent,
             name: name.to_vec(),
-            lease: live.then_some(self.inner.client_id),
+            lease: (live && !Self::elsewhere(parent)).then_some(self.inner.client_id),
         };
-        match self.rpc(&self.inner.mds.clone(), &r).await {
+        let mds = self.mds_for(parent).await?;
+        match self.rpc(&mds, &r).await {
             Ok(a) => {
                 leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
-                Ok(a.inode)
+                self.fresh_if_elsewhere(parent, a.inode).await
             }
             Err(e) => {
                 if e.is(FsErrorKind::NotFound) {
@@ -1055,6 +1083,16 @@ impl Client {
         }
         counts.remove(&dir);
         true
+    }
+
+    /// `inode`, found in directory `dir`: when another MDT holds it (a remote directory), its
+    /// attributes as that MDT has them (the directory's own MDT keeps only those it was made
+    /// with).
+    async fn fresh_if_elsewhere(&self, dir: Fid, inode: Inode) -> Result<Inode> {
+        if proto::fid::mdt_of(inode.fid) == proto::fid::mdt_of(dir) {
+            return Ok(inode);
+        }
+        self.getattr(inode.fid).await
     }
 
     /// Leases the directory `dir` and, when it is small, reads it whole under the lease.
@@ -1088,7 +1126,12 @@ impl Client {
             creds: self.creds().clone(),
             lease: leases.live().then_some(self.inner.client_id),
         };
-        let a = self.rpc(&self.inner.mds.clone(), &r).await?;
+        let a = if Self::elsewhere(fid) {
+            let r = MdsGetattr { lease: None, ..r };
+            self.rpc(&self.mds_for(fid).await?, &r).await?
+        } else {
+            self.rpc(&self.inner.mds.clone(), &r).await?
+        };
         leases.learn_attr(stamp, &a.inode, a.leased);
         Ok(a.inode)
     }
@@ -1237,7 +1280,14 @@ impl Client {
                     dir,
                     names: names.iter().cloned().map(Name).collect(),
                 };
-                self.rpc(&self.inner.mds.clone(), &r).await?.inodes
+                // The walk stops at a directory of another MDT; the names after it are
+                // walked there.
+                let mut got = self.rpc(&self.mds_for(dir).await?, &r).await?.inodes;
+                if let Some(last) = got.pop() {
+                    let at = got.last().map_or(dir, |i| i.fid);
+                    got.push(self.fresh_if_elsewhere(at, last).await?);
+                }
+                got
             };
             if walked.is_empty() || walked.len() > names.len() {
                 return Err(ClientError::fs(
@@ -1349,6 +1399,23 @@ impl Client {
 
     pub async fn mkdir(&self, path: &str, mode: u32) -> Result<Inode> {
         self.create_node(path, Kind::Dir, mode, b"", None).await
+    }
+
+    /// `lfs mkdir -i MDT`: the directory on metadata target `mdt` (its entries, and what is
+    /// made in it, go there), named in its parent wherever that is.
+    pub async fn mkdir_on(&self, path: &str, mode: u32, mdt: u32) -> Result<Inode> {
+        let (parent, name) = self.parent_of(path).await?;
+        let m = Mutation::MkdirOn {
+            parent: parent.fid,
+            name: name.to_vec(),
+            mode,
+            mdt,
+        };
+        let made = self
+            .reint(m)
+            .await?
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Io, "no inode in the reply"))?;
+        self.fresh_if_elsewhere(parent.fid, made).await
     }
 
     /// `mkdir -p`.
@@ -1559,7 +1626,8 @@ impl Client {
             return Ok(true);
         }
         let stamp = leases.stamp();
-        let lease = leases.live().then_some(self.inner.client_id);
+        let lease = (leases.live() && !Self::elsewhere(dir)).then_some(self.inner.client_id);
+        let mds = self.mds_for(dir).await?;
         // Copies of the pages for the lease cache, while they are leased.
         let mut kept: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
         let mut listed = 0;
@@ -1590,13 +1658,21 @@ impl Client {
                 plus,
                 lease,
             };
-            let got = match self.rpc(&self.inner.mds.clone(), &r).await {
+            let mut got = match self.rpc(&mds, &r).await {
                 Ok(p) => p,
                 Err(e) => {
                     leases.give_back(&granted);
                     return Err(e);
                 }
             };
+            // A directory of another MDT listed here: its attributes as that MDT has them.
+            for a in got.attrs.iter_mut() {
+                if proto::fid::mdt_of(a.fid) != proto::fid::mdt_of(dir) {
+                    if let Ok(i) = self.getattr(a.fid).await {
+                        *a = i;
+                    }
+                }
+            }
             if lease.is_some() && got.leased {
                 if granted.is_empty() {
                     granted.push(dir);
@@ -1654,6 +1730,39 @@ impl Client {
 
     pub async fn statfs(&self) -> Result<FsStats> {
         self.rpc(&self.inner.mds.clone(), &MdsStatfs {}).await
+    }
+
+    /// The MDS holding `fid`: the MDT its FID names (MDT0's, the MDS this client connected
+    /// to, for its own FIDs and any FID no MDT numbers).
+    pub(crate) async fn mds_for(&self, fid: Fid) -> Result<Nid> {
+        match proto::fid::mdt_of(fid) {
+            None | Some(0) => Ok(self.inner.mds.clone()),
+            Some(k) => self.mdt_nid(k).await,
+        }
+    }
+
+    /// Whether `fid` is held by an MDT other than MDT0: changes there are answered once
+    /// durable and nothing there is leased to this client (it joins MDT0 alone).
+    pub(crate) fn elsewhere(fid: Fid) -> bool {
+        proto::fid::mdt_of(fid).is_some_and(|k| k != 0)
+    }
+
+    /// Where MDT `k`'s MDS serves, from MDT0's list (read again when `k` is not in it).
+    async fn mdt_nid(&self, k: u32) -> Result<Nid> {
+        if let Some(n) = self.inner.mdts.lock().get(&k) {
+            return Ok(n.clone());
+        }
+        let listed = self.mdts().await?;
+        let mut known = self.inner.mdts.lock();
+        for m in listed {
+            known.insert(m.index, m.nid);
+        }
+        known.get(&k).cloned().ok_or_else(|| {
+            ClientError::fs(
+                FsErrorKind::Stale,
+                format!("MDT{k} is not among the filesystem's MDTs"),
+            )
+        })
     }
 
     /// The filesystem's other MDTs, as MDT0 (the MDS this client connected to) knows them.
@@ -1889,4 +1998,46 @@ pub fn raid0(count: Option<u32>, size: u64) -> Result<Layout> {
         Some(n) => StripeCount::Count(n),
     };
     Ok(Layout::new(vec![proto::layout::Component::raid0(c, size)])?)
+}
+
+/// The inode whose MDT a change goes to: the directory of a change of entries, the inode
+/// otherwise. A rename or link between directories of two MDTs cannot be made by one
+/// (EXDEV, as between filesystems: `mv` copies then).
+fn home_of(m: &Mutation) -> Result<Fid> {
+    let cross = |a: Fid, b: Fid| {
+        if proto::fid::mdt_of(a).unwrap_or(0) != proto::fid::mdt_of(b).unwrap_or(0) {
+            return Err(ClientError::fs(
+                FsErrorKind::CrossDevice,
+                format!("{a} and {b} are on different MDTs"),
+            ));
+        }
+        Ok(a)
+    };
+    Ok(match m {
+        Mutation::Create { parent, .. }
+        | Mutation::CreateAt { parent, .. }
+        | Mutation::CreateUnnamed { parent, .. }
+        | Mutation::Unlink { parent, .. }
+        | Mutation::MkdirOn { parent, .. }
+        | Mutation::MkdirForRemote { parent, .. }
+        | Mutation::LinkRemoteDir { parent, .. } => *parent,
+        Mutation::Rename {
+            parent, new_parent, ..
+        } => cross(*parent, *new_parent)?,
+        Mutation::Link { fid, parent, .. } => cross(*parent, *fid)?,
+        Mutation::Setattr { fid, .. }
+        | Mutation::SetXattr { fid, .. }
+        | Mutation::SetXattrIf { fid, .. }
+        | Mutation::RemoveXattr { fid, .. }
+        | Mutation::GrowSize { fid, .. }
+        | Mutation::SetLayout { fid, .. }
+        | Mutation::MirrorState { fid, .. }
+        | Mutation::PlaceMirror { fid, .. }
+        | Mutation::WriteMdt { fid, .. }
+        | Mutation::RmdirRemote { fid } => *fid,
+        Mutation::Destroyed { .. }
+        | Mutation::SkipInodes { .. }
+        | Mutation::ReserveInodes { .. }
+        | Mutation::Released { .. } => ROOT,
+    })
 }

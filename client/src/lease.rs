@@ -819,7 +819,7 @@ impl Leases {
                     set(s, *parent, name, Some((i.fid, i.kind)));
                 }
             }
-            Mutation::Link { parent, name, .. } => {
+            Mutation::Link { parent, name, .. } | Mutation::MkdirOn { parent, name, .. } => {
                 if let Some(i) = &reply.inode {
                     set(s, *parent, name, Some((i.fid, i.kind)));
                 }

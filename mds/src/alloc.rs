@@ -172,6 +172,11 @@ impl Allocator {
     }
 
     /// Whether any target can take new stripes.
+    /// The endpoint this MDS calls other servers through (storage servers, other MDSs).
+    pub fn net(&self) -> &AnyNet {
+        &self.net
+    }
+
     /// The MDT this server holds: its objects are precreated in its own sequence on each
     /// target.
     pub fn mdt(&self) -> u32 {

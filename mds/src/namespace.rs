@@ -233,6 +233,169 @@ impl Namespace {
         self.seq
     }
 
+    /// The MDT this namespace is.
+    pub fn mdt(&self) -> u32 {
+        (self.seq - INODE_SEQ) as u32
+    }
+
+    /// Whether `fid` is an inode of another MDT (held here, if at all, as the entry that names
+    /// a directory there: a remote directory's stub).
+    pub fn is_remote(&self, fid: Fid) -> bool {
+        proto::fid::mdt_of(fid).is_some_and(|k| k != self.mdt())
+    }
+
+    /// Refuses a change to `fid` when another MDT holds it: its MDS is the one to ask.
+    fn local(&self, fid: Fid) -> Result<()> {
+        if self.is_remote(fid) {
+            return err(
+                FsErrorKind::CrossDevice,
+                format!(
+                    "{fid} is held by MDT{}, not MDT{}",
+                    proto::fid::mdt_of(fid).unwrap_or(0),
+                    self.mdt()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Makes directory `name` of `parent`, a directory of another MDT, here: its inode and
+    /// (empty) entries, with `parent` recorded as its parent.
+    #[allow(clippy::too_many_arguments)] // the fields of one Mutation::MkdirForRemote
+    fn mkdir_for_remote(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        gid: u32,
+        layout: Option<Layout>,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        if !self.is_remote(parent) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{parent} is a directory of this MDT: a mkdir there is a plain one"),
+            );
+        }
+        check_new_inode(Kind::Dir, &[], layout.as_ref())?;
+        let oid = self.next_oid;
+        let Some(next) = oid.checked_add(1) else {
+            return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+        };
+        let fid = Fid::new(self.seq, oid, 0);
+        let inode = Inode {
+            fid,
+            kind: Kind::Dir,
+            mode: mode & PERM_MASK,
+            uid: who.uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: BTreeMap::new(),
+            layout,
+            target: vec![],
+        };
+        self.next_oid = next;
+        self.entries.insert(fid, BTreeMap::new());
+        self.parents.insert(fid, parent);
+        self.inodes.insert(fid, inode.clone());
+        Ok(Applied {
+            inode: Some(inode),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Names `inode`, a directory another MDT holds, `name` in `parent`: the entry, and the
+    /// directory's attributes as it was made (its stub).
+    fn link_remote_dir(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        inode: &Inode,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        if !self.is_remote(inode.fid) || inode.kind != Kind::Dir {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{} is no directory of another MDT", inode.fid),
+            );
+        }
+        if self.inodes.contains_key(&inode.fid) {
+            return err(
+                FsErrorKind::Exists,
+                format!("{} is named already", inode.fid),
+            );
+        }
+        if self
+            .check_create(parent, name, Kind::Dir, true, who)?
+            .is_some()
+        {
+            return err(
+                FsErrorKind::Exists,
+                format!("{:?} exists", String::from_utf8_lossy(name)),
+            );
+        }
+        let stub = Inode {
+            xattrs: BTreeMap::new(),
+            ..inode.clone()
+        };
+        self.entries
+            .get_mut(&parent)
+            .expect("checked: a directory")
+            .insert(name.to_vec(), stub.fid);
+        self.inodes.insert(stub.fid, stub.clone());
+        if let Some(p) = self.inodes.get_mut(&parent) {
+            p.nlink = p.nlink.saturating_add(1);
+        }
+        self.touch_dir(parent, now);
+        Ok(Applied {
+            inode: Some(stub),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Whether `who` may remove the entry `name` of `parent` (the checks of an unlink, without
+    /// the change).
+    pub fn may_remove(&self, parent: Fid, name: &[u8], who: &Creds) -> Result<()> {
+        let victim = self.lookup(parent, name, who)?;
+        let p = self.inode(parent)?;
+        self.may_unlink(p, victim, who)
+    }
+
+    /// Removes `fid`, a directory here whose name lives on another MDT, if it is empty.
+    fn rmdir_remote(&mut self, fid: Fid) -> Result<Applied> {
+        self.local(fid)?;
+        let Some(d) = self.entries.get(&fid) else {
+            self.inode(fid)?;
+            return err(FsErrorKind::NotDir, format!("{fid} is not a directory"));
+        };
+        if !self.parents.get(&fid).is_some_and(|p| self.is_remote(*p)) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} is named on this MDT: an rmdir of it is a plain one"),
+            );
+        }
+        if !d.is_empty() {
+            return err(FsErrorKind::NotEmpty, format!("{fid} is not empty"));
+        }
+        self.entries.remove(&fid);
+        self.parents.remove(&fid);
+        let gone = self.inodes.remove(&fid);
+        Ok(Applied {
+            inode: None,
+            removed: gone.into_iter().collect(),
+            reserved: None,
+        })
+    }
+
     /// The MDT's root directory.
     pub fn root(&self) -> Fid {
         self.root
@@ -405,7 +568,10 @@ impl Namespace {
             if dir == ancestor {
                 return true;
             }
-            let up = self.parents[&dir];
+            // A directory named on another MDT: its ancestors there are none of this MDT's.
+            let Some(&up) = self.parents.get(&dir) else {
+                return false;
+            };
             if up == dir {
                 return false;
             }
@@ -498,6 +664,19 @@ impl Namespace {
                 self.check_create(*parent, name, *kind, true, who)?;
                 self.check_reserved(*fid)?;
             }
+            // Checked in full before the other MDT is asked to make anything.
+            Mutation::MkdirOn {
+                parent, name, mdt, ..
+            } => {
+                if *mdt >= proto::fid::MAX_MDTS {
+                    return err(
+                        FsErrorKind::Invalid,
+                        format!("MDT{mdt} is past the most a filesystem has"),
+                    );
+                }
+                self.local(*parent)?;
+                self.check_create(*parent, name, Kind::Dir, true, who)?;
+            }
             // Linux's protected hard links: a name for someone else's file only for whom
             // may read and write it (a link would outlive the owner's removal of it, and
             // keep its data reachable).
@@ -568,6 +747,20 @@ impl Namespace {
 
     /// Checks and applies one mutation by `who` at time `now`; on error nothing changed.
     pub fn apply(&mut self, m: &Mutation, who: &Creds, now: Time) -> Result<Applied> {
+        // What another MDT holds is changed there, and only its entries here.
+        match m {
+            Mutation::Setattr { fid, .. }
+            | Mutation::SetXattr { fid, .. }
+            | Mutation::SetXattrIf { fid, .. }
+            | Mutation::RemoveXattr { fid, .. }
+            | Mutation::GrowSize { fid, .. }
+            | Mutation::SetLayout { fid, .. }
+            | Mutation::MirrorState { fid, .. }
+            | Mutation::PlaceMirror { fid, .. }
+            | Mutation::WriteMdt { fid, .. }
+            | Mutation::Link { fid, .. } => self.local(*fid)?,
+            _ => {}
+        }
         match m {
             Mutation::Create {
                 parent,
@@ -695,6 +888,23 @@ impl Namespace {
                     reserved: None,
                 })
             }
+            Mutation::MkdirOn { .. } => err(
+                FsErrorKind::Invalid,
+                "a mkdir on another MDT is carried out by the parent's MDS, not applied as such",
+            ),
+            Mutation::MkdirForRemote {
+                parent,
+                name,
+                mode,
+                gid,
+                layout,
+            } => self.mkdir_for_remote(*parent, name, *mode, *gid, layout.clone(), who, now),
+            Mutation::LinkRemoteDir {
+                parent,
+                name,
+                inode,
+            } => self.link_remote_dir(*parent, name, inode, who, now),
+            Mutation::RmdirRemote { fid } => self.rmdir_remote(*fid),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -1388,6 +1598,27 @@ impl Namespace {
     ) -> Result<Applied> {
         check_name(name)?;
         let victim = self.lookup(parent, name, who)?.clone();
+        if self.is_remote(victim.fid) {
+            // A directory of another MDT, which removed it (empty) before the name goes.
+            if !dir {
+                return err(FsErrorKind::IsDir, format!("{} is a directory", victim.fid));
+            }
+            let p = self.inode(parent)?.clone();
+            self.may_unlink(&p, &victim, who)?;
+            if let Some(d) = self.entries.get_mut(&parent) {
+                d.remove(name);
+            }
+            self.inodes.remove(&victim.fid);
+            if let Some(p) = self.inodes.get_mut(&parent) {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            self.touch_dir(parent, now);
+            return Ok(Applied {
+                inode: None,
+                removed: vec![],
+                reserved: None,
+            });
+        }
         match (dir, victim.kind == Kind::Dir) {
             (true, false) => {
                 return err(
@@ -1445,7 +1676,9 @@ impl Namespace {
                 "RENAME_NOREPLACE and RENAME_EXCHANGE exclude each other",
             );
         }
+        self.local(new_parent)?;
         let src = self.lookup(parent, name, who)?.clone();
+        self.local(src.fid)?;
         self.dir(new_parent)?;
         self.require(new_parent, who, 3)?;
         let p = self.inode(parent)?.clone();
@@ -1453,6 +1686,9 @@ impl Namespace {
         let dst = self.entries[&new_parent]
             .get(new_name)
             .map(|f| self.inodes[f].clone());
+        if let Some(d) = &dst {
+            self.local(d.fid)?;
+        }
         let src_dir = src.kind == Kind::Dir;
         // A directory cannot move below itself.
         if src_dir && self.is_within(new_parent, src.fid) {
@@ -1736,6 +1972,11 @@ impl Namespace {
                         "{dir}/{} points to missing {f}",
                         String::from_utf8_lossy(name)
                     )),
+                    // A directory of another MDT: named here once, its stub kept.
+                    Some(i) if i.kind == Kind::Dir && self.is_remote(*f) => {
+                        *subdirs.entry(*dir).or_default() += 1;
+                        *links.entry(*f).or_default() += 1;
+                    }
                     Some(i) if i.kind == Kind::Dir => {
                         *subdirs.entry(*dir).or_default() += 1;
                         if self.parents.get(f) != Some(dir) {
@@ -1747,6 +1988,14 @@ impl Namespace {
             }
         }
         for (fid, i) in &self.inodes {
+            if self.is_remote(*fid) {
+                if i.kind != Kind::Dir || links.get(fid) != Some(&1) {
+                    problems.push(format!(
+                        "{fid}, a directory of another MDT, is not named exactly once here"
+                    ));
+                }
+                continue;
+            }
             let want = match i.kind {
                 Kind::Dir => 2 + subdirs.get(fid).copied().unwrap_or(0),
                 _ => links.get(fid).copied().unwrap_or(0),
@@ -1760,6 +2009,10 @@ impl Namespace {
                 let mut steps = 0;
                 while at != self.root && steps <= self.entries.len() {
                     at = self.parents.get(&at).copied().unwrap_or(self.root);
+                    // Named on another MDT: reachable through it (its fsck checks the name).
+                    if self.is_remote(at) {
+                        at = self.root;
+                    }
                     steps += 1;
                 }
                 if at != self.root {

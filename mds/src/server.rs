@@ -232,6 +232,7 @@ impl MdsServer {
                 granter,
                 audit,
                 metrics: cfg.metrics.clone(),
+                mdt0: cfg.mdt0.clone(),
             },
             clients.clone(),
         );

@@ -357,6 +357,41 @@ pub enum Mutation {
         mode: u32,
         layout: Option<Layout>,
     },
+    /// mkdir of `name` in `parent` with the new directory on MDT `mdt` (`lfs mkdir -i`): the
+    /// parent's MDS has the directory made there ([`Mutation::MkdirForRemote`]) and names it
+    /// here ([`Mutation::LinkRemoteDir`]). Never journaled as such.
+    MkdirOn {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        mode: u32,
+        mdt: u32,
+    },
+    /// A directory whose name lives on another MDT, made at the word of that MDT's MDS
+    /// (servers only): its parent is `parent` there, its owner the caller, its group `gid` and
+    /// its default layout `layout` (the parent's, passed on). `name` is the name it is to get,
+    /// kept for the checks that pair the two.
+    MkdirForRemote {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        mode: u32,
+        gid: u32,
+        layout: Option<Layout>,
+    },
+    /// The entry `name` in `parent` for `inode`, a directory another MDT holds (servers only):
+    /// kept with the attributes it was made with, which only its own MDT keeps up to date.
+    LinkRemoteDir {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        inode: Inode,
+    },
+    /// Removes the empty directory `fid`, whose name lives on another MDT (servers only: that
+    /// MDT's MDS asks before it removes the name).
+    RmdirRemote {
+        fid: Fid,
+    },
 }
 
 impl Mutation {
@@ -382,6 +417,9 @@ impl Mutation {
             Mutation::SetXattrIf { .. } => "set_xattr",
             Mutation::Released { .. } => "released",
             Mutation::CreateUnnamed { .. } => "create",
+            Mutation::MkdirOn { .. } | Mutation::MkdirForRemote { .. } => "create",
+            Mutation::LinkRemoteDir { .. } => "link",
+            Mutation::RmdirRemote { .. } => "unlink",
         }
     }
 }

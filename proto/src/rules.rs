@@ -99,12 +99,14 @@ impl Mutation {
             ..Touches::default()
         };
         match self {
-            Mutation::Create { parent, name, .. } | Mutation::CreateAt { parent, name, .. } => {
-                Touches {
-                    entries: vec![(*parent, name.as_slice())],
-                    ..Touches::default()
-                }
-            }
+            Mutation::Create { parent, name, .. }
+            | Mutation::CreateAt { parent, name, .. }
+            | Mutation::MkdirOn { parent, name, .. }
+            | Mutation::LinkRemoteDir { parent, name, .. } => Touches {
+                entries: vec![(*parent, name.as_slice())],
+                ..Touches::default()
+            },
+            Mutation::RmdirRemote { fid: f } => fid(f),
             Mutation::Link { fid, parent, name } => Touches {
                 inodes: vec![*fid],
                 entries: vec![(*parent, name.as_slice())],
@@ -145,7 +147,8 @@ impl Mutation {
             Mutation::CreateUnnamed { .. }
             | Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
-            | Mutation::ReserveInodes { .. } => Touches::default(),
+            | Mutation::ReserveInodes { .. }
+            | Mutation::MkdirForRemote { .. } => Touches::default(),
         }
     }
 

@@ -73,6 +73,9 @@ pub enum FsErrorKind {
     /// Try again.
     WouldBlock,
     Io,
+    /// Across metadata targets, where the change cannot go (a rename or link between
+    /// directories of two MDTs, for now).
+    CrossDevice,
 }
 
 impl FsErrorKind {
@@ -102,6 +105,7 @@ impl FsErrorKind {
             FsErrorKind::NoAttribute => 61,  // ENODATA
             FsErrorKind::NotSupported => 95, // EOPNOTSUPP
             FsErrorKind::Stale => 116,       // ESTALE
+            FsErrorKind::CrossDevice => 18,  // EXDEV
         }
     }
 }

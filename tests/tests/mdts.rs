@@ -17,7 +17,7 @@ use lnet::{call, NetError};
 use oss::engine::mem::MemEngine;
 use proto::fid::{mdt_of, mdt_root, object_seq};
 use proto::md::*;
-use proto::{Nid, StatusCode};
+use proto::{FsErrorKind, Nid, StatusCode};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -203,6 +203,240 @@ async fn each_mdt_allocates_from_its_own_sequences_and_a_reformatted_mdt_destroy
     // And MDT0 goes on making files on the same targets.
     let after = write_file(&admin, "/after", &data(9, 1 << 20)).await;
     assert_eq!(objects(&after).len(), 2);
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mkdir -i`: a directory placed on MDT1 from MDT0's root, used through the library as any
+/// other (files written and read in it, listed, a directory on MDT0 again below it), with
+/// every right decided by the servers: a non-empty one is not removed, a rename across MDTs
+/// is EXDEV, a client cannot send either half of the change itself, and after an rmdir both
+/// namespaces check clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents_mds() {
+    let dir = std::env::temp_dir().join(format!("lode-mdts-remote-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let c: Cluster = ClusterBuilder::new(Network::Loopback, &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .maintain_every(Duration::from_millis(50))
+        .mdts(2)
+        .start()
+        .await
+        .unwrap();
+    let admin = c
+        .client(
+            "admin",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    c.wait_ready(&admin, 2, Duration::from_secs(20))
+        .await
+        .unwrap();
+    // MDT1 takes stripes once the servers joined it.
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let mdt1 = c.mdt(1).expect("MDT1 runs").nid();
+    create_on_mdt1(&raw, &mdt1, "warmup", 1).await;
+
+    let made = admin.mkdir_on("/remote", 0o755, 1).await.unwrap();
+    assert_eq!(mdt_of(made.fid), Some(1));
+    assert_eq!(made.kind, Kind::Dir);
+    let seen = admin.stat("/remote").await.unwrap();
+    assert_eq!(seen.fid, made.fid);
+    // Files in it: their inodes and objects are MDT1's.
+    let bytes = data(3, (2 << 20) + 123);
+    let f = write_file(&admin, "/remote/f", &bytes).await;
+    assert_eq!(mdt_of(f.fid), Some(1));
+    for (t, seq) in objects(&f) {
+        assert_eq!(seq, object_seq(t, 1));
+    }
+    assert_eq!(read_file(&admin, "/remote/f", bytes.len() + 1).await, bytes);
+    // Its attributes are MDT1's: its times moved with the file made in it.
+    let after = admin.stat("/remote").await.unwrap();
+    assert!(after.mtime >= made.mtime && after.nlink == 2);
+    let names = |l: Vec<DirEntry>| -> Vec<String> {
+        let mut v: Vec<String> = l
+            .into_iter()
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(names(admin.readdir("/").await.unwrap()).contains(&"remote".to_string()));
+    assert_eq!(names(admin.readdir("/remote").await.unwrap()), vec!["f"]);
+    // A plain directory in it stays on MDT1; one placed on MDT0 below it goes back there.
+    let sub = admin.mkdir("/remote/sub", 0o755).await.unwrap();
+    assert_eq!(mdt_of(sub.fid), Some(1));
+    let back = admin.mkdir_on("/remote/sub/back", 0o755, 0).await.unwrap();
+    assert_eq!(mdt_of(back.fid), Some(0));
+    let g = write_file(&admin, "/remote/sub/back/g", &data(4, 5000)).await;
+    assert_eq!(mdt_of(g.fid), Some(0));
+    assert_eq!(
+        read_file(&admin, "/remote/sub/back/g", 6000).await,
+        data(4, 5000)
+    );
+
+    // A rename across MDTs is EXDEV, as between filesystems; one within MDT1 works.
+    let e = admin.rename("/remote/f", "/f").await.unwrap_err();
+    assert!(e.is(FsErrorKind::CrossDevice), "{e}");
+    admin.rename("/remote/f", "/remote/sub/f").await.unwrap();
+    // Not empty: refused by MDT1, and the name stays.
+    let e = admin.rmdir("/remote").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotEmpty), "{e}");
+    assert!(admin.stat("/remote").await.is_ok());
+
+    // A client cannot send the halves of the change itself.
+    for m in [
+        Mutation::LinkRemoteDir {
+            parent: proto::fid::ROOT,
+            name: b"forged".to_vec(),
+            inode: sub.clone(),
+        },
+        Mutation::RmdirRemote { fid: made.fid },
+    ] {
+        let to = if matches!(m, Mutation::RmdirRemote { .. }) {
+            mdt1.clone()
+        } else {
+            c.mds().nid()
+        };
+        let r = MdsReint {
+            creds: Creds::root(),
+            mutation: m,
+            req: None,
+            acked: 0,
+            open: None,
+            size_gen: None,
+            behind: false,
+            lease: false,
+            time: None,
+        };
+        match call(&raw, &to, &r, T).await {
+            Err(NetError::Remote { err, .. }) => assert_eq!(
+                err.code,
+                StatusCode::Fs(proto::FsErrorKind::NotPermitted),
+                "{err:?}"
+            ),
+            other => panic!("a client's half of a change across MDTs: {other:?}"),
+        }
+    }
+
+    // A name whose directory is gone (a crash between the halves of an rmdir, made here by
+    // removing the directory as its MDS would): rmdir of it removes the name.
+    admin.mkdir_on("/dangling", 0o755, 1).await.unwrap();
+    let gone = admin.stat("/dangling").await.unwrap();
+    let server = TcpEndpoint::client(TcpConfig {
+        security: c.server_security(),
+        ..TcpConfig::default()
+    });
+    let r = MdsReint {
+        creds: Creds::root(),
+        mutation: Mutation::RmdirRemote { fid: gone.fid },
+        req: None,
+        acked: 0,
+        open: None,
+        size_gen: None,
+        behind: false,
+        lease: false,
+        time: None,
+    };
+    call(&server, &mdt1, &r, T).await.unwrap();
+    admin.rmdir("/dangling").await.unwrap();
+    assert!(admin.stat("/dangling").await.is_err());
+
+    // Emptied, it goes; both namespaces check clean.
+    admin.unlink("/remote/sub/back/g").await.unwrap();
+    admin.rmdir("/remote/sub/back").await.unwrap();
+    admin.unlink("/remote/sub/f").await.unwrap();
+    admin.rmdir("/remote/sub").await.unwrap();
+    admin.rmdir("/remote").await.unwrap();
+    let e = admin.stat("/remote").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotFound), "{e}");
+    assert!(c.mds().fsck().is_empty(), "{:?}", c.mds().fsck());
+    let mdt1_fsck = c.mdt(1).unwrap().fsck();
+    assert!(mdt1_fsck.is_empty(), "{mdt1_fsck:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// kill -9 of MDT1's MDS: what it acknowledged in a directory placed there survives its
+/// restart (its changes are answered once durable), a mkdir placed on it while it is down
+/// waits for it and completes, and MDT0 serves its own files throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_directory_survives_kill_9_of_its_mds_and_a_mkdir_waits_for_it() {
+    let dir = std::env::temp_dir().join(format!("lode-mdts-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut c: Cluster = ClusterBuilder::new(Network::Loopback, &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .maintain_every(Duration::from_millis(50))
+        .open_recovery(Duration::from_millis(500), Duration::from_secs(120))
+        .mdts(2)
+        .start()
+        .await
+        .unwrap();
+    let admin = c
+        .client(
+            "admin",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    c.wait_ready(&admin, 2, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let mdt1 = c.mdt(1).expect("MDT1 runs").nid();
+    create_on_mdt1(&raw, &mdt1, "warmup", 1).await;
+    admin.mkdir_on("/r", 0o755, 1).await.unwrap();
+    let mut kept = vec![];
+    for k in 0..5u8 {
+        let path = format!("/r/f{k}");
+        let bytes = data(k, 100_000 + 777 * usize::from(k));
+        write_file(&admin, &path, &bytes).await;
+        kept.push((path, bytes));
+    }
+    admin.mkdir("/r/d", 0o700).await.unwrap();
+    let local = write_file(&admin, "/mine", &data(7, 4096)).await;
+
+    c.kill_mdt(1).await;
+    // MDT0 goes on serving its own.
+    assert_eq!(read_file(&admin, "/mine", 5000).await, data(7, 4096));
+    assert_eq!(admin.stat("/mine").await.unwrap().fid, local.fid);
+    // A mkdir placed on MDT1 waits for it (its MDS is resent to) and completes.
+    let waiting = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.mkdir_on("/later", 0o755, 1).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a mkdir on a down MDT answered");
+    c.start_mdt(1).await.unwrap();
+    let later = waiting.await.unwrap().unwrap();
+    assert_eq!(mdt_of(later.fid), Some(1));
+    for (path, bytes) in &kept {
+        assert_eq!(
+            read_file(&admin, path, bytes.len() + 1).await,
+            *bytes,
+            "{path}"
+        );
+    }
+    let d = admin.stat("/r/d").await.unwrap();
+    assert_eq!((d.kind, d.mode & 0o7777), (Kind::Dir, 0o700));
+    assert!(c.mdt(1).unwrap().fsck().is_empty());
     c.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

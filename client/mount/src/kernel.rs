@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use client::{ClientError, ROOT};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
-use proto::fid::INODE_SEQ;
 use proto::md::{Inode, Kind, Time};
 use proto::{Fid, FsErrorKind};
 
@@ -18,20 +17,23 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 /// the mount drops the kernel's copy.
 pub(crate) const LEASED_TTL: Duration = Duration::from_secs(3600);
 
+/// The inode number of `fid`: its MDT above bit 32, its object id below, plus one (1 is the
+/// root). MDT0's are the object id plus one, as before there were several MDTs.
 pub(crate) fn ino_of(fid: Fid) -> INodeNo {
     if fid == ROOT {
-        INodeNo(1)
-    } else {
-        INodeNo(u64::from(fid.oid) + 1)
+        return INodeNo(1);
     }
+    let mdt = proto::fid::mdt_of(fid).unwrap_or(0);
+    INodeNo(((u64::from(mdt) << 32) | u64::from(fid.oid)) + 1)
 }
 
 pub(crate) fn fid_of(ino: INodeNo) -> Fid {
     if ino.0 == 1 {
-        ROOT
-    } else {
-        Fid::new(INODE_SEQ, (ino.0 - 1) as u32, 0)
+        return ROOT;
     }
+    let n = ino.0.wrapping_sub(1);
+    let mdt = (n >> 32) as u32;
+    Fid::new(proto::fid::inode_seq(mdt), n as u32, 0)
 }
 
 pub(crate) fn time(t: Time) -> SystemTime {

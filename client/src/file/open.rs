@@ -361,14 +361,14 @@ impl OpenOptions {
         }
         let handle = client.handle(client.inner.opens.next_handle());
         let replays = client.inner.opens.replays();
-        let mds = client.inner.mds.clone();
+        let mds = client.mds_for(fid).await?;
         let leases = &client.inner.leases;
         let open = MdsOpen {
             fid,
             handle,
             creds: client.creds().clone(),
             path: path.map(str::to_owned),
-            lease: leases.live().then_some(client.inner.client_id()),
+            lease: (leases.live() && !Client::elsewhere(fid)).then_some(client.inner.client_id()),
         };
         let stamp = leases.stamp();
         let opened = client.rpc(&mds, &open).await?;

@@ -29,9 +29,11 @@ impl File {
             creds: self.client.creds().clone(),
             offset: 0,
             len: u32::try_from(mdt_end.min(proto::layout::MAX_MDT_SIZE)).unwrap_or(u32::MAX),
-            lease: leases.live().then_some(self.client.inner.client_id()),
+            lease: (leases.live() && !Client::elsewhere(fid))
+                .then_some(self.client.inner.client_id()),
         };
-        match self.client.rpc(&self.client.inner.mds.clone(), &r).await {
+        let mds = self.client.mds_for(fid).await?;
+        match self.client.rpc(&mds, &r).await {
             Ok(got) => {
                 leases.learn_attr(stamp, &got.inode, got.leased);
                 let out = cut(&got.data);

@@ -53,6 +53,15 @@ impl MdsService {
                     None,
                 )
             }
+            Mutation::MkdirOn {
+                parent, name, mdt, ..
+            } => a(
+                "mkdir",
+                None,
+                Some(Self::entry_path(ns, *parent, name)),
+                None,
+                Some(format!("on MDT{mdt}")),
+            ),
             Mutation::CreateUnnamed { parent, .. } => a(
                 "create",
                 None,
@@ -167,6 +176,11 @@ impl MdsService {
             | Mutation::Released { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. } => None,
+            // The two halves of a mkdir or rmdir across MDTs, asked by the MDS whose client's
+            // request is audited there.
+            Mutation::MkdirForRemote { .. }
+            | Mutation::LinkRemoteDir { .. }
+            | Mutation::RmdirRemote { .. } => None,
         })
     }
 

@@ -74,6 +74,7 @@ impl MdsService {
         mut r: MdsReint,
     ) -> Result<MdsReintReply, RemoteError> {
         r.creds = self.nodemap.map(req, r.creds);
+        self.servers_only_change(req, &r.mutation)?;
         if let Some(q) = r.req {
             self.owns(req, q.client)?;
         }
@@ -424,13 +425,29 @@ impl MdsService {
                 let mut m = r.mutation;
                 // Only a create answered ahead is stamped with the client's time.
                 let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
+                // Across MDTs: the other MDT's half first.
+                self.mkdir_on(&mut m, &r.creds).await?;
+                self.rmdir_remote(&m, &r.creds).await?;
+                let made_remote = match &m {
+                    Mutation::LinkRemoteDir { inode, .. } => Some(inode.fid),
+                    _ => None,
+                };
                 let objects = self.prepare(&mut m).await?;
                 // Only a client in the table is answered before the change is durable: only
                 // its changes are waited for after a restart.
                 let behind = r.behind && r.req.is_some_and(|q| self.clients.holds(q.client));
-                let done = self
+                let done = match self
                     .apply(m, r.creds, r.req, r.size_gen, objects, behind, time)
-                    .await?;
+                    .await
+                {
+                    Ok(d) => d,
+                    Err(e) => {
+                        if let Some(fid) = made_remote {
+                            self.unmake_remote(fid).await;
+                        }
+                        return Err(e);
+                    }
+                };
                 stamp = (done.transno, done.ticket);
                 changed = done.touched;
                 after = done.after;
@@ -463,7 +480,7 @@ impl MdsService {
         let mut leased = false;
         let mut inode = inode;
         if let (Some(c), Some(i)) = (self.lessee(client.filter(|_| r.lease)), &inode) {
-            if self.leases.grant(c, &[i.fid]) {
+            if self.grant(c, &[i.fid]) {
                 if let Ok(fresh) = self.store.read(|ns| ns.inode(i.fid).cloned()) {
                     inode = Some(fresh);
                     leased = true;

@@ -26,7 +26,7 @@ impl MdsService {
             .is_some_and(|rights| rights & proto::capa::READ != 0);
         let leased = self
             .lessee(r.lease)
-            .is_some_and(|c| self.leases.grant(c, &[r.fid]));
+            .is_some_and(|c| self.grant(c, &[r.fid]));
         let (data, inode) = self
             .store
             .read(|ns| {

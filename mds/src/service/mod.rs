@@ -17,6 +17,7 @@
 //! - [`mdt`]: reads of the bytes the MDS keeps (Data-on-MDT);
 //! - [`targets`]: storage targets' registration, heartbeats and list;
 //! - [`mirrors`]: the administrators' mirror scan;
+//! - [`remote`]: the halves of a mkdir and an rmdir across MDTs, and the calls between MDSs;
 //!
 //! and [`audit`] is what each records.
 
@@ -49,6 +50,7 @@ mod mdt;
 mod mirrors;
 mod names;
 mod opens;
+mod remote;
 mod sessions;
 mod targets;
 
@@ -72,6 +74,8 @@ pub struct MdsService {
     leases: Arc<Leases>,
     /// The client ids each connection used.
     peers: crate::peers::Peers,
+    /// MDT0's MDS, on another MDT: where the other MDTs are learnt.
+    mdt0: Option<proto::Nid>,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -82,6 +86,8 @@ pub struct Policy {
     pub audit: Option<Arc<Audit>>,
     /// Where changes and journal commits are counted, for the metrics endpoint.
     pub metrics: Option<Arc<crate::metrics::MdsMetrics>>,
+    /// On an MDT other than 0: MDT0's MDS.
+    pub mdt0: Option<proto::Nid>,
 }
 
 /// Opcodes served while clients replay after a restart; the rest are answered Busy.
@@ -161,6 +167,7 @@ impl MdsService {
             clients,
             leases,
             peers: Default::default(),
+            mdt0: policy.mdt0,
         })
     }
 

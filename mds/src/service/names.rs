@@ -12,13 +12,13 @@ impl MdsService {
         self.leases.recall_alone(&[r.parent], r.lease).await;
         // Granted before the state is read: a change after the grant recalls it.
         let client = self.lessee(r.lease);
-        let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.parent]));
+        let mut leased = client.is_some_and(|c| self.grant(c, &[r.parent]));
         let mut inode = self
             .store
             .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
             .map_err(ns_error)?;
         if let Some(c) = client.filter(|_| leased) {
-            leased = self.leases.grant(c, &[inode.fid]);
+            leased = self.grant(c, &[inode.fid]);
             if leased {
                 // Read again, after the grant.
                 match self.store.read(|ns| ns.inode(inode.fid).cloned()) {
@@ -63,6 +63,9 @@ impl MdsService {
                     if i.kind == Kind::Symlink {
                         break; // the client follows it
                     }
+                    if ns.is_remote(i.fid) {
+                        break; // another MDT's directory: the client walks on there
+                    }
                     if i.kind == Kind::Dir {
                         dirs.push(i.fid);
                     }
@@ -95,7 +98,7 @@ impl MdsService {
         self.leases.recall_alone(&[r.fid], r.lease).await;
         let leased = self
             .lessee(r.lease)
-            .is_some_and(|c| self.leases.grant(c, &[r.fid]));
+            .is_some_and(|c| self.grant(c, &[r.fid]));
         let inode = self
             .store
             .read(|ns| ns.inode(r.fid).cloned())
@@ -127,7 +130,7 @@ impl MdsService {
                 .is_some_and(|n| n > proto::md::MAX_LEASED_LISTING)
         };
         let client = self.lessee(r.lease).filter(|_| !long());
-        let mut leased = client.is_some_and(|c| self.leases.grant(c, &[r.dir]));
+        let mut leased = client.is_some_and(|c| self.grant(c, &[r.dir]));
         let (entries, mut attrs, max) = self
             .store
             .read(|ns| {
@@ -171,7 +174,7 @@ impl MdsService {
         if let Some(c) = client.filter(|_| leased && r.plus) {
             // The entries' leases, then their attributes read again after the grant.
             let fids: Vec<proto::Fid> = attrs.iter().map(|i| i.fid).collect();
-            leased = self.leases.grant(c, &fids);
+            leased = self.grant(c, &fids);
             if leased {
                 let fresh: Vec<Inode> = self.store.read(|ns| {
                     fids.iter()

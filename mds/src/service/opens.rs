@@ -18,7 +18,7 @@ impl MdsService {
         let leased = match self.lessee(r.lease) {
             Some(c) => {
                 self.leases.recall_alone(&[r.fid], Some(c)).await;
-                self.leases.grant(c, &[r.fid])
+                self.grant(c, &[r.fid])
             }
             None => false,
         };

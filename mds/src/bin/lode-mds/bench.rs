@@ -109,6 +109,7 @@ fn bench_service(
             },
             audit: None,
             metrics: metrics.map(mds::metrics::MdsMetrics::register),
+            mdt0: None,
         },
         clients,
     ))

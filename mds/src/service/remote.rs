@@ -1,0 +1,255 @@
+//! Changes across MDTs: a directory placed on another MDT than its parent's (`mkdir -i`), and
+//! its removal. The parent's MDS coordinates: it checks the caller and the name, asks the
+//! other MDT's MDS (as a server) to make or remove the directory, then adds or removes the
+//! name in its own journal, so the client sends one request, to the parent's MDT, and every
+//! right is decided by the servers.
+//!
+//! Order, and what a crash between the halves leaves:
+//!
+//! - **mkdir**: the directory is made there first, then named here. A crash between the two
+//!   (or a name taken meanwhile, when undoing fails) leaves an empty directory there that no
+//!   name reaches: it holds nothing (finding such directories takes a check across MDTs,
+//!   which is still to come).
+//! - **rmdir**: the directory is removed there first (only if empty), then its name here. A
+//!   crash between the two leaves a name whose directory is gone: `rmdir` of it again removes
+//!   the name (the other MDT answers that the directory is gone).
+//!
+//! So neither half can lose a file: what a crash leaves is an empty directory or a dangling
+//! name, never entries without a name reaching them.
+
+use lnet::call;
+
+use super::*;
+
+/// How long one call to another MDS may take before the client's request is answered Busy
+/// (and resent).
+const PEER_CALL: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl MdsService {
+    /// Leases `fids` to `client`, unless one is another MDT's (a remote directory's stub: its
+    /// attributes change there, and no recall of this MDS's would reach the client's copy).
+    pub(super) fn grant(&self, client: u128, fids: &[proto::Fid]) -> bool {
+        let own = self.registry.filesystem().mdt;
+        let remote = fids
+            .iter()
+            .any(|f| proto::fid::mdt_of(*f).is_some_and(|k| k != own));
+        !remote && self.leases.grant(client, fids)
+    }
+
+    /// The server-only halves of changes across MDTs, refused from clients: a client naming a
+    /// directory of another MDT itself could give a directory two names, or take a name
+    /// away from a directory that is not empty.
+    pub(super) fn servers_only_change(
+        &self,
+        req: &Incoming,
+        m: &Mutation,
+    ) -> Result<(), RemoteError> {
+        match m {
+            Mutation::MkdirForRemote { .. }
+            | Mutation::LinkRemoteDir { .. }
+            | Mutation::RmdirRemote { .. } => self.server_only(req),
+            _ => Ok(()),
+        }
+    }
+
+    /// Where MDT `mdt`'s MDS serves: MDT0 keeps the list; another MDT asks MDT0.
+    async fn mdt_nid(&self, mdt: u32) -> Result<proto::Nid, RemoteError> {
+        let own = self.registry.filesystem().mdt;
+        let unknown = || {
+            RemoteError::new(
+                StatusCode::Fs(FsErrorKind::Invalid),
+                format!("MDT{mdt} is not an MDT of this filesystem"),
+            )
+        };
+        if mdt == own {
+            return Err(unknown());
+        }
+        let listed = match (&self.mdt0, mdt) {
+            (None, _) => self.registry.mdts(),
+            (Some(mdt0), 0) => return Ok(mdt0.clone()),
+            (Some(mdt0), _) => {
+                call(self.alloc.net(), mdt0, &ListMdts {}, PEER_CALL)
+                    .await
+                    .map_err(|e| peer_error(0, e))?
+                    .mdts
+            }
+        };
+        listed
+            .into_iter()
+            .find(|m| m.index == mdt)
+            .map(|m| m.nid)
+            .ok_or_else(unknown)
+    }
+
+    /// `m`, carried out by MDT `mdt`'s MDS for `creds` (durable when answered).
+    async fn on_mdt(
+        &self,
+        mdt: u32,
+        creds: &Creds,
+        m: Mutation,
+    ) -> Result<MdsReintReply, RemoteError> {
+        let nid = self.mdt_nid(mdt).await?;
+        let r = MdsReint {
+            creds: creds.clone(),
+            mutation: m,
+            req: None,
+            acked: 0,
+            open: None,
+            size_gen: None,
+            behind: false,
+            lease: false,
+            time: None,
+        };
+        call(self.alloc.net(), &nid, &r, PEER_CALL)
+            .await
+            .map_err(|e| peer_error(mdt, e))
+    }
+
+    /// A mkdir on another MDT, decided here: the directory made there, and the change turned
+    /// into naming it here (`LinkRemoteDir`, applied as any change is).
+    pub(super) async fn mkdir_on(
+        &self,
+        m: &mut Mutation,
+        creds: &Creds,
+    ) -> Result<(), RemoteError> {
+        let Mutation::MkdirOn {
+            parent,
+            name,
+            mode,
+            mdt,
+        } = m
+        else {
+            return Ok(());
+        };
+        let (parent, mdt) = (*parent, *mdt);
+        if mdt == self.registry.filesystem().mdt {
+            // On this MDT after all: a plain mkdir.
+            *m = Mutation::Create {
+                parent,
+                name: std::mem::take(name),
+                kind: Kind::Dir,
+                mode: *mode,
+                exclusive: true,
+                target: vec![],
+                layout: None,
+            };
+            return Ok(());
+        }
+        let (gid, layout) = self
+            .store
+            .read(|ns| {
+                ns.inode(parent).map(|p| {
+                    let gid = if p.mode & 0o2000 != 0 {
+                        p.gid
+                    } else {
+                        creds.gid
+                    };
+                    (gid, p.layout.clone())
+                })
+            })
+            .map_err(ns_error)?;
+        let made = self
+            .on_mdt(
+                mdt,
+                creds,
+                Mutation::MkdirForRemote {
+                    parent,
+                    name: name.clone(),
+                    mode: *mode,
+                    gid,
+                    layout,
+                },
+            )
+            .await?;
+        let inode = made.inode.ok_or_else(|| {
+            RemoteError::new(
+                StatusCode::Io,
+                format!("MDT{mdt} made the directory but named none"),
+            )
+        })?;
+        if proto::fid::mdt_of(inode.fid) != Some(mdt) || inode.kind != Kind::Dir {
+            return Err(RemoteError::new(
+                StatusCode::Io,
+                format!(
+                    "MDT{mdt} answered a mkdir with {}, not one of its directories",
+                    inode.fid
+                ),
+            ));
+        }
+        *m = Mutation::LinkRemoteDir {
+            parent,
+            name: std::mem::take(name),
+            inode,
+        };
+        Ok(())
+    }
+
+    /// Undoes the first half of a mkdir on another MDT whose name could not be added here
+    /// (logged when that fails too: an empty directory no name reaches is left there).
+    pub(super) async fn unmake_remote(&self, fid: proto::Fid) {
+        let Some(mdt) = proto::fid::mdt_of(fid) else {
+            return;
+        };
+        if let Err(e) = self
+            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid })
+            .await
+        {
+            tracing::warn!(%fid, mdt, error = %e, "an empty directory of a failed mkdir is left on its MDT (fsck there lists it)");
+        }
+    }
+
+    /// Before an rmdir of a directory another MDT holds is applied here: the directory removed
+    /// there (refused there when it is not empty). One gone already (a crash came between the
+    /// halves) lets the name go.
+    pub(super) async fn rmdir_remote(
+        &self,
+        m: &Mutation,
+        creds: &Creds,
+    ) -> Result<(), RemoteError> {
+        let Mutation::Unlink {
+            parent,
+            name,
+            dir: true,
+        } = m
+        else {
+            return Ok(());
+        };
+        let victim = self.store.read(|ns| {
+            ns.lookup(*parent, name, creds)
+                .ok()
+                .map(|i| i.fid)
+                .filter(|f| ns.is_remote(*f))
+        });
+        let Some(fid) = victim else {
+            return Ok(());
+        };
+        // The caller's right to remove the name is checked here, before anything goes there.
+        self.store
+            .read(|ns| ns.may_remove(*parent, name, creds))
+            .map_err(ns_error)?;
+        let mdt = proto::fid::mdt_of(fid).unwrap_or(0);
+        match self
+            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == StatusCode::Fs(FsErrorKind::Stale) => {
+                tracing::info!(%fid, mdt, "the directory of a name being removed was gone already");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A call to another MDS that failed: its own refusal as it gave it; no answer as Busy, which
+/// the client resends.
+fn peer_error(mdt: u32, e: lnet::NetError) -> RemoteError {
+    match e {
+        lnet::NetError::Remote { err, .. } => err,
+        other => RemoteError::new(
+            StatusCode::Busy,
+            format!("MDT{mdt}'s MDS does not answer: {other}"),
+        ),
+    }
+}
