@@ -1865,9 +1865,10 @@ impl Client {
                 format!("a borrowed capability for {} is too old", caps.fid()),
             ));
         }
+        let mds = self.mds_for(caps.fid()).await?;
         let opened = self
             .rpc(
-                &self.inner.mds.clone(),
+                &mds,
                 &MdsOpen {
                     fid: caps.fid(),
                     handle: caps.handle(),

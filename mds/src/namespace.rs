@@ -362,6 +362,18 @@ impl Namespace {
         })
     }
 
+    /// The parent of directory `dir` when it lives on another MDT (`dir` was placed here from
+    /// there), checked as a lookup of `..` in `dir` by `who` is; `None` when it is here.
+    pub fn remote_parent(&self, dir: Fid, who: &Creds) -> Result<Option<Fid>> {
+        self.dir(dir)?;
+        self.require(dir, who, 1)?;
+        Ok(self
+            .parents
+            .get(&dir)
+            .copied()
+            .filter(|p| self.is_remote(*p)))
+    }
+
     /// Whether `who` may remove the entry `name` of `parent` (the checks of an unlink, without
     /// the change).
     pub fn may_remove(&self, parent: Fid, name: &[u8], who: &Creds) -> Result<()> {

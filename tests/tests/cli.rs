@@ -227,6 +227,23 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert_eq!(out.matches(" 1 ").count(), 3, "{out}");
     let (_, out, _) = c.lode(&["cluster", "status", "--dir", &d]);
     assert!(out.contains("mdt2") && out.contains("MDT2"), "{out}");
+    // A directory on MDT2, used as any other; not removed while it holds a file.
+    assert_eq!(c.lode(&["mkdir", "-i", "2", "/two"]).0, 0);
+    let local = c.dir.join("hello.txt");
+    std::fs::write(&local, b"on MDT2\n").unwrap();
+    let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), "/two/f"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(c.lode(&["cat", "/two/f"]).1, "on MDT2\n");
+    assert_eq!(c.lode(&["ls", "/two"]).1, "f\n");
+    let (_, out, _) = c.lode(&["df", "-i"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("lode-MDT0002_UUID") && l.split_whitespace().nth(2) == Some("3")),
+        "MDT2 holds its root, /two and /two/f: {out}"
+    );
+    let (code, _, err) = c.lode(&["rm", "-r", "/two"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(c.lode(&["ls", "/two"]).0 != 0);
 
     let pid: i32 = std::fs::read_to_string(c.dir.join("cluster.pids"))
         .unwrap()

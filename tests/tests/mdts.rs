@@ -251,6 +251,13 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     assert_eq!(made.kind, Kind::Dir);
     let seen = admin.stat("/remote").await.unwrap();
     assert_eq!(seen.fid, made.fid);
+    // Its `..` is the root, on MDT0, with the root's attributes.
+    let up = admin.lookup(made.fid, b"..").await.unwrap();
+    let root = admin.stat("/").await.unwrap();
+    assert_eq!(
+        (up.fid, up.mode, up.nlink),
+        (root.fid, root.mode, root.nlink)
+    );
     // Files in it: their inodes and objects are MDT1's.
     let bytes = data(3, (2 << 20) + 123);
     let f = write_file(&admin, "/remote/f", &bytes).await;

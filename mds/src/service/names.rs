@@ -15,7 +15,16 @@ impl MdsService {
         let mut leased = client.is_some_and(|c| self.grant(c, &[r.parent]));
         let mut inode = self
             .store
-            .read(|ns| ns.lookup(r.parent, &r.name, &r.creds).cloned())
+            .read(|ns| {
+                // `..` of a directory placed here from another MDT: its parent is there, and
+                // only its FID is known here (the client asks that MDT for the rest).
+                if r.name == b".." {
+                    if let Some(p) = ns.remote_parent(r.parent, &r.creds)? {
+                        return Ok(remote_stub(p));
+                    }
+                }
+                ns.lookup(r.parent, &r.name, &r.creds).cloned()
+            })
             .map_err(ns_error)?;
         if let Some(c) = client.filter(|_| leased) {
             leased = self.grant(c, &[inode.fid]);
@@ -214,5 +223,24 @@ impl MdsService {
             mdt_total: space.0,
             mdt_free: space.1,
         })
+    }
+}
+
+/// What is known here of directory `fid`, which another MDT holds: its FID and kind.
+fn remote_stub(fid: proto::Fid) -> Inode {
+    Inode {
+        fid,
+        kind: Kind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        nlink: 2,
+        size: 0,
+        atime: Time::default(),
+        mtime: Time::default(),
+        ctime: Time::default(),
+        xattrs: Default::default(),
+        layout: None,
+        target: vec![],
     }
 }
