@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// With --meta: the modes to run, of ahead, behind, durable and local (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = crate::metabench::Mode::ALL)]
     pub meta_modes: Vec<crate::metabench::Mode>,
+    /// With --meta: spread the clients' directories over this many MDTs (client i's on MDT
+    /// i mod N, `lode mkdir -i`); changes on MDTs other than 0 are answered once durable.
+    #[arg(long, default_value_t = 1)]
+    pub meta_mdts: u32,
 }
 
 impl BenchArgs {

@@ -74,9 +74,15 @@ where
     Ok((clients * per) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn lode_pass(cs: &[Client], dir: &str, per: usize) -> Result<Rates> {
+async fn lode_pass(cs: &[Client], dir: &str, per: usize, mdts: u32) -> Result<Rates> {
     for (i, c) in cs.iter().enumerate() {
-        c.mkdir_all(&format!("{dir}/c{i}"), 0o755).await?;
+        let d = format!("{dir}/c{i}");
+        if mdts > 1 {
+            c.mkdir_all(dir, 0o755).await?;
+            c.mkdir_on(&d, 0o755, i as u32 % mdts).await?;
+        } else {
+            c.mkdir_all(&d, 0o755).await?;
+        }
     }
     let cs: std::sync::Arc<[Client]> = cs.into();
     let dir: std::sync::Arc<str> = dir.into();
@@ -174,6 +180,7 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
         bail!("--meta-modes local needs --local-dir DIR, the local directory to run in");
     }
     let per = files / clients;
+    let mdts = a.meta_mdts.max(1);
     let runs = |m: Mode| run_modes.contains(&m);
     // The clients of one mode; none for a mode not run.
     let connect = |mode: Mode, behind: bool, ahead: bool| {
@@ -207,9 +214,9 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
                 continue;
             }
             let r = match m {
-                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per).await?,
-                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per).await?,
-                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per).await?,
+                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per, mdts).await?,
+                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per, mdts).await?,
+                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per, mdts).await?,
                 _ => match &local {
                     Some(d) => {
                         let d = d.join(format!("lode-meta-bench-{}-{round}", std::process::id()));
@@ -235,8 +242,11 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
         c.close().await?;
     }
     println!(
-        "{} clients, {} files each, medians of {rounds} rounds",
-        clients, per
+        "{} clients, {} files each, {} over {mdts} MDT{}, medians of {rounds} rounds",
+        clients,
+        per,
+        if mdts > 1 { "directories" } else { "all" },
+        if mdts > 1 { "s" } else { "" }
     );
     println!(
         "{:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Metadata rate over 1, 2 and 4 MDTs, in one run: a release `lode cluster up --mdts 4`, then
+# `lode bench --meta` with N clients (each in its own directory, placed on MDT i mod K with
+# `lode mkdir -i`), K = 1, 2, 4 in rotated order over several rounds, durable answers (the way
+# every MDT but 0 answers). Beside each rate, the CPU the MDS processes used, per metadata
+# operation (create, stat and unlink of each file), read from /proc before and after.
+#
+#   scripts/mdt-scale.sh [CLIENTS] [FILES] [ROUNDS]      (default 16 20000 3)
+set -euo pipefail
+clients=${1:-16}
+files=${2:-20000}
+rounds=${3:-3}
+bin=$(dirname "$0")/../target/release
+dir=$(mktemp -d /var/tmp/lode-mdt-scale.XXXXXX)
+port=${PORT:-19300}
+trap '"$bin/lode" cluster down --dir "$dir" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+"$bin/lode" cluster up --dir "$dir" --mdts 4 --oss 2 --port "$port" >/dev/null
+export LODE_MDS=127.0.0.1:$port LODE_KEY=$dir/client.key
+ticks=$(getconf CLK_TCK)
+cpu() { # the MDS processes' user+system ticks, one per line: MDT0 first
+  for role in mds mdt1 mdt2 mdt3; do
+    pid=$(awk -v r="$role" '$1 == r {print $2}' "$dir/cluster.pids")
+    awk '{print $14 + $15}' "/proc/$pid/stat"
+  done
+}
+order=(1 2 4)
+echo "mdts  round  create/s  stat/s  unlink/s  MDS CPU-us per op (MDT0..3)"
+for ((r = 0; r < rounds; r++)); do
+  for ((i = 0; i < 3; i++)); do
+    k=${order[$(((i + r) % 3))]}
+    before=$(cpu)
+    out=$("$bin/lode" bench --meta --clients "$clients" --meta-files "$files" \
+      --meta-modes durable --rounds 1 --meta-mdts "$k" --dir "/scale-$k-$r" 2>/dev/null)
+    after=$(cpu)
+    rates=$(echo "$out" | awk '$1 == "create" || $1 == "stat" || $1 == "unlink" {gsub("/s", "", $3); printf "%s ", $3}')
+    per=$(paste <(echo "$before") <(echo "$after") |
+      awk -v t="$ticks" -v ops=$((files * 3)) '{printf "%.1f ", ($2 - $1) / t * 1e6 / ops}')
+    echo "$k     $((r + 1))      $rates $per"
+  done
+done
