@@ -4,6 +4,7 @@
 //! [`server::MdsServer`] assembles the pieces and runs them on any network; `lode-mds` and
 //! in-process clusters start it the same way.
 
+pub mod across;
 pub mod alloc;
 pub mod audit;
 pub mod disk;

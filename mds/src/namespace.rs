@@ -362,6 +362,41 @@ impl Namespace {
         })
     }
 
+    /// Entries naming another MDT's directories: (directory here, name, that directory).
+    pub fn remote_entries(&self) -> Vec<(Fid, Vec<u8>, Fid)> {
+        let mut out = vec![];
+        for (dir, d) in &self.entries {
+            for (name, f) in d {
+                if self.is_remote(*f) {
+                    out.push((*dir, name.clone(), *f));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The parent of directory `dir` here when it is another MDT's (`dir` was placed here
+    /// from there); `None` otherwise.
+    pub fn remote_parent_of(&self, dir: Fid) -> Option<Fid> {
+        self.parents
+            .get(&dir)
+            .copied()
+            .filter(|p| dir != self.root && self.is_remote(*p))
+    }
+
+    /// Directories here whose parent is on another MDT: (directory, parent, its entries).
+    pub fn remote_parented(&self) -> Vec<(Fid, Fid, usize)> {
+        let mut out: Vec<(Fid, Fid, usize)> = self
+            .parents
+            .iter()
+            .filter(|(d, p)| **d != self.root && self.is_remote(**p))
+            .map(|(d, p)| (*d, *p, self.entries.get(d).map_or(0, BTreeMap::len)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The parent of directory `dir` when it lives on another MDT (`dir` was placed here from
     /// there), checked as a lookup of `..` in `dir` by `who` is; `None` when it is here.
     pub fn remote_parent(&self, dir: Fid, who: &Creds) -> Result<Option<Fid>> {

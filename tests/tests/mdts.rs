@@ -369,7 +369,46 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     assert!(c.mds().fsck().is_empty(), "{:?}", c.mds().fsck());
     let mdt1_fsck = c.mdt(1).unwrap().fsck();
     assert!(mdt1_fsck.is_empty(), "{mdt1_fsck:?}");
+    // A mkdir across MDTs cut short (the directory made on MDT1, never named), then the
+    // check of both MDTs against each other, offline, names it.
+    let r = MdsReint {
+        creds: Creds::root(),
+        mutation: Mutation::MkdirForRemote {
+            parent: proto::fid::ROOT,
+            name: b"never".to_vec(),
+            mode: 0o755,
+            gid: 0,
+            layout: None,
+        },
+        req: None,
+        acked: 0,
+        open: None,
+        size_gen: None,
+        behind: false,
+        lease: false,
+        time: None,
+    };
+    let orphan = call(&server, &mdt1, &r, T).await.unwrap().inode.unwrap();
+    let dirs = [dir.join("mds"), c.mdt_dir(1).unwrap()];
     c.stop().await;
+    let out = std::process::Command::new(lode_tests::bin("lode-mds"))
+        .arg("fsck")
+        .args(
+            dirs.iter()
+                .flat_map(|d| ["--data-dir".as_ref(), d.as_os_str()]),
+        )
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        printed.contains("across the 2 MDTs: 1 problems"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&orphan.fid.to_string()) && printed.contains("cut short"),
+        "{printed}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -8,8 +8,8 @@
 //!
 //! - **mkdir**: the directory is made there first, then named here. A crash between the two
 //!   (or a name taken meanwhile, when undoing fails) leaves an empty directory there that no
-//!   name reaches: it holds nothing (finding such directories takes a check across MDTs,
-//!   which is still to come).
+//!   name reaches: it holds nothing, and `lode-mds fsck` given both MDTs' directories names
+//!   it ([`crate::across`]).
 //! - **rmdir**: the directory is removed there first (only if empty), then its name here. A
 //!   crash between the two leaves a name whose directory is gone: `rmdir` of it again removes
 //!   the name (the other MDT answers that the directory is gone).

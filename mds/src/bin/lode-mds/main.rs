@@ -83,8 +83,11 @@ enum Cmd {
     /// Check the namespace's invariants (entries point to inodes, link counts, no cycles, no
     /// orphans) without serving.
     Fsck {
-        #[arg(long)]
-        data_dir: PathBuf,
+        /// An MDT's data directory; given once per MDT (MDSs stopped), the MDTs are also
+        /// checked against each other: every directory placed on another MDT than its
+        /// parent's named exactly once, and every such name's directory there.
+        #[arg(long, required = true)]
+        data_dir: Vec<PathBuf>,
     },
     /// Measure metadata operations through the RPC path against a local directory.
     Bench(bench::BenchArgs),
@@ -439,26 +442,52 @@ fn target_add(dir: &std::path::Path, index: u32, uuid: &str, oss: &str) -> Resul
     Ok(())
 }
 
-fn fsck(dir: &std::path::Path) -> Result<()> {
-    let _lock = daemon::DataDirLock::acquire(dir)?;
-    let disk = mds::disk::DirDisk::new(dir);
-    let mdt = mds::format::read(&disk, &dir.display().to_string())?.map_or(0, |id| id.mdt);
-    let fresh = mds::namespace::Namespace::for_mdt(mdt, Default::default());
-    let rec = mds::journal::recover(&disk, fresh)
-        .with_context(|| format!("reading the namespace in {}", dir.display()))?;
-    let problems = rec.namespace.check();
-    println!(
-        "{} inodes, {} journal records replayed, {} bytes of torn tail, {} problems",
-        rec.namespace.len(),
-        rec.replayed,
-        rec.torn,
-        problems.len()
-    );
-    for p in &problems {
-        println!("  {p}");
+fn fsck(dirs: &[PathBuf]) -> Result<()> {
+    let mut locks = vec![];
+    let mut namespaces = vec![];
+    let mut found = 0;
+    for dir in dirs {
+        locks.push(daemon::DataDirLock::acquire(dir)?);
+        let disk = mds::disk::DirDisk::new(dir);
+        let id = mds::format::read(&disk, &dir.display().to_string())?;
+        let mdt = id.as_ref().map_or(0, |id| id.mdt);
+        let fresh = mds::namespace::Namespace::for_mdt(mdt, Default::default());
+        let rec = mds::journal::recover(&disk, fresh)
+            .with_context(|| format!("reading the namespace in {}", dir.display()))?;
+        let problems = rec.namespace.check();
+        let named = if dirs.len() > 1 {
+            format!("MDT{mdt} ({}): ", dir.display())
+        } else {
+            String::new()
+        };
+        println!(
+            "{named}{} inodes, {} journal records replayed, {} bytes of torn tail, {} problems",
+            rec.namespace.len(),
+            rec.replayed,
+            rec.torn,
+            problems.len()
+        );
+        for p in &problems {
+            println!("  {p}");
+        }
+        found += problems.len();
+        namespaces.push(rec.namespace);
     }
-    if !problems.is_empty() {
-        bail!("{} problems found", problems.len());
+    if namespaces.len() > 1 {
+        let refs: Vec<&mds::namespace::Namespace> = namespaces.iter().collect();
+        let problems = mds::across::check_across(&refs);
+        println!(
+            "across the {} MDTs: {} problems",
+            refs.len(),
+            problems.len()
+        );
+        for p in &problems {
+            println!("  {p}");
+        }
+        found += problems.len();
+    }
+    if found > 0 {
+        bail!("{found} problems found");
     }
     Ok(())
 }

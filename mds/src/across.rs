@@ -1,0 +1,188 @@
+//! The check across MDTs: each MDT's namespace is checked on its own ([`Namespace::check`]);
+//! this checks what no one MDT can, the pairs a directory on another MDT than its parent's
+//! makes: its name (a stub) in the parent's MDT and the directory in its own.
+//!
+//! - a name whose directory is not there, or is not a directory whose parent is the name's
+//!   directory: an `rmdir` cut short between its halves (`rmdir` of the name removes it);
+//! - a directory named by no entry of its parent's MDT: a `mkdir -i` cut short (it is empty),
+//!   or, holding entries, a namespace that lost the name;
+//! - a directory named twice.
+//!
+//! Only the MDTs given are checked against each other: a name or a parent on an MDT not given
+//! is not judged.
+
+use std::collections::HashMap;
+
+use proto::Fid;
+
+use crate::namespace::Namespace;
+
+/// The problems between `namespaces`, each an MDT's (two of one MDT is a problem too).
+pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
+    let mut problems = vec![];
+    let mut by_mdt: HashMap<u32, &Namespace> = HashMap::new();
+    for ns in namespaces {
+        if by_mdt.insert(ns.mdt(), ns).is_some() {
+            problems.push(format!("MDT{} is given twice", ns.mdt()));
+        }
+    }
+    // Every name of a directory of another MDT, by that directory.
+    let mut names: HashMap<Fid, Vec<(u32, Fid, Vec<u8>)>> = HashMap::new();
+    for ns in namespaces {
+        for (dir, name, fid) in ns.remote_entries() {
+            names.entry(fid).or_default().push((ns.mdt(), dir, name));
+        }
+    }
+    for (fid, named) in &names {
+        let shown = |(mdt, dir, name): &(u32, Fid, Vec<u8>)| {
+            format!("{dir}/{} on MDT{mdt}", String::from_utf8_lossy(name))
+        };
+        if named.len() > 1 {
+            let all: Vec<String> = named.iter().map(shown).collect();
+            problems.push(format!(
+                "{fid} is named {} times: {}",
+                named.len(),
+                all.join(", ")
+            ));
+        }
+        let Some(home) = proto::fid::mdt_of(*fid).and_then(|k| by_mdt.get(&k)) else {
+            continue;
+        };
+        for n in named {
+            match home.remote_parent_of(*fid) {
+                None => problems.push(format!(
+                    "{} names {fid}, which MDT{} does not hold as a directory placed from \
+                     another MDT (an rmdir cut short between its halves: rmdir the name)",
+                    shown(n),
+                    home.mdt()
+                )),
+                Some(p) if p != n.1 => problems.push(format!(
+                    "{} names {fid}, whose parent on MDT{} is {p}",
+                    shown(n),
+                    home.mdt()
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    for ns in namespaces {
+        for (dir, parent, entries) in ns.remote_parented() {
+            let Some(k) = proto::fid::mdt_of(parent) else {
+                problems.push(format!(
+                    "{dir} on MDT{} has parent {parent}, no MDT's",
+                    ns.mdt()
+                ));
+                continue;
+            };
+            if !by_mdt.contains_key(&k) {
+                continue;
+            }
+            let named_there = names
+                .get(&dir)
+                .is_some_and(|n| n.iter().any(|(m, d, _)| *m == k && *d == parent));
+            if !named_there {
+                let what = if entries == 0 {
+                    "empty: a mkdir across MDTs cut short between its halves".to_string()
+                } else {
+                    format!("holding {entries} entries, which no path reaches")
+                };
+                problems.push(format!(
+                    "{dir} on MDT{} is named by no entry of its parent {parent} on MDT{k} ({what})",
+                    ns.mdt()
+                ));
+            }
+        }
+    }
+    problems.sort();
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::{Creds, Kind, Mutation, Time, ROOT};
+
+    fn now() -> Time {
+        Time::default()
+    }
+
+    /// MDT0 and MDT1, with `/r` on MDT1 (both halves made).
+    fn pair() -> (Namespace, Namespace, Fid) {
+        let mut zero = Namespace::for_mdt(0, now());
+        let mut one = Namespace::for_mdt(1, now());
+        let root = Creds::root();
+        let made = one
+            .apply(
+                &Mutation::MkdirForRemote {
+                    parent: ROOT,
+                    name: b"r".to_vec(),
+                    mode: 0o755,
+                    gid: 0,
+                    layout: None,
+                },
+                &root,
+                now(),
+            )
+            .unwrap()
+            .inode
+            .unwrap();
+        zero.apply(
+            &Mutation::LinkRemoteDir {
+                parent: ROOT,
+                name: b"r".to_vec(),
+                inode: made.clone(),
+            },
+            &root,
+            now(),
+        )
+        .unwrap();
+        (zero, one, made.fid)
+    }
+
+    #[test]
+    fn both_halves_check_clean_and_either_missing_is_named() {
+        let (zero, one, r) = pair();
+        assert!(zero.check().is_empty(), "{:?}", zero.check());
+        assert!(one.check().is_empty(), "{:?}", one.check());
+        assert!(check_across(&[&zero, &one]).is_empty());
+        // Only the MDTs given are judged.
+        assert!(check_across(&[&zero]).is_empty());
+        assert!(check_across(&[&one]).is_empty());
+
+        // An rmdir cut short: the directory gone, its name left.
+        let mut gone = one.clone();
+        gone.apply(&Mutation::RmdirRemote { fid: r }, &Creds::root(), now())
+            .unwrap();
+        let p = check_across(&[&zero, &gone]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("rmdir cut short"), "{p:?}");
+
+        // A mkdir cut short: the directory made, never named.
+        let bare = Namespace::for_mdt(0, now());
+        let p = check_across(&[&bare, &one]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("mkdir across MDTs cut short"), "{p:?}");
+
+        // A directory holding entries that no name reaches.
+        let mut full = one.clone();
+        full.apply(
+            &Mutation::Create {
+                parent: r,
+                name: b"f".to_vec(),
+                kind: Kind::File,
+                mode: 0o644,
+                exclusive: true,
+                target: vec![],
+                layout: None,
+            },
+            &Creds::root(),
+            now(),
+        )
+        .unwrap();
+        let p = check_across(&[&bare, &full]);
+        assert!(p[0].contains("holding 1 entries"), "{p:?}");
+
+        // One MDT given twice.
+        assert!(check_across(&[&zero, &zero])[0].contains("given twice"));
+    }
+}
