@@ -621,9 +621,14 @@ async fn wait_ready(
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some((role, _)) = started.iter().find(|(_, p)| !alive(*p)) {
+            let log = dir.join("logs").join(format!("{role}.log"));
+            // Its last words, which say why (the whole log stays in the file).
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let last = lines[lines.len().saturating_sub(3)..].join("\n  ");
             bail!(
-                "{role} exited while starting; see {}",
-                dir.join("logs").join(format!("{role}.log")).display()
+                "{role} exited while starting; see {}:\n  {last}",
+                log.display()
             );
         }
         let mut why = "the MDS does not answer".to_owned();

@@ -145,6 +145,13 @@ enum Cmd {
         yaml: bool,
         path: String,
     },
+    /// Where a directory's entries live, with `lfs getdirstripe`'s fields; -m for the MDT
+    /// index alone.
+    Getdirstripe {
+        #[arg(short = 'm', long = "mdt-index")]
+        mdt_only: bool,
+        path: String,
+    },
     /// Space of every metadata and storage target, like `lfs df`; -i for the MDTs' inodes.
     #[command(disable_help_flag = true)]
     Df {
@@ -433,6 +440,7 @@ fn run() -> Result<()> {
             }
         }
         Cmd::Getstripe { path, .. }
+        | Cmd::Getdirstripe { path, .. }
         | Cmd::Ls { path, .. }
         | Cmd::Stat { path }
         | Cmd::Cat { path }
@@ -524,6 +532,30 @@ fn run() -> Result<()> {
             } => mount::run(client, &mds, &mountpoint, options.as_deref(), mount_metrics).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
+            Cmd::Getdirstripe { mdt_only, path } => {
+                let i = client
+                    .stat(&path)
+                    .await
+                    .map_err(posix("cannot access", &path, 2))?;
+                if i.kind != Kind::Dir {
+                    return Err(PosixError {
+                        what: "getdirstripe:".into(),
+                        path,
+                        errno: libc::ENOTDIR,
+                        detail: None,
+                        exit: 1,
+                    }
+                    .into());
+                }
+                let mdt = proto::fid::mdt_of(i.fid).unwrap_or(0);
+                if mdt_only {
+                    out!("{mdt}");
+                } else {
+                    // Not striped (yet): its entries live on one MDT.
+                    out!("lmv_stripe_count: 0 lmv_stripe_offset: {mdt} lmv_hash_type: none");
+                }
+                Ok(())
+            }
             Cmd::Mirror(MirrorCmd::Resync { paths }) => resync(&client, &paths, None).await,
             Cmd::Mirror(MirrorCmd::Extend { count, paths }) => {
                 resync(&client, &paths, Some(count)).await

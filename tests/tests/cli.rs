@@ -229,6 +229,11 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert!(out.contains("mdt2") && out.contains("MDT2"), "{out}");
     // A directory on MDT2, used as any other; not removed while it holds a file.
     assert_eq!(c.lode(&["mkdir", "-i", "2", "/two"]).0, 0);
+    assert_eq!(c.lode(&["getdirstripe", "-m", "/two"]).1, "2\n");
+    assert_eq!(
+        c.lode(&["getdirstripe", "/"]).1,
+        "lmv_stripe_count: 0 lmv_stripe_offset: 0 lmv_hash_type: none\n"
+    );
     let local = c.dir.join("hello.txt");
     std::fs::write(&local, b"on MDT2\n").unwrap();
     let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), "/two/f"]);
