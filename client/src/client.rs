@@ -986,6 +986,12 @@ impl Client {
     }
 
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
+        self.lookup_as(parent, name, true).await
+    }
+
+    /// As [`Client::lookup`]; without `whole`, a directory of another MDT comes as far as a
+    /// walk through it needs (its FID), without asking its MDT for its attributes.
+    async fn lookup_as(&self, parent: Fid, name: &[u8], whole: bool) -> Result<Inode> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.lookup(parent, name, &self.creds) {
             match &hit {
@@ -1052,6 +1058,9 @@ impl Client {
         match self.rpc(&mds, &r).await {
             Ok(a) => {
                 leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
+                if !whole {
+                    return Ok(a.inode);
+                }
                 self.fresh_if_elsewhere(parent, a.inode).await
             }
             Err(e) => {
@@ -1273,7 +1282,7 @@ impl Client {
             let walked = if let Some(hit) = cached {
                 vec![hit?]
             } else if names.len() == 1 {
-                vec![self.lookup(dir, &names[0]).await?]
+                vec![self.lookup_as(dir, &names[0], !passing).await?]
             } else {
                 let r = MdsLookupPath {
                     creds: self.creds.clone(),
@@ -1283,9 +1292,12 @@ impl Client {
                 // The walk stops at a directory of another MDT; the names after it are
                 // walked there.
                 let mut got = self.rpc(&self.mds_for(dir).await?, &r).await?.inodes;
-                if let Some(last) = got.pop() {
-                    let at = got.last().map_or(dir, |i| i.fid);
-                    got.push(self.fresh_if_elsewhere(at, last).await?);
+                // Only where the path ends is a directory of another MDT wanted whole.
+                if got.len() == names.len() && todo.is_empty() && !walk {
+                    if let Some(last) = got.pop() {
+                        let at = got.last().map_or(dir, |i| i.fid);
+                        got.push(self.fresh_if_elsewhere(at, last).await?);
+                    }
                 }
                 got
             };

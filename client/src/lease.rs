@@ -316,9 +316,15 @@ impl Leases {
             }
             None => return None,
         };
-        let Some((fid, _)) = entry else {
+        let Some((fid, kind)) = entry else {
             return Some(Err(not_found(name)));
         };
+        if walk && kind == Kind::Dir && proto::fid::mdt_of(fid).is_some_and(|k| k != 0) {
+            // A directory of another MDT, passed through: its FID is all the walk needs (its
+            // MDT checks the search right on it at the next name), and its attributes are
+            // never leased here.
+            return Some(Ok(passing_stub(fid)));
+        }
         let child = s.held.get_mut(&fid)?;
         child.used = tick;
         match &child.attr {
@@ -1241,6 +1247,25 @@ fn may_read(attr: &Inode, who: &Creds) -> Result<()> {
             FsErrorKind::AccessDenied,
             format!("permission denied on {}", attr.fid),
         ))
+    }
+}
+
+/// What a walk through directory `fid` of another MDT knows of it: its FID and kind.
+fn passing_stub(fid: Fid) -> Inode {
+    Inode {
+        fid,
+        kind: Kind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        nlink: 2,
+        size: 0,
+        atime: Default::default(),
+        mtime: Default::default(),
+        ctime: Default::default(),
+        xattrs: Default::default(),
+        layout: None,
+        target: vec![],
     }
 }
 
