@@ -323,7 +323,7 @@ impl Leases {
             // A directory of another MDT, passed through: its FID is all the walk needs (its
             // MDT checks the search right on it at the next name), and its attributes are
             // never leased here.
-            return Some(Ok(passing_stub(fid)));
+            return Some(Ok(Inode::dir_known_by_fid(fid)));
         }
         let child = s.held.get_mut(&fid)?;
         child.used = tick;
@@ -1247,25 +1247,6 @@ fn may_read(attr: &Inode, who: &Creds) -> Result<()> {
             FsErrorKind::AccessDenied,
             format!("permission denied on {}", attr.fid),
         ))
-    }
-}
-
-/// What a walk through directory `fid` of another MDT knows of it: its FID and kind.
-fn passing_stub(fid: Fid) -> Inode {
-    Inode {
-        fid,
-        kind: Kind::Dir,
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        nlink: 2,
-        size: 0,
-        atime: Default::default(),
-        mtime: Default::default(),
-        ctime: Default::default(),
-        xattrs: Default::default(),
-        layout: None,
-        target: vec![],
     }
 }
 

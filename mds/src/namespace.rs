@@ -795,18 +795,8 @@ impl Namespace {
     /// Checks and applies one mutation by `who` at time `now`; on error nothing changed.
     pub fn apply(&mut self, m: &Mutation, who: &Creds, now: Time) -> Result<Applied> {
         // What another MDT holds is changed there, and only its entries here.
-        match m {
-            Mutation::Setattr { fid, .. }
-            | Mutation::SetXattr { fid, .. }
-            | Mutation::SetXattrIf { fid, .. }
-            | Mutation::RemoveXattr { fid, .. }
-            | Mutation::GrowSize { fid, .. }
-            | Mutation::SetLayout { fid, .. }
-            | Mutation::MirrorState { fid, .. }
-            | Mutation::PlaceMirror { fid, .. }
-            | Mutation::WriteMdt { fid, .. }
-            | Mutation::Link { fid, .. } => self.local(*fid)?,
-            _ => {}
+        for fid in m.touches().inodes {
+            self.local(fid)?;
         }
         match m {
             Mutation::Create {

@@ -122,10 +122,11 @@ pub struct Registry {
 /// Another MDT as MDT0 knows it: where it serves, its other addresses, when last heard of.
 type MdtEntry = (Nid, Vec<Nid>, Option<Instant>);
 
-/// The MDTs an mdts file lists, (index, server), or why the file is damaged.
-fn decode_mdts(raw: &[u8]) -> Result<Vec<(u32, Nid)>, String> {
-    if raw.len() < 20 || raw[..8] != MDTS_MAGIC {
-        return Err("not an mdts file".into());
+/// The body of a file written by [`Registry::write_file`] under `magic`, checked, or why it
+/// is damaged (`what` names the kind of file).
+fn framed<'a>(raw: &'a [u8], magic: &[u8; 8], what: &str) -> Result<&'a [u8], String> {
+    if raw.len() < 20 || raw[..8] != *magic {
+        return Err(format!("not {what}"));
     }
     let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
     if word(8) != VERSION {
@@ -138,26 +139,19 @@ fn decode_mdts(raw: &[u8]) -> Result<Vec<(u32, Nid)>, String> {
     if crc32c::crc32c(body) != word(16) {
         return Err("checksum mismatch".into());
     }
+    Ok(body)
+}
+
+/// The MDTs an mdts file lists, (index, server), or why the file is damaged.
+fn decode_mdts(raw: &[u8]) -> Result<Vec<(u32, Nid)>, String> {
+    let body = framed(raw, &MDTS_MAGIC, "an mdts file")?;
     proto::msg::decode_body(body).map_err(|e| e.to_string())
 }
 
 /// The targets a registry file lists, (index, uuid, server), or why the file is damaged. An
 /// index or a uuid listed twice is damage too.
 pub fn decode_file(raw: &[u8]) -> Result<Vec<(u32, u128, Nid)>, String> {
-    if raw.len() < 20 || raw[..8] != MAGIC {
-        return Err("not a registry file".into());
-    }
-    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
-    if word(8) != VERSION {
-        return Err("unknown version".into());
-    }
-    let body = (word(12) as usize)
-        .checked_add(20)
-        .and_then(|end| raw.get(20..end))
-        .ok_or("truncated")?;
-    if crc32c::crc32c(body) != word(16) {
-        return Err("checksum mismatch".into());
-    }
+    let body = framed(raw, &MAGIC, "a registry file")?;
     let list: Vec<(u32, u128, Nid)> = proto::msg::decode_body(body).map_err(|e| e.to_string())?;
     let mut indices = std::collections::HashSet::new();
     let mut uuids = std::collections::HashSet::new();

@@ -149,6 +149,26 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// What is known of directory `fid` where only its FID is (one another MDT holds, met on
+    /// a walk): its kind, and nothing of its attributes (those its MDT answers).
+    pub fn dir_known_by_fid(fid: Fid) -> Inode {
+        Inode {
+            fid,
+            kind: Kind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            xattrs: BTreeMap::new(),
+            layout: None,
+            target: vec![],
+        }
+    }
+
     /// The attributes as readdirplus carries them: without xattrs, layout or symlink target.
     pub fn bare(&self) -> Inode {
         // Field by field: a clone would copy the layout and xattrs only to drop them.

@@ -27,6 +27,37 @@ fn data(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// MDT0 and MDT1 on two MDSs and two storage servers on loopback, as `tweak` leaves the
+/// builder, and a root client of MDT0 once every target takes stripes there.
+async fn two_mdts(
+    name: &str,
+    tweak: impl FnOnce(ClusterBuilder) -> ClusterBuilder,
+) -> (std::path::PathBuf, Cluster, Client) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let b = ClusterBuilder::new(Network::Loopback, &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .maintain_every(Duration::from_millis(50))
+        .mdts(2);
+    let c = tweak(b).start().await.unwrap();
+    let admin = c
+        .client(
+            "admin",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    c.wait_ready(&admin, 2, Duration::from_secs(20))
+        .await
+        .unwrap();
+    (dir, c, admin)
+}
+
 /// Creates `name` under MDT1's root over the raw protocol, striped over both targets,
 /// retrying while MDT1's pools are still filling (ENOSPC); returns the new inode.
 async fn create_on_mdt1(raw: &TcpEndpoint, mdt1: &Nid, name: &str, req: u64) -> Inode {
@@ -101,30 +132,7 @@ async fn read_file(c: &Client, path: &str, len: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_mdt_allocates_from_its_own_sequences_and_a_reformatted_mdt_destroys_nothing_of_another(
 ) {
-    let dir = std::env::temp_dir().join(format!("lode-mdts-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut c: Cluster = ClusterBuilder::new(Network::Loopback, &dir)
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .maintain_every(Duration::from_millis(50))
-        .mdts(2)
-        .start()
-        .await
-        .unwrap();
-    let admin = c
-        .client(
-            "admin",
-            ClientConfig {
-                creds: Creds::root(),
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
-    c.wait_ready(&admin, 2, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (dir, mut c, admin) = two_mdts("lode-mdts", |b| b).await;
 
     // MDT0's files: inodes in MDT0's sequence, objects in MDT0's sequence on each target.
     let mut mine = vec![];
@@ -214,30 +222,7 @@ async fn each_mdt_allocates_from_its_own_sequences_and_a_reformatted_mdt_destroy
 /// namespaces check clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents_mds() {
-    let dir = std::env::temp_dir().join(format!("lode-mdts-remote-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let c: Cluster = ClusterBuilder::new(Network::Loopback, &dir)
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .maintain_every(Duration::from_millis(50))
-        .mdts(2)
-        .start()
-        .await
-        .unwrap();
-    let admin = c
-        .client(
-            "admin",
-            ClientConfig {
-                creds: Creds::root(),
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
-    c.wait_ready(&admin, 2, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (dir, c, admin) = two_mdts("lode-mdts-remote", |b| b).await;
     // MDT1 takes stripes once the servers joined it.
     let raw = TcpEndpoint::client(TcpConfig {
         security: c.client_security(),
@@ -417,31 +402,10 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
 /// waits for it and completes, and MDT0 serves its own files throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_directory_survives_kill_9_of_its_mds_and_a_mkdir_waits_for_it() {
-    let dir = std::env::temp_dir().join(format!("lode-mdts-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut c: Cluster = ClusterBuilder::new(Network::Loopback, &dir)
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .maintain_every(Duration::from_millis(50))
-        .open_recovery(Duration::from_millis(500), Duration::from_secs(120))
-        .mdts(2)
-        .start()
-        .await
-        .unwrap();
-    let admin = c
-        .client(
-            "admin",
-            ClientConfig {
-                creds: Creds::root(),
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
-    c.wait_ready(&admin, 2, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (dir, mut c, admin) = two_mdts("lode-mdts-kill", |b| {
+        b.open_recovery(Duration::from_millis(500), Duration::from_secs(120))
+    })
+    .await;
     let raw = TcpEndpoint::client(TcpConfig {
         security: c.client_security(),
         ..TcpConfig::default()

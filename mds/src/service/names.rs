@@ -20,7 +20,7 @@ impl MdsService {
                 // only its FID is known here (the client asks that MDT for the rest).
                 if r.name == b".." {
                     if let Some(p) = ns.remote_parent(r.parent, &r.creds)? {
-                        return Ok(remote_stub(p));
+                        return Ok(Inode::dir_known_by_fid(p));
                     }
                 }
                 ns.lookup(r.parent, &r.name, &r.creds).cloned()
@@ -223,24 +223,5 @@ impl MdsService {
             mdt_total: space.0,
             mdt_free: space.1,
         })
-    }
-}
-
-/// What is known here of directory `fid`, which another MDT holds: its FID and kind.
-fn remote_stub(fid: proto::Fid) -> Inode {
-    Inode {
-        fid,
-        kind: Kind::Dir,
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        nlink: 2,
-        size: 0,
-        atime: Time::default(),
-        mtime: Time::default(),
-        ctime: Time::default(),
-        xattrs: Default::default(),
-        layout: None,
-        target: vec![],
     }
 }
