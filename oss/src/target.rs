@@ -135,6 +135,31 @@ struct Sequence {
 }
 
 impl Sequence {
+    /// MDT `mdt`'s sequence `seq`, its files in `home`: LAST_ID opened with the id it holds,
+    /// DEAD opened with its bitmap.
+    fn new(
+        mdt: u32,
+        seq: u64,
+        home: PathBuf,
+        (last_id_file, last): (FileHandle, u32),
+        (dead_file, dead): (FileHandle, Vec<u8>),
+    ) -> Sequence {
+        Sequence {
+            mdt,
+            seq,
+            home,
+            last_id_file,
+            last_id: tokio::sync::Mutex::new(last),
+            allocated: AtomicU32::new(last),
+            dead_file,
+            dead: Mutex::new(dead),
+            dead_io: tokio::sync::Mutex::new(()),
+            cleanup: tokio::sync::Mutex::new(()),
+            cleaned: Mutex::new(None),
+            free: Mutex::new(vec![vec![]; FANOUT as usize]),
+        }
+    }
+
     fn is_dead(&self, oid: u32) -> bool {
         let d = self.dead.lock();
         d.get(oid as usize / 8)
@@ -357,20 +382,13 @@ impl Target {
                 })?
             }
         };
-        let first = Arc::new(Sequence {
-            mdt: 0,
-            seq: object_seq(index, 0),
-            home: root.to_path_buf(),
-            last_id_file,
-            last_id: tokio::sync::Mutex::new(last),
-            allocated: AtomicU32::new(last),
-            dead_file,
-            dead: Mutex::new(dead),
-            dead_io: tokio::sync::Mutex::new(()),
-            cleanup: tokio::sync::Mutex::new(()),
-            cleaned: Mutex::new(None),
-            free: Mutex::new(vec![vec![]; FANOUT as usize]),
-        });
+        let first = Arc::new(Sequence::new(
+            0,
+            object_seq(index, 0),
+            root.to_path_buf(),
+            (last_id_file, last),
+            (dead_file, dead),
+        ));
         let target = Target {
             index,
             root: root.to_path_buf(),
@@ -516,20 +534,13 @@ impl Target {
                 (f, 0, dead_file, dead)
             }
         };
-        Ok(Sequence {
+        Ok(Sequence::new(
             mdt,
             seq,
             home,
-            last_id_file,
-            last_id: tokio::sync::Mutex::new(last),
-            allocated: AtomicU32::new(last),
-            dead_file,
-            dead: Mutex::new(dead),
-            dead_io: tokio::sync::Mutex::new(()),
-            cleanup: tokio::sync::Mutex::new(()),
-            cleaned: Mutex::new(None),
-            free: Mutex::new(vec![vec![]; FANOUT as usize]),
-        })
+            (last_id_file, last),
+            (dead_file, dead),
+        ))
     }
 
     /// MDT `mdt`'s sequence, if it has one here.

@@ -546,6 +546,24 @@ pub struct MdsReint {
     pub time: Option<Time>,
 }
 
+impl MdsReint {
+    /// `mutation` by `creds`, answered once durable: no request number (a resend is carried
+    /// out again), no open, no lease, the MDS's time. What one server asks of another MDS.
+    pub fn durable(creds: Creds, mutation: Mutation) -> MdsReint {
+        MdsReint {
+            creds,
+            mutation,
+            req: None,
+            acked: 0,
+            open: None,
+            size_gen: None,
+            behind: false,
+            lease: false,
+            time: None,
+        }
+    }
+}
+
 /// How far a client's clock may be from the MDS's for a create's time to be taken
 /// ([`MdsReint::time`]): later by this much at most, or earlier (the create waited in the
 /// client's queue) by [`CLIENT_TIME_LAG`] at most.

@@ -64,9 +64,9 @@ async fn create_on_mdt1(raw: &TcpEndpoint, mdt1: &Nid, name: &str, req: u64) -> 
     let layout = client::raid0(Some(2), 1 << 20).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r = MdsReint {
-            creds: Creds::root(),
-            mutation: Mutation::Create {
+        let r = MdsReint::durable(
+            Creds::root(),
+            Mutation::Create {
                 parent: mdt_root(1),
                 name: name.as_bytes().to_vec(),
                 kind: Kind::File,
@@ -75,14 +75,7 @@ async fn create_on_mdt1(raw: &TcpEndpoint, mdt1: &Nid, name: &str, req: u64) -> 
                 target: vec![],
                 layout: Some(layout.clone()),
             },
-            req: None,
-            acked: 0,
-            open: None,
-            size_gen: None,
-            behind: false,
-            lease: false,
-            time: None,
-        };
+        );
         match call(raw, mdt1, &r, T).await {
             Ok(reply) => return reply.inode.expect("a create returns its inode"),
             Err(NetError::Remote { err, .. })
@@ -299,17 +292,7 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         } else {
             c.mds().nid()
         };
-        let r = MdsReint {
-            creds: Creds::root(),
-            mutation: m,
-            req: None,
-            acked: 0,
-            open: None,
-            size_gen: None,
-            behind: false,
-            lease: false,
-            time: None,
-        };
+        let r = MdsReint::durable(Creds::root(), m);
         match call(&raw, &to, &r, T).await {
             Err(NetError::Remote { err, .. }) => assert_eq!(
                 err.code,
@@ -328,17 +311,7 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         security: c.server_security(),
         ..TcpConfig::default()
     });
-    let r = MdsReint {
-        creds: Creds::root(),
-        mutation: Mutation::RmdirRemote { fid: gone.fid },
-        req: None,
-        acked: 0,
-        open: None,
-        size_gen: None,
-        behind: false,
-        lease: false,
-        time: None,
-    };
+    let r = MdsReint::durable(Creds::root(), Mutation::RmdirRemote { fid: gone.fid });
     call(&server, &mdt1, &r, T).await.unwrap();
     admin.rmdir("/dangling").await.unwrap();
     assert!(admin.stat("/dangling").await.is_err());
@@ -356,23 +329,16 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     assert!(mdt1_fsck.is_empty(), "{mdt1_fsck:?}");
     // A mkdir across MDTs cut short (the directory made on MDT1, never named), then the
     // check of both MDTs against each other, offline, names it.
-    let r = MdsReint {
-        creds: Creds::root(),
-        mutation: Mutation::MkdirForRemote {
+    let r = MdsReint::durable(
+        Creds::root(),
+        Mutation::MkdirForRemote {
             parent: proto::fid::ROOT,
             name: b"never".to_vec(),
             mode: 0o755,
             gid: 0,
             layout: None,
         },
-        req: None,
-        acked: 0,
-        open: None,
-        size_gen: None,
-        behind: false,
-        lease: false,
-        time: None,
-    };
+    );
     let orphan = call(&server, &mdt1, &r, T).await.unwrap().inode.unwrap();
     let dirs = [dir.join("mds"), c.mdt_dir(1).unwrap()];
     c.stop().await;

@@ -89,17 +89,7 @@ impl MdsService {
         m: Mutation,
     ) -> Result<MdsReintReply, RemoteError> {
         let nid = self.mdt_nid(mdt).await?;
-        let r = MdsReint {
-            creds: creds.clone(),
-            mutation: m,
-            req: None,
-            acked: 0,
-            open: None,
-            size_gen: None,
-            behind: false,
-            lease: false,
-            time: None,
-        };
+        let r = MdsReint::durable(creds.clone(), m);
         call(self.alloc.net(), &nid, &r, PEER_CALL)
             .await
             .map_err(|e| peer_error(mdt, e))
