@@ -87,6 +87,8 @@ pub struct ClusterBuilder {
     heal: Option<(client::mirrors::HealConfig, ClientConfig)>,
     /// Metadata targets: MDT0 (the MDS) and this many more, each on an MDS of its own.
     mdts: u32,
+    /// Where MDT 1, 2, ... keep their journals, when not in their directories.
+    mdt_disks: Vec<Arc<dyn mds::disk::MetaDisk>>,
 }
 
 impl ClusterBuilder {
@@ -95,6 +97,21 @@ impl ClusterBuilder {
     pub fn mdts(mut self, n: u32) -> ClusterBuilder {
         self.mdts = n.max(1);
         self
+    }
+
+    /// Keeps the next MDT's (1, then 2, ...) journal and snapshot on `disk` (a crash-simulating
+    /// one) rather than in its directory.
+    pub fn mdt_disk(mut self, disk: Arc<dyn mds::disk::MetaDisk>) -> ClusterBuilder {
+        self.mdt_disks.push(disk);
+        self
+    }
+
+    /// MDT `k`'s disk (not 0's): the one given, or its directory.
+    fn disk_of_mdt(&self, k: u32, dir: &std::path::Path) -> Arc<dyn mds::disk::MetaDisk> {
+        self.mdt_disks
+            .get((k as usize).wrapping_sub(1))
+            .cloned()
+            .unwrap_or_else(|| Arc::new(mds::disk::DirDisk::new(dir)))
     }
 
     /// A cluster on `network` keeping the MDS's files under `scratch`.
@@ -121,6 +138,7 @@ impl ClusterBuilder {
             audit: None,
             heal: None,
             mdts: 1,
+            mdt_disks: vec![],
         }
     }
 
@@ -277,12 +295,12 @@ impl ClusterBuilder {
     /// Formats MDT `k`'s directory as `lode-mds format --mdt-index k --fs-uuid` does, unless it
     /// holds one already.
     fn format_mdt(&self, dir: &std::path::Path, k: u32, uuid: u128) -> Result<(), ClusterError> {
-        let disk = mds::disk::DirDisk::new(dir);
+        let disk = self.disk_of_mdt(k, dir);
         let name = dir.display().to_string();
-        match mds::format::check(&disk, &name, 0) {
+        match mds::format::check(&*disk, &name, 0) {
             Err(mds::format::FormatError::NotFormatted { .. }) => {
                 let now = self.clock.clone().unwrap_or_else(mds::store::wall_clock)();
-                mds::format::format_mdt(&disk, &name, "lode", uuid, k, now)?;
+                mds::format::format_mdt(&*disk, &name, "lode", uuid, k, now)?;
                 Ok(())
             }
             Err(e) => Err(e.into()),
@@ -323,9 +341,9 @@ impl ClusterBuilder {
                 source,
             })?;
             self.format_mdt(&dir, k, uuid)?;
-            // Its own directory on the real disk (a crash-simulating disk is MDT0's).
+            // Its own disk (MDT0's crash-simulating one is MDT0's alone).
             let cfg = MdsConfig {
-                disk: None,
+                disk: self.mdt_disks.get(k as usize - 1).cloned(),
                 data_dir: dir,
                 mdt0: Some(mds.nid()),
                 mdt_heartbeat: self.heartbeat_every,

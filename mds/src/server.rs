@@ -327,6 +327,11 @@ impl MdsServer {
         self.store.read(|ns| ns.check())
     }
 
+    /// A copy of the namespace as it stands (for checks across MDTs).
+    pub fn namespace(&self) -> crate::namespace::Namespace {
+        self.store.read(Clone::clone)
+    }
+
     /// Stops as kill -9 would: the store writes nothing more (what was not committed is lost),
     /// then the server stops serving.
     pub async fn kill(self) {

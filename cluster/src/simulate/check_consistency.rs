@@ -1,4 +1,5 @@
-//! Invariant: the namespace passes fsck and every target passes scrub.
+//! Invariant: each MDT's namespace passes fsck, the two pass the check across MDTs, and every
+//! target passes scrub.
 
 use super::*;
 
@@ -7,6 +8,18 @@ impl Sim {
         let problems = self.cluster.mds().fsck();
         if !problems.is_empty() {
             return Err(self.fail(format!("fsck: {}", problems.join("; "))));
+        }
+        let Some(mdt1) = self.cluster.mdt(1) else {
+            return Err(self.fail("MDT1 does not run"));
+        };
+        let problems = mdt1.fsck();
+        if !problems.is_empty() {
+            return Err(self.fail(format!("fsck of MDT1: {}", problems.join("; "))));
+        }
+        let both = [self.cluster.mds().namespace(), mdt1.namespace()];
+        let problems = mds::across::check_across(&[&both[0], &both[1]]);
+        if !problems.is_empty() {
+            return Err(self.fail(format!("across MDTs: {}", problems.join("; "))));
         }
         for i in 0..SERVERS {
             let Some(s) = self.cluster.oss(i) else {

@@ -1,7 +1,10 @@
 //! The seeded whole-cluster simulator: the real MDS, storage servers and clients, started by
 //! the calls the binaries make, on the simulated fabric, with the MDS's journal on a
 //! crash-simulating disk and every target on a crash-simulating engine. Odd-numbered
-//! checkpoints are mirrored, one copy on each storage server.
+//! checkpoints are mirrored, one copy on each storage server. The filesystem has two MDTs:
+//! the odd plain files live in `/m`, a directory placed on MDT1 (`mkdir -i 1`, its journal on
+//! a crash-simulating disk too), so their creates, writes, truncates and removals go through
+//! MDT1 while MDT0 is killed and loses power, and the end checks both MDTs against each other.
 //!
 //! One seed chooses everything: the workload (checkpoints written to a temporary name,
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
@@ -34,8 +37,10 @@
 //! finds it gone, and the burst's directory ends empty (a resent change carried out twice
 //! shows as one of these); a client evicted with acknowledged changes is told by its next
 //! sync (else they are held to the rules above, and found missing); after the faults stop, the
-//! cluster makes progress (a new checkpoint commits); the
-//! namespace passes `fsck` and every target passes `scrub`. A change is held to this until its
+//! cluster makes progress (a new checkpoint commits); each
+//! MDT's namespace passes `fsck`, the two pass the check across MDTs (every directory placed
+//! on MDT1 named once on MDT0, every such name's directory there), and every target passes
+//! `scrub`. A change is held to this until its
 //! client knows it committed; a client dying with the MDS may take back its changes not yet
 //! committed and, with them, changes other clients made after them (recovery.md: lode has no
 //! commit-on-sharing yet), and nothing else.
@@ -181,6 +186,8 @@ struct Sim {
     cluster: Cluster,
     engines: Vec<Arc<MemEngine>>,
     disk: Arc<MemDisk>,
+    /// MDT1's journal: plain files in `/m` live there.
+    mdt1_disk: Arc<MemDisk>,
     clients: Vec<Client>,
     /// The virtual clock of the MDS and the clients.
     clock: mds::store::Clock,
@@ -240,6 +247,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         })
         .map_err(|e| fail(e.to_string()))?;
     let disk = Arc::new(MemDisk::new());
+    let mdt1_disk = Arc::new(MemDisk::new());
     // One virtual clock for the MDS and the clients, which stamp the files they create ahead.
     let clock = virtual_clock();
     let engines: Vec<Arc<MemEngine>> = (0..SERVERS)
@@ -247,6 +255,8 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .collect();
     let mut builder = ClusterBuilder::new(Network::Fabric(fabric.clone()), &scratch)
         .mds_disk(disk.clone())
+        .mdts(2)
+        .mdt_disk(mdt1_disk.clone())
         .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
         .maintain_every(Duration::from_millis(50))
         .open_recovery(Duration::from_secs(1), Duration::from_secs(20))
@@ -287,6 +297,33 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .wait_ready(&clients[0], SERVERS as u32, Duration::from_secs(20))
         .await
         .map_err(|e| fail(e.to_string()))?;
+    // Half the plain files live in `/m`, a directory on MDT1; MDT1 takes files once it has
+    // registered with MDT0 and the storage servers joined it.
+    let mut tries = 0;
+    while !clients[0]
+        .mdts()
+        .await
+        .is_ok_and(|m| m.iter().any(|m| m.index == 1 && m.up))
+    {
+        tries += 1;
+        if tries > 200 {
+            return Err(fail("MDT1 never registered with MDT0".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    clients[0]
+        .mkdir_on(MDT1_DIR, 0o755, 1)
+        .await
+        .map_err(|e| fail(format!("mkdir -i 1 {MDT1_DIR}: {e}")))?;
+    let probe = format!("{MDT1_DIR}/probe");
+    let mut tries = 0;
+    while let Err(e) = write_probe(&clients[0], &probe).await {
+        tries += 1;
+        if tries > 200 {
+            return Err(fail(format!("MDT1 takes no file: {e}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut sim = Sim {
         seed,
         rng: ChaCha8Rng::seed_from_u64(seed),
@@ -294,6 +331,7 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         cluster,
         engines,
         disk,
+        mdt1_disk,
         clients,
         clock,
         model: Model::default(),
@@ -399,6 +437,31 @@ impl Sim {
         self.check_contents().await?;
         self.check_consistency().await
     }
+}
+
+/// The directory on MDT1 the odd plain files live in.
+const MDT1_DIR: &str = "/m";
+
+/// The plain file `k`: odd ones in [`MDT1_DIR`], on MDT1.
+fn file_name(k: u32) -> String {
+    if k % 2 == 1 {
+        format!("{MDT1_DIR}/f{k}")
+    } else {
+        format!("/f{k}")
+    }
+}
+
+/// Makes, writes and removes `name`.
+async fn write_probe(c: &Client, name: &str) -> client::Result<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(c, name)
+        .await?;
+    f.write_at(0, b"probe").await?;
+    f.fsync().await?;
+    f.close().await?;
+    c.unlink(name).await
 }
 
 /// Two copies of one stripe, one on each storage server.

@@ -58,7 +58,7 @@ impl Sim {
                 Ok(())
             }
             _ => {
-                let name = format!("/f{k}");
+                let name = file_name(k);
                 match c.unlink(&name).await {
                     Ok(()) => {
                         if let Some(bytes) = self.model.files.remove(&name) {
@@ -242,7 +242,7 @@ impl Sim {
         offset: u64,
         data: Vec<u8>,
     ) -> Result<(), Failure> {
-        let name = format!("/f{k}");
+        let name = file_name(k);
         let done = async {
             let f = OpenOptions::new()
                 .write(true)
@@ -281,7 +281,7 @@ impl Sim {
         size: u64,
     ) -> Result<(), Failure> {
         let c = &self.clients[slot].clone();
-        let name = format!("/f{k}");
+        let name = file_name(k);
         if !self.model.files.contains_key(&name) {
             return Ok(());
         }

@@ -426,8 +426,8 @@ impl MdsService {
                 // Only a create answered ahead is stamped with the client's time.
                 let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
                 // Across MDTs: the other MDT's half first.
-                self.mkdir_on(&mut m, &r.creds).await?;
-                self.rmdir_remote(&m, &r.creds).await?;
+                self.mkdir_on(&mut m, &r.creds, r.req).await?;
+                self.rmdir_remote(&m, &r.creds, r.req).await?;
                 let made_remote = match &m {
                     Mutation::LinkRemoteDir { inode, .. } => Some(inode.fid),
                     _ => None,
@@ -440,7 +440,17 @@ impl MdsService {
                     .apply(m, r.creds, r.req, r.size_gen, objects, behind, time)
                     .await
                 {
-                    Ok(d) => d,
+                    Ok(d) => {
+                        // A copy of the request carried out meanwhile (a resend that came
+                        // while this one asked the other MDT) is answered as it was: the
+                        // directory this one made there is named nowhere.
+                        if let Some(fid) = made_remote {
+                            if d.applied.inode.as_ref().map(|i| i.fid) != Some(fid) {
+                                self.unmake_remote(fid).await;
+                            }
+                        }
+                        d
+                    }
                     Err(e) => {
                         if let Some(fid) = made_remote {
                             self.unmake_remote(fid).await;

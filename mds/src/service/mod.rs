@@ -76,6 +76,9 @@ pub struct MdsService {
     peers: crate::peers::Peers,
     /// MDT0's MDS, on another MDT: where the other MDTs are learnt.
     mdt0: Option<proto::Nid>,
+    /// The numbers of this run's requests to other MDSs (their reply caches answer a copy
+    /// the network made as the first).
+    peer_seq: std::sync::atomic::AtomicU64,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -168,6 +171,7 @@ impl MdsService {
             leases,
             peers: Default::default(),
             mdt0: policy.mdt0,
+            peer_seq: std::sync::atomic::AtomicU64::new(1),
         })
     }
 

@@ -81,15 +81,45 @@ impl MdsService {
             .ok_or_else(unknown)
     }
 
-    /// `m`, carried out by MDT `mdt`'s MDS for `creds` (durable when answered).
+    /// The number of this MDS's request to another MDS on behalf of the client request `of`:
+    /// derived from it, so that the client's resend (after an answer lost, or a call to the
+    /// other MDS that timed out) asks the same, and is answered there from its reply cache
+    /// instead of being carried out again; without one, this run's own numbering.
+    fn peer_req(&self, of: Option<ReqId>) -> ReqId {
+        const PEER: u128 = 0x4d44_5450 << 96; // "MDTP"
+        let mdt = u128::from(self.registry.filesystem().mdt) << 64;
+        match of {
+            Some(q) => ReqId {
+                client: q.client.rotate_left(17) ^ PEER ^ mdt,
+                seq: q.seq,
+            },
+            None => ReqId {
+                client: PEER | mdt | u128::from(self.instance),
+                seq: self
+                    .peer_seq
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            },
+        }
+    }
+
+    /// `m`, carried out by MDT `mdt`'s MDS for `creds` (durable when answered), for the
+    /// client request `of`.
     async fn on_mdt(
         &self,
         mdt: u32,
         creds: &Creds,
         m: Mutation,
+        of: Option<ReqId>,
     ) -> Result<MdsReintReply, RemoteError> {
         let nid = self.mdt_nid(mdt).await?;
-        let r = MdsReint::durable(creds.clone(), m);
+        // Numbered, as a client numbers its changes: a copy of the request the network
+        // delivers twice is answered from the other MDS's reply cache, not carried out again
+        // (a second directory there that no name reaches).
+        let req = self.peer_req(of);
+        let r = MdsReint {
+            req: Some(req),
+            ..MdsReint::durable(creds.clone(), m)
+        };
         call(self.alloc.net(), &nid, &r, PEER_CALL)
             .await
             .map_err(|e| peer_error(mdt, e))
@@ -101,6 +131,7 @@ impl MdsService {
         &self,
         m: &mut Mutation,
         creds: &Creds,
+        of: Option<ReqId>,
     ) -> Result<(), RemoteError> {
         let Mutation::MkdirOn {
             parent,
@@ -149,6 +180,7 @@ impl MdsService {
                     gid,
                     layout,
                 },
+                of,
             )
             .await?;
         let inode = made.inode.ok_or_else(|| {
@@ -181,7 +213,7 @@ impl MdsService {
             return;
         };
         if let Err(e) = self
-            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid })
+            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid }, None)
             .await
         {
             tracing::warn!(%fid, mdt, error = %e, "an empty directory of a failed mkdir is left on its MDT (fsck there lists it)");
@@ -195,6 +227,7 @@ impl MdsService {
         &self,
         m: &Mutation,
         creds: &Creds,
+        of: Option<ReqId>,
     ) -> Result<(), RemoteError> {
         let Mutation::Unlink {
             parent,
@@ -219,7 +252,7 @@ impl MdsService {
             .map_err(ns_error)?;
         let mdt = proto::fid::mdt_of(fid).unwrap_or(0);
         match self
-            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid })
+            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid }, of)
             .await
         {
             Ok(_) => Ok(()),
