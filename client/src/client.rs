@@ -906,6 +906,20 @@ impl Client {
         if sent.is_some_and(|s| self.inner.pending.drop_open(s.seq())) {
             return;
         }
+        if Self::elsewhere(fid) {
+            // The queue goes to MDT0; another MDT's file is closed there, behind the caller.
+            let c = self.clone();
+            tokio::spawn(async move {
+                let closed = async {
+                    let mds = c.mds_for(fid).await?;
+                    c.rpc(&mds, &MdsClose { fid, handle }).await
+                };
+                if let Err(e) = closed.await {
+                    tracing::warn!(%fid, error = %e, "a close on another MDT failed");
+                }
+            });
+            return;
+        }
         self.inner
             .pending
             .push(BatchOp::Close(MdsClose { fid, handle }), None, None);
