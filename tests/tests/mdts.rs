@@ -285,8 +285,33 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     assert!(e.is(FsErrorKind::NotEmpty), "{e}");
     assert!(admin.stat("/remote").await.is_ok());
 
+    // A client cannot register itself as an MDT (MDT0 would send storage servers and
+    // clients to it), and the list stays as it was.
+    let before = admin.mdts().await.unwrap();
+    let forged = proto::registry::RegisterMdt {
+        mdt: 1,
+        fs: 0,
+        nid: "127.0.0.1:1@tcp".parse().unwrap(),
+        rails: vec![],
+    };
+    match call(&raw, &c.mds().nid(), &forged, T).await {
+        Err(NetError::Remote { err, .. }) => assert_eq!(
+            err.code,
+            StatusCode::Fs(proto::FsErrorKind::NotPermitted),
+            "{err:?}"
+        ),
+        other => panic!("a client registering an MDT: {other:?}"),
+    }
+    assert_eq!(admin.mdts().await.unwrap(), before);
     // A client cannot send the halves of the change itself.
     for m in [
+        Mutation::MkdirForRemote {
+            parent: proto::fid::ROOT,
+            name: b"forged".to_vec(),
+            mode: 0o755,
+            gid: 0,
+            layout: None,
+        },
         Mutation::LinkRemoteDir {
             parent: proto::fid::ROOT,
             name: b"forged".to_vec(),
@@ -294,7 +319,10 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         },
         Mutation::RmdirRemote { fid: made.fid },
     ] {
-        let to = if matches!(m, Mutation::RmdirRemote { .. }) {
+        let to = if matches!(
+            m,
+            Mutation::RmdirRemote { .. } | Mutation::MkdirForRemote { .. }
+        ) {
             mdt1.clone()
         } else {
             c.mds().nid()
