@@ -186,6 +186,23 @@ enum Cmd {
         /// The MDT the new directory (and what is made in it) lives on.
         #[arg(short = 'i', long = "mdt-index", conflicts_with = "parents")]
         mdt: Option<u32>,
+        /// Stripe the new directory's entries over this many MDTs (as `lfs mkdir -c`).
+        #[arg(short = 'c', long = "mdt-count", conflicts_with = "parents")]
+        count: Option<u32>,
+        /// The hash that places names on the shards (`fnv_1a_64`).
+        #[arg(short = 'H', long = "mdt-hash", default_value = "fnv_1a_64")]
+        hash: String,
+        path: String,
+    },
+    /// Make a directory striped over several MDTs (as `lfs setdirstripe`): `-c N` shards,
+    /// shard 0 on MDT `-i` (the parent's by default), names placed by the hash `-H`.
+    Setdirstripe {
+        #[arg(short = 'c', long = "mdt-count", default_value_t = 1)]
+        count: u32,
+        #[arg(short = 'i', long = "mdt-index")]
+        mdt: Option<u32>,
+        #[arg(short = 'H', long = "mdt-hash", default_value = "fnv_1a_64")]
+        hash: String,
         path: String,
     },
     /// Remove files (and with -r, directories and what they hold).
@@ -441,6 +458,7 @@ fn run() -> Result<()> {
         }
         Cmd::Getstripe { path, .. }
         | Cmd::Getdirstripe { path, .. }
+        | Cmd::Setdirstripe { path, .. }
         | Cmd::Ls { path, .. }
         | Cmd::Stat { path }
         | Cmd::Cat { path }
@@ -548,11 +566,31 @@ fn run() -> Result<()> {
                     .into());
                 }
                 let mdt = proto::fid::mdt_of(i.fid).unwrap_or(0);
-                if mdt_only {
-                    out!("{mdt}");
-                } else {
-                    // Not striped (yet): its entries live on one MDT.
-                    out!("lmv_stripe_count: 0 lmv_stripe_offset: {mdt} lmv_hash_type: none");
+                let stripe =
+                    client
+                        .dir_stripe(i.fid)
+                        .await
+                        .map_err(posix("cannot access", &path, 2))?;
+                match stripe {
+                    Some(s) if mdt_only => out!("{}", s.offset),
+                    None if mdt_only => out!("{mdt}"),
+                    // Not striped: its entries live on one MDT.
+                    None => {
+                        out!("lmv_stripe_count: 0 lmv_stripe_offset: {mdt} lmv_hash_type: none")
+                    }
+                    Some(s) => {
+                        let hash = proto::dirstripe::HashType::from_code(s.hash)
+                            .map_or_else(|| format!("unknown({})", s.hash), |h| h.name().into());
+                        out!(
+                            "lmv_stripe_count: {} lmv_stripe_offset: {} lmv_hash_type: {hash}",
+                            s.count,
+                            s.offset
+                        );
+                        out!("mdtidx\t\t FID[seq:oid:ver]");
+                        for f in &s.shards {
+                            out!("{:6}\t\t {f}", proto::fid::mdt_of(*f).unwrap_or(0));
+                        }
+                    }
                 }
                 Ok(())
             }
@@ -580,19 +618,34 @@ fn run() -> Result<()> {
             }
             Cmd::Verify { path } => verify::run(&client, &path).await,
             Cmd::Cp { from, to } => cp(&client, &from, &to).await,
-            Cmd::Mkdir { parents, mdt, path } => {
+            Cmd::Mkdir {
+                parents,
+                mdt,
+                count,
+                hash,
+                path,
+            } => {
                 let err = posix("cannot create directory", &path, 1);
-                match (parents, mdt) {
-                    (true, _) => client.mkdir_all(&path, 0o755).await.map_err(err)?,
-                    (false, Some(k)) => {
+                match (parents, mdt, count) {
+                    (true, ..) => client.mkdir_all(&path, 0o755).await.map_err(err)?,
+                    (false, mdt, Some(c)) => {
+                        mkdir_striped(&client, &path, c, mdt, &hash, "mkdir:").await?
+                    }
+                    (false, Some(k), None) => {
                         client.mkdir_on(&path, 0o755, k).await.map_err(err)?;
                     }
-                    (false, None) => {
+                    (false, None, None) => {
                         client.mkdir(&path, 0o755).await.map_err(err)?;
                     }
                 }
                 Ok(())
             }
+            Cmd::Setdirstripe {
+                count,
+                mdt,
+                hash,
+                path,
+            } => mkdir_striped(&client, &path, count, mdt, &hash, "setdirstripe:").await,
             Cmd::Rm { recursive, paths } => {
                 // As `rm`: each operand that fails is reported, the others still removed.
                 let mut status = Ok(());
@@ -1277,6 +1330,28 @@ async fn rm(client: &Client, path: &str, recursive: bool) -> Result<()> {
         Box::pin(rm(client, &child, true)).await?;
     }
     client.rmdir(path).await.map_err(err())
+}
+
+/// `lode setdirstripe` / `lode mkdir -c`: the directory `path` striped over `count` MDTs.
+async fn mkdir_striped(
+    client: &Client,
+    path: &str,
+    count: u32,
+    mdt: Option<u32>,
+    hash: &str,
+    what: &str,
+) -> Result<()> {
+    let Some(h) = proto::dirstripe::HashType::parse(hash) else {
+        bail!("{what} unknown hash type '{hash}' (known: fnv_1a_64)");
+    };
+    if count == 0 {
+        bail!("{what} the stripe count is at least 1, not 0");
+    }
+    client
+        .mkdir_striped(path, 0o755, count, mdt, h)
+        .await
+        .map_err(posix("cannot create directory", path, 1))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -158,6 +158,7 @@ impl Inner {
             kept: Default::default(),
             statahead: Default::default(),
             mdts: Default::default(),
+            stripes: Default::default(),
         }
     }
 }
@@ -222,6 +223,8 @@ pub(crate) struct Inner {
     statahead: parking_lot::Mutex<crate::FastMap<Fid, usize>>,
     /// Where the other MDTs' MDSs serve, as MDT0 last listed them.
     mdts: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
+    /// The layouts of the striped directories this client met ([`crate::striped`]).
+    pub(crate) stripes: parking_lot::Mutex<crate::FastMap<Fid, Arc<proto::dirstripe::DirStripe>>>,
 }
 
 impl Inner {
@@ -654,6 +657,35 @@ impl Client {
         open: Option<OpenHandle>,
         size_gen: Option<u64>,
     ) -> Result<MdsReintReply> {
+        let dirs = Self::dirs_of(&mutation);
+        if dirs.is_empty() {
+            return self.reint_routed(mutation, open, size_gen).await;
+        }
+        // A change of names in a striped directory goes to the shard each name lives in;
+        // refused there for the wrong shard (a layout not known yet), the layouts are read
+        // and it goes again.
+        let mut tries = 0;
+        loop {
+            let routed = self.route(mutation.clone());
+            match self.reint_routed(routed, open, size_gen).await {
+                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                    tries += 1;
+                    for d in &dirs {
+                        self.reread_stripe(*d).await?;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// As [`Client::reint_if`], `mutation` naming shards already.
+    async fn reint_routed(
+        &self,
+        mutation: Mutation,
+        open: Option<OpenHandle>,
+        size_gen: Option<u64>,
+    ) -> Result<MdsReintReply> {
         let req = self.next_req();
         let behind = self.inner.joined.load(Ordering::Relaxed);
         if behind && self.inner.uncommitted.full() {
@@ -724,6 +756,7 @@ impl Client {
         mode: u32,
         open: Option<OpenHandle>,
     ) -> Option<Result<(Inode, crate::pending::Sent)>> {
+        let parent = self.shard_for(parent, name);
         let inner = &self.inner;
         if !inner.joined.load(Ordering::Relaxed)
             || !inner.cfg.leases
@@ -800,6 +833,7 @@ impl Client {
     /// client's leases tell it the outcome (see [`crate::pending`]). False when the unlink must
     /// be sent and waited for.
     pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
+        let parent = self.shard_for(parent, name);
         let inner = &self.inner;
         if !inner.joined.load(Ordering::Relaxed)
             || !inner.cfg.leases
@@ -1006,6 +1040,25 @@ impl Client {
     /// As [`Client::lookup`]; without `whole`, a directory of another MDT comes as far as a
     /// walk through it needs (its FID), without asking its MDT for its attributes.
     async fn lookup_as(&self, parent: Fid, name: &[u8], whole: bool) -> Result<Inode> {
+        let mut tries = 0;
+        loop {
+            let shard = self.shard_for(parent, name);
+            match self.lookup_routed(shard, name, whole).await {
+                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                    tries += 1;
+                    self.reread_stripe(parent).await?;
+                }
+                Ok(i) => {
+                    self.learn_stripe(&i);
+                    return Ok(i);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// As [`Client::lookup_as`], `parent` the shard `name` lives in.
+    async fn lookup_routed(&self, parent: Fid, name: &[u8], whole: bool) -> Result<Inode> {
         let leases = &self.inner.leases;
         if let Some(hit) = leases.lookup(parent, name, &self.creds) {
             match &hit {
@@ -1156,6 +1209,7 @@ impl Client {
             self.rpc(&self.inner.mds.clone(), &r).await?
         };
         leases.learn_attr(stamp, &a.inode, a.leased);
+        self.learn_stripe(&a.inode);
         Ok(a.inode)
     }
 
@@ -1320,6 +1374,9 @@ impl Client {
                     FsErrorKind::Io,
                     "the MDS answered a path lookup with more names than asked",
                 ));
+            }
+            for i in &walked {
+                self.learn_stripe(i);
             }
             // Names after a symlink were not walked: back on the list, in order.
             for n in names[walked.len()..].iter().rev() {
@@ -1624,6 +1681,43 @@ impl Client {
     /// page handed to `page` as it comes; `false` once past `limit` entries (the pages past
     /// it unread).
     async fn list_pages(
+        &self,
+        dir: Fid,
+        plus: bool,
+        limit: usize,
+        page: &mut (dyn FnMut(Vec<DirEntry>, Vec<Inode>) + Send),
+    ) -> Result<bool> {
+        let mut tries = 0;
+        loop {
+            if let Some(stripe) = self.known_stripe(dir) {
+                // A striped directory: its shards one after another, each in name order (a
+                // name is in one shard only, so none comes twice).
+                let mut listed = 0usize;
+                for shard in &stripe.shards {
+                    let room = limit.saturating_sub(listed);
+                    let mut counted = |e: Vec<DirEntry>, a: Vec<Inode>| {
+                        listed += e.len();
+                        page(e, a)
+                    };
+                    if !Box::pin(self.list_shard_pages(*shard, plus, room, &mut counted)).await? {
+                        return Ok(false);
+                    }
+                }
+                return Ok(true);
+            }
+            match self.list_shard_pages(dir, plus, limit, page).await {
+                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                    tries += 1;
+                    self.reread_stripe(dir).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// As [`Client::list_pages`], of one directory's own entries (a shard's, or a directory
+    /// not striped).
+    async fn list_shard_pages(
         &self,
         dir: Fid,
         plus: bool,
@@ -2046,6 +2140,7 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::CreateUnnamed { parent, .. }
         | Mutation::Unlink { parent, .. }
         | Mutation::MkdirOn { parent, .. }
+        | Mutation::MkdirStriped { parent, .. }
         | Mutation::MkdirForRemote { parent, .. }
         | Mutation::LinkRemoteDir { parent, .. } => *parent,
         Mutation::Rename {
@@ -2061,7 +2156,11 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::MirrorState { fid, .. }
         | Mutation::PlaceMirror { fid, .. }
         | Mutation::WriteMdt { fid, .. }
-        | Mutation::RmdirRemote { fid } => *fid,
+        | Mutation::RmdirRemote { fid }
+        | Mutation::SetDirStripe { fid, .. }
+        | Mutation::FreezeShard { fid, .. }
+        | Mutation::RmdirShard { fid } => *fid,
+        Mutation::MakeShard { shard, .. } => shard.master,
         Mutation::Destroyed { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }

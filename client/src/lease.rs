@@ -825,7 +825,9 @@ impl Leases {
                     set(s, *parent, name, Some((i.fid, i.kind)));
                 }
             }
-            Mutation::Link { parent, name, .. } | Mutation::MkdirOn { parent, name, .. } => {
+            Mutation::Link { parent, name, .. }
+            | Mutation::MkdirOn { parent, name, .. }
+            | Mutation::MkdirStriped { parent, name, .. } => {
                 if let Some(i) = &reply.inode {
                     set(s, *parent, name, Some((i.fid, i.kind)));
                 }

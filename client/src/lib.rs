@@ -37,6 +37,7 @@ pub mod readahead;
 pub mod replay;
 mod requests;
 pub mod stripe_args;
+mod striped;
 mod unstable;
 pub mod writebehind;
 

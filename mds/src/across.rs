@@ -6,7 +6,9 @@
 //!   directory: an `rmdir` cut short between its halves (`rmdir` of the name removes it);
 //! - a directory named by no entry of its parent's MDT: a `mkdir -i` cut short (it is empty),
 //!   or, holding entries, a namespace that lost the name;
-//! - a directory named twice.
+//! - a directory named twice;
+//! - a striped directory listing a shard its MDT does not hold, or a shard its master does
+//!   not list (a name in the wrong shard is each MDT's own check).
 //!
 //! Only the MDTs given are checked against each other: a name or a parent on an MDT not given
 //! is not judged.
@@ -65,8 +67,58 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
             }
         }
     }
+    // Striped directories: every shard a master lists is there, as that shard; every shard
+    // is listed by its master (unless the master is being made or removed).
+    let mut listed: HashMap<Fid, (Fid, u32)> = HashMap::new();
+    for ns in namespaces {
+        for (master, stripe) in ns.striped() {
+            for (j, shard) in stripe.shards.iter().enumerate() {
+                listed.insert(*shard, (master, j as u32));
+                let Some(there) = proto::fid::mdt_of(*shard).and_then(|k| by_mdt.get(&k)) else {
+                    continue;
+                };
+                let held = there
+                    .shards()
+                    .into_iter()
+                    .any(|(f, s, _)| f == *shard && s.master == master && s.index == j as u32);
+                if !held {
+                    problems.push(format!(
+                        "{master} on MDT{} lists {shard} as shard {j}, which MDT{} does not hold                          as one",
+                        ns.mdt(),
+                        there.mdt()
+                    ));
+                }
+            }
+        }
+    }
+    let mut shard_fids = std::collections::HashSet::new();
+    for ns in namespaces {
+        for (shard, of, entries) in ns.shards() {
+            shard_fids.insert(shard);
+            let Some(home) = proto::fid::mdt_of(of.master).and_then(|k| by_mdt.get(&k)) else {
+                continue;
+            };
+            let settled = home
+                .striped()
+                .into_iter()
+                .find(|(f, _)| *f == of.master)
+                .map(|(_, s)| s.state == proto::dirstripe::StripeState::Ready);
+            if listed.get(&shard) != Some(&(of.master, of.index)) && settled != Some(false) {
+                problems.push(format!(
+                    "{shard} on MDT{} is shard {} of {}, which MDT{} does not list ({entries}                      entries)",
+                    ns.mdt(),
+                    of.index,
+                    of.master,
+                    home.mdt()
+                ));
+            }
+        }
+    }
     for ns in namespaces {
         for (dir, parent, entries) in ns.remote_parented() {
+            if shard_fids.contains(&dir) {
+                continue; // a shard: checked with its master above
+            }
             let Some(k) = proto::fid::mdt_of(parent) else {
                 problems.push(format!(
                     "{dir} on MDT{} has parent {parent}, no MDT's",

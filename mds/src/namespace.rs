@@ -443,6 +443,309 @@ impl Namespace {
         })
     }
 
+    /// Refuses `name` in `dir` where it does not live: `dir` a striped directory's master
+    /// (its names are in its shards) or a shard the name does not hash to; with `adding`, a
+    /// shard an rmdir of its directory has frozen too. The caller reads the layout again
+    /// and goes to the right shard.
+    fn check_shard(&self, dir: Fid, name: &[u8], adding: bool) -> Result<()> {
+        let Some(d) = self.inodes.get(&dir).filter(|d| !d.xattrs.is_empty()) else {
+            return Ok(());
+        };
+        if let Some(s) = proto::dirstripe::of_inode(d) {
+            return err(
+                FsErrorKind::WrongShard,
+                format!(
+                    "{dir} is striped over {} shards: {:?} lives in shard {:?}",
+                    s.count,
+                    String::from_utf8_lossy(name),
+                    s.shard_index(name)
+                ),
+            );
+        }
+        if let Some(s) = proto::dirstripe::shard_of_inode(d) {
+            if !s.holds(name) {
+                return err(
+                    FsErrorKind::WrongShard,
+                    format!(
+                        "{:?} is not in shard {} of {}",
+                        String::from_utf8_lossy(name),
+                        s.index,
+                        s.master
+                    ),
+                );
+            }
+            if adding && s.frozen {
+                return err(
+                    FsErrorKind::WrongShard,
+                    format!("{dir}, a shard of {}, is frozen by an rmdir", s.master),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the striped directory `name` in `parent`: its master, with the layout to be
+    /// filled in as its shards are made.
+    #[allow(clippy::too_many_arguments)] // the fields of one Mutation::MkdirStriped
+    fn mkdir_striped(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        count: u32,
+        offset: Option<u32>,
+        hash: u32,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        if proto::dirstripe::HashType::from_code(hash).is_none() {
+            return err(
+                FsErrorKind::Invalid,
+                format!("no directory hash numbered {hash}"),
+            );
+        }
+        if !(2..=proto::dirstripe::MAX_DIR_STRIPES).contains(&count) {
+            return err(
+                FsErrorKind::Invalid,
+                format!(
+                    "a striped directory has 2 to {} shards, not {count}",
+                    proto::dirstripe::MAX_DIR_STRIPES
+                ),
+            );
+        }
+        let stripe = proto::dirstripe::DirStripe {
+            hash,
+            count,
+            offset: offset.unwrap_or(self.mdt()),
+            shards: vec![],
+            state: proto::dirstripe::StripeState::Building,
+        };
+        let mut a = self.create(
+            None,
+            parent,
+            name,
+            Kind::Dir,
+            mode,
+            true,
+            &[],
+            None,
+            who,
+            now,
+        )?;
+        if let Some(made) = a.inode.as_mut() {
+            made.xattrs
+                .insert(proto::dirstripe::LMV_XATTR.to_string(), stripe.encode());
+            self.inodes.insert(made.fid, made.clone());
+        }
+        Ok(a)
+    }
+
+    /// The shard `index` of striped directory `master` made here, if it is.
+    fn shard_here(&self, master: Fid, index: u32) -> Option<Fid> {
+        self.parents
+            .iter()
+            .filter(|(_, p)| **p == master)
+            .map(|(d, _)| *d)
+            .find(|d| {
+                self.inodes
+                    .get(d)
+                    .and_then(proto::dirstripe::shard_of_inode)
+                    .is_some_and(|s| s.master == master && s.index == index)
+            })
+    }
+
+    /// Makes a shard of a striped directory here, or answers the one made already.
+    fn make_shard(
+        &mut self,
+        shard: &proto::dirstripe::ShardOf,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        layout: Option<Layout>,
+        now: Time,
+    ) -> Result<Applied> {
+        if let Some(made) = self.shard_here(shard.master, shard.index) {
+            return Ok(Applied {
+                inode: Some(self.inode(made)?.clone()),
+                removed: vec![],
+                reserved: None,
+            });
+        }
+        if proto::dirstripe::shard_index(shard.hash, shard.count, b"").is_none()
+            || shard.index >= shard.count
+            || shard.frozen
+        {
+            return err(
+                FsErrorKind::Invalid,
+                format!(
+                    "no shard {} of {} under hash {}",
+                    shard.index, shard.count, shard.hash
+                ),
+            );
+        }
+        if !self.is_remote(shard.master) && self.dir(shard.master).is_err() {
+            return err(
+                FsErrorKind::Stale,
+                format!("{} is no directory here", shard.master),
+            );
+        }
+        check_new_inode(Kind::Dir, &[], layout.as_ref())?;
+        let oid = self.next_oid;
+        let Some(next) = oid.checked_add(1) else {
+            return err(FsErrorKind::NoSpace, "inode numbers are exhausted");
+        };
+        let fid = Fid::new(self.seq, oid, 0);
+        let mut xattrs = BTreeMap::new();
+        xattrs.insert(proto::dirstripe::SHARD_XATTR.to_string(), shard.encode());
+        let inode = Inode {
+            fid,
+            kind: Kind::Dir,
+            mode: mode & PERM_MASK,
+            uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs,
+            layout,
+            target: vec![],
+        };
+        self.next_oid = next;
+        self.entries.insert(fid, BTreeMap::new());
+        self.parents.insert(fid, shard.master);
+        self.inodes.insert(fid, inode.clone());
+        Ok(Applied {
+            inode: Some(inode),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Sets the layout of `fid`, a striped directory here.
+    fn set_dir_stripe(
+        &mut self,
+        fid: Fid,
+        stripe: &proto::dirstripe::DirStripe,
+        now: Time,
+    ) -> Result<Applied> {
+        self.local(fid)?;
+        self.dir(fid)?;
+        let i = self.inodes.get_mut(&fid).expect("checked: a directory");
+        if proto::dirstripe::of_inode(i).is_none() {
+            return err(FsErrorKind::Invalid, format!("{fid} is not striped"));
+        }
+        i.xattrs
+            .insert(proto::dirstripe::LMV_XATTR.to_string(), stripe.encode());
+        i.ctime = now;
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Freezes (refused when it has an entry) or thaws `fid`, a shard here.
+    fn freeze_shard(&mut self, fid: Fid, frozen: bool) -> Result<Applied> {
+        self.local(fid)?;
+        let d = self.dir(fid)?;
+        if frozen && !d.is_empty() {
+            return err(FsErrorKind::NotEmpty, format!("{fid} is not empty"));
+        }
+        let i = self.inodes.get_mut(&fid).expect("checked: a directory");
+        let Some(mut s) = proto::dirstripe::shard_of_inode(i) else {
+            return err(FsErrorKind::Invalid, format!("{fid} is no shard"));
+        };
+        s.frozen = frozen;
+        i.xattrs
+            .insert(proto::dirstripe::SHARD_XATTR.to_string(), s.encode());
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Removes `fid`, a frozen, empty shard here (gone already: nothing to do).
+    fn rmdir_shard(&mut self, fid: Fid) -> Result<Applied> {
+        self.local(fid)?;
+        let Some(i) = self.inodes.get(&fid) else {
+            return Ok(Applied {
+                inode: None,
+                removed: vec![],
+                reserved: None,
+            });
+        };
+        if !proto::dirstripe::shard_of_inode(i).is_some_and(|s| s.frozen) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} is no shard frozen for removal"),
+            );
+        }
+        if !self.dir(fid)?.is_empty() {
+            return err(FsErrorKind::NotEmpty, format!("{fid} is not empty"));
+        }
+        self.entries.remove(&fid);
+        self.parents.remove(&fid);
+        self.inodes.remove(&fid);
+        Ok(Applied {
+            inode: None,
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// The parent and name of directory `dir`, when it is named here.
+    pub fn name_of_dir(&self, dir: Fid) -> Option<(Fid, Vec<u8>)> {
+        let parent = *self.parents.get(&dir)?;
+        let d = self.entries.get(&parent)?;
+        d.iter()
+            .find(|(_, f)| **f == dir)
+            .map(|(n, _)| (parent, n.clone()))
+    }
+
+    /// Every shard here of a striped directory: (shard, its place, its entries).
+    pub fn shards(&self) -> Vec<(Fid, proto::dirstripe::ShardOf, usize)> {
+        let mut out: Vec<_> = self
+            .inodes
+            .values()
+            .filter(|i| i.kind == Kind::Dir && !i.xattrs.is_empty() && !self.is_remote(i.fid))
+            .filter_map(|i| {
+                proto::dirstripe::shard_of_inode(i)
+                    .map(|s| (i.fid, s, self.entries.get(&i.fid).map_or(0, BTreeMap::len)))
+            })
+            .collect();
+        out.sort_by_key(|(f, ..)| *f);
+        out
+    }
+
+    /// Every striped directory here, with its layout.
+    pub fn striped(&self) -> Vec<(Fid, proto::dirstripe::DirStripe)> {
+        let mut out: Vec<_> = self
+            .inodes
+            .values()
+            .filter(|i| i.kind == Kind::Dir && !i.xattrs.is_empty() && !self.is_remote(i.fid))
+            .filter_map(|i| proto::dirstripe::of_inode(i).map(|s| (i.fid, s)))
+            .collect();
+        out.sort_by_key(|(f, _)| *f);
+        out
+    }
+
+    /// Striped directories here whose shards are being made or removed: the work their MDS
+    /// finishes after a restart.
+    pub fn unsettled_stripes(&self) -> Vec<(Fid, proto::dirstripe::DirStripe)> {
+        let mut out: Vec<_> = self
+            .inodes
+            .values()
+            .filter(|i| i.kind == Kind::Dir && !i.xattrs.is_empty())
+            .filter_map(|i| proto::dirstripe::of_inode(i).map(|s| (i.fid, s)))
+            .filter(|(_, s)| s.state != proto::dirstripe::StripeState::Ready)
+            .collect();
+        out.sort_by_key(|(f, _)| *f);
+        out
+    }
+
     /// The MDT's root directory.
     pub fn root(&self) -> Fid {
         self.root
@@ -545,6 +848,7 @@ impl Namespace {
             return self.inode(self.parents[&parent]);
         }
         check_name(name)?;
+        self.check_shard(parent, name, false)?;
         match self.entries[&parent].get(name) {
             Some(f) => self.inode(*f),
             None => err(
@@ -580,6 +884,12 @@ impl Namespace {
     ) -> Result<std::collections::btree_map::Range<'a, Vec<u8>, Fid>> {
         let d = self.dir(dir)?;
         self.require(dir, who, 4)?;
+        if let Some(s) = self.inodes.get(&dir).and_then(proto::dirstripe::of_inode) {
+            return err(
+                FsErrorKind::WrongShard,
+                format!("{dir} is striped over {} shards: list each", s.count),
+            );
+        }
         Ok(match after {
             Some(a) => {
                 d.range::<[u8], _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
@@ -942,6 +1252,24 @@ impl Namespace {
                 inode,
             } => self.link_remote_dir(*parent, name, inode, who, now),
             Mutation::RmdirRemote { fid } => self.rmdir_remote(*fid),
+            Mutation::MkdirStriped {
+                parent,
+                name,
+                mode,
+                count,
+                offset,
+                hash,
+            } => self.mkdir_striped(*parent, name, *mode, *count, *offset, *hash, who, now),
+            Mutation::MakeShard {
+                shard,
+                mode,
+                uid,
+                gid,
+                layout,
+            } => self.make_shard(shard, *mode, *uid, *gid, layout.clone(), now),
+            Mutation::SetDirStripe { fid, stripe } => self.set_dir_stripe(*fid, stripe, now),
+            Mutation::FreezeShard { fid, frozen } => self.freeze_shard(*fid, *frozen),
+            Mutation::RmdirShard { fid } => self.rmdir_shard(*fid),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -972,6 +1300,7 @@ impl Namespace {
     ) -> Result<Option<&Inode>> {
         check_name(name)?;
         self.dir(parent)?;
+        self.check_shard(parent, name, true)?;
         let Some(existing) = self.entries[&parent].get(name) else {
             self.require(parent, who, 3)?;
             return Ok(None);
@@ -1087,6 +1416,7 @@ impl Namespace {
             );
         }
         self.dir(parent)?;
+        self.check_shard(parent, name, true)?;
         self.require(parent, who, 3)?;
         if self.entries[&parent].contains_key(name) {
             return err(
@@ -1668,7 +1998,7 @@ impl Namespace {
             }
             _ => {}
         }
-        if dir && !self.entries[&victim.fid].is_empty() {
+        if dir && (!self.entries[&victim.fid].is_empty() || striped_in_use(&victim)) {
             return err(
                 FsErrorKind::NotEmpty,
                 format!("{} is not empty", victim.fid),
@@ -1717,6 +2047,7 @@ impl Namespace {
         let src = self.lookup(parent, name, who)?.clone();
         self.local(src.fid)?;
         self.dir(new_parent)?;
+        self.check_shard(new_parent, new_name, true)?;
         self.require(new_parent, who, 3)?;
         let p = self.inode(parent)?.clone();
         self.may_unlink(&p, &src, who)?;
@@ -1760,7 +2091,7 @@ impl Namespace {
                 (false, true) => {
                     return err(FsErrorKind::IsDir, format!("{} is a directory", d.fid))
                 }
-                (true, true) if !self.entries[&d.fid].is_empty() => {
+                (true, true) if !self.entries[&d.fid].is_empty() || striped_in_use(d) => {
                     return err(FsErrorKind::NotEmpty, format!("{} is not empty", d.fid))
                 }
                 _ => {}
@@ -2060,6 +2391,44 @@ impl Namespace {
                 problems.push(format!("{fid} is an orphan (no entry names it)"));
             }
         }
+        // Striped directories: a master holds no names; a shard only names its hash places
+        // there (no name is in two shards), and one whose master is here is listed by it.
+        for (fid, i) in &self.inodes {
+            if i.xattrs.is_empty() || self.is_remote(*fid) {
+                continue;
+            }
+            if proto::dirstripe::of_inode(i).is_some()
+                && self.entries.get(fid).is_some_and(|d| !d.is_empty())
+            {
+                problems.push(format!("{fid}, a striped directory, holds names itself"));
+            }
+            if let Some(s) = proto::dirstripe::shard_of_inode(i) {
+                for name in self.entries.get(fid).into_iter().flat_map(|d| d.keys()) {
+                    if !s.holds(name) {
+                        problems.push(format!(
+                            "{fid}/{} is in shard {} of {}, not the one its hash gives",
+                            String::from_utf8_lossy(name),
+                            s.index,
+                            s.master
+                        ));
+                    }
+                }
+                if !self.is_remote(s.master) {
+                    match self
+                        .inodes
+                        .get(&s.master)
+                        .and_then(proto::dirstripe::of_inode)
+                    {
+                        Some(m) if m.shards.get(s.index as usize) == Some(fid) => {}
+                        Some(m) if m.state != proto::dirstripe::StripeState::Ready => {}
+                        _ => problems.push(format!(
+                            "{fid} is shard {} of {}, which does not list it",
+                            s.index, s.master
+                        )),
+                    }
+                }
+            }
+        }
         for (fid, d) in &self.mdt {
             match self.inodes.get(fid) {
                 Some(i)
@@ -2125,6 +2494,14 @@ fn check_new_inode(kind: Kind, target: &[u8], layout: Option<&Layout>) -> Result
         }
     }
     Ok(())
+}
+
+/// Whether `dir` is a striped directory whose shards are not all removed yet (its rmdir
+/// removes them first).
+fn striped_in_use(dir: &Inode) -> bool {
+    !dir.xattrs.is_empty()
+        && proto::dirstripe::of_inode(dir)
+            .is_some_and(|s| s.state != proto::dirstripe::StripeState::Emptied)
 }
 
 #[cfg(test)]

@@ -412,6 +412,46 @@ pub enum Mutation {
     RmdirRemote {
         fid: Fid,
     },
+    /// mkdir of `name` in `parent`, striped over `count` shards on as many MDTs, shard 0 on
+    /// MDT `offset` (the parent's when `None`), names placed by the hash numbered `hash`
+    /// (`lfs setdirstripe`). The parent's MDS makes the master (this change, journaled, the
+    /// layout [`crate::dirstripe::StripeState::Building`]), has each shard made on its MDT
+    /// ([`Mutation::MakeShard`]) and lists them ([`Mutation::SetDirStripe`]).
+    MkdirStriped {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        mode: u32,
+        count: u32,
+        offset: Option<u32>,
+        hash: u32,
+    },
+    /// Shard `shard.index` of the striped directory `shard.master` (servers only): made with
+    /// the master's owner, group, mode and default layout; made once however often asked.
+    MakeShard {
+        shard: crate::dirstripe::ShardOf,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        layout: Option<Layout>,
+    },
+    /// The layout of the striped directory `fid` (servers only: its MDS, as it makes or
+    /// removes the shards).
+    SetDirStripe {
+        fid: Fid,
+        stripe: crate::dirstripe::DirStripe,
+    },
+    /// Freezes (no new name, refused if it has one) or thaws a shard of a striped directory
+    /// being removed (servers only).
+    FreezeShard {
+        fid: Fid,
+        frozen: bool,
+    },
+    /// Removes `fid`, a frozen, empty shard of a striped directory (servers only); one gone
+    /// already is not an error.
+    RmdirShard {
+        fid: Fid,
+    },
 }
 
 impl Mutation {
@@ -438,6 +478,9 @@ impl Mutation {
             Mutation::Released { .. } => "released",
             Mutation::CreateUnnamed { .. } => "create",
             Mutation::MkdirOn { .. } | Mutation::MkdirForRemote { .. } => "create",
+            Mutation::MkdirStriped { .. } | Mutation::MakeShard { .. } => "create",
+            Mutation::SetDirStripe { .. } | Mutation::FreezeShard { .. } => "setattr",
+            Mutation::RmdirShard { .. } => "unlink",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

@@ -102,11 +102,15 @@ impl Mutation {
             Mutation::Create { parent, name, .. }
             | Mutation::CreateAt { parent, name, .. }
             | Mutation::MkdirOn { parent, name, .. }
+            | Mutation::MkdirStriped { parent, name, .. }
             | Mutation::LinkRemoteDir { parent, name, .. } => Touches {
                 entries: vec![(*parent, name.as_slice())],
                 ..Touches::default()
             },
-            Mutation::RmdirRemote { fid: f } => fid(f),
+            Mutation::RmdirRemote { fid: f }
+            | Mutation::SetDirStripe { fid: f, .. }
+            | Mutation::FreezeShard { fid: f, .. }
+            | Mutation::RmdirShard { fid: f } => fid(f),
             Mutation::Link { fid, parent, name } => Touches {
                 inodes: vec![*fid],
                 entries: vec![(*parent, name.as_slice())],
@@ -148,7 +152,8 @@ impl Mutation {
             | Mutation::Destroyed { .. }
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. }
-            | Mutation::MkdirForRemote { .. } => Touches::default(),
+            | Mutation::MkdirForRemote { .. }
+            | Mutation::MakeShard { .. } => Touches::default(),
         }
     }
 

@@ -76,6 +76,10 @@ pub enum FsErrorKind {
     /// Across metadata targets, where the change cannot go (a rename or link between
     /// directories of two MDTs, for now).
     CrossDevice,
+    /// A name asked of a striped directory's master, or of a shard it does not hash to: the
+    /// caller routes by the directory's layout, read again ([`crate::dirstripe`]). Never seen
+    /// past the client library.
+    WrongShard,
 }
 
 impl FsErrorKind {
@@ -106,6 +110,7 @@ impl FsErrorKind {
             FsErrorKind::NotSupported => 95, // EOPNOTSUPP
             FsErrorKind::Stale => 116,       // ESTALE
             FsErrorKind::CrossDevice => 18,  // EXDEV
+            FsErrorKind::WrongShard => 5,    // EIO: the library reroutes; never a caller's
         }
     }
 }

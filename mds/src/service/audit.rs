@@ -62,6 +62,18 @@ impl MdsService {
                 None,
                 Some(format!("on MDT{mdt}")),
             ),
+            Mutation::MkdirStriped {
+                parent,
+                name,
+                count,
+                ..
+            } => a(
+                "mkdir",
+                None,
+                Some(Self::entry_path(ns, *parent, name)),
+                None,
+                Some(format!("striped over {count} MDTs")),
+            ),
             Mutation::CreateUnnamed { parent, .. } => a(
                 "create",
                 None,
@@ -180,7 +192,11 @@ impl MdsService {
             // request is audited there.
             Mutation::MkdirForRemote { .. }
             | Mutation::LinkRemoteDir { .. }
-            | Mutation::RmdirRemote { .. } => None,
+            | Mutation::RmdirRemote { .. }
+            | Mutation::MakeShard { .. }
+            | Mutation::SetDirStripe { .. }
+            | Mutation::FreezeShard { .. }
+            | Mutation::RmdirShard { .. } => None,
         })
     }
 

@@ -426,8 +426,19 @@ impl MdsService {
                 // Only a create answered ahead is stamped with the client's time.
                 let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
                 // Across MDTs: the other MDT's half first.
+                self.mkdir_striped(&mut m).await?;
                 self.mkdir_on(&mut m, &r.creds, r.req).await?;
                 self.rmdir_remote(&m, &r.creds, r.req).await?;
+                self.rmdir_striped(&m, &r.creds).await?;
+                let striped = matches!(m, Mutation::MkdirStriped { .. });
+                let chattr = match &m {
+                    Mutation::Setattr { attr, .. }
+                        if attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some() =>
+                    {
+                        Some(m.clone())
+                    }
+                    _ => None,
+                };
                 let made_remote = match &m {
                     Mutation::LinkRemoteDir { inode, .. } => Some(inode.fid),
                     _ => None,
@@ -461,7 +472,23 @@ impl MdsService {
                 stamp = (done.transno, done.ticket);
                 changed = done.touched;
                 after = done.after;
-                (done.applied.inode, true)
+                let mut inode = done.applied.inode;
+                if let Some(set) = chattr {
+                    self.restripe_attrs(&set).await;
+                }
+                if let Some(master) = inode.as_ref().filter(|_| striped).map(|i| i.fid) {
+                    // The shards now; should an MDT not answer, the directory is named and
+                    // its shards are made once it does (names in it wait till then).
+                    match self.build_stripe(master).await {
+                        Ok(made) => inode = Some(made),
+                        Err(e) => {
+                            tracing::warn!(%master, error = %e, "a striped directory's shards wait for their MDTs");
+                            self.settling
+                                .store(false, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+                (inode, true)
             }
         };
         let mut grant = None;

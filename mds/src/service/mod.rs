@@ -18,6 +18,7 @@
 //! - [`targets`]: storage targets' registration, heartbeats and list;
 //! - [`mirrors`]: the administrators' mirror scan;
 //! - [`remote`]: the halves of a mkdir and an rmdir across MDTs, and the calls between MDSs;
+//! - [`striped`]: striped directories, their shards made and removed on their MDTs;
 //!
 //! and [`audit`] is what each records.
 
@@ -52,6 +53,7 @@ mod names;
 mod opens;
 mod remote;
 mod sessions;
+mod striped;
 mod targets;
 
 /// How long a create waits for a maintenance pass when no target is in service yet, before it
@@ -79,6 +81,10 @@ pub struct MdsService {
     /// The numbers of this run's requests to other MDSs (their reply caches answer a copy
     /// the network made as the first).
     peer_seq: std::sync::atomic::AtomicU64,
+    /// Held while a striped directory's shards are made or removed (one at a time).
+    striping: tokio::sync::Mutex<()>,
+    /// Whether the striped directories a restart left half made or removed are being seen to.
+    settling: std::sync::atomic::AtomicBool,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -172,6 +178,8 @@ impl MdsService {
             peers: Default::default(),
             mdt0: policy.mdt0,
             peer_seq: std::sync::atomic::AtomicU64::new(1),
+            striping: tokio::sync::Mutex::new(()),
+            settling: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -280,7 +288,11 @@ fn shown(mut inode: Inode, creds: &Creds) -> (Inode, bool) {
     if inode.xattrs.is_empty() || inode.permits(creds, 4) {
         return (inode, true);
     }
-    inode.xattrs.clear();
+    // A striped directory's layout stays: it is where its names are, which a caller that may
+    // only search it needs as much as one that may read it.
+    inode
+        .xattrs
+        .retain(|k, _| proto::dirstripe::is_internal_xattr(k));
     (inode, false)
 }
 
@@ -305,6 +317,12 @@ impl Service for MdsService {
         req: Incoming,
         _bulk: Arc<dyn BulkPeer>,
     ) -> BoxFuture<'static, Result<Vec<u8>, RemoteError>> {
+        if !self
+            .settling
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::spawn(self.clone().settle_stripes());
+        }
         Box::pin(async move { self.dispatch(req).await })
     }
 

@@ -75,6 +75,9 @@ impl MdsService {
                     if ns.is_remote(i.fid) {
                         break; // another MDT's directory: the client walks on there
                     }
+                    if i.xattrs.contains_key(proto::dirstripe::LMV_XATTR) {
+                        break; // a striped directory: the client walks on in its shards
+                    }
                     if i.kind == Kind::Dir {
                         dirs.push(i.fid);
                     }

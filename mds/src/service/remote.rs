@@ -23,7 +23,7 @@ use super::*;
 
 /// How long one call to another MDS may take before the client's request is answered Busy
 /// (and resent).
-const PEER_CALL: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const PEER_CALL: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl MdsService {
     /// Leases `fids` to `client`, unless one is another MDT's (a remote directory's stub: its
@@ -33,7 +33,18 @@ impl MdsService {
         let remote = fids
             .iter()
             .any(|f| proto::fid::mdt_of(*f).is_some_and(|k| k != own));
-        !remote && self.leases.grant(client, fids)
+        if remote {
+            return false;
+        }
+        // Nor on a striped directory's master: it holds no names (its shards do), and a
+        // client keeping its empty listing would answer lookups in it from that.
+        let striped = self.store.read(|ns| {
+            fids.iter().any(|f| {
+                ns.inode(*f)
+                    .is_ok_and(|i| i.xattrs.contains_key(proto::dirstripe::LMV_XATTR))
+            })
+        });
+        !striped && self.leases.grant(client, fids)
     }
 
     /// The server-only halves of changes across MDTs, refused from clients: a client naming a
@@ -47,7 +58,11 @@ impl MdsService {
         match m {
             Mutation::MkdirForRemote { .. }
             | Mutation::LinkRemoteDir { .. }
-            | Mutation::RmdirRemote { .. } => self.server_only(req),
+            | Mutation::RmdirRemote { .. }
+            | Mutation::MakeShard { .. }
+            | Mutation::SetDirStripe { .. }
+            | Mutation::FreezeShard { .. }
+            | Mutation::RmdirShard { .. } => self.server_only(req),
             _ => Ok(()),
         }
     }
@@ -104,7 +119,7 @@ impl MdsService {
 
     /// `m`, carried out by MDT `mdt`'s MDS for `creds` (durable when answered), for the
     /// client request `of`.
-    async fn on_mdt(
+    pub(super) async fn on_mdt(
         &self,
         mdt: u32,
         creds: &Creds,
@@ -267,7 +282,7 @@ impl MdsService {
 
 /// A call to another MDS that failed: its own refusal as it gave it; no answer as Busy, which
 /// the client resends.
-fn peer_error(mdt: u32, e: lnet::NetError) -> RemoteError {
+pub(super) fn peer_error(mdt: u32, e: lnet::NetError) -> RemoteError {
     match e {
         lnet::NetError::Remote { err, .. } => err,
         other => RemoteError::new(

@@ -119,7 +119,9 @@ impl LodeFs {
                         list.extend_from_slice(LAYOUT_XATTR.as_bytes());
                         list.push(0);
                     }
-                    for k in i.xattrs.keys() {
+                    // lode's own (a striped directory's layout) are not the user's.
+                    let own = |k: &&String| proto::dirstripe::is_internal_xattr(k);
+                    for k in i.xattrs.keys().filter(|k| !own(k)) {
                         list.extend_from_slice(k.as_bytes());
                         list.push(0);
                     }

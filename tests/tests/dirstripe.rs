@@ -1,0 +1,359 @@
+//! Striped directories over three MDTs: one directory whose names are spread over shards on
+//! every MDT by a hash of each name, made, used, listed and removed through the library as
+//! any directory, with the servers deciding where each name may live.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use client::{Client, ClientConfig, OpenOptions};
+use cluster::{Cluster, ClusterBuilder, Network};
+use lnet::tcp::{TcpConfig, TcpEndpoint};
+use lnet::{call, NetError};
+use oss::engine::mem::MemEngine;
+use proto::dirstripe::{DirStripe, HashType, ShardOf, StripeState};
+use proto::fid::mdt_of;
+use proto::md::*;
+use proto::{FsErrorKind, StatusCode};
+
+const T: Duration = Duration::from_secs(10);
+
+/// MDT0..MDT2 on three MDSs and two storage servers on loopback, and a root client of MDT0
+/// once every target takes stripes on every MDT.
+async fn three_mdts(
+    name: &str,
+    tweak: impl FnOnce(ClusterBuilder) -> ClusterBuilder,
+) -> (std::path::PathBuf, Cluster, Client) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let b = ClusterBuilder::new(Network::Loopback, &dir)
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .storage_server(vec![Arc::new(MemEngine::new(1 << 30))])
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .maintain_every(Duration::from_millis(50))
+        .mdts(3);
+    let c = tweak(b).start().await.unwrap();
+    let admin = root_client(&c, "admin").await;
+    c.wait_ready(&admin, 2, Duration::from_secs(20))
+        .await
+        .unwrap();
+    // Every MDT takes stripes: a file made in a directory on each.
+    for k in 1..3 {
+        let d = format!("/warm{k}");
+        admin.mkdir_on(&d, 0o755, k).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match write(&admin, &format!("{d}/f"), b"x").await {
+                Ok(()) => break,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e; // MDT{k} not ready yet
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("MDT{k} never took a file: {e}"),
+            }
+        }
+    }
+    (dir, c, admin)
+}
+
+async fn root_client(c: &Cluster, name: &str) -> Client {
+    c.client(
+        name,
+        ClientConfig {
+            creds: Creds::root(),
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn write(c: &Client, path: &str, bytes: &[u8]) -> client::Result<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(c, path)
+        .await?;
+    f.write_at(0, bytes).await?;
+    f.fsync().await?;
+    f.close().await
+}
+
+async fn read(c: &Client, path: &str) -> Vec<u8> {
+    let f = OpenOptions::new().read(true).open(c, path).await.unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let n = f.read_at(0, &mut buf).await.unwrap();
+    buf.truncate(n);
+    f.close().await.unwrap();
+    buf
+}
+
+fn names(l: Vec<DirEntry>) -> Vec<String> {
+    l.into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_directory_spreads_its_names_over_every_mdt_and_is_used_and_removed_as_one() {
+    let (dir, c, admin) = three_mdts("lode-dirstripe", |b| b).await;
+    let made = admin
+        .mkdir_striped("/s", 0o755, 3, Some(1), HashType::Fnv1a64)
+        .await
+        .unwrap();
+    assert_eq!(mdt_of(made.fid), Some(0), "the master lives with its name");
+    let stripe: DirStripe = admin.dir_stripe(made.fid).await.unwrap().unwrap();
+    assert_eq!(
+        (stripe.count, stripe.offset, stripe.state),
+        (3, 1, StripeState::Ready)
+    );
+    let shard_mdts: Vec<u32> = stripe.shards.iter().map(|f| mdt_of(*f).unwrap()).collect();
+    assert_eq!(shard_mdts, vec![1, 2, 0], "shard j on MDT (offset + j) % 3");
+
+    // Files made in it live on the MDT of the shard their name hashes to.
+    let mut per_mdt: HashMap<u32, usize> = HashMap::new();
+    let mut made_names = BTreeSet::new();
+    for i in 0..120 {
+        let name = format!("f{i}");
+        let path = format!("/s/{name}");
+        write(&admin, &path, format!("{i}").as_bytes())
+            .await
+            .unwrap();
+        let f = admin.stat(&path).await.unwrap();
+        let shard = stripe.shard_for(name.as_bytes()).unwrap();
+        assert_eq!(mdt_of(f.fid), mdt_of(shard), "{name}");
+        *per_mdt.entry(mdt_of(f.fid).unwrap()).or_default() += 1;
+        made_names.insert(name);
+    }
+    assert_eq!(per_mdt.len(), 3, "{per_mdt:?}");
+    assert!(per_mdt.values().all(|n| *n >= 20), "{per_mdt:?}");
+    let sub = admin.mkdir("/s/sub", 0o700).await.unwrap();
+    assert_eq!(mdt_of(sub.fid), mdt_of(stripe.shard_for(b"sub").unwrap()));
+    write(&admin, "/s/sub/deep", b"deep").await.unwrap();
+    made_names.insert("sub".into());
+
+    // Listed whole, each name once; read back, from this client and from one that never
+    // saw the layout (told by the MDS, it reads it and goes again).
+    let listed = names(admin.readdir("/s").await.unwrap());
+    assert_eq!(listed.len(), made_names.len());
+    assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), made_names);
+    let other = root_client(&c, "other").await;
+    assert_eq!(read(&other, "/s/f7").await, b"7");
+    assert_eq!(read(&other, "/s/sub/deep").await, b"deep");
+    let plus = other.readdir_plus(made.fid).await.unwrap();
+    assert_eq!(plus.len(), made_names.len());
+    let fresh = root_client(&c, "fresh").await;
+    let listed = names(fresh.readdir_fid(made.fid).await.unwrap());
+    assert_eq!(listed.len(), made_names.len());
+    let e = admin.stat("/s/absent").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotFound), "{e}");
+
+    // Renames within a shard's MDT work; across two MDTs they are EXDEV for now.
+    let (a, b) = (0..200)
+        .map(|i| format!("r{i}"))
+        .fold((None, None), |(a, b), n| {
+            let k = mdt_of(stripe.shard_for(n.as_bytes()).unwrap());
+            let f7 = mdt_of(stripe.shard_for(b"f7").unwrap());
+            match (k == f7, a, b) {
+                (true, None, b) => (Some(n), b),
+                (false, a, None) => (a, Some(n)),
+                (_, a, b) => (a, b),
+            }
+        });
+    let (same, across) = (a.unwrap(), b.unwrap());
+    admin.rename("/s/f7", &format!("/s/{same}")).await.unwrap();
+    assert_eq!(read(&other, &format!("/s/{same}")).await, b"7");
+    let e = admin
+        .rename(&format!("/s/{same}"), &format!("/s/{across}"))
+        .await
+        .unwrap_err();
+    assert!(e.is(FsErrorKind::CrossDevice), "{e}");
+
+    // A chmod of the directory reaches every shard (their MDSs decide by them).
+    admin
+        .setattr(
+            "/s",
+            SetAttr {
+                mode: Some(0o750),
+                ..SetAttr::default()
+            },
+        )
+        .await
+        .unwrap();
+    for shard in &stripe.shards {
+        let s = admin.getattr(*shard).await.unwrap();
+        assert_eq!(s.mode & 0o7777, 0o750, "{shard}");
+    }
+
+    // As an attacker with the client key: the servers' halves are refused, and a name in
+    // the master or in a shard its hash does not give is refused (no name in two shards).
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let mdt = |k: u32| c.mdt(k).unwrap().nid();
+    let forged = [
+        Mutation::MakeShard {
+            shard: ShardOf {
+                master: made.fid,
+                index: 0,
+                count: 3,
+                hash: 2,
+                frozen: false,
+            },
+            mode: 0o777,
+            uid: 0,
+            gid: 0,
+            layout: None,
+        },
+        Mutation::SetDirStripe {
+            fid: made.fid,
+            stripe: DirStripe {
+                shards: vec![],
+                state: StripeState::Emptied,
+                ..stripe.clone()
+            },
+        },
+        Mutation::FreezeShard {
+            fid: stripe.shards[0],
+            frozen: true,
+        },
+        Mutation::RmdirShard {
+            fid: stripe.shards[0],
+        },
+    ];
+    for m in forged {
+        let to = home(&m).map_or_else(|| c.mds().nid(), &mdt);
+        let r = MdsReint::durable(Creds::root(), m);
+        match call(&raw, &to, &r, T).await {
+            Err(NetError::Remote { err, .. }) => assert_eq!(
+                err.code,
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "{err:?}"
+            ),
+            other => panic!("a client's server-only change of a striped directory: {other:?}"),
+        }
+    }
+    let create = |parent, name: &str| {
+        MdsReint::durable(
+            Creds::root(),
+            Mutation::Create {
+                parent,
+                name: name.as_bytes().to_vec(),
+                kind: Kind::File,
+                mode: 0o644,
+                exclusive: true,
+                target: vec![],
+                layout: None,
+            },
+        )
+    };
+    let wrong = |e: Result<MdsReintReply, NetError>| match e {
+        Err(NetError::Remote { err, .. }) => {
+            assert_eq!(err.code, StatusCode::Fs(FsErrorKind::WrongShard), "{err:?}")
+        }
+        other => panic!("a name where it does not live: {other:?}"),
+    };
+    wrong(call(&raw, &c.mds().nid(), &create(made.fid, "in-master"), T).await);
+    let name = "elsewhere";
+    let right = stripe.shard_index(name.as_bytes()).unwrap() as usize;
+    let bad = stripe.shards[(right + 1) % 3];
+    wrong(call(&raw, &mdt(mdt_of(bad).unwrap()), &create(bad, name), T).await);
+
+    // Not empty: ENOTEMPTY, every shard thawed (names can be made again), nothing lost.
+    let e = admin.rmdir("/s").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotEmpty), "{e}");
+    write(&admin, "/s/after", b"after").await.unwrap();
+    assert_eq!(read(&other, "/s/after").await, b"after");
+    assert_eq!(read(&other, "/s/f1").await, b"1");
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+
+    // Emptied, it goes with its shards.
+    for n in names(admin.readdir("/s").await.unwrap()) {
+        if n == "sub" {
+            admin.unlink("/s/sub/deep").await.unwrap();
+            admin.rmdir("/s/sub").await.unwrap();
+        } else {
+            admin.unlink(&format!("/s/{n}")).await.unwrap();
+        }
+    }
+    admin.rmdir("/s").await.unwrap();
+    let e = admin.stat("/s").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotFound), "{e}");
+    for shard in &stripe.shards {
+        let e = admin.getattr(*shard).await.unwrap_err();
+        assert!(e.is(FsErrorKind::Stale), "{shard}: {e}");
+    }
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    // The name can be made again, as a plain directory.
+    admin.mkdir("/s", 0o755).await.unwrap();
+    write(&fresh, "/s/plain", b"p").await.unwrap();
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Each MDT's own check, then all three against each other.
+fn fsck_all(c: &Cluster) -> Vec<String> {
+    let spaces: Vec<_> = (0..3).map(|k| c.mdt(k).unwrap().namespace()).collect();
+    let mut problems: Vec<String> = (0..3).flat_map(|k| c.mdt(k).unwrap().fsck()).collect();
+    let refs: Vec<_> = spaces.iter().collect();
+    problems.extend(mds::across::check_across(&refs));
+    problems
+}
+
+/// The MDT a server-only change goes to, for the attacker above.
+fn home(m: &Mutation) -> Option<u32> {
+    match m {
+        Mutation::FreezeShard { fid, .. } | Mutation::RmdirShard { fid } => mdt_of(*fid),
+        _ => None,
+    }
+}
+
+/// kill -9 of a shard's MDS while a striped directory is made: the mkdir waits, the master's
+/// MDS makes the shard once it is back, and the directory is whole; kill -9 of the master's
+/// MDS after it loses nothing acknowledged in any shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_mkdir_waits_for_a_down_mdt_and_everything_survives_kill_9() {
+    let (dir, mut c, admin) = three_mdts("lode-dirstripe-kill", |b| {
+        b.open_recovery(Duration::from_millis(500), Duration::from_secs(120))
+    })
+    .await;
+    c.kill_mdt(2).await;
+    let waiting = {
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            admin
+                .mkdir_striped("/k", 0o755, 3, None, HashType::Fnv1a64)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a striped mkdir answered with an MDT down"
+    );
+    c.start_mdt(2).await.unwrap();
+    let made = waiting.await.unwrap().unwrap();
+    let stripe = admin.dir_stripe(made.fid).await.unwrap().unwrap();
+    assert_eq!(stripe.state, StripeState::Ready);
+    assert_eq!(stripe.shards.len(), 3);
+    let mut kept = vec![];
+    for i in 0..30 {
+        let path = format!("/k/g{i}");
+        write(&admin, &path, path.as_bytes()).await.unwrap();
+        kept.push(path);
+    }
+    c.kill_mds().await;
+    c.start_mds().await.unwrap();
+    let after = root_client(&c, "after").await;
+    for p in &kept {
+        assert_eq!(read(&after, p).await, p.as_bytes(), "{p}");
+    }
+    assert_eq!(names(after.readdir("/k").await.unwrap()).len(), kept.len());
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
