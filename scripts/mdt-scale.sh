@@ -5,11 +5,15 @@
 # every MDT but 0 answers). Beside each rate, the CPU the MDS processes used, per metadata
 # operation (create, stat and unlink of each file), read from /proc before and after.
 #
-#   scripts/mdt-scale.sh [CLIENTS] [FILES] [ROUNDS]      (default 16 20000 3)
+# With SPREAD=striped, every client works in one shared directory striped over K MDTs
+# (`lode setdirstripe -c K`; K = 1: a plain directory) instead of a directory each.
+#
+#   [SPREAD=own|striped] scripts/mdt-scale.sh [CLIENTS] [FILES] [ROUNDS]   (default 16 20000 3)
 set -euo pipefail
 clients=${1:-16}
 files=${2:-20000}
 rounds=${3:-3}
+spread=${SPREAD:-own}
 bin=$(dirname "$0")/../target/release
 dir=$(mktemp -d /var/tmp/lode-mdt-scale.XXXXXX)
 port=${PORT:-19300}
@@ -29,8 +33,9 @@ for ((r = 0; r < rounds; r++)); do
   for ((i = 0; i < 3; i++)); do
     k=${order[$(((i + r) % 3))]}
     before=$(cpu)
+    if [ "$spread" = striped ]; then where=(--meta-dir-stripe "$k"); else where=(--meta-mdts "$k"); fi
     out=$("$bin/lode" bench --meta --clients "$clients" --meta-files "$files" \
-      --meta-modes durable --rounds 1 --meta-mdts "$k" --dir "/scale-$k-$r" 2>/dev/null)
+      --meta-modes durable --rounds 1 "${where[@]}" --dir "/scale-$k-$r" 2>/dev/null)
     after=$(cpu)
     rates=$(echo "$out" | awk '$1 == "create" || $1 == "stat" || $1 == "unlink" {gsub("/s", "", $3); printf "%s ", $3}')
     per=$(paste <(echo "$before") <(echo "$after") |

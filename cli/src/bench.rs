@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// i mod N, `lode mkdir -i`); changes on MDTs other than 0 are answered once durable.
     #[arg(long, default_value_t = 1)]
     pub meta_mdts: u32,
+    /// With --meta: every client in one shared directory, striped over this many MDTs
+    /// (`lode setdirstripe -c N`; 1: a plain directory), instead of one directory each.
+    #[arg(long)]
+    pub meta_dir_stripe: Option<u32>,
 }
 
 impl BenchArgs {

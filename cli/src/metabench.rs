@@ -74,21 +74,48 @@ where
     Ok((clients * per) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn lode_pass(cs: &[Client], dir: &str, per: usize, mdts: u32) -> Result<Rates> {
-    for (i, c) in cs.iter().enumerate() {
-        let d = format!("{dir}/c{i}");
-        if mdts > 1 {
+/// Where the clients of a pass make their files.
+#[derive(Clone, Copy)]
+enum Spread {
+    /// A directory each, client i's on MDT i mod N.
+    Own(u32),
+    /// One directory for all, striped over N MDTs.
+    Shared(u32),
+}
+
+async fn lode_pass(cs: &[Client], dir: &str, per: usize, spread: Spread) -> Result<Rates> {
+    match spread {
+        Spread::Own(mdts) => {
+            for (i, c) in cs.iter().enumerate() {
+                let d = format!("{dir}/c{i}");
+                if mdts > 1 {
+                    c.mkdir_all(dir, 0o755).await?;
+                    c.mkdir_on(&d, 0o755, i as u32 % mdts).await?;
+                } else {
+                    c.mkdir_all(&d, 0o755).await?;
+                }
+            }
+        }
+        Spread::Shared(n) => {
+            let c = &cs[0];
             c.mkdir_all(dir, 0o755).await?;
-            c.mkdir_on(&d, 0o755, i as u32 % mdts).await?;
-        } else {
-            c.mkdir_all(&d, 0o755).await?;
+            let shared = format!("{dir}/shared");
+            if n > 1 {
+                c.mkdir_striped(&shared, 0o755, n, None, proto::dirstripe::HashType::Fnv1a64)
+                    .await?;
+            } else {
+                c.mkdir(&shared, 0o755).await?;
+            }
         }
     }
     let cs: std::sync::Arc<[Client]> = cs.into();
     let dir: std::sync::Arc<str> = dir.into();
     let path = {
         let dir = dir.clone();
-        move |c: usize, i: usize| format!("{dir}/c{c}/f{i:07}")
+        move |c: usize, i: usize| match spread {
+            Spread::Own(_) => format!("{dir}/c{c}/f{i:07}"),
+            Spread::Shared(_) => format!("{dir}/shared/c{c}.f{i:07}"),
+        }
     };
     let (c2, p2) = (cs.clone(), path.clone());
     let create = timed(cs.len(), per, move |c, i| {
@@ -133,8 +160,13 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize, mdts: u32) -> Result<Ra
         }
     })
     .await?;
-    for (i, c) in cs.iter().enumerate() {
-        c.rmdir(&format!("{dir}/c{i}")).await?;
+    match spread {
+        Spread::Own(_) => {
+            for (i, c) in cs.iter().enumerate() {
+                c.rmdir(&format!("{dir}/c{i}")).await?;
+            }
+        }
+        Spread::Shared(_) => cs[0].rmdir(&format!("{dir}/shared")).await?,
     }
     Ok([create, stat, unlink])
 }
@@ -181,6 +213,10 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
     }
     let per = files / clients;
     let mdts = a.meta_mdts.max(1);
+    let spread = match a.meta_dir_stripe {
+        Some(n) => Spread::Shared(n.max(1)),
+        None => Spread::Own(mdts),
+    };
     let runs = |m: Mode| run_modes.contains(&m);
     // The clients of one mode; none for a mode not run.
     let connect = |mode: Mode, behind: bool, ahead: bool| {
@@ -214,9 +250,9 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
                 continue;
             }
             let r = match m {
-                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per, mdts).await?,
-                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per, mdts).await?,
-                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per, mdts).await?,
+                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per, spread).await?,
+                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per, spread).await?,
+                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per, spread).await?,
                 _ => match &local {
                     Some(d) => {
                         let d = d.join(format!("lode-meta-bench-{}-{round}", std::process::id()));
@@ -241,13 +277,20 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
     for c in behind.iter().chain(&durable).chain(&ahead) {
         c.close().await?;
     }
-    println!(
-        "{} clients, {} files each, {} over {mdts} MDT{}, medians of {rounds} rounds",
-        clients,
-        per,
-        if mdts > 1 { "directories" } else { "all" },
-        if mdts > 1 { "s" } else { "" }
-    );
+    match spread {
+        Spread::Own(mdts) => println!(
+            "{} clients, {} files each, {} over {mdts} MDT{}, medians of {rounds} rounds",
+            clients,
+            per,
+            if mdts > 1 { "directories" } else { "all" },
+            if mdts > 1 { "s" } else { "" }
+        ),
+        Spread::Shared(n) => println!(
+            "{clients} clients, {per} files each, in one directory striped over {n} MDT{}, \
+             medians of {rounds} rounds",
+            if n > 1 { "s" } else { "" }
+        ),
+    }
     println!(
         "{:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",
         "op",

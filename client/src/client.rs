@@ -2122,8 +2122,8 @@ pub fn raid0(count: Option<u32>, size: u64) -> Result<Layout> {
 }
 
 /// The inode whose MDT a change goes to: the directory of a change of entries, the inode
-/// otherwise. A rename or link between directories of two MDTs cannot be made by one
-/// (EXDEV, as between filesystems: `mv` copies then).
+/// otherwise. A link between directories of two MDTs cannot be made by one (EXDEV, as
+/// between filesystems).
 fn home_of(m: &Mutation) -> Result<Fid> {
     let cross = |a: Fid, b: Fid| {
         if proto::fid::mdt_of(a).unwrap_or(0) != proto::fid::mdt_of(b).unwrap_or(0) {
@@ -2143,9 +2143,9 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::MkdirStriped { parent, .. }
         | Mutation::MkdirForRemote { parent, .. }
         | Mutation::LinkRemoteDir { parent, .. } => *parent,
-        Mutation::Rename {
-            parent, new_parent, ..
-        } => cross(*parent, *new_parent)?,
+        // A rename between two MDTs goes to the source's, which moves a file's name there
+        // (and refuses a directory's, EXDEV).
+        Mutation::Rename { parent, .. } => *parent,
         Mutation::Link { fid, parent, .. } => cross(*parent, *fid)?,
         Mutation::Setattr { fid, .. }
         | Mutation::SetXattr { fid, .. }
@@ -2161,6 +2161,11 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::FreezeShard { fid, .. }
         | Mutation::RmdirShard { fid } => *fid,
         Mutation::MakeShard { shard, .. } => shard.master,
+        Mutation::MoveOut { moving } => moving.parent,
+        Mutation::LinkIn { parent, .. }
+        | Mutation::MoveDone { parent, .. }
+        | Mutation::MoveAbort { parent, .. } => *parent,
+        Mutation::DropLink { fid } | Mutation::Dropped { fid } => *fid,
         Mutation::Destroyed { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }

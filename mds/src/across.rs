@@ -8,7 +8,9 @@
 //!   or, holding entries, a namespace that lost the name;
 //! - a directory named twice;
 //! - a striped directory listing a shard its MDT does not hold, or a shard its master does
-//!   not list (a name in the wrong shard is each MDT's own check).
+//!   not list (a name in the wrong shard is each MDT's own check);
+//! - a file whose home counts another number of names on other MDTs than they hold, or a
+//!   name of a file its home does not hold.
 //!
 //! Only the MDTs given are checked against each other: a name or a parent on an MDT not given
 //! is not judged.
@@ -88,6 +90,43 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
                         there.mdt()
                     ));
                 }
+            }
+        }
+    }
+    // Files named on other MDTs: the home counts as many names elsewhere as the other MDTs
+    // hold stubs of it (a stub whose name went and whose home is yet to hear counts still);
+    // a stub's file exists at its home unless the home heard its name go.
+    if by_mdt.len() == namespaces.len() {
+        let mut stubs: HashMap<Fid, Vec<u32>> = HashMap::new();
+        for ns in namespaces {
+            for f in ns.remote_files() {
+                stubs.entry(f).or_default().push(ns.mdt());
+            }
+        }
+        for ns in namespaces {
+            for (fid, n) in ns.named_elsewhere() {
+                let held = stubs.get(&fid).map_or(0, Vec::len);
+                let all_given = (0..=by_mdt.keys().copied().max().unwrap_or(0))
+                    .all(|k| by_mdt.contains_key(&k));
+                // A move under way (its MDS finishes it when it starts) is between counts.
+                let moving = namespaces.iter().any(|m| m.is_moving(fid));
+                if all_given && !moving && held != n as usize {
+                    problems.push(format!(
+                        "{fid} on MDT{} counts {n} names on other MDTs, which hold {held}",
+                        ns.mdt()
+                    ));
+                }
+            }
+        }
+        for (fid, on) in &stubs {
+            let Some(home) = proto::fid::mdt_of(*fid).and_then(|k| by_mdt.get(&k)) else {
+                continue;
+            };
+            if home.inode(*fid).is_err() && on.iter().any(|k| !by_mdt[k].is_dropping(*fid)) {
+                problems.push(format!(
+                    "{fid} is named on MDT{on:?} but MDT{} does not hold it",
+                    home.mdt()
+                ));
             }
         }
     }

@@ -13,6 +13,9 @@ use proto::{Fid, FsErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::FastMap;
+
+mod moves;
+pub use moves::{elsewhere, DROPPING, ELSEWHERE, MOVING};
 use proto::md::new_inode;
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
@@ -362,12 +365,14 @@ impl Namespace {
         })
     }
 
-    /// Entries naming another MDT's directories: (directory here, name, that directory).
+    /// Entries naming another MDT's directories: (directory here, name, that directory). Names
+    /// of other MDTs' files are checked with their homes' counts ([`Namespace::remote_files`]).
     pub fn remote_entries(&self) -> Vec<(Fid, Vec<u8>, Fid)> {
         let mut out = vec![];
         for (dir, d) in &self.entries {
             for (name, f) in d {
-                if self.is_remote(*f) {
+                let dir_there = self.inodes.get(f).is_some_and(|i| i.kind == Kind::Dir);
+                if self.is_remote(*f) && dir_there {
                     out.push((*dir, name.clone(), *f));
                 }
             }
@@ -936,6 +941,16 @@ impl Namespace {
         }
     }
 
+    /// Whether the entry `name` of `parent` names another MDT's file (removing it leaves a
+    /// report to that MDT to make).
+    pub fn names_remote_file(&self, parent: Fid, name: &[u8]) -> bool {
+        self.entries
+            .get(&parent)
+            .and_then(|d| d.get(name))
+            .and_then(|f| self.inodes.get(f))
+            .is_some_and(|i| i.kind != Kind::Dir && self.is_remote(i.fid))
+    }
+
     /// Whether `who` may remove or replace the entry for `victim` in `parent` (the rule the
     /// client answers ahead by too).
     fn may_unlink(&self, parent: &Inode, victim: &Inode, who: &Creds) -> Result<()> {
@@ -1270,6 +1285,17 @@ impl Namespace {
             Mutation::SetDirStripe { fid, stripe } => self.set_dir_stripe(*fid, stripe, now),
             Mutation::FreezeShard { fid, frozen } => self.freeze_shard(*fid, *frozen),
             Mutation::RmdirShard { fid } => self.rmdir_shard(*fid),
+            Mutation::MoveOut { moving } => self.move_out(moving, who),
+            Mutation::LinkIn {
+                parent,
+                name,
+                inode,
+                noreplace,
+            } => self.link_in(*parent, name, inode, *noreplace, who, now),
+            Mutation::MoveDone { parent, name } => self.move_done(*parent, name, now),
+            Mutation::MoveAbort { parent, name } => self.move_abort(*parent, name),
+            Mutation::DropLink { fid } => self.drop_link_elsewhere(*fid, now),
+            Mutation::Dropped { fid } => self.forget_dropped(*fid),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -1306,7 +1332,12 @@ impl Namespace {
             return Ok(None);
         };
         let existing = self.inode(*existing)?;
-        if exclusive || kind != Kind::File || existing.kind != Kind::File {
+        // Another MDT's file is opened there (the client looks it up and opens it by FID).
+        if exclusive
+            || kind != Kind::File
+            || existing.kind != Kind::File
+            || self.is_remote(existing.fid)
+        {
             return err(
                 FsErrorKind::Exists,
                 format!("{:?} exists", String::from_utf8_lossy(name)),
@@ -1965,6 +1996,25 @@ impl Namespace {
     ) -> Result<Applied> {
         check_name(name)?;
         let victim = self.lookup(parent, name, who)?.clone();
+        self.not_moving(parent, name)?;
+        if self.is_remote(victim.fid) && victim.kind != Kind::Dir {
+            // Another MDT's file, named here: the name goes, and its home counts it gone.
+            if dir {
+                return err(
+                    FsErrorKind::NotDir,
+                    format!("{} is not a directory", victim.fid),
+                );
+            }
+            let p = self.inode(parent)?.clone();
+            self.may_unlink(&p, &victim, who)?;
+            self.drop_remote_name(parent, name, victim.fid, now);
+            self.touch_dir(parent, now);
+            return Ok(Applied {
+                inode: None,
+                removed: vec![],
+                reserved: None,
+            });
+        }
         if self.is_remote(victim.fid) {
             // A directory of another MDT, which removed it (empty) before the name goes.
             if !dir {
@@ -2045,7 +2095,11 @@ impl Namespace {
         }
         self.local(new_parent)?;
         let src = self.lookup(parent, name, who)?.clone();
-        self.local(src.fid)?;
+        if src.kind == Kind::Dir {
+            self.local(src.fid)?;
+        }
+        self.not_moving(parent, name)?;
+        self.not_moving(new_parent, new_name)?;
         self.dir(new_parent)?;
         self.check_shard(new_parent, new_name, true)?;
         self.require(new_parent, who, 3)?;
@@ -2054,7 +2108,7 @@ impl Namespace {
         let dst = self.entries[&new_parent]
             .get(new_name)
             .map(|f| self.inodes[f].clone());
-        if let Some(d) = &dst {
+        if let Some(d) = dst.as_ref().filter(|d| d.kind == Kind::Dir) {
             self.local(d.fid)?;
         }
         let src_dir = src.kind == Kind::Dir;
@@ -2109,7 +2163,15 @@ impl Namespace {
         if let Some(d) = self.entries.get_mut(&parent) {
             d.remove(name);
         }
-        let replaced = dst.and_then(|d| self.drop_link(d.fid, now));
+        let replaced = match dst {
+            // Another MDT's file: its name goes, and its home counts it gone.
+            Some(d) if self.is_remote(d.fid) => {
+                self.drop_remote_name(new_parent, new_name, d.fid, now);
+                None
+            }
+            Some(d) => self.drop_link(d.fid, now),
+            None => None,
+        };
         if let Some(d) = self.entries.get_mut(&new_parent) {
             d.insert(new_name.to_vec(), src.fid);
         }
@@ -2357,16 +2419,23 @@ impl Namespace {
         }
         for (fid, i) in &self.inodes {
             if self.is_remote(*fid) {
-                if i.kind != Kind::Dir || links.get(fid) != Some(&1) {
+                let want = if moves::dropping(i).is_some() { 0 } else { 1 };
+                if links.get(fid).copied().unwrap_or(0) != want {
                     problems.push(format!(
-                        "{fid}, a directory of another MDT, is not named exactly once here"
+                        "{fid}, a {} of another MDT, is not named {} here",
+                        if i.kind == Kind::Dir {
+                            "directory"
+                        } else {
+                            "file"
+                        },
+                        if want == 1 { "exactly once" } else { "no more" }
                     ));
                 }
                 continue;
             }
             let want = match i.kind {
                 Kind::Dir => 2 + subdirs.get(fid).copied().unwrap_or(0),
-                _ => links.get(fid).copied().unwrap_or(0),
+                _ => links.get(fid).copied().unwrap_or(0) + moves::elsewhere(i),
             };
             if i.nlink != want {
                 problems.push(format!("{fid} has nlink {} but {want} links", i.nlink));
@@ -2387,7 +2456,11 @@ impl Namespace {
                     problems.push(format!("{fid} is not reachable from the root"));
                 }
             }
-            if i.kind != Kind::Dir && !links.contains_key(fid) && !self.unlinked.contains(fid) {
+            if i.kind != Kind::Dir
+                && !links.contains_key(fid)
+                && !self.unlinked.contains(fid)
+                && moves::elsewhere(i) == 0
+            {
                 problems.push(format!("{fid} is an orphan (no entry names it)"));
             }
         }

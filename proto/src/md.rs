@@ -452,6 +452,66 @@ pub enum Mutation {
     RmdirShard {
         fid: Fid,
     },
+    /// The first step of a rename of a file to a directory of another MDT, on the MDS of the
+    /// name's directory (its own, never sent): the move, recorded on the file, until the
+    /// other MDT has named it ([`Mutation::LinkIn`]) and [`Mutation::MoveDone`] or
+    /// [`Mutation::MoveAbort`] ends it. Checked as the rename's source is.
+    MoveOut {
+        moving: Moving,
+    },
+    /// `inode`, a file of another MDT (or of this one, coming back), named `name` in `parent`
+    /// as a rename from another MDT lands (servers only), replacing a file of that name as a
+    /// rename does. Checked as the rename's target is, for the caller.
+    LinkIn {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        inode: Inode,
+        /// RENAME_NOREPLACE: refused if the name is taken.
+        noreplace: bool,
+    },
+    /// The last step of a move: `name` of `parent`, named on the other MDT now, goes here
+    /// (the MDS's own).
+    MoveDone {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+    },
+    /// A move the other MDT refused: `name` of `parent` stays (the MDS's own).
+    MoveAbort {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+    },
+    /// One of the names of file `fid` on another MDT is gone (servers only: that MDT's MDS,
+    /// once per name, numbered so that a copy is answered from the reply cache).
+    DropLink {
+        fid: Fid,
+    },
+    /// The name of `fid`, another MDT's file, whose removal this MDS reported to that MDT, is
+    /// forgotten here (the MDS's own).
+    Dropped {
+        fid: Fid,
+    },
+}
+
+/// A rename of a file to another MDT's directory under way, kept on the file by the MDS of its
+/// old name until it ends, so that it ends the same way after any crash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moving {
+    pub parent: Fid,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub name: Vec<u8>,
+    pub new_parent: Fid,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub new_name: Vec<u8>,
+    /// Who asked: the other MDT checks its half for them.
+    pub creds: Creds,
+    /// The client's request, answered once the move ends.
+    pub client_req: Option<ReqId>,
+    /// The number of the request to the other MDT: the same every time it is sent, so it is
+    /// carried out there once.
+    pub peer_req: ReqId,
 }
 
 impl Mutation {
@@ -481,6 +541,11 @@ impl Mutation {
             Mutation::MkdirStriped { .. } | Mutation::MakeShard { .. } => "create",
             Mutation::SetDirStripe { .. } | Mutation::FreezeShard { .. } => "setattr",
             Mutation::RmdirShard { .. } => "unlink",
+            Mutation::MoveOut { .. }
+            | Mutation::LinkIn { .. }
+            | Mutation::MoveDone { .. }
+            | Mutation::MoveAbort { .. } => "rename",
+            Mutation::DropLink { .. } | Mutation::Dropped { .. } => "unlink",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

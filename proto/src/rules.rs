@@ -107,6 +107,21 @@ impl Mutation {
                 entries: vec![(*parent, name.as_slice())],
                 ..Touches::default()
             },
+            Mutation::MoveOut { moving } => Touches {
+                entries: vec![(moving.parent, moving.name.as_slice())],
+                ..Touches::default()
+            },
+            Mutation::MoveDone { parent, name } | Mutation::MoveAbort { parent, name } => Touches {
+                entries: vec![(*parent, name.as_slice())],
+                replaces: true,
+                ..Touches::default()
+            },
+            Mutation::LinkIn { parent, name, .. } => Touches {
+                entries: vec![(*parent, name.as_slice())],
+                replaces: true,
+                ..Touches::default()
+            },
+            Mutation::DropLink { fid: f } => fid(f),
             Mutation::RmdirRemote { fid: f }
             | Mutation::SetDirStripe { fid: f, .. }
             | Mutation::FreezeShard { fid: f, .. }
@@ -153,7 +168,8 @@ impl Mutation {
             | Mutation::SkipInodes { .. }
             | Mutation::ReserveInodes { .. }
             | Mutation::MkdirForRemote { .. }
-            | Mutation::MakeShard { .. } => Touches::default(),
+            | Mutation::MakeShard { .. }
+            | Mutation::Dropped { .. } => Touches::default(),
         }
     }
 

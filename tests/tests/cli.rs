@@ -250,6 +250,55 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert_eq!(code, 0, "{err}");
     assert!(c.lode(&["ls", "/two"]).0 != 0);
 
+    // A directory striped over the three MDTs: its names spread, listed whole, renamed
+    // between shards, removed with what it holds.
+    let (code, _, err) = c.lode(&["setdirstripe", "-c", "3", "/wide"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = c.lode(&["getdirstripe", "/wide"]);
+    assert!(
+        out.starts_with("lmv_stripe_count: 3 lmv_stripe_offset: 0 lmv_hash_type: fnv_1a_64\n"),
+        "{out}"
+    );
+    let shard_mdts: Vec<&str> = out
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(shard_mdts, ["0", "1", "2"], "{out}");
+    let mut want = vec![];
+    for i in 0..9 {
+        let (code, _, err) = c.lode(&[
+            "cp",
+            &format!("local:{}", local.display()),
+            &format!("/wide/f{i}"),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        want.push(format!("f{i}"));
+    }
+    for (i, w) in want.iter_mut().enumerate().take(3) {
+        assert_eq!(
+            c.lode(&["mv", &format!("/wide/f{i}"), &format!("/wide/g{i}")])
+                .0,
+            0
+        );
+        *w = format!("g{i}");
+        assert_eq!(c.lode(&["cat", &format!("/wide/g{i}")]).1, "on MDT2\n");
+    }
+    let (_, out, _) = c.lode(&["ls", "/wide"]);
+    let mut listed: Vec<&str> = out.lines().collect();
+    listed.sort_unstable();
+    want.sort();
+    assert_eq!(listed, want);
+    let (code, _, err) = c.lode(&["setdirstripe", "-c", "4", "/toowide"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("has 3"), "{err}");
+    let (code, _, err) = c.lode(&["mkdir", "-c", "2", "-H", "crc", "/badhash"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown hash type"), "{err}");
+    let (code, _, err) = c.lode(&["rm", "-r", "/wide"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(c.lode(&["ls", "/wide"]).0 != 0);
+
     let pid: i32 = std::fs::read_to_string(c.dir.join("cluster.pids"))
         .unwrap()
         .lines()
@@ -276,4 +325,136 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert!(out.contains("starting mdt1 again"), "{out}");
     let (_, out, _) = c.lode(&["df"]);
     assert!(!out.contains("(down)"), "{out}");
+}
+
+/// Two `lode mv` loops moving files between a directory of MDT0 and one of MDT1 while each
+/// `lode-mds` process is killed -9 and started again: every file ends with exactly one name and
+/// its bytes, and the offline check of both MDTs finds nothing.
+#[test]
+fn renames_across_mdts_survive_kill_9_of_either_mds_process() {
+    let dir = scratch("cli-moves");
+    let c = Cluster {
+        dir,
+        port: "9781".into(),
+    };
+    let d = c.dir.to_str().unwrap().to_owned();
+    let (code, out, err) = c.lode(&[
+        "cluster", "up", "--dir", &d, "--port", &c.port, "--mdts", "2", "--oss", "2",
+    ]);
+    assert_eq!(code, 0, "cluster up: {out}{err}");
+    assert_eq!(c.lode(&["mkdir", "/x"]).0, 0);
+    assert_eq!(c.lode(&["mkdir", "-i", "1", "/y"]).0, 0);
+    const FILES: usize = 6;
+    for i in 0..FILES {
+        let local = c.dir.join(format!("f{i}"));
+        std::fs::write(&local, format!("file {i}\n")).unwrap();
+        let (code, _, err) = c.lode(&[
+            "cp",
+            &format!("local:{}", local.display()),
+            &format!("/x/f{i}"),
+        ]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let moved = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = std::sync::Arc::new(c);
+    let movers: Vec<_> = (0..2)
+        .map(|k| {
+            let (c, stop, moved) = (c.clone(), stop.clone(), moved.clone());
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in (k..FILES).step_by(2) {
+                        let (a, b) = if round % 2 == 0 {
+                            ("x", "y")
+                        } else {
+                            ("y", "x")
+                        };
+                        if c.lode(&["mv", &format!("/{a}/f{i}"), &format!("/{b}/f{i}")])
+                            .0
+                            == 0
+                        {
+                            moved.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    round += 1;
+                }
+            })
+        })
+        .collect();
+    let pid_of = |role: &str| -> i32 {
+        std::fs::read_to_string(c.dir.join("cluster.pids"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{role} ")))
+            .unwrap_or_else(|| panic!("{role} recorded"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for role in ["mdt1", "mds", "mdt1", "mds"] {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // SAFETY: kill with a pid the cluster recorded, and a plain signal.
+        assert_eq!(unsafe { libc::kill(pid_of(role), libc::SIGKILL) }, 0);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (code, out, err) = c.lode(&["cluster", "up", "--dir", &d]);
+        assert_eq!(code, 0, "cluster up again after {role}: {out}{err}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for m in movers {
+        m.join().unwrap();
+    }
+    let moved = moved.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{moved} renames across MDTs answered during the kills");
+    assert!(moved > 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut seen: Vec<String> = vec![];
+        for dd in ["/x", "/y"] {
+            let (code, out, _) = c.lode(&["ls", dd]);
+            assert_eq!(code, 0);
+            seen.extend(out.lines().map(str::to_owned));
+        }
+        seen.sort();
+        let want: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
+        if seen == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after the kills: {seen:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    for i in 0..FILES {
+        let at = if c.lode(&["stat", &format!("/x/f{i}")]).0 == 0 {
+            "x"
+        } else {
+            "y"
+        };
+        assert_eq!(
+            c.lode(&["cat", &format!("/{at}/f{i}")]).1,
+            format!("file {i}\n")
+        );
+    }
+    let (code, _, err) = c.lode(&["cluster", "down", "--dir", &d]);
+    assert_eq!(code, 0, "{err}");
+    let out = Command::new(bin("lode-mds"))
+        .args(["fsck", "--data-dir"])
+        .arg(c.dir.join("mds"))
+        .arg("--data-dir")
+        .arg(c.dir.join("mdt1"))
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("across the 2 MDTs: 0 problems"),
+        "{printed}"
+    );
 }

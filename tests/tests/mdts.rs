@@ -276,8 +276,12 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         data(4, 5000)
     );
 
-    // A rename across MDTs is EXDEV, as between filesystems; one within MDT1 works.
-    let e = admin.rename("/remote/f", "/f").await.unwrap_err();
+    // A file renamed across MDTs moves its name (the file stays on MDT1); a directory's
+    // rename across MDTs is EXDEV, as between filesystems; one within MDT1 works.
+    admin.rename("/remote/f", "/f").await.unwrap();
+    assert_eq!(admin.stat("/f").await.unwrap().fid, f.fid);
+    admin.rename("/f", "/remote/f").await.unwrap();
+    let e = admin.rename("/remote/sub", "/sub").await.unwrap_err();
     assert!(e.is(FsErrorKind::CrossDevice), "{e}");
     admin.rename("/remote/f", "/remote/sub/f").await.unwrap();
     // Not empty: refused by MDT1, and the name stays.

@@ -5,6 +5,9 @@
 //! the odd plain files live in `/m`, a directory placed on MDT1 (`mkdir -i 1`, its journal on
 //! a crash-simulating disk too), so their creates, writes, truncates and removals go through
 //! MDT1 while MDT0 is killed and loses power, and the end checks both MDTs against each other.
+//! Every third checkpoint is written in `/m` and renamed into place in `/`: a rename across
+//! MDTs (the name moves to MDT0, the file stays on MDT1), coordinated by MDT1 while MDT0
+//! crashes, and the checkpoint it replaces dropped at its own MDT.
 //!
 //! One seed chooses everything: the workload (checkpoints written to a temporary name,
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;

@@ -164,7 +164,14 @@ impl Sim {
         chunk: usize,
     ) -> Result<(), Failure> {
         let c = &self.clients[slot].clone();
-        let (tmp, name) = (format!("/ck{k}.tmp"), format!("/ck{k}"));
+        // Every third checkpoint is written on MDT1 and renamed into place on MDT0: a rename
+        // across MDTs, which MDT1 coordinates while MDT0 crashes.
+        let tmp = if k % 3 == 2 {
+            format!("{}/ck{k}.tmp", super::MDT1_DIR)
+        } else {
+            format!("/ck{k}.tmp")
+        };
+        let name = format!("/ck{k}");
         let written = async {
             let mut o = OpenOptions::new().write(true).create(true).truncate(true);
             if k % 2 == 1 {

@@ -196,7 +196,13 @@ impl MdsService {
             | Mutation::MakeShard { .. }
             | Mutation::SetDirStripe { .. }
             | Mutation::FreezeShard { .. }
-            | Mutation::RmdirShard { .. } => None,
+            | Mutation::RmdirShard { .. }
+            | Mutation::MoveOut { .. }
+            | Mutation::LinkIn { .. }
+            | Mutation::MoveDone { .. }
+            | Mutation::MoveAbort { .. }
+            | Mutation::DropLink { .. }
+            | Mutation::Dropped { .. } => None,
         })
     }
 

@@ -383,6 +383,9 @@ impl MdsService {
         let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
         let mut changed = vec![];
         let mut after = vec![];
+        if self.moves_across(&r.mutation) {
+            return self.rename_across(&r).await;
+        }
         let decided = self
             .store
             .decide(&r.mutation, &r.creds, r.req, r.acked)
@@ -443,6 +446,7 @@ impl MdsService {
                     Mutation::LinkRemoteDir { inode, .. } => Some(inode.fid),
                     _ => None,
                 };
+                let drops = self.drops_remote_name(&m);
                 let objects = self.prepare(&mut m).await?;
                 // Only a client in the table is answered before the change is durable: only
                 // its changes are waited for after a restart.
@@ -469,6 +473,9 @@ impl MdsService {
                         return Err(e);
                     }
                 };
+                if drops {
+                    self.across.notify_one();
+                }
                 stamp = (done.transno, done.ticket);
                 changed = done.touched;
                 after = done.after;
@@ -483,8 +490,7 @@ impl MdsService {
                         Ok(made) => inode = Some(made),
                         Err(e) => {
                             tracing::warn!(%master, error = %e, "a striped directory's shards wait for their MDTs");
-                            self.settling
-                                .store(false, std::sync::atomic::Ordering::Relaxed);
+                            self.across.notify_one();
                         }
                     }
                 }

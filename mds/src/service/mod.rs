@@ -19,6 +19,8 @@
 //! - [`mirrors`]: the administrators' mirror scan;
 //! - [`remote`]: the halves of a mkdir and an rmdir across MDTs, and the calls between MDSs;
 //! - [`striped`]: striped directories, their shards made and removed on their MDTs;
+//! - [`moves`]: renames of files to another MDT's directories, and names of other MDTs' files
+//!   that go;
 //!
 //! and [`audit`] is what each records.
 
@@ -49,6 +51,7 @@ mod changes;
 mod leases;
 mod mdt;
 mod mirrors;
+mod moves;
 mod names;
 mod opens;
 mod remote;
@@ -83,8 +86,13 @@ pub struct MdsService {
     peer_seq: std::sync::atomic::AtomicU64,
     /// Held while a striped directory's shards are made or removed (one at a time).
     striping: tokio::sync::Mutex<()>,
-    /// Whether the striped directories a restart left half made or removed are being seen to.
+    /// Whether the work across MDTs that outlives requests is under way
+    /// ([`MdsService::across_mdts`]).
     settling: std::sync::atomic::AtomicBool,
+    /// Wakes that work.
+    across: tokio::sync::Notify,
+    /// Held while a rename to another MDT is carried out (one at a time).
+    moving: tokio::sync::Mutex<()>,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -125,6 +133,10 @@ struct Audited {
 }
 
 fn ns_error(e: NsError) -> RemoteError {
+    // A name in the middle of a move to another MDT: the client resends until it ends.
+    if e.kind == FsErrorKind::WouldBlock {
+        return RemoteError::new(StatusCode::Busy, e.what);
+    }
     RemoteError::new(StatusCode::Fs(e.kind), e.what)
 }
 
@@ -180,6 +192,8 @@ impl MdsService {
             peer_seq: std::sync::atomic::AtomicU64::new(1),
             striping: tokio::sync::Mutex::new(()),
             settling: std::sync::atomic::AtomicBool::new(false),
+            across: tokio::sync::Notify::new(),
+            moving: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -321,7 +335,7 @@ impl Service for MdsService {
             .settling
             .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
-            tokio::spawn(self.clone().settle_stripes());
+            tokio::spawn(Self::across_mdts(Arc::downgrade(&self)));
         }
         Box::pin(async move { self.dispatch(req).await })
     }

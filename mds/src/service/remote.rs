@@ -62,7 +62,13 @@ impl MdsService {
             | Mutation::MakeShard { .. }
             | Mutation::SetDirStripe { .. }
             | Mutation::FreezeShard { .. }
-            | Mutation::RmdirShard { .. } => self.server_only(req),
+            | Mutation::RmdirShard { .. }
+            | Mutation::MoveOut { .. }
+            | Mutation::LinkIn { .. }
+            | Mutation::MoveDone { .. }
+            | Mutation::MoveAbort { .. }
+            | Mutation::DropLink { .. }
+            | Mutation::Dropped { .. } => self.server_only(req),
             _ => Ok(()),
         }
     }
@@ -100,7 +106,7 @@ impl MdsService {
     /// derived from it, so that the client's resend (after an answer lost, or a call to the
     /// other MDS that timed out) asks the same, and is answered there from its reply cache
     /// instead of being carried out again; without one, this run's own numbering.
-    fn peer_req(&self, of: Option<ReqId>) -> ReqId {
+    pub(super) fn peer_req(&self, of: Option<ReqId>) -> ReqId {
         const PEER: u128 = 0x4d44_5450 << 96; // "MDTP"
         let mdt = u128::from(self.registry.filesystem().mdt) << 64;
         match of {
@@ -131,6 +137,25 @@ impl MdsService {
         // delivers twice is answered from the other MDS's reply cache, not carried out again
         // (a second directory there that no name reaches).
         let req = self.peer_req(of);
+        let r = MdsReint {
+            req: Some(req),
+            ..MdsReint::durable(creds.clone(), m)
+        };
+        call(self.alloc.net(), &nid, &r, PEER_CALL)
+            .await
+            .map_err(|e| peer_error(mdt, e))
+    }
+
+    /// `m`, carried out by MDT `mdt`'s MDS for `creds` as request `req` (durable when
+    /// answered; a copy is answered from its reply cache).
+    pub(super) async fn on_mdt_numbered(
+        &self,
+        mdt: u32,
+        creds: &Creds,
+        m: Mutation,
+        req: ReqId,
+    ) -> Result<MdsReintReply, RemoteError> {
+        let nid = self.mdt_nid(mdt).await?;
         let r = MdsReint {
             req: Some(req),
             ..MdsReint::durable(creds.clone(), m)

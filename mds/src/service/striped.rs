@@ -323,36 +323,25 @@ impl MdsService {
 
     /// Finishes what a restart interrupted: striped directories being made are made, those
     /// being removed are removed (or kept, if a shard holds a name), those emptied lose their
-    /// name. Tried again until it is done (another MDT may be down).
-    pub(super) async fn settle_stripes(self: Arc<Self>) {
-        let mut pause = std::time::Duration::from_millis(200);
-        loop {
-            let unsettled = self.store.read(|ns| ns.unsettled_stripes());
-            if unsettled.is_empty() {
-                return;
+    /// name. True once none is left (another MDT may be down: tried again later).
+    pub(super) async fn settle_stripes_once(&self) -> bool {
+        let mut left = 0;
+        for (fid, stripe) in self.store.read(|ns| ns.unsettled_stripes()) {
+            let done = match stripe.state {
+                StripeState::Building => self.build_stripe(fid).await.map(|_| ()),
+                StripeState::Removing => match self.empty_stripe(fid).await {
+                    Err(e) if e.code == StatusCode::Fs(FsErrorKind::NotEmpty) => Ok(()),
+                    other => other,
+                },
+                StripeState::Emptied => self.unname_emptied(fid).await,
+                StripeState::Ready => Ok(()),
+            };
+            if let Err(e) = done {
+                left += 1;
+                tracing::warn!(%fid, state = ?stripe.state, error = %e, "a striped directory's shards are not settled yet; trying again");
             }
-            let mut left = 0;
-            for (fid, stripe) in unsettled {
-                let done = match stripe.state {
-                    StripeState::Building => self.build_stripe(fid).await.map(|_| ()),
-                    StripeState::Removing => match self.empty_stripe(fid).await {
-                        Err(e) if e.code == StatusCode::Fs(FsErrorKind::NotEmpty) => Ok(()),
-                        other => other,
-                    },
-                    StripeState::Emptied => self.unname_emptied(fid).await,
-                    StripeState::Ready => Ok(()),
-                };
-                if let Err(e) = done {
-                    left += 1;
-                    tracing::warn!(%fid, state = ?stripe.state, error = %e, "a striped directory's shards are not settled yet; trying again");
-                }
-            }
-            if left == 0 {
-                return;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(std::time::Duration::from_secs(10));
         }
+        left == 0
     }
 
     /// Removes the name of `fid`, a striped directory whose shards are removed.

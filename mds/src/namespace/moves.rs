@@ -1,0 +1,398 @@
+//! Names of files on another MDT: a rename of a file into a directory of another MDT moves
+//! the name, not the file. The file stays on its MDT (its *home*), with the same FID, handles
+//! and objects; the new name's MDT keeps an entry for it with the file's attributes as they
+//! were (a *stub*, as for a directory placed on another MDT), and the home counts the names
+//! it has elsewhere in the file's [`ELSEWHERE`] attribute, so its link count stays whole.
+//!
+//! The steps, each journaled where it applies ([`crate::service`] drives them):
+//!
+//! 1. the old name's MDT records the move on the file ([`MOVING`]): [`Mutation::MoveOut`];
+//! 2. the new name's MDT names the file ([`Mutation::LinkIn`]), once however often asked;
+//! 3. the old name goes ([`Mutation::MoveDone`]), or stays if step 2 was refused
+//!    ([`Mutation::MoveAbort`]).
+//!
+//! A name whose move is recorded takes no other change until it ends. A name of another
+//! MDT's file that goes (unlink, or a rename over it) leaves its stub marked [`DROPPING`]
+//! until the home has counted it gone ([`Mutation::DropLink`], numbered so a copy is not
+//! counted twice), then the stub goes ([`Mutation::Dropped`]).
+
+use super::*;
+use proto::md::Moving;
+
+/// On a file: how many of its names live on other MDTs (a little-endian u32).
+pub const ELSEWHERE: &str = "lode.elsewhere";
+/// On a file: the moves of its names to other MDTs under way (a list of [`Moving`]).
+pub const MOVING: &str = "lode.moving";
+/// On another MDT's file held here: its name here is gone, and its home is yet to count it
+/// (the [`ReqId`] of that report).
+pub const DROPPING: &str = "lode.dropping";
+
+/// How many names `i` has on other MDTs.
+pub fn elsewhere(i: &Inode) -> u32 {
+    i.xattrs
+        .get(ELSEWHERE)
+        .and_then(|v| v.as_slice().try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+fn set_elsewhere(i: &mut Inode, n: u32) {
+    if n == 0 {
+        i.xattrs.remove(ELSEWHERE);
+    } else {
+        i.xattrs
+            .insert(ELSEWHERE.to_string(), n.to_le_bytes().to_vec());
+    }
+}
+
+/// The moves under way of `i`'s names.
+pub fn moves(i: &Inode) -> Vec<Moving> {
+    i.xattrs
+        .get(MOVING)
+        .and_then(|v| postcard::from_bytes(v).ok())
+        .unwrap_or_default()
+}
+
+fn set_moves(i: &mut Inode, m: &[Moving]) {
+    if m.is_empty() {
+        i.xattrs.remove(MOVING);
+    } else {
+        let v = proto::msg::encode(&m).expect("a list of moves always encodes");
+        i.xattrs.insert(MOVING.to_string(), v);
+    }
+}
+
+/// The report still to be made of `i`, a stub whose name here is gone.
+pub fn dropping(i: &Inode) -> Option<ReqId> {
+    i.xattrs
+        .get(DROPPING)
+        .and_then(|v| postcard::from_bytes(v).ok())
+}
+
+impl Namespace {
+    /// Refuses a change of `name` in `parent` while a move of it to another MDT is under way.
+    pub(super) fn not_moving(&self, parent: Fid, name: &[u8]) -> Result<()> {
+        let Some(f) = self.entries.get(&parent).and_then(|d| d.get(name)) else {
+            return Ok(());
+        };
+        let Some(i) = self.inodes.get(f).filter(|i| !i.xattrs.is_empty()) else {
+            return Ok(());
+        };
+        if moves(i)
+            .iter()
+            .any(|m| m.parent == parent && m.name == name)
+        {
+            return err(
+                FsErrorKind::WouldBlock,
+                format!(
+                    "{:?} is moving to another MDT",
+                    String::from_utf8_lossy(name)
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes the entry `name` of `parent` for `victim`, another MDT's file: its stub stays,
+    /// marked for the report to its home, numbered from `now` (the same on a replay).
+    pub(super) fn drop_remote_name(&mut self, parent: Fid, name: &[u8], victim: Fid, now: Time) {
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.remove(name);
+        }
+        let mdt = u128::from(self.mdt()) << 64;
+        let req = ReqId {
+            client: (0x4452_4f50_u128 << 96) | mdt | u128::from(victim.oid) << 32 | 1,
+            seq: (now.sec as u64).wrapping_mul(1_000_000_000) + u64::from(now.nsec),
+        };
+        if let Some(stub) = self.inodes.get_mut(&victim) {
+            let v = proto::msg::encode(&req).expect("a request number always encodes");
+            stub.xattrs.insert(DROPPING.to_string(), v);
+        }
+    }
+
+    /// Stubs whose name is gone and whose home is yet to count it: (file, report number).
+    pub fn dropping(&self) -> Vec<(Fid, ReqId)> {
+        let mut out: Vec<_> = self
+            .inodes
+            .values()
+            .filter(|i| !i.xattrs.is_empty() && self.is_remote(i.fid))
+            .filter_map(|i| dropping(i).map(|r| (i.fid, r)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether `fid`, another MDT's file, is held here only for the report of its name gone.
+    pub fn is_dropping(&self, fid: Fid) -> bool {
+        self.inodes.get(&fid).is_some_and(|i| dropping(i).is_some())
+    }
+
+    /// Whether a name of `fid` here is moving to another MDT.
+    pub fn is_moving(&self, fid: Fid) -> bool {
+        self.inodes
+            .get(&fid)
+            .is_some_and(|i| i.xattrs.contains_key(MOVING))
+    }
+
+    /// The moves to other MDTs under way here.
+    pub fn moving(&self) -> Vec<Moving> {
+        let mut out: Vec<Moving> = self
+            .inodes
+            .values()
+            .filter(|i| !i.xattrs.is_empty())
+            .flat_map(moves)
+            .collect();
+        out.sort_by(|a, b| (a.parent, &a.name).cmp(&(b.parent, &b.name)));
+        out
+    }
+
+    /// Files here with names on other MDTs: (file, how many).
+    pub fn named_elsewhere(&self) -> Vec<(Fid, u32)> {
+        let mut out: Vec<_> = self
+            .inodes
+            .values()
+            .filter(|i| !i.xattrs.is_empty() && !self.is_remote(i.fid))
+            .map(|i| (i.fid, elsewhere(i)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Other MDTs' files named here (stubs, their names gone or not).
+    pub fn remote_files(&self) -> Vec<Fid> {
+        let mut out: Vec<Fid> = self
+            .inodes
+            .values()
+            .filter(|i| i.kind != Kind::Dir && self.is_remote(i.fid))
+            .map(|i| i.fid)
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Step 1 of a move: checked as a rename's source, and recorded on the file.
+    pub(super) fn move_out(&mut self, m: &Moving, who: &Creds) -> Result<Applied> {
+        check_name(&m.name)?;
+        check_name(&m.new_name)?;
+        self.local(m.parent)?;
+        if !self.is_remote(m.new_parent) {
+            return err(
+                FsErrorKind::Invalid,
+                format!(
+                    "{} is a directory of this MDT: a plain rename",
+                    m.new_parent
+                ),
+            );
+        }
+        let src = self.lookup(m.parent, &m.name, who)?.clone();
+        if src.kind == Kind::Dir {
+            return err(
+                FsErrorKind::CrossDevice,
+                format!(
+                    "{} is a directory: it cannot move to another MDT yet",
+                    src.fid
+                ),
+            );
+        }
+        if dropping(&src).is_some() {
+            return err(FsErrorKind::Stale, format!("{} is gone", src.fid));
+        }
+        self.not_moving(m.parent, &m.name)?;
+        let p = self.inode(m.parent)?.clone();
+        self.may_unlink(&p, &src, who)?;
+        let i = self.inodes.get_mut(&src.fid).expect("looked up");
+        let mut all = moves(i);
+        all.push(m.clone());
+        set_moves(i, &all);
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Step 2 of a move, on the new name's MDT: `inode` named `name` in `parent`, replacing a
+    /// file of that name.
+    pub(super) fn link_in(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        inode: &Inode,
+        noreplace: bool,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        check_name(name)?;
+        self.local(parent)?;
+        self.dir(parent)?;
+        self.check_shard(parent, name, true)?;
+        self.require(parent, who, 3)?;
+        if inode.kind == Kind::Dir {
+            return err(
+                FsErrorKind::CrossDevice,
+                "a directory cannot move to another MDT yet",
+            );
+        }
+        let home = !self.is_remote(inode.fid);
+        if home {
+            let i = self.inode(inode.fid)?;
+            if elsewhere(i) == 0 {
+                return err(
+                    FsErrorKind::Invalid,
+                    format!("{} has no name on another MDT to come back from", inode.fid),
+                );
+            }
+        } else if self.inodes.contains_key(&inode.fid) {
+            // One name here per file of another MDT (a second would need its own stub).
+            return err(
+                FsErrorKind::CrossDevice,
+                format!("{} has a name on this MDT already", inode.fid),
+            );
+        }
+        let mut removed = vec![];
+        if let Some(&v) = self.entries[&parent].get(name) {
+            if v == inode.fid {
+                return Ok(Applied {
+                    inode: Some(self.inode(v)?.clone()),
+                    removed,
+                    reserved: None,
+                });
+            }
+            if noreplace {
+                return err(
+                    FsErrorKind::Exists,
+                    format!("{:?} exists", String::from_utf8_lossy(name)),
+                );
+            }
+            self.not_moving(parent, name)?;
+            let victim = self.inode(v)?.clone();
+            if victim.kind == Kind::Dir {
+                return err(FsErrorKind::IsDir, format!("{v} is a directory"));
+            }
+            let p = self.inode(parent)?.clone();
+            self.may_unlink(&p, &victim, who)?;
+            if self.is_remote(v) {
+                self.drop_remote_name(parent, name, v, now);
+            } else {
+                if let Some(d) = self.entries.get_mut(&parent) {
+                    d.remove(name);
+                }
+                removed.extend(self.drop_link(v, now));
+            }
+        }
+        let named = if home {
+            let i = self.inodes.get_mut(&inode.fid).expect("checked");
+            let n = elsewhere(i) - 1;
+            set_elsewhere(i, n);
+            i.ctime = now;
+            i.clone()
+        } else {
+            let stub = Inode {
+                xattrs: BTreeMap::new(),
+                ctime: now,
+                ..inode.clone()
+            };
+            self.inodes.insert(stub.fid, stub.clone());
+            stub
+        };
+        self.entries
+            .get_mut(&parent)
+            .expect("checked: a directory")
+            .insert(name.to_vec(), named.fid);
+        self.touch_dir(parent, now);
+        Ok(Applied {
+            inode: Some(named),
+            removed,
+            reserved: None,
+        })
+    }
+
+    /// Step 3 of a move: the old name goes.
+    pub(super) fn move_done(&mut self, parent: Fid, name: &[u8], now: Time) -> Result<Applied> {
+        let Some(&f) = self.entries.get(&parent).and_then(|d| d.get(name)) else {
+            return err(FsErrorKind::NotFound, "no such move under way");
+        };
+        let i = self.inodes.get_mut(&f).expect("named");
+        let mut all = moves(i);
+        let before = all.len();
+        all.retain(|m| !(m.parent == parent && m.name == name));
+        if all.len() == before {
+            return err(FsErrorKind::NotFound, "no such move under way");
+        }
+        set_moves(i, &all);
+        i.ctime = now;
+        if let Some(d) = self.entries.get_mut(&parent) {
+            d.remove(name);
+        }
+        self.touch_dir(parent, now);
+        let moved = if self.is_remote(f) {
+            // Another MDT's file, named here once: its name lives on elsewhere now (counted
+            // by its home as before, or back home).
+            self.inodes.remove(&f)
+        } else {
+            let i = self.inodes.get_mut(&f).expect("named");
+            let n = elsewhere(i) + 1;
+            set_elsewhere(i, n);
+            Some(i.clone())
+        };
+        Ok(Applied {
+            inode: moved,
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// A move refused by the other MDT: the name stays as it was.
+    pub(super) fn move_abort(&mut self, parent: Fid, name: &[u8]) -> Result<Applied> {
+        let Some(&f) = self.entries.get(&parent).and_then(|d| d.get(name)) else {
+            return err(FsErrorKind::NotFound, "no such move under way");
+        };
+        let i = self.inodes.get_mut(&f).expect("named");
+        let mut all = moves(i);
+        all.retain(|m| !(m.parent == parent && m.name == name));
+        set_moves(i, &all);
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// At the home: one of `fid`'s names on another MDT is gone.
+    pub(super) fn drop_link_elsewhere(&mut self, fid: Fid, now: Time) -> Result<Applied> {
+        let i = self.inodes.get_mut(&fid).ok_or_else(|| NsError {
+            kind: FsErrorKind::Stale,
+            what: format!("{fid} does not exist"),
+        })?;
+        let n = elsewhere(i);
+        if n == 0 {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{fid} has no name on another MDT"),
+            );
+        }
+        set_elsewhere(i, n - 1);
+        let removed = self.drop_link(fid, now);
+        Ok(Applied {
+            inode: self.inodes.get(&fid).filter(|i| i.nlink > 0).cloned(),
+            removed: removed.into_iter().collect(),
+            reserved: None,
+        })
+    }
+
+    /// The stub of `fid`, whose home counted its name gone, goes.
+    pub(super) fn forget_dropped(&mut self, fid: Fid) -> Result<Applied> {
+        if self
+            .inodes
+            .get(&fid)
+            .is_some_and(|i| self.is_remote(fid) && dropping(i).is_some())
+        {
+            self.inodes.remove(&fid);
+        }
+        Ok(Applied {
+            inode: None,
+            removed: vec![],
+            reserved: None,
+        })
+    }
+}

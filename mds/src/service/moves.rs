@@ -1,0 +1,272 @@
+//! Renames of files between directories of two MDTs ([`crate::namespace`]'s `moves`): this
+//! MDS, the old name's, coordinates; the new name's MDS names the file as a server would be
+//! asked to. The move is recorded on the file before the other MDT is asked, so a crash of
+//! either MDS, or of the client, ends it one way: this MDS asks again after its restart (the
+//! request numbered as the first, so the other carries it out once), and ends it as the
+//! answer says. A client that resends its rename meanwhile is answered when it ends.
+//!
+//! Names of other MDTs' files that go are reported to their home here too
+//! ([`MdsService::report_dropped_once`]).
+
+use proto::md::Moving;
+
+use super::*;
+
+impl MdsService {
+    /// Whether `m` is a rename from a directory of this MDT to one of another.
+    pub(super) fn moves_across(&self, m: &Mutation) -> bool {
+        let own = self.registry.filesystem().mdt;
+        let mdt = |f: &proto::Fid| proto::fid::mdt_of(*f).unwrap_or(0);
+        matches!(m, Mutation::Rename { parent, new_parent, .. }
+            if mdt(parent) == own && mdt(new_parent) != own)
+    }
+
+    /// A rename of a file to a directory of another MDT, carried out or refused whole.
+    pub(super) async fn rename_across(&self, r: &MdsReint) -> Result<MdsReintReply, RemoteError> {
+        let Mutation::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } = &r.mutation
+        else {
+            return Err(RemoteError::new(StatusCode::Invalid, "not a rename"));
+        };
+        if flags.exchange {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::CrossDevice),
+                "RENAME_EXCHANGE between two MDTs is not supported",
+            ));
+        }
+        if let Some(done) = r.req.and_then(|q| self.store.read(|ns| ns.replied(q))) {
+            return Ok(self.moved_reply(done.inode, 0));
+        }
+        let _one = self.moving.lock().await;
+        let pending = self
+            .store
+            .read(|ns| ns.moving())
+            .into_iter()
+            .find(|m| m.parent == *parent && m.name == *name);
+        let moving = match pending {
+            // This request's, resent (its answer lost, or this MDS restarted): carried on.
+            Some(m) if r.req.is_some() && m.client_req == r.req => m,
+            Some(_) => {
+                return Err(RemoteError::new(
+                    StatusCode::Busy,
+                    "another rename of this name is under way",
+                ))
+            }
+            None => {
+                let m = Moving {
+                    parent: *parent,
+                    name: name.clone(),
+                    new_parent: *new_parent,
+                    new_name: new_name.clone(),
+                    creds: r.creds.clone(),
+                    client_req: r.req,
+                    peer_req: self.peer_req(None),
+                };
+                self.apply(
+                    Mutation::MoveOut { moving: m.clone() },
+                    r.creds.clone(),
+                    None,
+                    None,
+                    vec![],
+                    false,
+                    None,
+                )
+                .await?;
+                m
+            }
+        };
+        self.finish_move(&moving, flags.noreplace).await
+    }
+
+    /// Asks the new name's MDT to name the file, then ends the move as it answers: done, or
+    /// undone when it refused. No answer leaves it recorded (asked again later).
+    async fn finish_move(&self, m: &Moving, noreplace: bool) -> Result<MdsReintReply, RemoteError> {
+        let inode = self
+            .store
+            .read(|ns| ns.lookup(m.parent, &m.name, &Creds::root()).cloned())
+            .map_err(ns_error)?;
+        let mdt = proto::fid::mdt_of(m.new_parent).unwrap_or(0);
+        let link = Mutation::LinkIn {
+            parent: m.new_parent,
+            name: m.new_name.clone(),
+            inode,
+            noreplace,
+        };
+        match self.on_mdt_numbered(mdt, &m.creds, link, m.peer_req).await {
+            Ok(_) => {
+                let done = self
+                    .apply(
+                        Mutation::MoveDone {
+                            parent: m.parent,
+                            name: m.name.clone(),
+                        },
+                        Creds::root(),
+                        m.client_req,
+                        None,
+                        vec![],
+                        false,
+                        None,
+                    )
+                    .await?;
+                Ok(self.moved_reply(done.applied.inode, done.transno))
+            }
+            Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
+                self.apply(
+                    Mutation::MoveAbort {
+                        parent: m.parent,
+                        name: m.name.clone(),
+                    },
+                    Creds::root(),
+                    None,
+                    None,
+                    vec![],
+                    false,
+                    None,
+                )
+                .await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn moved_reply(&self, inode: Option<Inode>, transno: u64) -> MdsReintReply {
+        MdsReintReply {
+            inode,
+            created: true,
+            size_gen: 0,
+            grant: None,
+            transno,
+            committed: self.store.committed(),
+            instance: self.instance,
+            ticket: vec![],
+            leased: false,
+            changed: vec![],
+            after: vec![],
+        }
+    }
+
+    /// Carries on the moves a restart interrupted; true once none is left.
+    pub(super) async fn resume_moves_once(&self) -> bool {
+        let mut left = 0;
+        for m in self.store.read(|ns| ns.moving()) {
+            let _one = self.moving.lock().await;
+            // Ended meanwhile (its client's resend carried it on)?
+            let still = self
+                .store
+                .read(|ns| ns.moving())
+                .into_iter()
+                .any(|p| p == m);
+            if !still {
+                continue;
+            }
+            match self.finish_move(&m, false).await {
+                Ok(_) => {}
+                Err(e) if matches!(e.code, StatusCode::Fs(_)) => {}
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!(from = %m.parent, to = %m.new_parent, error = %e, "a rename to another MDT waits for it");
+                }
+            }
+        }
+        left == 0
+    }
+
+    /// Whether applying `m` removes a name of another MDT's file (whose home is then told).
+    pub(super) fn drops_remote_name(&self, m: &Mutation) -> bool {
+        self.store.read(|ns| match m {
+            Mutation::Unlink { parent, name, .. }
+            | Mutation::LinkIn { parent, name, .. }
+            | Mutation::Rename {
+                new_parent: parent,
+                new_name: name,
+                ..
+            } => ns.names_remote_file(*parent, name),
+            _ => false,
+        })
+    }
+
+    /// Tells the homes of other MDTs' files whose names here went, each once, and forgets
+    /// their stubs; true once every one is told.
+    pub(super) async fn report_dropped_once(&self) -> bool {
+        let dropping = self.store.read(|ns| ns.dropping());
+        if dropping.is_empty() {
+            return true;
+        }
+        // Only a removal that is durable here is reported: one answered before it was (a
+        // client's commit-behind) and lost in a crash would otherwise leave the name here and
+        // the file gone at its home.
+        if let Err(e) = self.store.sync().await {
+            tracing::warn!(error = %e, "removed names of other MDTs' files wait for the journal");
+            return false;
+        }
+        let mut left = 0;
+        for (fid, req) in dropping {
+            let mdt = proto::fid::mdt_of(fid).unwrap_or(0);
+            let told = self
+                .on_mdt_numbered(mdt, &Creds::root(), Mutation::DropLink { fid }, req)
+                .await;
+            match told {
+                // Counted, or the file is gone there already.
+                Ok(_) => {}
+                Err(e) if e.code == StatusCode::Fs(FsErrorKind::Stale) => {}
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!(%fid, mdt, error = %e, "a removed name of another MDT's file is yet to be counted there");
+                    continue;
+                }
+            }
+            let forgot = self
+                .apply(
+                    Mutation::Dropped { fid },
+                    Creds::root(),
+                    None,
+                    None,
+                    vec![],
+                    false,
+                    None,
+                )
+                .await;
+            if let Err(e) = forgot {
+                left += 1;
+                tracing::warn!(%fid, error = %e, "a reported name's stub stays");
+            }
+        }
+        left == 0
+    }
+
+    /// The MDS's work across MDTs that outlives a request: striped directories half made or
+    /// removed, moves cut short, removed names of other MDTs' files to report. Run from the
+    /// first request on, woken when there is more, until the service is gone.
+    pub(super) async fn across_mdts(me: std::sync::Weak<Self>) {
+        let (mut stripes, mut moves) = (false, false);
+        loop {
+            let Some(s) = me.upgrade() else {
+                return;
+            };
+            if !stripes {
+                stripes = s.settle_stripes_once().await;
+            }
+            if !moves {
+                moves = s.resume_moves_once().await;
+            }
+            let reported = s.report_dropped_once().await;
+            let wait = if stripes && moves && reported {
+                std::time::Duration::from_secs(5)
+            } else {
+                std::time::Duration::from_secs(1)
+            };
+            let woken = tokio::time::timeout(wait, s.across.notified())
+                .await
+                .is_ok();
+            if woken {
+                stripes = false;
+            }
+        }
+    }
+}
