@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// (`lode setdirstripe -c N`; 1: a plain directory), instead of one directory each.
     #[arg(long)]
     pub meta_dir_stripe: Option<u32>,
+    /// With --meta: keep the files made (no removal phase), for a listing of them to be
+    /// measured after.
+    #[arg(long)]
+    pub meta_keep: bool,
 }
 
 impl BenchArgs {

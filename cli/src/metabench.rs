@@ -83,7 +83,13 @@ enum Spread {
     Shared(u32),
 }
 
-async fn lode_pass(cs: &[Client], dir: &str, per: usize, spread: Spread) -> Result<Rates> {
+async fn lode_pass(
+    cs: &[Client],
+    dir: &str,
+    per: usize,
+    spread: Spread,
+    keep: bool,
+) -> Result<Rates> {
     match spread {
         Spread::Own(mdts) => {
             for (i, c) in cs.iter().enumerate() {
@@ -147,6 +153,9 @@ async fn lode_pass(cs: &[Client], dir: &str, per: usize, spread: Spread) -> Resu
         }
     })
     .await?;
+    if keep {
+        return Ok([create, stat, 0.0]);
+    }
     let (c2, p2) = (cs.clone(), path.clone());
     let unlink = timed(cs.len(), per, move |c, i| {
         let (cs, path) = (&c2, &p2);
@@ -250,9 +259,36 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
                 continue;
             }
             let r = match m {
-                0 => lode_pass(&behind, &format!("{dir}/behind{round}"), per, spread).await?,
-                1 => lode_pass(&durable, &format!("{dir}/durable{round}"), per, spread).await?,
-                3 => lode_pass(&ahead, &format!("{dir}/ahead{round}"), per, spread).await?,
+                0 => {
+                    lode_pass(
+                        &behind,
+                        &format!("{dir}/behind{round}"),
+                        per,
+                        spread,
+                        a.meta_keep,
+                    )
+                    .await?
+                }
+                1 => {
+                    lode_pass(
+                        &durable,
+                        &format!("{dir}/durable{round}"),
+                        per,
+                        spread,
+                        a.meta_keep,
+                    )
+                    .await?
+                }
+                3 => {
+                    lode_pass(
+                        &ahead,
+                        &format!("{dir}/ahead{round}"),
+                        per,
+                        spread,
+                        a.meta_keep,
+                    )
+                    .await?
+                }
                 _ => match &local {
                     Some(d) => {
                         let d = d.join(format!("lode-meta-bench-{}-{round}", std::process::id()));

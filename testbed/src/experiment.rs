@@ -139,8 +139,17 @@ pub struct Topology {
     /// 1 for full bisection; 2 means the core carries half of what the clients' NICs can.
     #[serde(default = "d_ratio")]
     pub fabric_oversubscription: f64,
+    /// Each MDS's rate: metadata operations a second.
     #[serde(default = "d_mds")]
     pub mds_ops_per_s: f64,
+    /// Metadata servers, one MDT each (MDT0 holds the root).
+    #[serde(default = "d_one")]
+    pub mdts: u32,
+    /// The work of a path walk from the root, in operations of MDT0, that every metadata
+    /// operation costs there besides its own (a client without leases walks from the root at
+    /// MDT0 for each path it names).
+    #[serde(default)]
+    pub walk_ops: f64,
 }
 
 impl Topology {
@@ -270,6 +279,10 @@ pub struct Workload {
     /// Metadata operations per file (create, stat...).
     #[serde(default)]
     pub ops_per_file: Option<u64>,
+    /// Metadata: every client's files in one directory striped over this many MDTs (names
+    /// spread evenly by their hash); without it, all on MDT0.
+    #[serde(default)]
+    pub dir_stripe: Option<u32>,
     #[serde(default)]
     pub layout: LayoutSpec,
 }
@@ -475,6 +488,7 @@ struct Resources {
     target0: usize,
     /// The fabric's core, if oversubscribed.
     core: Option<usize>,
+    /// MDT k's MDS is `mds + k`.
     mds: usize,
 }
 
@@ -523,6 +537,9 @@ fn resources(t: &Topology, direction: Direction, access: Access, q: f64) -> Reso
         add(&mut list, "core".into(), core)
     });
     let mds = add(&mut list, "mds".into(), t.mds_ops_per_s);
+    for k in 1..t.mdts.max(1) {
+        add(&mut list, format!("mds{k}"), t.mds_ops_per_s);
+    }
     Resources {
         list,
         client0,
@@ -634,24 +651,54 @@ fn data_flows(
     (flows, owner)
 }
 
-/// One flow of metadata calls per client, through the MDS.
+/// The owners of flows that are a client's work at MDT0 for its walks: `WALK + client`.
+const WALK: usize = 1 << 40;
+
+/// Flows of metadata calls per client: one to each MDT its directory is striped over, and its
+/// walks from the root at MDT0.
 fn metadata_flows(t: &Topology, w: &Workload, r: &Resources) -> Result<(Vec<Flow>, Vec<usize>)> {
     let rtt = 2.0 * t.link_latency_us * US;
     let files = w
         .files_per_client
         .ok_or_else(|| invalid("metadata needs files_per_client"))?;
-    let ops = files * w.ops_per_file.unwrap_or(2);
-    let flows = (0..t.clients)
-        .map(|_| Flow {
-            resources: vec![r.mds],
-            amount: ops as f64,
-            start: 0.0,
-            latency: rtt,
-            // One call waits a round trip; `window` of them in flight.
-            cap: f64::from(w.window.max(1)) / rtt.max(1e-12),
-        })
-        .collect();
-    Ok((flows, (0..t.clients as usize).collect()))
+    let ops = (files * w.ops_per_file.unwrap_or(2)) as f64;
+    let shards = w.dir_stripe.unwrap_or(1).max(1);
+    if shards > t.mdts.max(1) {
+        return Err(invalid(format!(
+            "a directory striped over {shards} MDTs, but the topology has {}",
+            t.mdts.max(1)
+        )));
+    }
+    // One call waits a round trip; `window` of them in flight, spread over the shards as
+    // the names are.
+    let cap = f64::from(w.window.max(1)) / rtt.max(1e-12);
+    let mut flows = vec![];
+    let mut owner = vec![];
+    for c in 0..t.clients as usize {
+        for k in 0..shards as usize {
+            flows.push(Flow {
+                resources: vec![r.mds + k],
+                amount: ops / f64::from(shards),
+                start: 0.0,
+                latency: rtt,
+                cap: cap / f64::from(shards),
+            });
+            owner.push(c);
+        }
+        if t.walk_ops > 0.0 {
+            // The walks at MDT0, paced with the client's calls (their amount is MDT0's work,
+            // not operations of the client's: counted apart).
+            flows.push(Flow {
+                resources: vec![r.mds],
+                amount: ops * t.walk_ops,
+                start: 0.0,
+                latency: rtt,
+                cap: cap * t.walk_ops,
+            });
+            owner.push(WALK + c);
+        }
+    }
+    Ok((flows, owner))
 }
 
 /// Turns one point of an experiment into resources and flows, runs the model, and reports.
@@ -679,8 +726,16 @@ pub fn run_model(point: &Point, progress: impl FnMut(usize, usize)) -> Result<Re
     let mut client_amount = vec![0.0; t.clients as usize];
     let mut client_finish = vec![0.0f64; t.clients as usize];
     for (i, f) in flows.iter().enumerate() {
-        client_amount[owner[i]] += f.amount;
-        client_finish[owner[i]] = client_finish[owner[i]].max(out.finish[i]);
+        // A client's walks at MDT0 hold it up until they are done, but are MDT0's work, not
+        // operations of the client's.
+        let (c, own) = match owner[i].checked_sub(WALK) {
+            Some(c) => (c, false),
+            None => (owner[i], true),
+        };
+        if own {
+            client_amount[c] += f.amount;
+        }
+        client_finish[c] = client_finish[c].max(out.finish[i]);
     }
     let makespan = out.makespan;
     let targets = r.target0..r.target0 + t.targets() as usize;

@@ -299,3 +299,32 @@ fn mirrors_double_what_writes_carry_and_reads_spread_over_the_copies() {
     // Each copy on OSSes of its own: every target carries a share.
     assert!(w2.target_amount.iter().all(|b| *b > 0.0));
 }
+
+#[test]
+fn a_directory_striped_over_mdts_spreads_its_storm_until_mdt0_walks_hold_it() {
+    let storm = |stripe: u32, walk: f64| {
+        run(&format!(
+            r#"
+            [topology]
+            clients = 16
+            mdts = 4
+            mds_ops_per_s = 10000
+            walk_ops = {walk}
+            [workload]
+            kind = "metadata"
+            files_per_client = 1000
+            ops_per_file = 2
+            window = 64
+            dir_stripe = {stripe}
+        "#
+        ))[0]
+            .makespan
+    };
+    // 32,000 operations: 3.2 s on one MDS, a quarter of it over four.
+    assert!(close(storm(1, 0.0), 3.2, 0.01), "{}", storm(1, 0.0));
+    assert!(close(storm(4, 0.0), 0.8, 0.01), "{}", storm(4, 0.0));
+    // Each operation costing MDT0 half an operation more for its walk: MDT0 does 0.75 of an
+    // operation per operation over four shards, 1.5 on one.
+    assert!(close(storm(4, 0.5), 2.4, 0.02), "{}", storm(4, 0.5));
+    assert!(close(storm(1, 0.5), 4.8, 0.02), "{}", storm(1, 0.5));
+}
