@@ -159,6 +159,7 @@ impl Inner {
             statahead: Default::default(),
             mdts: Default::default(),
             stripes: Default::default(),
+            mdt_runs: Default::default(),
         }
     }
 }
@@ -225,6 +226,9 @@ pub(crate) struct Inner {
     mdts: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
     /// The layouts of the striped directories this client met ([`crate::striped`]).
     pub(crate) stripes: parking_lot::Mutex<crate::FastMap<Fid, Arc<proto::dirstripe::DirStripe>>>,
+    /// The run each MDT other than 0 answered last (its restart is when its files' handles
+    /// are counted there again).
+    mdt_runs: parking_lot::Mutex<std::collections::HashMap<u32, u64>>,
 }
 
 impl Inner {
@@ -294,15 +298,16 @@ impl Client {
     }
 
     /// Joins the MDS's table of clients whose uncommitted changes it waits for after a
-    /// restart; returns the MDS's instance (the run joined).
-    pub(crate) async fn join(&self) -> Result<u64> {
+    /// restart; returns the MDS's instance (the run joined) and, while it recovers, the last
+    /// change of the run before its journal kept.
+    pub(crate) async fn join(&self) -> Result<(u64, u64)> {
         let r = MdsConnect {
             client: self.inner.client_id,
         };
         let c = self.rpc(&self.inner.mds.clone(), &r).await?;
         self.inner.uncommitted.committed(c.instance, c.committed);
         self.inner.joined.store(true, Ordering::SeqCst);
-        Ok(c.instance)
+        Ok((c.instance, c.recovered))
     }
 
     /// After an MDS restart: connects again, replays every uncommitted change in order,
@@ -314,8 +319,19 @@ impl Client {
         let mut instance = 0;
         if joined {
             let old_run = self.inner.uncommitted.run();
-            instance = self.join().await?;
-            let mut tickets = self.inner.uncommitted.take_all(instance).into_iter();
+            let (run, recovered) = self.join().await?;
+            instance = run;
+            // Changes the restarted MDS's journal kept are not sent again (Lustre's
+            // last_committed at reconnect): a client that was not told they committed would
+            // spend its recovery window hearing so one by one.
+            let mut tickets = self
+                .inner
+                .uncommitted
+                .take_all(instance)
+                .into_iter()
+                .filter(|(t, _)| *t > recovered)
+                .collect::<Vec<_>>()
+                .into_iter();
             let (mut applied, mut refused) = (0u64, 0u64);
             let mut why_refused = String::new();
             while let Some((transno, ticket)) = tickets.next() {
@@ -622,8 +638,11 @@ impl Client {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_retryable() && start.elapsed() < retry_for => {
                     tracing::debug!(%peer, error = %e, "resending");
-                    if *peer == self.inner.mds {
-                        // Restarting or recovering: the pinger sees a restart and replays.
+                    let an_mds = *peer == self.inner.mds
+                        || self.inner.mdts.lock().values().any(|n| n == peer);
+                    if an_mds {
+                        // Restarting or recovering: the pinger sees a restart and replays,
+                        // or counts the open files there again.
                         self.inner.kick.notify_one();
                     }
                     tokio::time::sleep(pause).await;
@@ -1857,7 +1876,72 @@ impl Client {
     pub(crate) async fn mds_for(&self, fid: Fid) -> Result<Nid> {
         match proto::fid::mdt_of(fid) {
             None | Some(0) => Ok(self.inner.mds.clone()),
-            Some(k) => self.mdt_nid(k).await,
+            Some(k) => {
+                let nid = self.mdt_nid(k).await?;
+                if !self.inner.mdt_runs.lock().contains_key(&k) {
+                    // Its run, learnt before anything is opened there: a restart after is
+                    // seen by the pings, and the handles counted there again.
+                    let ping = MdsPing {
+                        client: self.inner.client_id,
+                    };
+                    let pong = self.rpc_raw(&nid, &ping, None).await?;
+                    self.inner.mdt_runs.lock().entry(k).or_insert(pong.instance);
+                }
+                Ok(nid)
+            }
+        }
+    }
+
+    /// Pings every MDT other than 0 that holds files this client has open (its MDS keeps the
+    /// handles of clients it hears from), and counts the handles there again after its
+    /// restart, as [`Client::ping`] does for MDT0.
+    pub(crate) async fn ping_other_mdts(&self) {
+        for (k, held) in self.inner.opens.elsewhere() {
+            let Ok(nid) = self.mdt_nid(k).await else {
+                continue;
+            };
+            let ping = MdsPing {
+                client: self.inner.client_id,
+            };
+            // One attempt's time at most: MDT0's next ping must not wait behind it.
+            let once = Some(self.inner.cfg.attempt);
+            let pong = match self.rpc_raw(&nid, &ping, once).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(mdt = k, error = %e, "cannot ping the MDS of MDT{k}");
+                    continue;
+                }
+            };
+            let before = self.inner.mdt_runs.lock().insert(k, pong.instance);
+            if before.is_none_or(|b| b == pong.instance) {
+                continue;
+            }
+            tracing::info!(
+                mdt = k,
+                handles = held.len(),
+                "MDT{k}'s MDS restarted: counting open files there again"
+            );
+            for chunk in held.chunks(MAX_REOPEN) {
+                let handles = chunk
+                    .iter()
+                    .map(|&(h, fid)| (fid, self.handle(h)))
+                    .collect();
+                match self.rpc_raw(&nid, &MdsReopen { handles }, once).await {
+                    Ok(r) => {
+                        for fid in r.gone {
+                            tracing::warn!(%fid, mdt = k, "a file held open is gone from its MDT");
+                        }
+                    }
+                    Err(e) => {
+                        // Counted again at the next ping.
+                        tracing::warn!(mdt = k, error = %e, "cannot count open files again");
+                        if let Some(b) = before {
+                            self.inner.mdt_runs.lock().insert(k, b);
+                        }
+                        break;
+                    }
+                }
+            }
         }
     }
 

@@ -94,7 +94,11 @@ pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
         }
         let client = Client::from_inner(inner);
         client.close_kept(false);
-        if let Err(e) = client.ping().await {
+        // MDT0's recovery (its replays wait for the other clients) must not hold up the
+        // count of this client's open files at another MDT that restarted, within its own
+        // window.
+        let (pinged, ()) = tokio::join!(client.ping(), client.ping_other_mdts());
+        if let Err(e) = pinged {
             tracing::warn!(error = %e, "cannot ping the MDS");
         }
     }

@@ -41,6 +41,18 @@ impl Opens {
         self.handles.lock().remove(&handle);
     }
 
+    /// The handles held open on files of MDTs other than 0, by MDT: each MDT's MDS counts its
+    /// own files' handles, and is pinged and told them again after its restart apart.
+    pub fn elsewhere(&self) -> std::collections::BTreeMap<u32, Vec<(u64, Fid)>> {
+        let mut by: std::collections::BTreeMap<u32, Vec<(u64, Fid)>> = Default::default();
+        for (h, f) in self.handles.lock().iter() {
+            if let Some(k) = proto::fid::mdt_of(*f).filter(|k| *k != 0) {
+                by.entry(k).or_default().push((*h, *f));
+            }
+        }
+        by
+    }
+
     pub fn is_empty(&self) -> bool {
         self.handles.lock().is_empty()
     }

@@ -550,6 +550,10 @@ impl Cluster {
         self.builder
             .format_mdt(&self.mdts[i].cfg.data_dir, k, uuid)?;
         let m = &mut self.mdts[i];
+        // A new run, named anew (its requests to other MDSs are numbered by its run).
+        if let Some(n) = m.cfg.instance.as_mut() {
+            *n += 1 << 32;
+        }
         m.server = Some(MdsServer::start(m.cfg.clone(), &m.attach).await?);
         Ok(())
     }

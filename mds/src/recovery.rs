@@ -243,6 +243,11 @@ impl Clients {
         Ok(())
     }
 
+    /// While recovering: the last transaction committed before the restart.
+    pub fn recovered(&self) -> Option<u64> {
+        self.state.lock().recovery.as_ref().map(|r| r.committed)
+    }
+
     /// `client` has replayed all it held.
     pub fn replay_done(&self, client: u128) {
         let mut s = self.state.lock();

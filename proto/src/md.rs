@@ -933,6 +933,10 @@ pub struct MdsConnected {
     pub committed: u64,
     /// The MDS is recovering: it waits for this client's replays and [`MdsReplayDone`].
     pub recovering: bool,
+    /// While recovering: the last change of the run before that its journal kept. A client
+    /// replays only its changes after it (Lustre's last_committed at reconnect): those up to
+    /// it are there.
+    pub recovered: u64,
 }
 
 impl Rpc for MdsConnect {

@@ -7,10 +7,7 @@ impl Sim {
     pub(super) async fn fault(&mut self) -> Result<(), Failure> {
         self.report.faults += 1;
         let server = self.rng.gen_range(0..SERVERS);
-        // MDT1's kill and power loss (11, 12) are not drawn yet: with them, a client holding
-        // files open can miss MDT0's recovery window and be evicted (seed 223), which is
-        // being looked into.
-        let kind = self.rng.gen_range(0..11);
+        let kind = self.rng.gen_range(0..13);
         self.note(|| {
             let what = [
                 "kill",

@@ -4,7 +4,8 @@
 //! checkpoints are mirrored, one copy on each storage server. The filesystem has two MDTs:
 //! the odd plain files live in `/m`, a directory placed on MDT1 (`mkdir -i 1`, its journal on
 //! a crash-simulating disk too), so their creates, writes, truncates and removals go through
-//! MDT1 while MDT0 is killed and loses power, and the end checks both MDTs against each other.
+//! MDT1 while MDT0 and MDT1 are killed and lose power, and the end checks both MDTs against
+//! each other.
 //! Every third checkpoint is written in `/m` and renamed into place in `/`: a rename across
 //! MDTs (the name moves to MDT0, the file stays on MDT1), coordinated by MDT1 while MDT0
 //! crashes, and the checkpoint it replaces dropped at its own MDT.
@@ -13,7 +14,7 @@
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
 //! unlinks; from two clients), the faults between operations (a storage server killed and
 //! restarted; one that loses power, losing everything not synced; the MDS killed; the MDS
-//! losing power with its last journal write torn; a storage server's disk full for a while;
+//! losing power with its last journal write torn; MDT1's MDS killed or losing power; a storage server's disk full for a while;
 //! the MDS's disk full, then room made and the MDS restarted; a client cut off from a server
 //! for a while; a client dying together with the MDS, and a new client in its place; the
 //! MDS's replies to a client lost for a while, so that whole batches of changes are resent

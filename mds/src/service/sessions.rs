@@ -35,6 +35,7 @@ impl MdsService {
             instance: self.instance,
             committed: self.store.committed(),
             recovering,
+            recovered: self.clients.recovered().unwrap_or(0),
         })
     }
 
