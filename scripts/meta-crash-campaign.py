@@ -8,6 +8,12 @@ write (the one change in flight per writer when it stopped may have happened or 
 
     scripts/meta-crash-campaign.py --dir /tmp/lode-camp [--rounds 10] [--writers 3]
                                    [--seed 1] [--kill mds|oss|any] [--port 9400]
+                                   [--mdts N [--stripe]]
+
+With --mdts N the cluster has N metadata servers (`--kill mds` kills any of them); with
+--stripe each writer's directory is striped over all N (`lode setdirstripe -c N`), so its
+creates spread over the MDTs and its renames between names on different MDTs are renames
+across MDTs.
 
 Needs root, /dev/fuse and `lode` on PATH (or --bin DIR). The cluster is made under --dir (4
 storage servers), used, then stopped; it exits 1 if anything acknowledged is missing, extra or
@@ -116,6 +122,9 @@ def main():
     p.add_argument("--kill", choices=["mds", "oss", "any"], default="any")
     p.add_argument("--port", type=int, default=9400, help="the MDS's (storage servers: after)")
     p.add_argument("--bin", default="", help="where lode, lode-mds and lode-oss are")
+    p.add_argument("--mdts", type=int, default=1, help="metadata servers")
+    p.add_argument("--stripe", action="store_true",
+                   help="each writer's directory striped over every MDT")
     a = p.parse_args()
     bin_dir = a.bin.rstrip("/") + "/" if a.bin else ""
     cluster = os.path.abspath(a.dir)
@@ -123,12 +132,17 @@ def main():
     if bin_dir:
         env["PATH"] = bin_dir + ":" + env["PATH"]
     up = [f"{bin_dir}lode", "cluster", "up", "--dir", cluster]
-    subprocess.run(up + ["--port", str(a.port)], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(up + ["--port", str(a.port), "--mdts", str(a.mdts)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
     mnt, check = f"{cluster}/mnt", f"{cluster}/check"
     mount(bin_dir, mnt, env)
     rnd = random.Random(a.seed)
     root = f"{mnt}/campaign.{a.seed}"
     os.makedirs(root)
+    if a.stripe:
+        for i in range(a.writers):
+            subprocess.run([f"{bin_dir}lode", "setdirstripe", "-c", str(a.mdts), f"{root}/w{i}"],
+                           check=True, env=env)
     stop, q = mp.Event(), mp.Queue()
     ws = [mp.Process(target=writer, args=(root, i, stop, q, a.seed * 1000 + i))
           for i in range(a.writers)]

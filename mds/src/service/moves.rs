@@ -39,10 +39,13 @@ impl MdsService {
                 "RENAME_EXCHANGE between two MDTs is not supported",
             ));
         }
+        let _one = self.moving.lock().await;
+        // Asked after the lock: a resend that waited for it behind this MDS's own carrying on
+        // of the same move (after a restart, or a step the other MDT did not answer) finds it
+        // ended, and is answered so, not refused for a name that has moved.
         if let Some(done) = r.req.and_then(|q| self.store.read(|ns| ns.replied(q))) {
             return Ok(self.moved_reply(done.inode, 0));
         }
-        let _one = self.moving.lock().await;
         let pending = self
             .store
             .read(|ns| ns.moving())
