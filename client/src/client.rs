@@ -260,6 +260,11 @@ const NOT_AFTER_QUEUED: &[proto::Opcode] = &[
     proto::msg::opcodes::MDS_LEASE_ALONE,
 ];
 
+/// How many times a request refused for its shard of a striped directory is routed again,
+/// each after reading the layout ([`crate::striped`]), before the refusal is the answer (a
+/// layout never changes, so once is the rule).
+const REROUTES: usize = 3;
+
 /// How long a target that did not answer is read from last.
 pub const SHUNNED_FOR: Duration = Duration::from_secs(10);
 
@@ -687,7 +692,7 @@ impl Client {
         loop {
             let routed = self.route(mutation.clone());
             match self.reint_routed(routed, open, size_gen).await {
-                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                Err(e) if e.is(FsErrorKind::WrongShard) && tries < REROUTES => {
                     tries += 1;
                     for d in &dirs {
                         self.reread_stripe(*d).await?;
@@ -1063,7 +1068,7 @@ impl Client {
         loop {
             let shard = self.shard_for(parent, name);
             match self.lookup_routed(shard, name, whole).await {
-                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                Err(e) if e.is(FsErrorKind::WrongShard) && tries < REROUTES => {
                     tries += 1;
                     self.reread_stripe(parent).await?;
                 }
@@ -1725,7 +1730,7 @@ impl Client {
                 return Ok(true);
             }
             match self.list_shard_pages(dir, plus, limit, page).await {
-                Err(e) if crate::striped::wrong_shard(&e) && tries < crate::striped::REROUTES => {
+                Err(e) if e.is(FsErrorKind::WrongShard) && tries < REROUTES => {
                     tries += 1;
                     self.reread_stripe(dir).await?;
                 }

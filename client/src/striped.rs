@@ -19,10 +19,6 @@ use proto::{Fid, FsErrorKind};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 
-/// How many times a request refused for its shard is routed again, each after reading the
-/// layout, before the refusal is the answer (a layout never changes, so once is the rule).
-pub(crate) const REROUTES: usize = 3;
-
 impl Client {
     /// Keeps the layout of `inode` when it is a striped directory in use.
     pub(crate) fn learn_stripe(&self, inode: &Inode) {
@@ -271,9 +267,4 @@ impl Client {
         self.learn_stripe(&made);
         Ok(made)
     }
-}
-
-/// Whether `e` is a refusal for the wrong shard.
-pub(crate) fn wrong_shard(e: &ClientError) -> bool {
-    e.is(FsErrorKind::WrongShard)
 }
