@@ -608,6 +608,17 @@ impl MdsService {
         result.map_err(store_error)
     }
 
+    /// `m` applied as this MDS's own change (no lease recall exempted, nothing allocated),
+    /// durable when returned; recorded as the reply to `req` when given.
+    pub(super) async fn apply_own(
+        &self,
+        m: Mutation,
+        req: Option<ReqId>,
+    ) -> Result<crate::store::Done, RemoteError> {
+        self.apply(m, Creds::root(), req, None, vec![], false, None)
+            .await
+    }
+
     /// Whether `handle` is open on `fid` with the right to write.
     pub(super) fn may_write_through(&self, fid: proto::Fid, handle: OpenHandle) -> bool {
         self.alloc

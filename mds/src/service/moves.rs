@@ -103,32 +103,22 @@ impl MdsService {
         match self.on_mdt_numbered(mdt, &m.creds, link, m.peer_req).await {
             Ok(_) => {
                 let done = self
-                    .apply(
+                    .apply_own(
                         Mutation::MoveDone {
                             parent: m.parent,
                             name: m.name.clone(),
                         },
-                        Creds::root(),
                         m.client_req,
-                        None,
-                        vec![],
-                        false,
-                        None,
                     )
                     .await?;
                 Ok(self.moved_reply(done.applied.inode, done.transno))
             }
             Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
-                self.apply(
+                self.apply_own(
                     Mutation::MoveAbort {
                         parent: m.parent,
                         name: m.name.clone(),
                     },
-                    Creds::root(),
-                    None,
-                    None,
-                    vec![],
-                    false,
                     None,
                 )
                 .await?;
@@ -224,17 +214,7 @@ impl MdsService {
                     continue;
                 }
             }
-            let forgot = self
-                .apply(
-                    Mutation::Dropped { fid },
-                    Creds::root(),
-                    None,
-                    None,
-                    vec![],
-                    false,
-                    None,
-                )
-                .await;
+            let forgot = self.apply_own(Mutation::Dropped { fid }, None).await;
             if let Err(e) = forgot {
                 left += 1;
                 tracing::warn!(%fid, error = %e, "a reported name's stub stays");

@@ -106,9 +106,7 @@ impl MdsService {
     /// durable when answered.
     async fn on_shard_mdt(&self, mdt: u32, m: Mutation) -> Result<MdsReintReply, RemoteError> {
         if mdt == self.registry.filesystem().mdt {
-            let done = self
-                .apply(m, Creds::root(), None, None, vec![], false, None)
-                .await?;
+            let done = self.apply_own(m, None).await?;
             return Ok(MdsReintReply {
                 inode: done.applied.inode,
                 created: true,
@@ -136,15 +134,7 @@ impl MdsService {
     /// Journals `stripe` as `fid`'s layout.
     async fn set_stripe(&self, fid: proto::Fid, stripe: DirStripe) -> Result<Inode, RemoteError> {
         let done = self
-            .apply(
-                Mutation::SetDirStripe { fid, stripe },
-                Creds::root(),
-                None,
-                None,
-                vec![],
-                false,
-                None,
-            )
+            .apply_own(Mutation::SetDirStripe { fid, stripe }, None)
             .await?;
         done.applied.inode.ok_or_else(|| {
             RemoteError::new(StatusCode::Io, format!("{fid}: no inode after its layout"))
@@ -263,47 +253,10 @@ impl MdsService {
         }
         stripe.state = StripeState::Removing;
         self.set_stripe(fid, stripe.clone()).await?;
-        let mut full = None;
-        for shard in &stripe.shards {
-            let mdt = proto::fid::mdt_of(*shard).unwrap_or(0);
-            match self
-                .on_shard_mdt(
-                    mdt,
-                    Mutation::FreezeShard {
-                        fid: *shard,
-                        frozen: true,
-                    },
-                )
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.code == StatusCode::Fs(FsErrorKind::NotEmpty) => {
-                    full = Some(e);
-                    break;
-                }
-                // Gone already: a removal before a crash got that far.
-                Err(e) if e.code == StatusCode::Fs(FsErrorKind::Stale) => {}
-                Err(e) => return Err(e), // stays Removing; finished or undone later
-            }
-        }
-        if let Some(e) = full {
-            for shard in &stripe.shards {
-                let mdt = proto::fid::mdt_of(*shard).unwrap_or(0);
-                match self
-                    .on_shard_mdt(
-                        mdt,
-                        Mutation::FreezeShard {
-                            fid: *shard,
-                            frozen: false,
-                        },
-                    )
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(t) if t.code == StatusCode::Fs(FsErrorKind::Stale) => {}
-                    Err(t) => return Err(t),
-                }
-            }
+        // Stays Removing on any other error: finished or undone after, by a resend or the
+        // MDS's own pass.
+        if let Some(e) = self.freeze_shards(&stripe.shards, true).await? {
+            self.freeze_shards(&stripe.shards, false).await?;
             stripe.state = StripeState::Ready;
             self.set_stripe(fid, stripe).await?;
             return Err(RemoteError::new(
@@ -319,6 +272,32 @@ impl MdsService {
         stripe.state = StripeState::Emptied;
         self.set_stripe(fid, stripe).await?;
         Ok(())
+    }
+
+    /// Freezes (or thaws) each of `shards` on its MDT, in order; a shard gone already (a
+    /// removal before a crash got that far) is passed. Freezing stops at a shard that is not
+    /// empty: its refusal is returned.
+    async fn freeze_shards(
+        &self,
+        shards: &[proto::Fid],
+        frozen: bool,
+    ) -> Result<Option<RemoteError>, RemoteError> {
+        for shard in shards {
+            let mdt = proto::fid::mdt_of(*shard).unwrap_or(0);
+            let m = Mutation::FreezeShard {
+                fid: *shard,
+                frozen,
+            };
+            match self.on_shard_mdt(mdt, m).await {
+                Ok(_) => {}
+                Err(e) if frozen && e.code == StatusCode::Fs(FsErrorKind::NotEmpty) => {
+                    return Ok(Some(e))
+                }
+                Err(e) if e.code == StatusCode::Fs(FsErrorKind::Stale) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
     }
 
     /// Finishes what a restart interrupted: striped directories being made are made, those
@@ -350,17 +329,12 @@ impl MdsService {
         let Some((parent, name)) = named else {
             return Ok(());
         };
-        self.apply(
+        self.apply_own(
             Mutation::Unlink {
                 parent,
                 name,
                 dir: true,
             },
-            Creds::root(),
-            None,
-            None,
-            vec![],
-            false,
             None,
         )
         .await
