@@ -90,7 +90,7 @@ pub struct MdsService {
     /// ([`MdsService::across_mdts`]).
     settling: std::sync::atomic::AtomicBool,
     /// Wakes that work.
-    across: tokio::sync::Notify,
+    across: Arc<tokio::sync::Notify>,
     /// Held while a rename to another MDT is carried out (one at a time).
     moving: tokio::sync::Mutex<()>,
 }
@@ -192,7 +192,7 @@ impl MdsService {
             peer_seq: std::sync::atomic::AtomicU64::new(1),
             striping: tokio::sync::Mutex::new(()),
             settling: std::sync::atomic::AtomicBool::new(false),
-            across: tokio::sync::Notify::new(),
+            across: Arc::new(tokio::sync::Notify::new()),
             moving: tokio::sync::Mutex::new(()),
         })
     }

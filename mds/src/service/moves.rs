@@ -124,7 +124,11 @@ impl MdsService {
                 .await?;
                 Err(e)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // Left recorded: carried on by the client's resend, or by this MDS's own pass.
+                self.across.notify_one();
+                Err(e)
+            }
         }
     }
 
@@ -225,30 +229,40 @@ impl MdsService {
 
     /// The MDS's work across MDTs that outlives a request: striped directories half made or
     /// removed, moves cut short, removed names of other MDTs' files to report. Run from the
-    /// first request on, woken when there is more, until the service is gone.
+    /// first request on, until the service is gone. Each kind is looked for at the start,
+    /// when a change wakes it, and once a minute (a change replayed after a restart wakes
+    /// nothing); each look walks the namespace, which must not be held up every few seconds.
+    /// What is left is tried again every second.
     pub(super) async fn across_mdts(me: std::sync::Weak<Self>) {
-        let (mut stripes, mut moves) = (false, false);
+        let (mut stripes, mut moves, mut reported) = (false, false, false);
+        let mut idle = 0u32;
         loop {
-            let Some(s) = me.upgrade() else {
-                return;
+            let across = {
+                let Some(s) = me.upgrade() else {
+                    return;
+                };
+                if !stripes {
+                    stripes = s.settle_stripes_once().await;
+                }
+                if !moves {
+                    moves = s.resume_moves_once().await;
+                }
+                if !reported {
+                    reported = s.report_dropped_once().await;
+                }
+                s.across.clone()
             };
-            if !stripes {
-                stripes = s.settle_stripes_once().await;
-            }
-            if !moves {
-                moves = s.resume_moves_once().await;
-            }
-            let reported = s.report_dropped_once().await;
+            // Holding no reference to the service meanwhile: a stopped MDS's state goes.
             let wait = if stripes && moves && reported {
-                std::time::Duration::from_secs(5)
+                std::time::Duration::from_secs(10)
             } else {
                 std::time::Duration::from_secs(1)
             };
-            let woken = tokio::time::timeout(wait, s.across.notified())
-                .await
-                .is_ok();
-            if woken {
-                stripes = false;
+            let woken = tokio::time::timeout(wait, across.notified()).await.is_ok();
+            idle = if woken { 0 } else { idle + 1 };
+            if woken || idle >= 6 {
+                (stripes, moves, reported) = (false, false, false);
+                idle = 0;
             }
         }
     }
