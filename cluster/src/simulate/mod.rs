@@ -2,13 +2,15 @@
 //! the calls the binaries make, on the simulated fabric, with the MDS's journal on a
 //! crash-simulating disk and every target on a crash-simulating engine. Odd-numbered
 //! checkpoints are mirrored, one copy on each storage server. The filesystem has two MDTs:
-//! the odd plain files live in `/m`, a directory placed on MDT1 (`mkdir -i 1`, its journal on
+//! a quarter of the plain files live in `/m`, a directory placed on MDT1 (`mkdir -i 1`, its journal on
 //! a crash-simulating disk too), so their creates, writes, truncates and removals go through
 //! MDT1 while MDT0 and MDT1 are killed and lose power, and the end checks both MDTs against
 //! each other.
 //! Every third checkpoint is written in `/m` and renamed into place in `/`: a rename across
 //! MDTs (the name moves to MDT0, the file stays on MDT1), coordinated by MDT1 while MDT0
-//! crashes, and the checkpoint it replaces dropped at its own MDT.
+//! crashes, and the checkpoint it replaces dropped at its own MDT. One plain file in four
+//! lives in `/s`, a directory striped over both MDTs, and so do the second client's bursts of
+//! creates answered ahead (each name on the MDT its hash gives).
 //!
 //! One seed chooses everything: the workload (checkpoints written to a temporary name,
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
@@ -319,6 +321,16 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
         .mkdir_on(MDT1_DIR, 0o755, 1)
         .await
         .map_err(|e| fail(format!("mkdir -i 1 {MDT1_DIR}: {e}")))?;
+    clients[0]
+        .mkdir_striped(
+            STRIPED_DIR,
+            0o755,
+            2,
+            None,
+            proto::dirstripe::HashType::Fnv1a64,
+        )
+        .await
+        .map_err(|e| fail(format!("setdirstripe -c 2 {STRIPED_DIR}: {e}")))?;
     let probe = format!("{MDT1_DIR}/probe");
     let mut tries = 0;
     while let Err(e) = write_probe(&clients[0], &probe).await {
@@ -446,12 +458,16 @@ impl Sim {
 /// The directory on MDT1 the odd plain files live in.
 const MDT1_DIR: &str = "/m";
 
-/// The plain file `k`: odd ones in [`MDT1_DIR`], on MDT1.
+/// A directory striped over MDT0 and MDT1: its names live on either, by their hash.
+const STRIPED_DIR: &str = "/s";
+
+/// The plain file `k`: one in four in [`MDT1_DIR`], on MDT1, one in four in [`STRIPED_DIR`],
+/// the rest in the root.
 fn file_name(k: u32) -> String {
-    if k % 2 == 1 {
-        format!("{MDT1_DIR}/f{k}")
-    } else {
-        format!("/f{k}")
+    match k % 4 {
+        1 => format!("{MDT1_DIR}/f{k}"),
+        3 => format!("{STRIPED_DIR}/f{k}"),
+        _ => format!("/f{k}"),
     }
 }
 

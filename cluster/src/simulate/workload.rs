@@ -88,7 +88,14 @@ impl Sim {
     pub(super) async fn burst(&mut self, slot: usize, count: usize) -> Result<(), Failure> {
         let c = self.clients[slot].clone();
         let dir = format!("/u{slot}");
-        match c.mkdir(&dir, 0o755).await {
+        // The second client's bursts go to a directory striped over both MDTs.
+        let made = if slot == 1 {
+            c.mkdir_striped(&dir, 0o755, 2, None, proto::dirstripe::HashType::Fnv1a64)
+                .await
+        } else {
+            c.mkdir(&dir, 0o755).await
+        };
+        match made {
             Ok(_) => {}
             Err(e) if e.is(proto::FsErrorKind::Exists) => {}
             Err(_) => {
