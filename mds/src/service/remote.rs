@@ -132,18 +132,10 @@ impl MdsService {
         m: Mutation,
         of: Option<ReqId>,
     ) -> Result<MdsReintReply, RemoteError> {
-        let nid = self.mdt_nid(mdt).await?;
         // Numbered, as a client numbers its changes: a copy of the request the network
         // delivers twice is answered from the other MDS's reply cache, not carried out again
         // (a second directory there that no name reaches).
-        let req = self.peer_req(of);
-        let r = MdsReint {
-            req: Some(req),
-            ..MdsReint::durable(creds.clone(), m)
-        };
-        call(self.alloc.net(), &nid, &r, PEER_CALL)
-            .await
-            .map_err(|e| peer_error(mdt, e))
+        self.on_mdt_numbered(mdt, creds, m, self.peer_req(of)).await
     }
 
     /// `m`, carried out by MDT `mdt`'s MDS for `creds` as request `req` (durable when
