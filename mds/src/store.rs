@@ -29,6 +29,11 @@ use crate::namespace::{Applied, Decision, Namespace, NsError};
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 /// Most bytes of records waiting for a flush; past it, mutations wait.
 const MAX_PENDING: usize = 64 << 20;
+/// The file that holds the mark of inode numbers given out (see [`Store::skip_given_out`]).
+const MARK_FILE: &str = "inomark";
+/// How far ahead of the next inode number the mark is set: one write of the mark file per
+/// this many creates.
+const MARK_AHEAD: u32 = 1 << 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -109,6 +114,33 @@ pub struct Done {
     pub after: Vec<proto::md::Inode>,
 }
 
+const MARK_MAGIC: [u8; 8] = *b"LODEMRK\0";
+
+/// The mark of inode numbers given out, as the last run left it (0 where none was written).
+///
+/// ```text
+/// inomark file:  "LODEMRK\0" (8) | mark u32 | crc32c(mark) u32
+/// ```
+fn read_mark(disk: &dyn MetaDisk) -> Result<u32, JournalError> {
+    let raw = disk.read(MARK_FILE).map_err(|source| JournalError::Io {
+        name: MARK_FILE,
+        source,
+    })?;
+    let Some(raw) = raw else { return Ok(0) };
+    let damaged = |reason: &str| JournalError::Damaged {
+        name: MARK_FILE,
+        reason: reason.into(),
+    };
+    if raw.len() != 16 || raw[..8] != MARK_MAGIC {
+        return Err(damaged("not a mark of inode numbers"));
+    }
+    let mark = [raw[8], raw[9], raw[10], raw[11]];
+    if crc32c::crc32c(&mark).to_le_bytes() != raw[12..16] {
+        return Err(damaged("checksum mismatch"));
+    }
+    Ok(u32::from_le_bytes(mark))
+}
+
 /// Who writes the journal.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CommitMode {
@@ -140,6 +172,9 @@ pub struct Store {
     clock: Clock,
     /// Where this run's size generations start: random, so none of an earlier run matches.
     gen_salt: u64,
+    /// The mark on disk: no inode number at or above it was given out (changed under the
+    /// namespace's lock).
+    mark: std::sync::atomic::AtomicU32,
 }
 
 /// Where the MDS reads the time it stamps on changes.
@@ -266,6 +301,7 @@ impl Store {
             seq = rec.last_seq,
             "namespace recovered"
         );
+        let mark = read_mark(&*disk)?;
         let (tx, _) = watch::channel(Ok(rec.last_seq));
         let shared = Arc::new(Shared {
             ns: Mutex::new((rec.namespace, rec.last_seq)),
@@ -306,7 +342,71 @@ impl Store {
             fresh,
             clock,
             gen_salt: rand::random(),
+            mark: mark.into(),
         })
+    }
+
+    /// Sets the mark of inode numbers given out past every number `m` could take, before `m`
+    /// is applied (under the namespace's lock, so no one sees such a number before the mark
+    /// covers it). A create answered or seen before it is durable may be lost in a crash, and
+    /// its number with it; [`Store::skip_given_out`] then starts above the mark, so the number
+    /// is never given to another file. One write per [`MARK_AHEAD`] numbers.
+    fn mark_ahead(&self, ns: &Namespace, m: &Mutation) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let takes = match m {
+            Mutation::ReserveInodes { count } => *count,
+            Mutation::SkipInodes { next } => next.saturating_sub(ns.next_inode()),
+            _ => 1,
+        };
+        let end = ns.next_inode().saturating_add(takes);
+        if end <= self.mark.load(Relaxed) {
+            return Ok(());
+        }
+        let mark = end.saturating_add(MARK_AHEAD);
+        let mut out = MARK_MAGIC.to_vec();
+        out.extend_from_slice(&mark.to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&mark.to_le_bytes()).to_le_bytes());
+        self.disk
+            .replace(MARK_FILE, &out)
+            .map_err(|source| JournalError::Io {
+                name: MARK_FILE,
+                source,
+            })?;
+        self.mark.store(mark, Relaxed);
+        Ok(())
+    }
+
+    /// Moves the next inode number up to the mark on disk, past every number the last run may
+    /// have given out (journaled, so that records after it replay with the same numbers).
+    /// Called once recovery is over: replays of changes answered before the crash take their
+    /// own numbers first, below the mark.
+    pub fn skip_given_out(&self) -> Result<(), StoreError> {
+        {
+            let mut queue = self.shared.queue.appender();
+            let mut guard = self.shared.ns.lock();
+            let (ns, seq) = &mut *guard;
+            let mark = self.mark.load(std::sync::atomic::Ordering::Relaxed);
+            if mark <= ns.next_inode() {
+                return Ok(());
+            }
+            tracing::info!(
+                from = ns.next_inode(),
+                to = mark,
+                "new inodes are numbered past those the last run may have given out"
+            );
+            let skip = Record {
+                seq: *seq + 1,
+                creds: Creds::root(),
+                time: (self.clock)(),
+                mutation: Mutation::SkipInodes { next: mark },
+                req: None,
+            };
+            Self::append(ns, seq, &mut queue, &skip)?;
+        }
+        if !self.deferred {
+            self.commit_queued();
+        }
+        Ok(())
     }
 
     /// Applies `c` and returns once it is durable.
@@ -358,6 +458,7 @@ impl Store {
             if !clear(&touched) {
                 return Err(StoreError::Leased);
             }
+            self.mark_ahead(ns, &m)?;
             let next_inode = ns.next_inode();
             let rec = Record {
                 seq: *seq + 1,
@@ -424,6 +525,12 @@ impl Store {
             let mut guard = self.shared.ns.lock();
             let (ns, seq) = &mut *guard;
             let now = t.record.time;
+            self.mark_ahead(
+                ns,
+                &Mutation::SkipInodes {
+                    next: t.next_inode.saturating_add(1),
+                },
+            )?;
             if t.next_inode > ns.next_inode() {
                 // Creates before it were lost with their client: its inode keeps its number.
                 let skip = Record {
