@@ -75,7 +75,7 @@ impl Sim {
                 // before committing them: those may be lost (and what depended on them), and
                 // nothing else.
                 let slot = self.rng.gen_range(0..2);
-                self.held.retain(|(_, c, ..)| *c != slot);
+                self.drop_held_lost_with(slot);
                 let id = u128::from(self.seed) << 64 | u128::from(self.started + 1);
                 let name = format!("c{slot}-{}", self.started);
                 self.started += 1;
@@ -141,6 +141,17 @@ impl Sim {
         });
     }
 
+    /// Stops holding to its rule every file held open by client `slot`, or opened by a name
+    /// that changes lost with `slot` gave it: once such a change is lost (a checkpoint's rename
+    /// into place), the file held is the one its old name names again (the temporary name a
+    /// checkpointer truncates and writes anew), as after a Lustre client and server both die
+    /// before the commit.
+    fn drop_held_lost_with(&mut self, slot: usize) {
+        let lost = self.model.names_lost_with(slot);
+        self.held
+            .retain(|(_, c, name, _)| *c != slot && !lost.contains(name));
+    }
+
     /// A client cut off from the MDS while it restarts and recovers without it: evicted, its
     /// acknowledged changes not committed are lost. It must say so at its next sync; if it
     /// says nothing, they are held to every rule still.
@@ -164,6 +175,7 @@ impl Sim {
             Err(e) => {
                 self.note(|| format!("client {slot} evicted: {e}"));
                 self.report.refused += 1;
+                self.drop_held_lost_with(slot);
                 self.model.client_lost(slot);
             }
         }

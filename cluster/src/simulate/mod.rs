@@ -149,6 +149,21 @@ enum Undo {
 impl Model {
     /// A crash of `client` together with the MDS: its changes not known committed may be
     /// lost, and so may every change made after the first of them.
+    /// The checkpoints whose names changes lost with `client` may have given another file (its
+    /// uncertain changes and every one after them, as [`Model::client_lost`] undoes).
+    fn names_lost_with(&self, client: usize) -> Vec<String> {
+        let Some(first) = self.uncertain.iter().position(|u| u.client == client) else {
+            return vec![];
+        };
+        self.uncertain[first..]
+            .iter()
+            .filter_map(|u| match &u.undo {
+                Undo::Checkpoint { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn client_lost(&mut self, client: usize) {
         let Some(first) = self.uncertain.iter().position(|u| u.client == client) else {
             return;
