@@ -120,14 +120,6 @@ fn save(disk: &dyn MetaDisk, table: &BTreeSet<u128>) -> Result<(), ClientsError>
     Ok(())
 }
 
-/// New inodes numbered past every number the last run may have given out, once no replay
-/// needs the numbers below.
-fn skip_given_out(store: &Store) {
-    if let Err(e) = store.skip_given_out() {
-        tracing::error!(error = %e, "cannot number new inodes past the last run's");
-    }
-}
-
 impl Clients {
     /// The table kept on `disk`; a recovery of `window` starts when it names clients.
     pub fn open(
@@ -162,7 +154,8 @@ impl Clients {
             }
         });
         if recovery.is_none() {
-            skip_given_out(&store);
+            // New inodes are numbered past every number the last run may have given out.
+            store.skip_given_out();
         }
         let (changed, _) = watch::channel(0);
         let reserved = crate::reserve::Reservations::open(disk.clone())?;
@@ -389,7 +382,8 @@ impl Clients {
 
     fn end(&self, s: &mut State) {
         let Some(r) = s.recovery.take() else { return };
-        skip_given_out(&self.store);
+        // No replay needs the numbers below the mark any more.
+        self.store.skip_given_out();
         let evicted = r.evicted;
         tracing::info!(
             replayed = r.replayed,

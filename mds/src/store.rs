@@ -175,6 +175,8 @@ pub struct Store {
     /// The mark on disk: no inode number at or above it was given out (changed under the
     /// namespace's lock).
     mark: std::sync::atomic::AtomicU32,
+    /// Set once recovery is over: the next change first numbers new inodes past the mark.
+    skip_due: std::sync::atomic::AtomicBool,
 }
 
 /// Where the MDS reads the time it stamps on changes.
@@ -343,6 +345,7 @@ impl Store {
             clock,
             gen_salt: rand::random(),
             mark: mark.into(),
+            skip_due: Default::default(),
         })
     }
 
@@ -376,35 +379,50 @@ impl Store {
         Ok(())
     }
 
-    /// Moves the next inode number up to the mark on disk, past every number the last run may
-    /// have given out (journaled, so that records after it replay with the same numbers).
-    /// Called once recovery is over: replays of changes answered before the crash take their
-    /// own numbers first, below the mark.
-    pub fn skip_given_out(&self) -> Result<(), StoreError> {
+    /// Has the next change number new inodes past the mark on disk, past every number the last
+    /// run may have given out: it first journals a `SkipInodes` to the mark, so records after
+    /// it replay with the same numbers. Called once recovery is over (replays of changes
+    /// answered before the crash take their own numbers first, below the mark); takes no lock,
+    /// so recovery may call it under its own.
+    pub fn skip_given_out(&self) {
+        self.skip_due
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The `SkipInodes` [`Store::skip_given_out`] asked for, journaled ahead of the change
+    /// about to be applied (under the namespace's lock).
+    fn skip_if_due(
+        &self,
+        ns: &mut Namespace,
+        seq: &mut u64,
+        queue: &mut concur::commit::Appender<'_>,
+    ) -> Result<(), StoreError> {
+        if !self
+            .skip_due
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            let mut queue = self.shared.queue.appender();
-            let mut guard = self.shared.ns.lock();
-            let (ns, seq) = &mut *guard;
-            let mark = self.mark.load(std::sync::atomic::Ordering::Relaxed);
-            if mark <= ns.next_inode() {
-                return Ok(());
-            }
-            tracing::info!(
-                from = ns.next_inode(),
-                to = mark,
-                "new inodes are numbered past those the last run may have given out"
-            );
-            let skip = Record {
-                seq: *seq + 1,
-                creds: Creds::root(),
-                time: (self.clock)(),
-                mutation: Mutation::SkipInodes { next: mark },
-                req: None,
-            };
-            Self::append(ns, seq, &mut queue, &skip)?;
+            return Ok(());
         }
-        if !self.deferred {
-            self.commit_queued();
+        let mark = self.mark.load(std::sync::atomic::Ordering::Relaxed);
+        if mark <= ns.next_inode() {
+            return Ok(());
+        }
+        tracing::info!(
+            from = ns.next_inode(),
+            to = mark,
+            "new inodes are numbered past those the last run may have given out"
+        );
+        let skip = Record {
+            seq: *seq + 1,
+            creds: Creds::root(),
+            time: (self.clock)(),
+            mutation: Mutation::SkipInodes { next: mark },
+            req: None,
+        };
+        if let Err(e) = Self::append(ns, seq, queue, &skip) {
+            self.skip_due
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(e);
         }
         Ok(())
     }
@@ -458,6 +476,7 @@ impl Store {
             if !clear(&touched) {
                 return Err(StoreError::Leased);
             }
+            self.skip_if_due(ns, seq, &mut queue)?;
             self.mark_ahead(ns, &m)?;
             let next_inode = ns.next_inode();
             let rec = Record {
@@ -815,6 +834,8 @@ impl Committer {
 impl Drop for Store {
     fn drop(&mut self) {
         self.shared.queue.stop();
+        // A committer waiting out the commit interval commits what is queued and stops now.
+        self.shared.hurry();
         if let Some(t) = self.committer.take() {
             let _ = t.join();
         }
