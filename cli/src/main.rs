@@ -183,7 +183,9 @@ enum Cmd {
     Mkdir {
         #[arg(short = 'p')]
         parents: bool,
-        /// The MDT the new directory (and what is made in it) lives on.
+        /// The MDT the new directory (and what is made in it) lives on. Without it, a
+        /// directory in the root goes to the MDT the MDS picks (in turn, the emptier first),
+        /// and any other to its parent's MDT.
         #[arg(short = 'i', long = "mdt-index", conflicts_with = "parents")]
         mdt: Option<u32>,
         /// Stripe the new directory's entries over this many MDTs (as `lfs mkdir -c`).

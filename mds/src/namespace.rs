@@ -2095,7 +2095,9 @@ impl Namespace {
         }
         self.local(new_parent)?;
         let src = self.lookup(parent, name, who)?.clone();
-        if src.kind == Kind::Dir {
+        // Another MDT's directory records its parent there: its name changes within that
+        // directory only (no RENAME_EXCHANGE, which would move it).
+        if src.kind == Kind::Dir && (parent != new_parent || flags.exchange) {
             self.local(src.fid)?;
         }
         self.not_moving(parent, name)?;

@@ -117,6 +117,8 @@ pub struct Registry {
     snapshot: Mutex<Option<(Instant, Arc<[TargetInfo]>)>>,
     /// The other MDTs (on MDT0): where each serves, its other addresses, when last heard of.
     mdts: Mutex<BTreeMap<u32, MdtEntry>>,
+    /// The inodes each other MDT said it held at its last registration (in memory).
+    mdt_inodes: Mutex<BTreeMap<u32, u64>>,
 }
 
 /// Another MDT as MDT0 knows it: where it serves, its other addresses, when last heard of.
@@ -225,6 +227,7 @@ impl Registry {
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             snapshot: Mutex::new(None),
             mdts: Mutex::new(mdts),
+            mdt_inodes: Default::default(),
         })
     }
 
@@ -360,6 +363,21 @@ impl Registry {
         }
         mdts.insert(mdt, (nid.clone(), bounded(rails), Some(now)));
         Ok(())
+    }
+
+    /// Records the inodes MDT `mdt` said it holds, as it registered.
+    pub fn mdt_holds(&self, mdt: u32, inodes: u64) {
+        self.mdt_inodes.lock().insert(mdt, inodes);
+    }
+
+    /// The other MDTs heard from lately, with the inodes each last said it held.
+    pub fn mdts_in_service(&self) -> Vec<(u32, u64)> {
+        let inodes = self.mdt_inodes.lock().clone();
+        self.mdts()
+            .into_iter()
+            .filter(|m| m.up)
+            .map(|m| (m.index, inodes.get(&m.index).copied().unwrap_or(0)))
+            .collect()
     }
 
     /// The other MDTs, as MDT0 knows them (none on another MDT).

@@ -252,11 +252,13 @@ impl MdsServer {
                 fs: fs.uuid,
                 nid: net.nid(),
                 rails: net.rails(),
+                inodes: 0,
             };
             tokio::spawn(register_with_mdt0(
                 caller.clone(),
                 mdt0,
                 r,
+                store.clone(),
                 cfg.mdt_heartbeat.max(Duration::from_millis(10)),
             ))
         });
@@ -358,12 +360,14 @@ impl MdsServer {
 async fn register_with_mdt0(
     caller: AnyNet,
     mdt0: Nid,
-    r: proto::registry::RegisterMdt,
+    mut r: proto::registry::RegisterMdt,
+    store: Arc<crate::store::Store>,
     every: Duration,
 ) {
     let mut failing: Option<String> = None;
     let mut first = true;
     loop {
+        r.inodes = store.read(|ns| ns.len() as u64);
         match lnet::call(&caller, &mdt0, &r, every.max(Duration::from_secs(5))).await {
             Ok(_) => {
                 if first || failing.take().is_some() {

@@ -73,6 +73,8 @@ pub struct RegisterMdt {
     pub nid: Nid,
     #[serde(deserialize_with = "crate::seq::deserialize")]
     pub rails: Vec<Nid>,
+    /// The inodes the MDT holds, as MDT0 weighs it when it spreads new directories.
+    pub inodes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

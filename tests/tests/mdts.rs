@@ -297,6 +297,7 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         fs: 0,
         nid: "127.0.0.1:1@tcp".parse().unwrap(),
         rails: vec![],
+        inodes: 0,
     };
     match call(&raw, &c.mds().nid(), &forged, T).await {
         Err(NetError::Remote { err, .. }) => assert_eq!(
@@ -452,6 +453,116 @@ async fn a_remote_directory_survives_kill_9_of_its_mds_and_a_mkdir_waits_for_it(
     let d = admin.stat("/r/d").await.unwrap();
     assert_eq!((d.kind, d.mode & 0o7777), (Kind::Dir, 0o700));
     assert!(c.mdt(1).unwrap().fsck().is_empty());
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_top_level_directories_spread_over_the_mdts_and_their_trees_stay_on_theirs() {
+    let (dir, c, admin) = two_mdts("lode-mdts-spread", |b| b).await;
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let mdt1 = c.mdt(1).expect("MDT1 runs").nid();
+    create_on_mdt1(&raw, &mdt1, "warmup", 1).await;
+    // MDT0 spreads over the MDTs it heard from lately.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !admin
+        .mdts()
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.index == 1 && m.up)
+    {
+        assert!(Instant::now() < deadline, "MDT1 never registered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A plain mkdir in the root, as every tool makes one: the jobs' trees land on both MDTs,
+    // in turn while the MDTs hold about as many inodes.
+    let mut on = [0; 2];
+    for i in 0..6 {
+        let job = admin.mkdir(&format!("/job{i}"), 0o755).await.unwrap();
+        let mdt = mdt_of(job.fid).expect("a FID of an MDT");
+        on[mdt as usize] += 1;
+        assert_eq!(admin.stat(&format!("/job{i}")).await.unwrap().fid, job.fid);
+        // Below it, everything stays on its MDT.
+        let sub = admin.mkdir(&format!("/job{i}/sub"), 0o755).await.unwrap();
+        assert_eq!(mdt_of(sub.fid), Some(mdt));
+        let bytes = data(i as u8, 10_000 + i);
+        let f = write_file(&admin, &format!("/job{i}/sub/f"), &bytes).await;
+        assert_eq!(mdt_of(f.fid), Some(mdt));
+        assert_eq!(
+            read_file(&admin, &format!("/job{i}/sub/f"), bytes.len() + 1).await,
+            bytes
+        );
+    }
+    assert_eq!(
+        on,
+        [3, 3],
+        "six top-level directories over two balanced MDTs"
+    );
+    // A name already there is refused whichever MDT would have taken it.
+    let e = admin.mkdir("/job0", 0o755).await.unwrap_err();
+    assert!(e.is(FsErrorKind::Exists), "{e}");
+    // One whose MDT is named stays there.
+    for i in 0..2 {
+        let pinned = admin
+            .mkdir_on(&format!("/pinned{i}"), 0o755, 0)
+            .await
+            .unwrap();
+        assert_eq!(mdt_of(pinned.fid), Some(0));
+    }
+    // Renamed in place (a job's output renamed when done), wherever it lives; moved to
+    // another directory, one of MDT1 is refused as between filesystems.
+    for i in 0..6 {
+        let before = admin.stat(&format!("/job{i}")).await.unwrap();
+        admin
+            .rename(&format!("/job{i}"), &format!("/done{i}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            admin.stat(&format!("/done{i}")).await.unwrap().fid,
+            before.fid
+        );
+        assert!(admin.stat(&format!("/job{i}")).await.is_err());
+        admin
+            .rename(&format!("/done{i}"), &format!("/job{i}"))
+            .await
+            .unwrap();
+        let moved = admin
+            .rename(&format!("/job{i}"), &format!("/pinned0/job{i}"))
+            .await;
+        if mdt_of(before.fid) == Some(1) {
+            let e = moved.unwrap_err();
+            assert!(e.is(FsErrorKind::CrossDevice), "{e}");
+        } else {
+            moved.unwrap();
+            admin
+                .rename(&format!("/pinned0/job{i}"), &format!("/job{i}"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            admin.stat(&format!("/job{i}/sub/f")).await.unwrap().size,
+            10_000 + i as u64
+        );
+    }
+    // Listed and removed as any directory.
+    let names: Vec<String> = admin
+        .readdir("/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    for i in 0..6 {
+        assert!(names.contains(&format!("job{i}")), "{names:?}");
+        admin.unlink(&format!("/job{i}/sub/f")).await.unwrap();
+        admin.rmdir(&format!("/job{i}/sub")).await.unwrap();
+        admin.rmdir(&format!("/job{i}")).await.unwrap();
+    }
     c.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

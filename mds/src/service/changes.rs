@@ -429,6 +429,7 @@ impl MdsService {
                 // Only a create answered ahead is stamped with the client's time.
                 let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
                 // Across MDTs: the other MDT's half first.
+                self.spread_top_dir(&mut m);
                 self.mkdir_striped(&mut m).await?;
                 self.mkdir_on(&mut m, &r.creds, r.req).await?;
                 self.rmdir_remote(&m, &r.creds, r.req).await?;

@@ -56,6 +56,7 @@ mod names;
 mod opens;
 mod remote;
 mod sessions;
+mod spread;
 mod striped;
 mod targets;
 
@@ -93,6 +94,8 @@ pub struct MdsService {
     across: Arc<tokio::sync::Notify>,
     /// Held while a rename to another MDT is carried out (one at a time).
     moving: tokio::sync::Mutex<()>,
+    /// How many top-level directories were placed ([`MdsService::spread_top_dir`]).
+    spread_turn: std::sync::atomic::AtomicU64,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -194,6 +197,7 @@ impl MdsService {
             settling: std::sync::atomic::AtomicBool::new(false),
             across: Arc::new(tokio::sync::Notify::new()),
             moving: tokio::sync::Mutex::new(()),
+            spread_turn: Default::default(),
         })
     }
 

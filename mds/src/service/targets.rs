@@ -55,6 +55,7 @@ impl MdsService {
         let r: RegisterMdt = req.decode()?;
         self.registry
             .register_mdt(r.mdt, r.fs, &r.nid, &r.rails)
+            .map(|()| self.registry.mdt_holds(r.mdt, r.inodes))
             .map_err(|e| {
                 let code = match e {
                     RegistryError::BadMdt(_) => StatusCode::Invalid,
