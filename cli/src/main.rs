@@ -146,10 +146,12 @@ enum Cmd {
         path: String,
     },
     /// Where a directory's entries live, with `lfs getdirstripe`'s fields; -m for the MDT
-    /// index alone.
+    /// index alone; -D for the default layout of its new subdirectories instead.
     Getdirstripe {
         #[arg(short = 'm', long = "mdt-index")]
         mdt_only: bool,
+        #[arg(short = 'D', long = "default")]
+        default: bool,
         path: String,
     },
     /// Space of every metadata and storage target, like `lfs df`; -i for the MDTs' inodes.
@@ -197,7 +199,11 @@ enum Cmd {
         path: String,
     },
     /// Make a directory striped over several MDTs (as `lfs setdirstripe`): `-c N` shards,
-    /// shard 0 on MDT `-i` (the parent's by default), names placed by the hash `-H`.
+    /// shard 0 on MDT `-i` (the parent's by default), names placed by the hash `-H`. With
+    /// -D, set instead the default of an existing directory's new subdirectories (each made
+    /// so unless its mkdir says otherwise, and passed on --max-inherit levels down, for ever
+    /// by default; without -i, each on its parent's MDT, or spread over the MDTs in the
+    /// root); -d removes that default.
     Setdirstripe {
         #[arg(short = 'c', long = "mdt-count", default_value_t = 1)]
         count: u32,
@@ -205,6 +211,17 @@ enum Cmd {
         mdt: Option<u32>,
         #[arg(short = 'H', long = "mdt-hash", default_value = "fnv_1a_64")]
         hash: String,
+        #[arg(short = 'D', long = "default", conflicts_with = "delete")]
+        default: bool,
+        #[arg(short = 'd', long = "delete")]
+        delete: bool,
+        /// Levels below the directory the default goes (with -D; -1: all).
+        #[arg(
+            long = "max-inherit",
+            allow_negative_numbers = true,
+            requires = "default"
+        )]
+        max_inherit: Option<i32>,
         path: String,
     },
     /// Remove files (and with -r, directories and what they hold).
@@ -552,7 +569,31 @@ fn run() -> Result<()> {
             } => mount::run(client, &mds, &mountpoint, options.as_deref(), mount_metrics).await,
             Cmd::Setstripe { args } => setstripe(&client, &args).await,
             Cmd::Getstripe { yaml, path } => getstripe(&client, &path, yaml).await,
-            Cmd::Getdirstripe { mdt_only, path } => {
+            Cmd::Getdirstripe {
+                default: true,
+                path,
+                ..
+            } => {
+                let d = client
+                    .dir_default(&path)
+                    .await
+                    .map_err(posix("cannot access", &path, 2))?;
+                if let Some(d) = d {
+                    let hash = proto::dirstripe::HashType::from_code(d.hash)
+                        .map_or_else(|| format!("unknown({})", d.hash), |h| h.name().into());
+                    let offset = d.offset.map_or("-1".to_string(), |o| o.to_string());
+                    let inherit = match d.inherit {
+                        proto::dirstripe::INHERIT_ALWAYS => "-1".to_string(),
+                        n => n.to_string(),
+                    };
+                    out!(
+                        "lmv_stripe_count: {} lmv_stripe_offset: {offset} lmv_hash_type: {hash} lmv_max_inherit: {inherit}",
+                        d.count
+                    );
+                }
+                Ok(())
+            }
+            Cmd::Getdirstripe { mdt_only, path, .. } => {
                 let i = client
                     .stat(&path)
                     .await
@@ -643,10 +684,54 @@ fn run() -> Result<()> {
                 Ok(())
             }
             Cmd::Setdirstripe {
+                delete: true, path, ..
+            } => client
+                .set_dir_default(&path, None)
+                .await
+                .map_err(posix("setdirstripe:", &path, 1)),
+            Cmd::Setdirstripe {
+                count,
+                mdt,
+                hash,
+                default: true,
+                max_inherit,
+                path,
+                ..
+            } => {
+                let bad = |what: String| PosixError {
+                    what: "setdirstripe:".into(),
+                    path: path.clone(),
+                    errno: libc::EINVAL,
+                    detail: Some(what),
+                    exit: 1,
+                };
+                let Some(h) = proto::dirstripe::HashType::parse(&hash) else {
+                    return Err(bad(format!("unknown hash {hash:?}")).into());
+                };
+                let inherit = match max_inherit {
+                    None | Some(-1) => proto::dirstripe::INHERIT_ALWAYS,
+                    Some(n) if (0..i32::from(proto::dirstripe::INHERIT_ALWAYS)).contains(&n) => {
+                        n as u8
+                    }
+                    Some(n) => return Err(bad(format!("--max-inherit {n} (-1, or 0 to 254)")).into()),
+                };
+                let d = proto::dirstripe::DirDefault {
+                    count,
+                    offset: mdt,
+                    hash: h.code(),
+                    inherit,
+                };
+                client
+                    .set_dir_default(&path, Some(d))
+                    .await
+                    .map_err(posix("setdirstripe:", &path, 1))
+            }
+            Cmd::Setdirstripe {
                 count,
                 mdt,
                 hash,
                 path,
+                ..
             } => mkdir_striped(&client, &path, count, mdt, &hash, "setdirstripe:").await,
             Cmd::Rm { recursive, paths } => {
                 // As `rm`: each operand that fails is reported, the others still removed.

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::dirstripe::{DirStripe, StripeState, LMV_XATTR};
+use proto::dirstripe::{DirDefault, DirStripe, StripeState, DEFAULT_XATTR, LMV_XATTR};
 use proto::md::{Inode, MdsGetattr, Mutation};
 use proto::{Fid, FsErrorKind};
 
@@ -235,6 +235,44 @@ impl Client {
             .xattrs
             .get(LMV_XATTR)
             .and_then(|v| DirStripe::decode(v)))
+    }
+
+    /// The default layout of the new subdirectories of directory `path`, when it has one
+    /// (`lfs getdirstripe -D`).
+    pub async fn dir_default(&self, path: &str) -> Result<Option<DirDefault>> {
+        let dir = self.stat(path).await?;
+        if dir.kind != proto::md::Kind::Dir {
+            return Err(ClientError::fs(
+                FsErrorKind::NotDir,
+                format!("{path} is not a directory"),
+            ));
+        }
+        let r = MdsGetattr {
+            fid: dir.fid,
+            creds: self.creds().clone(),
+            lease: None,
+        };
+        let a = self.rpc(&self.mds_for(dir.fid).await?, &r).await?;
+        Ok(proto::dirstripe::default_of_inode(&a.inode))
+    }
+
+    /// Sets (or with `None` removes) the default layout of the new subdirectories of
+    /// directory `path` (`lfs setdirstripe -D`, `-d`): the directory's owner or root.
+    pub async fn set_dir_default(&self, path: &str, default: Option<DirDefault>) -> Result<()> {
+        if let Some(why) = default.as_ref().and_then(DirDefault::invalid) {
+            return Err(ClientError::fs(FsErrorKind::Invalid, why));
+        }
+        let dir = self.stat(path).await?;
+        let name = DEFAULT_XATTR.to_string();
+        let m = match default {
+            Some(d) => Mutation::SetXattr {
+                fid: dir.fid,
+                name,
+                value: d.encode(),
+            },
+            None => Mutation::RemoveXattr { fid: dir.fid, name },
+        };
+        self.reint(m).await.map(|_| ())
     }
 
     /// Makes directory `path` striped over `count` MDTs, shard 0 on MDT `offset` (the

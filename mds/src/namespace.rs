@@ -2339,6 +2339,9 @@ impl Namespace {
         who: &Creds,
         now: Time,
     ) -> Result<Applied> {
+        if name == proto::dirstripe::DEFAULT_XATTR {
+            return self.set_dir_default(fid, value, who, now);
+        }
         let Some(short) = name.strip_prefix("user.") else {
             return err(
                 FsErrorKind::NotSupported,
@@ -2381,6 +2384,50 @@ impl Namespace {
             Some(v) => x.xattrs.insert(name.to_owned(), v.clone()),
             None => x.xattrs.remove(name),
         };
+        x.ctime = now;
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Sets (or, with `None`, removes) the default layout of directory `fid`'s new
+    /// subdirectories ([`proto::dirstripe::DirDefault`]): by its owner or root, as
+    /// `lfs setdirstripe -D` and `-d`. Removing one that is not there changes nothing.
+    fn set_dir_default(
+        &mut self,
+        fid: Fid,
+        value: Option<&Vec<u8>>,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        self.dir(fid)?;
+        let i = self.inode(fid)?;
+        if who.uid != 0 && who.uid != i.uid {
+            return err(
+                FsErrorKind::NotPermitted,
+                format!("only {fid}'s owner or root sets its subdirectories' default layout"),
+            );
+        }
+        if let Some(v) = value {
+            let Some(d) = proto::dirstripe::DirDefault::decode(v) else {
+                return err(FsErrorKind::Invalid, "not a default directory layout");
+            };
+            if let Some(why) = d.invalid() {
+                return err(FsErrorKind::Invalid, why);
+            }
+        }
+        let name = proto::dirstripe::DEFAULT_XATTR;
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        match value {
+            Some(v) => {
+                x.xattrs.insert(name.to_owned(), v.clone());
+            }
+            None => {
+                x.xattrs.remove(name);
+            }
+        }
         x.ctime = now;
         Ok(Applied {
             inode: Some(x.clone()),

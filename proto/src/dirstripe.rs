@@ -21,6 +21,11 @@ pub const LMV_XATTR: &str = "lode.lmv";
 pub const SHARD_XATTR: &str = "lode.shard";
 /// The most shards a striped directory may have.
 pub const MAX_DIR_STRIPES: u32 = crate::fid::MAX_MDTS;
+/// The extended attribute of a directory whose new subdirectories get a layout of their own
+/// by default (Lustre's default LMV, `lfs setdirstripe -D`): its [`DirDefault`], encoded.
+pub const DEFAULT_XATTR: &str = "lode.dmv";
+/// [`DirDefault::inherit`] that never runs out.
+pub const INHERIT_ALWAYS: u8 = u8::MAX;
 
 /// How names are placed on shards. The number is the one written into the layout; a new
 /// hash gets a new number, and the definition behind a number never changes.
@@ -171,6 +176,72 @@ impl ShardOf {
     pub fn decode(bytes: &[u8]) -> Option<ShardOf> {
         postcard::from_bytes(bytes).ok()
     }
+}
+
+/// How a directory's new subdirectories are laid out when their mkdir says nothing, kept in
+/// its [`DEFAULT_XATTR`] (and, on a striped directory, in each shard's, where the names are).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirDefault {
+    /// Shards of each new subdirectory (1: a plain directory); never more than the filesystem
+    /// has MDTs.
+    pub count: u32,
+    /// The MDT of each new subdirectory's shard 0; `None`: its parent's, or, for one made in
+    /// the root, the MDT the MDS picks (Lustre's `-i -1`).
+    pub offset: Option<u32>,
+    /// The hash's number ([`HashType::code`]).
+    pub hash: u32,
+    /// How many levels further down the default goes: each new subdirectory gets it with one
+    /// less, and with 0 it stops there ([`INHERIT_ALWAYS`]: for ever; Lustre's
+    /// `--max-inherit`).
+    pub inherit: u8,
+}
+
+impl DirDefault {
+    /// What a new subdirectory made under this default gets, if anything.
+    pub fn passed_on(&self) -> Option<DirDefault> {
+        match self.inherit {
+            0 => None,
+            INHERIT_ALWAYS => Some(*self),
+            n => Some(DirDefault {
+                inherit: n - 1,
+                ..*self
+            }),
+        }
+    }
+
+    /// Why it cannot be a default: an unknown hash, no shards or more than any filesystem
+    /// has MDTs, an MDT past the most.
+    pub fn invalid(&self) -> Option<String> {
+        if HashType::from_code(self.hash).is_none() {
+            return Some(format!("hash {} is unknown", self.hash));
+        }
+        if self.count == 0 || self.count > MAX_DIR_STRIPES {
+            return Some(format!(
+                "a default of {} shards (1 to {MAX_DIR_STRIPES})",
+                self.count
+            ));
+        }
+        match self.offset {
+            Some(o) if o >= crate::fid::MAX_MDTS => Some(format!("MDT{o} is past the most")),
+            _ => None,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        crate::msg::encode(self).expect("a default always encodes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<DirDefault> {
+        postcard::from_bytes(bytes).ok()
+    }
+}
+
+/// The default layout of `inode`'s new subdirectories, when it has one.
+pub fn default_of_inode(inode: &crate::md::Inode) -> Option<DirDefault> {
+    inode
+        .xattrs
+        .get(DEFAULT_XATTR)
+        .and_then(|v| DirDefault::decode(v))
 }
 
 /// The layout of `inode` when it is a striped directory's master.

@@ -299,6 +299,37 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert_eq!(code, 0, "{err}");
     assert!(c.lode(&["ls", "/wide"]).0 != 0);
 
+    // A default for new subdirectories: set, shown, used one level down, removed.
+    assert_eq!(c.lode(&["mkdir", "-i", "0", "/jobs"]).0, 0);
+    let set = [
+        "setdirstripe",
+        "-D",
+        "-c",
+        "2",
+        "--max-inherit",
+        "1",
+        "/jobs",
+    ];
+    let (code, _, err) = c.lode(&set);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = c.lode(&["getdirstripe", "-D", "/jobs"]);
+    assert_eq!(
+        out,
+        "lmv_stripe_count: 2 lmv_stripe_offset: -1 lmv_hash_type: fnv_1a_64 lmv_max_inherit: 1\n"
+    );
+    assert_eq!(c.lode(&["mkdir", "/jobs/a"]).0, 0);
+    let (_, out, _) = c.lode(&["getdirstripe", "/jobs/a"]);
+    assert!(out.starts_with("lmv_stripe_count: 2 "), "{out}");
+    let (_, out, _) = c.lode(&["getdirstripe", "-D", "/jobs/a"]);
+    assert!(out.ends_with("lmv_max_inherit: 0\n"), "{out}");
+    let (code, _, err) = c.lode(&["setdirstripe", "-d", "/jobs"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(c.lode(&["getdirstripe", "-D", "/jobs"]).1, "");
+    let (code, _, err) = c.lode(&["setdirstripe", "-D", "-H", "crc", "/jobs"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown hash"), "{err}");
+    assert_eq!(c.lode(&["rm", "-r", "/jobs"]).0, 0);
+
     let pid: i32 = std::fs::read_to_string(c.dir.join("cluster.pids"))
         .unwrap()
         .lines()

@@ -640,3 +640,137 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
 fn tracing_like(e: &client::ClientError) {
     eprintln!("rename during the crashes: {e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_directory_layout_lays_out_new_subdirectories_and_goes_down_as_far_as_it_says() {
+    let (dir, c, admin) = three_mdts("lode-dirdefault", |b| b).await;
+    use proto::dirstripe::{DirDefault, INHERIT_ALWAYS};
+    let striped2 = DirDefault {
+        count: 2,
+        offset: None,
+        hash: HashType::Fnv1a64.code(),
+        inherit: INHERIT_ALWAYS,
+    };
+    admin.mkdir_on("/data", 0o755, 0).await.unwrap();
+    assert_eq!(admin.dir_default("/data").await.unwrap(), None);
+    admin
+        .set_dir_default("/data", Some(striped2))
+        .await
+        .unwrap();
+    assert_eq!(admin.dir_default("/data").await.unwrap(), Some(striped2));
+    // Every new subdirectory, at any depth, is striped over two MDTs, and works as one.
+    let mut at = "/data".to_string();
+    for depth in 0..3 {
+        at = format!("{at}/d{depth}");
+        let made = admin.mkdir(&at, 0o755).await.unwrap();
+        let stripe = admin.dir_stripe(made.fid).await.unwrap().expect("striped");
+        assert_eq!(
+            (stripe.count, stripe.state),
+            (2, StripeState::Ready),
+            "{at}"
+        );
+        assert_eq!(
+            admin.dir_default(&at).await.unwrap(),
+            Some(striped2),
+            "{at}"
+        );
+        for i in 0..6 {
+            write(&admin, &format!("{at}/f{i}"), &[i; 3]).await.unwrap();
+        }
+        assert_eq!(read(&admin, &format!("{at}/f5")).await, [5; 3]);
+    }
+    // A mkdir that says where goes there all the same.
+    let pinned = admin.mkdir_on("/data/pinned", 0o755, 2).await.unwrap();
+    assert_eq!(mdt_of(pinned.fid), Some(2));
+    assert!(admin.dir_stripe(pinned.fid).await.unwrap().is_none());
+
+    // On one MDT, one level further down: /one/a on MDT2 with the default, /one/a/b on MDT2
+    // without it, /one/a/b/c plain on b's MDT.
+    admin.mkdir_on("/one", 0o755, 0).await.unwrap();
+    let on2 = DirDefault {
+        count: 1,
+        offset: Some(2),
+        hash: HashType::Fnv1a64.code(),
+        inherit: 1,
+    };
+    admin.set_dir_default("/one", Some(on2)).await.unwrap();
+    let a = admin.mkdir("/one/a", 0o755).await.unwrap();
+    assert_eq!(mdt_of(a.fid), Some(2));
+    assert_eq!(
+        admin.dir_default("/one/a").await.unwrap(),
+        Some(DirDefault { inherit: 0, ..on2 })
+    );
+    let b = admin.mkdir("/one/a/b", 0o755).await.unwrap();
+    assert_eq!(mdt_of(b.fid), Some(2));
+    assert_eq!(admin.dir_default("/one/a/b").await.unwrap(), None);
+    // Removed: new subdirectories are plain again, on their parent's MDT.
+    admin.set_dir_default("/one", None).await.unwrap();
+    assert_eq!(admin.dir_default("/one").await.unwrap(), None);
+    let plain = admin.mkdir("/one/plain", 0o755).await.unwrap();
+    assert_eq!(mdt_of(plain.fid), Some(0));
+
+    // A default set on a striped directory reaches its shards, where the names are.
+    let s = admin
+        .mkdir_striped("/s", 0o755, 3, Some(0), HashType::Fnv1a64)
+        .await
+        .unwrap();
+    admin.set_dir_default("/s", Some(on2)).await.unwrap();
+    for i in 0..6 {
+        let sub = admin.mkdir(&format!("/s/sub{i}"), 0o755).await.unwrap();
+        assert_eq!(mdt_of(sub.fid), Some(2), "/s/sub{i}");
+    }
+    let _ = s;
+
+    // Only the directory's owner (or root) sets it, whatever a client sends, and only a
+    // default that makes sense.
+    let user = c
+        .client(
+            "user",
+            ClientConfig {
+                creds: Creds {
+                    uid: 1000,
+                    gid: 1000,
+                    groups: vec![],
+                },
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let e = user.set_dir_default("/data", Some(on2)).await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotPermitted), "{e}");
+    assert_eq!(admin.dir_default("/data").await.unwrap(), Some(striped2));
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let data = admin.stat("/data").await.unwrap();
+    for value in [
+        b"garbage".to_vec(),
+        DirDefault { count: 0, ..on2 }.encode(),
+        DirDefault { hash: 77, ..on2 }.encode(),
+        DirDefault {
+            offset: Some(proto::fid::MAX_MDTS),
+            ..on2
+        }
+        .encode(),
+    ] {
+        let r = MdsReint::durable(
+            Creds::root(),
+            Mutation::SetXattr {
+                fid: data.fid,
+                name: proto::dirstripe::DEFAULT_XATTR.into(),
+                value,
+            },
+        );
+        match call(&raw, &c.mds().nid(), &r, T).await {
+            Err(NetError::Remote { err, .. }) => {
+                assert_eq!(err.code, StatusCode::Fs(FsErrorKind::Invalid), "{err:?}")
+            }
+            other => panic!("a malformed default was taken: {other:?}"),
+        }
+    }
+    assert_eq!(admin.dir_default("/data").await.unwrap(), Some(striped2));
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -429,7 +429,7 @@ impl MdsService {
                 // Only a create answered ahead is stamped with the client's time.
                 let time = r.time.filter(|_| matches!(m, Mutation::CreateAt { .. }));
                 // Across MDTs: the other MDT's half first.
-                self.spread_top_dir(&mut m);
+                let pass = self.place_new_dir(&mut m).await?;
                 self.mkdir_striped(&mut m).await?;
                 self.mkdir_on(&mut m, &r.creds, r.req).await?;
                 self.rmdir_remote(&m, &r.creds, r.req).await?;
@@ -438,6 +438,14 @@ impl MdsService {
                 let chattr = match &m {
                     Mutation::Setattr { attr, .. }
                         if attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some() =>
+                    {
+                        Some(m.clone())
+                    }
+                    _ => None,
+                };
+                let default_set = match &m {
+                    Mutation::SetXattr { name, .. } | Mutation::RemoveXattr { name, .. }
+                        if name == proto::dirstripe::DEFAULT_XATTR =>
                     {
                         Some(m.clone())
                     }
@@ -484,6 +492,9 @@ impl MdsService {
                 if let Some(set) = chattr {
                     self.restripe_attrs(&set).await;
                 }
+                if let Some(set) = default_set {
+                    self.restripe_default(&set).await;
+                }
                 if let Some(master) = inode.as_ref().filter(|_| striped).map(|i| i.fid) {
                     // The shards now; should an MDT not answer, the directory is named and
                     // its shards are made once it does (names in it wait till then).
@@ -493,6 +504,13 @@ impl MdsService {
                             tracing::warn!(%master, error = %e, "a striped directory's shards wait for their MDTs");
                             self.across.notify_one();
                         }
+                    }
+                }
+                if let (Some(pass), Some(made)) = (pass, inode.clone()) {
+                    self.pass_dir_default(&made, pass).await;
+                    // Answered as it is now, default and all, when it is this MDT's.
+                    if let Some(now) = self.store.read(|ns| ns.inode(made.fid).ok().cloned()) {
+                        inode = Some(now);
                     }
                 }
                 (inode, true)

@@ -23,7 +23,7 @@ use super::*;
 
 impl MdsService {
     /// The MDTs of the filesystem, in index order (this one included).
-    async fn mdt_indices(&self) -> Result<Vec<u32>, RemoteError> {
+    pub(super) async fn mdt_indices(&self) -> Result<Vec<u32>, RemoteError> {
         let own = self.registry.filesystem().mdt;
         let listed = match &self.mdt0 {
             None => self.registry.mdts(),
@@ -104,7 +104,11 @@ impl MdsService {
 
     /// `m` carried out by MDT `mdt` (this one's own store when it is this MDT), as a server,
     /// durable when answered.
-    async fn on_shard_mdt(&self, mdt: u32, m: Mutation) -> Result<MdsReintReply, RemoteError> {
+    pub(super) async fn on_shard_mdt(
+        &self,
+        mdt: u32,
+        m: Mutation,
+    ) -> Result<MdsReintReply, RemoteError> {
         if mdt == self.registry.filesystem().mdt {
             let done = self.apply_own(m, None).await?;
             return Ok(MdsReintReply {
@@ -125,7 +129,7 @@ impl MdsService {
     }
 
     /// The layout of `fid` now, when it is a striped directory here.
-    fn stripe_now(&self, fid: proto::Fid) -> Option<(Inode, DirStripe)> {
+    pub(super) fn stripe_now(&self, fid: proto::Fid) -> Option<(Inode, DirStripe)> {
         self.store
             .read(|ns| ns.inode(fid).ok().cloned())
             .and_then(|i| proto::dirstripe::of_inode(&i).map(|s| (i, s)))
