@@ -141,7 +141,10 @@ impl Inner {
             windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
             client_id: id,
             requests: Default::default(),
-            writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
+            // Each session its own place in the storage servers' order of writes: a client
+            // started again under the same id (a service's fixed one) starts its writes
+            // anew, and must not find them refused as older than its last life's.
+            writes: Arc::new(crate::unstable::Writes::new(rand::random::<u64>().max(1))),
             opens: crate::opens::Opens::default(),
             gpu: std::sync::OnceLock::new(),
             staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
@@ -1376,14 +1379,25 @@ impl Client {
             } else if names.len() == 1 {
                 vec![self.lookup_as(dir, &names[0], !passing).await?]
             } else {
-                let r = MdsLookupPath {
-                    creds: self.creds.clone(),
-                    dir,
-                    names: names.iter().cloned().map(Name).collect(),
+                // The walk stops at a directory of another MDT, and at a striped one; the
+                // names after it are walked there, from the shard the first lives in (the
+                // layout read again when the MDS says it was not known right).
+                let mut tries = 0;
+                let mut got = loop {
+                    let from = self.shard_for(dir, &names[0]);
+                    let r = MdsLookupPath {
+                        creds: self.creds.clone(),
+                        dir: from,
+                        names: names.iter().cloned().map(Name).collect(),
+                    };
+                    match self.rpc(&self.mds_for(from).await?, &r).await {
+                        Err(e) if e.is(FsErrorKind::WrongShard) && tries < REROUTES => {
+                            tries += 1;
+                            self.reread_stripe(dir).await?;
+                        }
+                        other => break other?.inodes,
+                    }
                 };
-                // The walk stops at a directory of another MDT; the names after it are
-                // walked there.
-                let mut got = self.rpc(&self.mds_for(dir).await?, &r).await?.inodes;
                 // Only where the path ends is a directory of another MDT wanted whole.
                 if got.len() == names.len() && todo.is_empty() && !walk {
                     if let Some(last) = got.pop() {
