@@ -10,7 +10,10 @@
 //! MDTs (the name moves to MDT0, the file stays on MDT1), coordinated by MDT1 while MDT0
 //! crashes, and the checkpoint it replaces dropped at its own MDT. One plain file in four
 //! lives in `/s`, a directory striped over both MDTs, and so do the second client's bursts of
-//! creates answered ahead (each name on the MDT its hash gives).
+//! creates answered ahead (each name on the MDT its hash gives). Jobs' trees (`/tK`) are made
+//! striped over both MDTs, or on MDT1, or on MDT0 with a default that stripes each new
+//! subdirectory over both, then filled with subdirectories and files, listed, read back and
+//! removed, so striped mkdirs and rmdirs, and the defaults passed on, meet every crash.
 //!
 //! One seed chooses everything: the workload (checkpoints written to a temporary name,
 //! fsynced and renamed into place; files written at random offsets and fsynced; truncates;
@@ -41,7 +44,8 @@
 //! zeros; the copies of a mirrored checkpoint whose layout calls both in sync hold the same
 //! bytes; a burst's create of a name never used before never finds it there, nor its removal
 //! finds it gone, and the burst's directory ends empty (a resent change carried out twice
-//! shows as one of these); a client evicted with acknowledged changes is told by its next
+//! shows as one of these); a tree lists exactly the names made in it, each file reads back
+//! what was written, and a tree removed is gone; a client evicted with acknowledged changes is told by its next
 //! sync (else they are held to the rules above, and found missing); after the faults stop, the
 //! cluster makes progress (a new checkpoint commits); each
 //! MDT's namespace passes `fsck`, the two pass the check across MDTs (every directory placed
@@ -72,7 +76,7 @@ mod check_progress;
 mod faults;
 mod workload;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -19,6 +19,9 @@ impl Sim {
             let count = self.rng.gen_range(1..=600);
             return self.burst(slot, count).await;
         }
+        if self.rng.gen_bool(0.05) {
+            return self.tree(slot, k).await;
+        }
         match self.rng.gen_range(0..10) {
             0..=3 => {
                 let data = self.bytes(MAX_BYTES);
@@ -83,6 +86,117 @@ impl Sim {
         }
     }
 
+    /// A job's tree: a directory striped over both MDTs, or on MDT1, or on MDT0 with a default
+    /// that stripes its subdirectories, made, filled with subdirectories and files, read
+    /// back, emptied and removed. A crash between operations leaves it as it was, and the next
+    /// tree of the same name removes what is left first; every step that succeeded is seen, and
+    /// the namespaces stay whole across MDTs (checked with fsck).
+    pub(super) async fn tree(&mut self, slot: usize, k: u32) -> Result<(), Failure> {
+        let c = self.clients[slot].clone();
+        let top = format!("/t{k}");
+        if let Err(e) = remove_tree(&c, &top).await {
+            self.note(|| format!("tree {top}: what was left not removed: {e}"));
+            self.report.refused += 1;
+            return Ok(());
+        }
+        let hash = proto::dirstripe::HashType::Fnv1a64;
+        let made = match k % 3 {
+            0 => c
+                .mkdir_striped(&top, 0o755, 2, None, hash)
+                .await
+                .map(|_| ()),
+            1 => c.mkdir_on(&top, 0o755, 1).await.map(|_| ()),
+            _ => {
+                let d = proto::dirstripe::DirDefault {
+                    count: 2,
+                    offset: None,
+                    hash: hash.code(),
+                    inherit: 0,
+                };
+                match c.mkdir_on(&top, 0o755, 0).await {
+                    Ok(_) => c.set_dir_default(&top, Some(d)).await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(e) = made {
+            self.note(|| format!("tree {top}: not made: {e}"));
+            self.report.refused += 1;
+            return Ok(());
+        }
+        let mut want = BTreeSet::new();
+        for i in 0..3 {
+            let sub = format!("{top}/s{i}");
+            let file = format!("{sub}/f");
+            let done = async {
+                c.mkdir(&sub, 0o755).await?;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&c, &file)
+                    .await?;
+                f.write_at(0, file.as_bytes()).await?;
+                f.close().await
+            }
+            .await;
+            match done {
+                Ok(()) => {
+                    want.insert(format!("s{i}"));
+                }
+                Err(e) => {
+                    self.note(|| format!("tree {file}: not made: {e}"));
+                    self.report.refused += 1;
+                    return Ok(());
+                }
+            }
+        }
+        // Listed whole, each file read back as written.
+        let listed: BTreeSet<String> = match c.readdir(&top).await {
+            Ok(l) => l
+                .into_iter()
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                .collect(),
+            Err(e) => {
+                self.report.refused += 1;
+                self.note(|| format!("tree {top}: not listed: {e}"));
+                return Ok(());
+            }
+        };
+        if listed != want {
+            return Err(self.fail(format!("{top} lists {listed:?}, not {want:?}")));
+        }
+        for name in &want {
+            let file = format!("{top}/{name}/f");
+            match read_path(&c, &file).await {
+                Ok(b) if b == file.as_bytes() => {}
+                Ok(b) => {
+                    return Err(self.fail(format!("{file} reads {} bytes, not its path", b.len())))
+                }
+                Err(e) => {
+                    self.report.refused += 1;
+                    self.note(|| format!("tree {file}: not read: {e}"));
+                    return Ok(());
+                }
+            }
+        }
+        match remove_tree(&c, &top).await {
+            Ok(()) => match c.stat(&top).await {
+                Err(e) if e.is(proto::FsErrorKind::NotFound) => {}
+                other => {
+                    return Err(self.fail(format!(
+                        "{top}, removed, is still there: {:?}",
+                        other.map(|i| i.fid)
+                    )))
+                }
+            },
+            Err(e) => {
+                self.report.refused += 1;
+                self.note(|| format!("tree {top}: not removed: {e}"));
+            }
+        }
+        Ok(())
+    }
+
     /// Creates `count` files of names never used, answered ahead where the client may, then
     /// removes them; a change carried out twice shows as a name found there, or found gone.
     pub(super) async fn burst(&mut self, slot: usize, count: usize) -> Result<(), Failure> {
@@ -93,7 +207,9 @@ impl Sim {
             c.mkdir_striped(&dir, 0o755, 2, None, proto::dirstripe::HashType::Fnv1a64)
                 .await
         } else {
-            c.mkdir(&dir, 0o755).await
+            // On MDT0, where creates are answered ahead (a plain mkdir in the root may go to
+            // either MDT).
+            c.mkdir_on(&dir, 0o755, 0).await
         };
         match made {
             Ok(_) => {}
@@ -359,4 +475,32 @@ impl Sim {
             }
         }
     }
+}
+
+/// Removes the tree at `top`, if any: files, then directories, deepest first.
+async fn remove_tree(c: &Client, top: &str) -> client::Result<()> {
+    let subs = match c.readdir(top).await {
+        Ok(l) => l,
+        Err(e) if e.is(proto::FsErrorKind::NotFound) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in subs {
+        let path = format!("{top}/{}", String::from_utf8_lossy(&e.name));
+        if e.kind == proto::md::Kind::Dir {
+            Box::pin(remove_tree(c, &path)).await?;
+        } else {
+            c.unlink(&path).await?;
+        }
+    }
+    c.rmdir(top).await
+}
+
+/// The bytes of the file at `path`.
+async fn read_path(c: &Client, path: &str) -> client::Result<Vec<u8>> {
+    let f = OpenOptions::new().read(true).open(c, path).await?;
+    let mut buf = vec![0u8; 4096];
+    let n = f.read_at(0, &mut buf).await?;
+    buf.truncate(n);
+    f.close().await?;
+    Ok(buf)
 }
