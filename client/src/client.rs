@@ -141,10 +141,7 @@ impl Inner {
             windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
             client_id: id,
             requests: Default::default(),
-            // Each session its own place in the storage servers' order of writes: a client
-            // started again under the same id (a service's fixed one) starts its writes
-            // anew, and must not find them refused as older than its last life's.
-            writes: Arc::new(crate::unstable::Writes::new(rand::random::<u64>().max(1))),
+            writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
             opens: crate::opens::Opens::default(),
             gpu: std::sync::OnceLock::new(),
             staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),

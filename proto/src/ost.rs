@@ -44,8 +44,7 @@ pub struct OstWrite {
 /// A write's place in its client's order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteStamp {
-    /// The client session's random id (a new one at each start); 0 for a write that takes no
-    /// part in ordering (tools).
+    /// The client's random id; 0 for a write that takes no part in ordering (tools).
     pub client: u64,
     /// The client's number for this write, rising; a resend keeps it.
     pub xid: u64,
