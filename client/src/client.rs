@@ -378,11 +378,25 @@ impl Client {
         }
         self.reopen_all().await?;
         if joined {
+            // Changes answered ahead and not yet sent were answered under leases the restart
+            // took away: the MDS takes them before anyone else's new change, once every
+            // client's replays are over (the queue's sender sends them then), and this client
+            // says it is done again once they are answered.
+            let ahead = self.inner.pending.unanswered() > 0;
             let done = MdsReplayDone {
                 client: self.inner.client_id,
                 instance,
+                ahead,
             };
             self.rpc(&self.inner.mds.clone(), &done).await?;
+            if ahead {
+                self.inner.pending.settle().await;
+                let done = MdsReplayDone {
+                    ahead: false,
+                    ..done
+                };
+                self.rpc(&self.inner.mds.clone(), &done).await?;
+            }
         }
         Ok(())
     }

@@ -143,7 +143,7 @@ impl Allocator {
 
     /// Whether clients are replaying their uncommitted changes after a start.
     fn replaying_now(&self) -> bool {
-        self.replaying.get().is_some_and(|c| c.recovering())
+        self.replaying.get().is_some_and(|c| c.replaying())
     }
 
     /// Holds back orphan cleanup while `clients` recover.

@@ -71,6 +71,10 @@ struct Recovery {
     /// The table as it was at the start: the clients that may hold uncommitted changes.
     expected: BTreeSet<u128>,
     done: HashSet<u128>,
+    /// Clients done replaying that still hold changes they answered ahead and had not sent:
+    /// once every replay is over, only their batches are served, until each says it is done
+    /// again (or the window closes).
+    flushing: HashSet<u128>,
     /// Replays waiting for their turn: transaction number -> client.
     waiting: BTreeMap<u64, u128>,
     /// The transaction being applied again now.
@@ -91,6 +95,15 @@ struct Recovery {
     /// after it fails (the clients keep their changes for the next run) and recovery does
     /// not end.
     failed: Option<String>,
+}
+
+impl Recovery {
+    /// Every expected client replayed all it had, and no replay is waiting or being applied.
+    fn replays_over(&self) -> bool {
+        self.applying.is_none()
+            && self.waiting.is_empty()
+            && self.expected.iter().all(|c| self.done.contains(c))
+    }
 }
 
 fn load(disk: &dyn MetaDisk) -> Result<BTreeSet<u128>, ClientsError> {
@@ -140,6 +153,7 @@ impl Clients {
             Recovery {
                 expected: table.clone(),
                 done: HashSet::new(),
+                flushing: HashSet::new(),
                 waiting: BTreeMap::new(),
                 applying: None,
                 next: committed + 1,
@@ -253,12 +267,46 @@ impl Clients {
     }
 
     /// `client` has replayed all it held.
-    pub fn replay_done(&self, client: u128) {
+    /// `client` replayed all it had; with `ahead`, it still holds changes it answered ahead,
+    /// to be taken before anyone else's ([`Clients::may_flush`]), and says so again without
+    /// `ahead` once they are answered.
+    pub fn replay_done(&self, client: u128, ahead: bool) {
         let mut s = self.state.lock();
         if let Some(r) = s.recovery.as_mut() {
             r.done.insert(client);
+            if ahead {
+                r.flushing.insert(client);
+            } else {
+                r.flushing.remove(&client);
+            }
+            r.ends = r.ends.max(Instant::now() + Duration::from_secs(2));
         }
         self.advance(&mut s);
+    }
+
+    /// Whether every replay of this recovery is over (the clients' changes answered ahead may
+    /// still be coming): orphans can be cleaned up, for one.
+    pub fn replaying(&self) -> bool {
+        self.state
+            .lock()
+            .recovery
+            .as_ref()
+            .is_some_and(|r| !r.replays_over())
+    }
+
+    /// Whether a batch of `client`'s may be served now: outside recovery, or once every
+    /// replay is over when `client` said it holds changes answered ahead (they go before
+    /// anyone else's new change). Keeps the window open while they come.
+    pub fn may_flush(&self, client: u128) -> bool {
+        let mut s = self.state.lock();
+        let Some(r) = s.recovery.as_mut() else {
+            return true;
+        };
+        let ok = r.replays_over() && r.flushing.contains(&client);
+        if ok {
+            r.ends = r.ends.max(Instant::now() + Duration::from_secs(2));
+        }
+        ok
     }
 
     /// Replays `ticket`, first applied as transaction `transno`, in its turn. An error says
@@ -376,6 +424,10 @@ impl Clients {
             }
             return;
         }
+        if !r.flushing.is_empty() {
+            // Replays over: the changes clients answered ahead come next, alone.
+            return;
+        }
         self.end(s);
         self.changed.send_modify(|n| *n += 1);
     }
@@ -436,6 +488,13 @@ impl Clients {
                 for c in gone {
                     r.expected.remove(&c);
                     r.evicted.push(c);
+                }
+                if r.replays_over() && !r.flushing.is_empty() {
+                    tracing::warn!(
+                        clients = r.flushing.len(),
+                        "recovery window closed before clients sent the changes they answered ahead: they go with everyone else's"
+                    );
+                    r.flushing.clear();
                 }
                 self.advance(&mut s);
             }

@@ -986,6 +986,11 @@ pub struct MdsReplayDone {
     /// resend that outlived the run it was meant for would end the later run's recovery
     /// before this client replayed there).
     pub instance: u64,
+    /// The client still holds changes it answered ahead and had not sent when the MDS
+    /// stopped: the MDS takes them (`MDS_BATCH`) once every client's replays are over and
+    /// before anyone's new change, and the client says it is done again, without them, once
+    /// they are answered.
+    pub ahead: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

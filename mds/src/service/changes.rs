@@ -20,6 +20,27 @@ impl MdsService {
                 format!("{} operations in one batch, past {MAX_BATCH}", r.ops.len()),
             ));
         }
+        if self.clients.recovering() {
+            // Only the changes a client answered ahead before the restart, once every replay
+            // is over, and only its own (each operation is checked as the caller's below).
+            let client = r.ops.iter().find_map(|op| match op {
+                BatchOp::Reint(r) => r.req.map(|q| q.client),
+                BatchOp::Close(c) => Some(c.handle.client),
+            });
+            let mine = |c: u128| {
+                r.ops.iter().all(|op| match op {
+                    BatchOp::Reint(r) => r.req.is_none_or(|q| q.client == c),
+                    BatchOp::Close(x) => x.handle.client == c,
+                })
+            };
+            let may = client.is_some_and(|c| mine(c) && self.clients.may_flush(c));
+            if !may {
+                return Err(RemoteError::new(
+                    StatusCode::Busy,
+                    "the MDS is recovering: clients are replaying their changes",
+                ));
+            }
+        }
         let mut results = Vec::with_capacity(r.ops.len());
         // An operation refused for now (Busy: no storage target in service yet) stops
         // the batch there: the later ones may depend on it, and the client sends them

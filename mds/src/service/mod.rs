@@ -247,7 +247,12 @@ impl MdsService {
     /// One request, to its handler. While clients replay after a restart, only what recovery
     /// needs is served; the rest is answered Busy.
     async fn dispatch(&self, req: Incoming) -> Result<Vec<u8>, RemoteError> {
-        if !SERVED_IN_RECOVERY.contains(&req.opcode) && self.clients.recovering() {
+        // A batch may carry changes a client answered ahead before the restart: served, once
+        // the replays are over, before anyone else's (`serve_batch` decides).
+        if !SERVED_IN_RECOVERY.contains(&req.opcode)
+            && req.opcode != opcodes::MDS_BATCH
+            && self.clients.recovering()
+        {
             return Err(RemoteError::new(
                 StatusCode::Busy,
                 "the MDS is recovering: clients are replaying their changes",

@@ -68,7 +68,8 @@ impl MdsService {
     pub(super) fn serve_replay_done(&self, req: &Incoming) -> Result<Vec<u8>, RemoteError> {
         let r: MdsReplayDone = req.decode()?;
         self.same_run(r.instance)?;
-        self.clients.replay_done(r.client);
+        self.owns(req, r.client)?;
+        self.clients.replay_done(r.client, r.ahead);
         reply::<MdsReplayDone>(&MdsReplayDoneAck {})
     }
 
