@@ -75,7 +75,10 @@ pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
         let kicked = {
             let kick = strong.kick.clone();
             drop(strong);
+            // In this order when both are ready (never at random: a seed of the simulator
+            // replays exactly).
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(every) => false,
                 _ = kick.notified() => true,
             }
@@ -141,6 +144,7 @@ async fn lease_channel(inner: std::sync::Weak<Inner>) {
             let answer = call(&net, &mds, &req, hold);
             tokio::pin!(answer);
             tokio::select! {
+                biased;
                 out = &mut answer => Some(out),
                 _ = gave_back.notified(), if held => None,
             }

@@ -190,6 +190,16 @@ impl Pending {
         let _ = rx.wait_for(|a| *a >= upto).await;
     }
 
+    /// Sends the first `upto` changes queued with the next batch, without lingering.
+    pub fn hurry_to(&self, upto: u64) {
+        self.hurry.to(upto);
+    }
+
+    /// Whether the first `upto` changes queued have been answered.
+    pub fn answered_past(&self, upto: u64) -> bool {
+        *self.answered.borrow() >= upto
+    }
+
     /// Waits until the first `upto` changes queued have been answered, without hurrying the
     /// sender: for a caller nobody waits on.
     pub async fn answered_to(&self, upto: u64) {

@@ -10,7 +10,9 @@
 //! directory's shards are being made or removed, it waits.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use proto::dirstripe::{DirDefault, DirStripe, StripeState, DEFAULT_XATTR, LMV_XATTR};
 use proto::md::{Inode, MdsGetattr, Mutation};

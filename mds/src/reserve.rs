@@ -113,9 +113,13 @@ impl Reservations {
         out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&body);
         let disk = self.disk.clone();
-        tokio::task::spawn_blocking(move || disk.replace(FILE, &out))
-            .await
-            .map_err(|e| ClientsError::Damaged(e.to_string()))??;
+        if disk.in_memory() {
+            disk.replace(FILE, &out)?;
+        } else {
+            tokio::task::spawn_blocking(move || disk.replace(FILE, &out))
+                .await
+                .map_err(|e| ClientsError::Damaged(e.to_string()))??;
+        }
         Ok(())
     }
 }

@@ -239,6 +239,10 @@ impl MetaDisk for MemDisk {
         Ok(())
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn exists(&self, name: &str) -> io::Result<bool> {
         Ok(self.state.lock().files.contains_key(name))
     }

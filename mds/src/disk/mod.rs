@@ -39,4 +39,10 @@ pub trait MetaDisk: Send + Sync + 'static {
     fn space(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Whether a write costs no real I/O (a disk in memory): the caller may write on its own
+    /// task instead of a blocking thread, which keeps a simulation under a virtual clock from
+    /// racing a real thread.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
