@@ -141,7 +141,7 @@ impl Inner {
             windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
             client_id: id,
             requests: Default::default(),
-            writes: Arc::new(crate::unstable::Writes::new(id as u64 ^ (id >> 64) as u64)),
+            writes: Arc::new(crate::unstable::Writes::new(write_id(id))),
             opens: crate::opens::Opens::default(),
             gpu: std::sync::OnceLock::new(),
             staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
@@ -2241,19 +2241,18 @@ pub fn raid0(count: Option<u32>, size: u64) -> Result<Layout> {
     Ok(Layout::new(vec![proto::layout::Component::raid0(c, size)])?)
 }
 
+/// The 64-bit id a client's writes are ordered under at the storage servers, from its 128-bit
+/// id: the halves folded with the high one turned half-way round. Ids numbered under one
+/// prefix (as the simulator numbers its clients: the seed, then a count) fold to distinct ids,
+/// none of them 0 while both stay below 2^32; a plain xor of the halves folds the count equal
+/// to the prefix to 0, which the order then reads as 1, another client's.
+fn write_id(id: u128) -> u64 {
+    (id as u64) ^ ((id >> 64) as u64).rotate_left(32)
+}
+
 /// The inode whose MDT a change goes to: the directory of a change of entries, the inode
-/// otherwise. A link between directories of two MDTs cannot be made by one (EXDEV, as
-/// between filesystems).
+/// otherwise. A change across two MDTs goes to the one that coordinates it.
 fn home_of(m: &Mutation) -> Result<Fid> {
-    let cross = |a: Fid, b: Fid| {
-        if proto::fid::mdt_of(a).unwrap_or(0) != proto::fid::mdt_of(b).unwrap_or(0) {
-            return Err(ClientError::fs(
-                FsErrorKind::CrossDevice,
-                format!("{a} and {b} are on different MDTs"),
-            ));
-        }
-        Ok(a)
-    };
     Ok(match m {
         Mutation::Create { parent, .. }
         | Mutation::CreateAt { parent, .. }
@@ -2266,7 +2265,8 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         // A rename between two MDTs goes to the source's, which moves a file's name there
         // (and refuses a directory's, EXDEV).
         Mutation::Rename { parent, .. } => *parent,
-        Mutation::Link { fid, parent, .. } => cross(*parent, *fid)?,
+        // A link goes to its file's MDT, which names the file on another MDT's directory.
+        Mutation::Link { fid, .. } => *fid,
         Mutation::Setattr { fid, .. }
         | Mutation::SetXattr { fid, .. }
         | Mutation::SetXattrIf { fid, .. }
@@ -2285,7 +2285,11 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         Mutation::LinkIn { parent, .. }
         | Mutation::MoveDone { parent, .. }
         | Mutation::MoveAbort { parent, .. } => *parent,
-        Mutation::DropLink { fid } | Mutation::Dropped { fid } => *fid,
+        Mutation::DropLink { fid }
+        | Mutation::Dropped { fid }
+        | Mutation::LinkDone { fid, .. }
+        | Mutation::LinkAbort { fid, .. } => *fid,
+        Mutation::LinkOut { linking } => linking.fid,
         Mutation::Destroyed { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }

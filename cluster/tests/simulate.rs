@@ -34,9 +34,14 @@ async fn a_seed_replays_exactly() {
 async fn seeds_that_found_bugs_pass() {
     // 1387: an unlink a client answered ahead, caught unsent by an MDS restart, applied after
     // another client's write to the name once recovery was over.
+    // 1784 (60 operations): a directory made on MDT1 from the root, its name on MDT0 answered
+    // before it was durable; a subdirectory made in it on MDT1; the client and MDT0 crashed,
+    // and the name was gone with the subdirectory's acknowledged files hanging from nothing.
+    // 1321 (60): the rmdir of a directory on MDT1 answered before its name's removal on MDT0
+    // was durable; an eviction lost the removal, and the name stood for a directory gone.
     let mut failures = vec![];
-    for seed in [1387] {
-        if let Err(e) = cluster::simulate::run(seed, 30).await {
+    for (seed, ops) in [(1387, 30), (1784, 60), (1321, 60)] {
+        if let Err(e) = cluster::simulate::run(seed, ops).await {
             failures.push(e.to_string());
         }
     }

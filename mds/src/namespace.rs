@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::FastMap;
 
 mod moves;
-pub use moves::{elsewhere, DROPPING, ELSEWHERE, MOVING};
+pub use moves::{elsewhere, DROPPING, ELSEWHERE, LINKING, MOVING};
 use proto::md::new_inode;
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
@@ -1005,6 +1005,20 @@ impl Namespace {
         })
     }
 
+    /// Linux's protected hard links: a name for someone else's file only for whom may read
+    /// and write it (a link would outlive the owner's removal of it, and keep its data
+    /// reachable).
+    pub(super) fn may_link(&self, fid: Fid, who: &Creds) -> Result<()> {
+        let i = self.inode(fid)?;
+        if who.uid != 0 && who.uid != i.uid && !i.permits(who, 6) {
+            return err(
+                FsErrorKind::NotPermitted,
+                format!("{fid} is another user's file, which the caller may not read and write"),
+            );
+        }
+        Ok(())
+    }
+
     /// What request `req` will do, decided before anything is allocated for it: answered as
     /// before (a resend), an existing file opened (`open(O_CREAT)` without `O_EXCL`: nothing to
     /// change), or a change to apply. A create that cannot succeed fails here. This is the one
@@ -1052,17 +1066,7 @@ impl Namespace {
             // Linux's protected hard links: a name for someone else's file only for whom
             // may read and write it (a link would outlive the owner's removal of it, and
             // keep its data reachable).
-            Mutation::Link { fid, .. } => {
-                let i = self.inode(*fid)?;
-                if who.uid != 0 && who.uid != i.uid && !i.permits(who, 6) {
-                    return err(
-                        FsErrorKind::NotPermitted,
-                        format!(
-                            "{fid} is another user's file, which the caller may not read and write"
-                        ),
-                    );
-                }
-            }
+            Mutation::Link { fid, .. } => self.may_link(*fid, who)?,
             Mutation::SetXattr { fid, name, value }
             | Mutation::SetXattrIf {
                 fid, name, value, ..
@@ -1296,6 +1300,9 @@ impl Namespace {
             Mutation::MoveAbort { parent, name } => self.move_abort(*parent, name),
             Mutation::DropLink { fid } => self.drop_link_elsewhere(*fid, now),
             Mutation::Dropped { fid } => self.forget_dropped(*fid),
+            Mutation::LinkOut { linking } => self.link_out(linking, who, now),
+            Mutation::LinkDone { fid, peer_req } => self.link_done(*fid, *peer_req),
+            Mutation::LinkAbort { fid, peer_req } => self.link_abort(*fid, *peer_req, now),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -1430,6 +1437,9 @@ impl Namespace {
         now: Time,
     ) -> Result<Applied> {
         check_name(name)?;
+        // Counted at its home only: another MDT's file is linked there (across MDTs).
+        self.local(fid)?;
+        self.local(parent)?;
         let inode = self.inode(fid)?;
         if inode.kind == Kind::Dir {
             return err(

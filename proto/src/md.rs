@@ -493,6 +493,40 @@ pub enum Mutation {
     Dropped {
         fid: Fid,
     },
+    /// The first step of a hard link of a file to a directory of another MDT, on the file's
+    /// MDS (its own, never sent): the link counted and recorded on the file, until the other
+    /// MDT has named it ([`Mutation::LinkIn`]) and [`Mutation::LinkDone`] or
+    /// [`Mutation::LinkAbort`] ends it. Checked as a link's source is.
+    LinkOut {
+        linking: Linking,
+    },
+    /// The link recorded as `peer_req` on `fid` is made (the MDS's own).
+    LinkDone {
+        fid: Fid,
+        peer_req: ReqId,
+    },
+    /// The link recorded as `peer_req` on `fid` was refused by the other MDT: its count goes
+    /// (the MDS's own).
+    LinkAbort {
+        fid: Fid,
+        peer_req: ReqId,
+    },
+}
+
+/// A hard link of a file to another MDT's directory under way, kept on the file by its MDS
+/// until it ends, so that it ends the same way after any crash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Linking {
+    pub fid: Fid,
+    pub new_parent: Fid,
+    #[serde(with = "crate::msg::bytes_field")]
+    pub new_name: Vec<u8>,
+    /// Who asked: the other MDT checks its half for them.
+    pub creds: Creds,
+    /// The client's request, answered once the link ends.
+    pub client_req: Option<ReqId>,
+    /// The number of the request to the other MDT, the same every time it is sent.
+    pub peer_req: ReqId,
 }
 
 /// A rename of a file to another MDT's directory under way, kept on the file by the MDS of its
@@ -546,6 +580,9 @@ impl Mutation {
             | Mutation::MoveDone { .. }
             | Mutation::MoveAbort { .. } => "rename",
             Mutation::DropLink { .. } | Mutation::Dropped { .. } => "unlink",
+            Mutation::LinkOut { .. } | Mutation::LinkDone { .. } | Mutation::LinkAbort { .. } => {
+                "link"
+            }
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

@@ -121,7 +121,10 @@ impl Mutation {
                 replaces: true,
                 ..Touches::default()
             },
-            Mutation::DropLink { fid: f } => fid(f),
+            Mutation::DropLink { fid: f }
+            | Mutation::LinkDone { fid: f, .. }
+            | Mutation::LinkAbort { fid: f, .. } => fid(f),
+            Mutation::LinkOut { linking } => fid(&linking.fid),
             Mutation::RmdirRemote { fid: f }
             | Mutation::SetDirStripe { fid: f, .. }
             | Mutation::FreezeShard { fid: f, .. }

@@ -515,6 +515,154 @@ async fn a_file_renamed_to_another_mdt_keeps_its_inode_and_goes_with_its_last_na
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A hard link of a file into a directory of another MDT: the file stays on its MDT and counts
+/// the name (its link count and the names it has elsewhere), each name reads the same bytes,
+/// a refused link counts nothing, and the file goes with its last name, wherever that is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_linked_from_another_mdt_counts_every_name_and_goes_with_the_last() {
+    let (dir, c, admin) = three_mdts("lode-links", |b| b).await;
+    admin.mkdir("/a", 0o755).await.unwrap();
+    admin.mkdir_on("/b", 0o755, 1).await.unwrap();
+    admin.mkdir_on("/c", 0o755, 2).await.unwrap();
+    let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    write(&admin, "/a/f", &bytes).await.unwrap();
+    let f = admin.stat("/a/f").await.unwrap();
+    let linked = admin.link("/a/f", "/b/l").await.unwrap();
+    assert_eq!((linked.fid, linked.nlink), (f.fid, 2));
+    admin.link("/a/f", "/c/l").await.unwrap();
+    let other = root_client(&c, "other").await;
+    for p in ["/a/f", "/b/l", "/c/l"] {
+        let st = other.stat(p).await.unwrap();
+        assert_eq!((st.fid, st.nlink, st.size), (f.fid, 3, f.size), "{p}");
+        assert!(read(&other, p).await == bytes[..65536], "{p}");
+    }
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+
+    // Refused by the other MDT: the name is taken, or the file has a name there already
+    // (one per MDT for another MDT's file). Nothing is counted.
+    write(&admin, "/b/taken", b"t").await.unwrap();
+    write(&admin, "/a/h", b"h").await.unwrap();
+    let e = admin.link("/a/h", "/b/taken").await.unwrap_err();
+    assert!(e.is(FsErrorKind::Exists), "{e}");
+    assert_eq!(read(&admin, "/b/taken").await, b"t");
+    assert_eq!(admin.stat("/a/h").await.unwrap().nlink, 1);
+    let e = admin.link("/a/f", "/b/second").await.unwrap_err();
+    assert!(e.is(FsErrorKind::CrossDevice), "{e}");
+    // Write and search on the directory, for the caller.
+    admin.mkdir_on("/b/locked", 0o755, 1).await.unwrap();
+    let user = c
+        .client(
+            "user",
+            ClientConfig {
+                creds: Creds {
+                    uid: 1000,
+                    gid: 1000,
+                    groups: vec![],
+                },
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let e = user.link("/a/h", "/b/locked/u").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotPermitted), "{e}");
+    // Protected hard links: root's file, which the user may not write, is not theirs to link
+    // (checked at its home); their own file still needs the directory's write right there.
+    admin.mkdir("/a/mine", 0o777).await.unwrap();
+    write(&user, "/a/mine/u", b"u").await.unwrap();
+    let e = user.link("/a/mine/u", "/b/locked/u").await.unwrap_err();
+    assert!(e.is(FsErrorKind::AccessDenied), "{e}");
+    assert_eq!(user.stat("/a/mine/u").await.unwrap().nlink, 1);
+    assert_eq!(admin.stat("/a/f").await.unwrap().nlink, 3);
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+
+    // Its names go one by one, the home's first: the file stays until the last.
+    admin.unlink("/a/f").await.unwrap();
+    assert!(read(&other, "/b/l").await == bytes[..65536]);
+    admin.unlink("/b/l").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin.stat("/c/l").await.unwrap().nlink != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "a removed name was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(read(&other, "/c/l").await == bytes[..65536]);
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    admin.unlink("/c/l").await.unwrap();
+    gone(&admin, f.fid).await;
+
+    // As an attacker with the client key: the steps are the servers' own, and another MDT's
+    // file is linked only by its home.
+    write(&admin, "/a/g", b"g").await.unwrap();
+    let g = admin.stat("/a/g").await.unwrap();
+    admin.link("/a/g", "/b/g").await.unwrap();
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let b = admin.stat("/b").await.unwrap().fid;
+    let forged = Linking {
+        fid: g.fid,
+        new_parent: b,
+        new_name: b"forged".to_vec(),
+        creds: Creds::root(),
+        client_req: None,
+        peer_req: ReqId { client: 7, seq: 7 },
+    };
+    for (to, m, code) in [
+        (
+            0,
+            Mutation::LinkOut {
+                linking: forged.clone(),
+            },
+            FsErrorKind::NotPermitted,
+        ),
+        (
+            0,
+            Mutation::LinkDone {
+                fid: g.fid,
+                peer_req: forged.peer_req,
+            },
+            FsErrorKind::NotPermitted,
+        ),
+        (
+            0,
+            Mutation::LinkAbort {
+                fid: g.fid,
+                peer_req: forged.peer_req,
+            },
+            FsErrorKind::NotPermitted,
+        ),
+        (
+            1,
+            Mutation::Link {
+                fid: g.fid,
+                parent: b,
+                name: b"again".to_vec(),
+            },
+            FsErrorKind::CrossDevice,
+        ),
+    ] {
+        let r = MdsReint::durable(Creds::root(), m);
+        match call(&raw, &c.mdt(to).unwrap().nid(), &r, T).await {
+            Err(NetError::Remote { err, .. }) => {
+                assert_eq!(err.code, StatusCode::Fs(code), "{err:?}")
+            }
+            other => panic!("a client's step of a link: {other:?}"),
+        }
+    }
+    assert_eq!(admin.stat("/b/g").await.unwrap().nlink, 2);
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Waits until `fid` is gone at its MDT (a removal reported from another MDT lands there
 /// shortly after it is answered).
 async fn gone(c: &Client, fid: proto::Fid) {
@@ -530,9 +678,11 @@ async fn gone(c: &Client, fid: proto::Fid) {
     }
 }
 
-/// Two clients renaming files back and forth between directories of MDT0 and MDT1 while
-/// each MDS is killed -9 in turn and started again: afterwards every file has exactly one
-/// name, with its own bytes, and the MDTs check clean against each other.
+/// Two clients renaming files back and forth between directories of MDT0 and MDT1, and a third
+/// linking files of MDT0 into MDT1's directory and unlinking them there, while each MDS is
+/// killed -9 in turn and started again: afterwards every moved file has exactly one name, each
+/// linked file as many names as its link count, all with their own bytes, and the MDTs check
+/// clean against each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_once() {
     let (dir, mut c, admin) = three_mdts("lode-moves-kill", |b| {
@@ -547,7 +697,37 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             .await
             .unwrap();
     }
+    // Files of MDT0 that a third client links into /y and unlinks there, over and over.
+    const LINKED: usize = 4;
+    for j in 0..LINKED {
+        write(
+            &admin,
+            &format!("/x/g{j}"),
+            format!("linked {j}").as_bytes(),
+        )
+        .await
+        .unwrap();
+    }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let linker = {
+        let cl = root_client(&c, "linker").await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut linked = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for j in 0..LINKED {
+                    match cl.link(&format!("/x/g{j}"), &format!("/y/g{j}")).await {
+                        Ok(_) => linked += 1,
+                        Err(e) => tracing_like(&e),
+                    }
+                    if let Err(e) = cl.unlink(&format!("/y/g{j}")).await {
+                        tracing_like(&e);
+                    }
+                }
+            }
+            linked
+        })
+    };
     let mut loops = vec![];
     for k in 0..2usize {
         let cl = root_client(&c, &format!("mover{k}")).await;
@@ -597,8 +777,9 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
     for l in loops {
         moved += l.await.unwrap();
     }
-    eprintln!("{moved} renames across MDTs answered during the crashes");
-    assert!(moved > 0);
+    let linked = linker.await.unwrap();
+    eprintln!("{moved} renames and {linked} links across MDTs answered during the crashes");
+    assert!(moved > 0 && linked > 0);
     // Every move cut short is ended by its MDS; then each file is in exactly one place.
     let check = root_client(&c, "check").await;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -610,8 +791,16 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             }
         }
         let once = (0..FILES).all(|i| seen.get(&format!("f{i}")) == Some(&1));
+        // Each linked file has its name in /x, and in /y if the last link stood; its link
+        // count says as many (fsck checks the counts across the MDTs).
+        let mut counted = true;
+        for j in 0..LINKED {
+            let names = seen.get(&format!("g{j}")).copied().unwrap_or(0);
+            let nlink = check.stat(&format!("/x/g{j}")).await.unwrap().nlink as usize;
+            counted &= names == nlink;
+        }
         let problems = fsck_all(&c);
-        if once && seen.len() == FILES && problems.is_empty() {
+        if once && counted && seen.len() == FILES + LINKED && problems.is_empty() {
             break;
         }
         assert!(
@@ -619,6 +808,12 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             "after the crashes: {seen:?}; {problems:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for j in 0..LINKED {
+        assert_eq!(
+            read(&check, &format!("/x/g{j}")).await,
+            format!("linked {j}").as_bytes()
+        );
     }
     for i in 0..FILES {
         let at = if check.stat(&format!("/x/f{i}")).await.is_ok() {

@@ -88,7 +88,7 @@ impl Sim {
 
     /// A job's tree: a directory striped over both MDTs, or on MDT1, or on MDT0 with a default
     /// that stripes its subdirectories, made, filled with subdirectories and files, read
-    /// back, emptied and removed. A crash between operations leaves it as it was, and the next
+    /// back, one file linked into another subdirectory, emptied and removed. A crash between operations leaves it as it was, and the next
     /// tree of the same name removes what is left first; every step that succeeded is seen, and
     /// the namespaces stay whole across MDTs (checked with fsck).
     pub(super) async fn tree(&mut self, slot: usize, k: u32) -> Result<(), Failure> {
@@ -177,6 +177,33 @@ impl Sim {
                     self.note(|| format!("tree {file}: not read: {e}"));
                     return Ok(());
                 }
+            }
+        }
+        // A hard link between two of its subdirectories (on two MDTs in a striped tree):
+        // read the same through both names, counted twice.
+        let (file, link) = (format!("{top}/s0/f"), format!("{top}/s1/l0"));
+        match c.link(&file, &link).await {
+            Ok(_) => {
+                let seen = match (read_path(&c, &link).await, c.stat(&file).await) {
+                    (Ok(b), Ok(st)) => Some((b, st.nlink)),
+                    (Err(e), _) | (_, Err(e)) => {
+                        self.report.refused += 1;
+                        self.note(|| format!("tree {link}: not read: {e}"));
+                        None
+                    }
+                };
+                if let Some((b, nlink)) = seen {
+                    if b != file.as_bytes() || nlink != 2 {
+                        return Err(self.fail(format!(
+                            "{link}, a link of {file}, reads {} bytes with {nlink} links",
+                            b.len()
+                        )));
+                    }
+                }
+            }
+            Err(e) => {
+                self.report.refused += 1;
+                self.note(|| format!("tree {link}: not linked: {e}"));
             }
         }
         match remove_tree(&c, &top).await {

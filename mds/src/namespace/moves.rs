@@ -17,12 +17,15 @@
 //! counted twice), then the stub goes ([`Mutation::Dropped`]).
 
 use super::*;
-use proto::md::Moving;
+use proto::md::{Linking, Moving};
 
 /// On a file: how many of its names live on other MDTs (a little-endian u32).
 pub const ELSEWHERE: &str = "lode.elsewhere";
 /// On a file: the moves of its names to other MDTs under way (a list of [`Moving`]).
 pub const MOVING: &str = "lode.moving";
+/// On a file: its hard links to other MDTs under way (a list of [`Linking`]), each counted in
+/// its link count and [`ELSEWHERE`] already, so the file outlives its other names meanwhile.
+pub const LINKING: &str = "lode.linking";
 /// On another MDT's file held here: its name here is gone, and its home is yet to count it
 /// (the [`ReqId`] of that report).
 pub const DROPPING: &str = "lode.dropping";
@@ -58,6 +61,23 @@ fn set_moves(i: &mut Inode, m: &[Moving]) {
     } else {
         let v = proto::msg::encode(&m).expect("a list of moves always encodes");
         i.xattrs.insert(MOVING.to_string(), v);
+    }
+}
+
+/// The links of `i` to other MDTs under way.
+pub fn linkings(i: &Inode) -> Vec<Linking> {
+    i.xattrs
+        .get(LINKING)
+        .and_then(|v| postcard::from_bytes(v).ok())
+        .unwrap_or_default()
+}
+
+fn set_linkings(i: &mut Inode, l: &[Linking]) {
+    if l.is_empty() {
+        i.xattrs.remove(LINKING);
+    } else {
+        let v = proto::msg::encode(&l).expect("a list of links always encodes");
+        i.xattrs.insert(LINKING.to_string(), v);
     }
 }
 
@@ -126,11 +146,24 @@ impl Namespace {
         self.inodes.get(&fid).is_some_and(|i| dropping(i).is_some())
     }
 
-    /// Whether a name of `fid` here is moving to another MDT.
+    /// Whether a name of `fid` here is moving to another MDT, or a link of it is being made
+    /// there.
     pub fn is_moving(&self, fid: Fid) -> bool {
         self.inodes
             .get(&fid)
-            .is_some_and(|i| i.xattrs.contains_key(MOVING))
+            .is_some_and(|i| i.xattrs.contains_key(MOVING) || i.xattrs.contains_key(LINKING))
+    }
+
+    /// The links to other MDTs under way here.
+    pub fn linking(&self) -> Vec<Linking> {
+        let mut out: Vec<Linking> = self
+            .inodes
+            .values()
+            .filter(|i| !i.xattrs.is_empty())
+            .flat_map(linkings)
+            .collect();
+        out.sort_by_key(|l| (l.fid, l.peer_req));
+        out
     }
 
     /// The moves to other MDTs under way here.
@@ -242,6 +275,13 @@ impl Namespace {
                     format!("{} has no name on another MDT to come back from", inode.fid),
                 );
             }
+        } else if self.is_dropping(inode.fid) {
+            // Its last name here went a moment ago, and its home is yet to hear: asked
+            // again once it has (Busy).
+            return err(
+                FsErrorKind::WouldBlock,
+                format!("{}'s name here is going: try again", inode.fid),
+            );
         } else if self.inodes.contains_key(&inode.fid) {
             // One name here per file of another MDT (a second would need its own stub).
             return err(
@@ -354,6 +394,100 @@ impl Namespace {
         Ok(Applied {
             inode: Some(i.clone()),
             removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Step 1 of a link to another MDT, at the file's home: checked as a link's source, then
+    /// counted (link count and names elsewhere) and recorded on the file, so that the file
+    /// stays while the other MDT may name it.
+    pub(super) fn link_out(&mut self, l: &Linking, who: &Creds, now: Time) -> Result<Applied> {
+        check_name(&l.new_name)?;
+        self.local(l.fid)?;
+        if !self.is_remote(l.new_parent) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{} is a directory of this MDT: a plain link", l.new_parent),
+            );
+        }
+        let i = self.inode(l.fid)?;
+        if i.kind == Kind::Dir {
+            return err(
+                FsErrorKind::NotPermitted,
+                "directories cannot be hard-linked",
+            );
+        }
+        if i.nlink == 0 {
+            // Kept for its handles only (O_TMPFILE, or removed while open): named again only
+            // in a directory of its own MDT.
+            return err(
+                FsErrorKind::CrossDevice,
+                format!("{} has no name: it is linked only on its own MDT", l.fid),
+            );
+        }
+        if i.nlink >= MAX_LINKS {
+            return err(
+                FsErrorKind::TooManyLinks,
+                format!("{} has {MAX_LINKS} links", l.fid),
+            );
+        }
+        self.may_link(l.fid, who)?;
+        let i = self.inodes.get_mut(&l.fid).expect("checked above");
+        let mut all = linkings(i);
+        if all.iter().any(|o| o.peer_req == l.peer_req) {
+            return err(FsErrorKind::Exists, "this link is under way already");
+        }
+        all.push(l.clone());
+        set_linkings(i, &all);
+        set_elsewhere(i, elsewhere(i) + 1);
+        i.nlink += 1;
+        i.ctime = now;
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// The last step of a link to another MDT: named there, its record goes.
+    pub(super) fn link_done(&mut self, fid: Fid, peer_req: ReqId) -> Result<Applied> {
+        let i = self.inodes.get_mut(&fid).ok_or_else(|| NsError {
+            kind: FsErrorKind::Stale,
+            what: format!("{fid} does not exist"),
+        })?;
+        let mut all = linkings(i);
+        let before = all.len();
+        all.retain(|l| l.peer_req != peer_req);
+        if all.len() == before {
+            return err(FsErrorKind::NotFound, "no such link under way");
+        }
+        set_linkings(i, &all);
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// A link the other MDT refused: its record and its count go (and the file with them, if
+    /// its other names went meanwhile).
+    pub(super) fn link_abort(&mut self, fid: Fid, peer_req: ReqId, now: Time) -> Result<Applied> {
+        let i = self.inodes.get_mut(&fid).ok_or_else(|| NsError {
+            kind: FsErrorKind::Stale,
+            what: format!("{fid} does not exist"),
+        })?;
+        let mut all = linkings(i);
+        let before = all.len();
+        all.retain(|l| l.peer_req != peer_req);
+        if all.len() == before {
+            return err(FsErrorKind::NotFound, "no such link under way");
+        }
+        set_linkings(i, &all);
+        set_elsewhere(i, elsewhere(i).saturating_sub(1));
+        let removed = self.drop_link(fid, now);
+        Ok(Applied {
+            inode: self.inodes.get(&fid).filter(|i| i.nlink > 0).cloned(),
+            removed: removed.into_iter().collect(),
             reserved: None,
         })
     }

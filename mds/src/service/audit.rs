@@ -202,7 +202,10 @@ impl MdsService {
             | Mutation::MoveDone { .. }
             | Mutation::MoveAbort { .. }
             | Mutation::DropLink { .. }
-            | Mutation::Dropped { .. } => None,
+            | Mutation::Dropped { .. }
+            | Mutation::LinkOut { .. }
+            | Mutation::LinkDone { .. }
+            | Mutation::LinkAbort { .. } => None,
         })
     }
 

@@ -407,6 +407,9 @@ impl MdsService {
         if self.moves_across(&r.mutation) {
             return self.rename_across(&r).await;
         }
+        if self.links_across(&r.mutation) {
+            return self.link_across(&r).await;
+        }
         let decided = self
             .store
             .decide(&r.mutation, &r.creds, r.req, r.acked)
@@ -453,6 +456,7 @@ impl MdsService {
                 let pass = self.place_new_dir(&mut m).await?;
                 self.mkdir_striped(&mut m).await?;
                 self.mkdir_on(&mut m, &r.creds, r.req).await?;
+                let removes_across = self.removes_dir_across(&m);
                 self.rmdir_remote(&m, &r.creds, r.req).await?;
                 self.rmdir_striped(&m, &r.creds).await?;
                 let striped = matches!(m, Mutation::MkdirStriped { .. });
@@ -479,8 +483,14 @@ impl MdsService {
                 let drops = self.drops_remote_name(&m);
                 let objects = self.prepare(&mut m).await?;
                 // Only a client in the table is answered before the change is durable: only
-                // its changes are waited for after a restart.
-                let behind = r.behind && r.req.is_some_and(|q| self.clients.holds(q.client));
+                // its changes are waited for after a restart. A directory made on other MDTs
+                // is answered once its name is durable here: what the client then makes in it
+                // there is durable at once, and must never hang from a name a crash of this
+                // MDS and of the client could take away. So is one removed there: its name
+                // must not come back after the directory went.
+                let across = made_remote.is_some() || striped || removes_across;
+                let behind =
+                    r.behind && !across && r.req.is_some_and(|q| self.clients.holds(q.client));
                 let done = match self
                     .apply(m, r.creds, r.req, r.size_gen, objects, behind, time)
                     .await

@@ -1,5 +1,6 @@
-//! Renames of files between directories of two MDTs ([`crate::namespace`]'s `moves`): this
-//! MDS, the old name's, coordinates; the new name's MDS names the file as a server would be
+//! Renames of files between directories of two MDTs ([`crate::namespace`]'s `moves`), and
+//! hard links of files to another MDT's directories (the same, the file's MDS coordinating
+//! and the old name staying): this MDS, the old name's, coordinates; the new name's MDS names the file as a server would be
 //! asked to. The move is recorded on the file before the other MDT is asked, so a crash of
 //! either MDS, or of the client, ends it one way: this MDS asks again after its restart (the
 //! request numbered as the first, so the other carries it out once), and ends it as the
@@ -8,7 +9,7 @@
 //! Names of other MDTs' files that go are reported to their home here too
 //! ([`MdsService::report_dropped_once`]).
 
-use proto::md::Moving;
+use proto::md::{Linking, Moving};
 
 use super::*;
 
@@ -19,6 +20,108 @@ impl MdsService {
         let mdt = |f: &proto::Fid| proto::fid::mdt_of(*f).unwrap_or(0);
         matches!(m, Mutation::Rename { parent, new_parent, .. }
             if mdt(parent) == own && mdt(new_parent) != own)
+    }
+
+    /// Whether `m` is a hard link of a file of this MDT into a directory of another.
+    pub(super) fn links_across(&self, m: &Mutation) -> bool {
+        let own = self.registry.filesystem().mdt;
+        let mdt = |f: &proto::Fid| proto::fid::mdt_of(*f).unwrap_or(0);
+        matches!(m, Mutation::Link { fid, parent, .. }
+            if mdt(fid) == own && mdt(parent) != own)
+    }
+
+    /// A hard link of a file of this MDT into a directory of another, carried out or refused
+    /// whole: counted and recorded on the file here, named there, then the record goes (or
+    /// the count, if the other MDT refused).
+    pub(super) async fn link_across(&self, r: &MdsReint) -> Result<MdsReintReply, RemoteError> {
+        let Mutation::Link { fid, parent, name } = &r.mutation else {
+            return Err(RemoteError::new(StatusCode::Invalid, "not a link"));
+        };
+        let _one = self.moving.lock().await;
+        if let Some(done) = r.req.and_then(|q| self.store.read(|ns| ns.replied(q))) {
+            return Ok(self.moved_reply(done.inode, 0));
+        }
+        let pending = self
+            .store
+            .read(|ns| ns.linking())
+            .into_iter()
+            .find(|l| l.fid == *fid && l.new_parent == *parent && l.new_name == *name);
+        let linking = match pending {
+            Some(l) if r.req.is_some() && l.client_req == r.req => l,
+            Some(_) => {
+                return Err(RemoteError::new(
+                    StatusCode::Busy,
+                    "another link of this file to this name is under way",
+                ))
+            }
+            None => {
+                let l = Linking {
+                    fid: *fid,
+                    new_parent: *parent,
+                    new_name: name.clone(),
+                    creds: r.creds.clone(),
+                    client_req: r.req,
+                    peer_req: self.peer_req(None),
+                };
+                self.apply(
+                    Mutation::LinkOut { linking: l.clone() },
+                    r.creds.clone(),
+                    None,
+                    None,
+                    vec![],
+                    false,
+                    None,
+                )
+                .await?;
+                l
+            }
+        };
+        self.finish_link(&linking).await
+    }
+
+    /// Asks the new name's MDT to name the file, then ends the link as it answers. No answer
+    /// leaves it recorded (asked again later).
+    async fn finish_link(&self, l: &Linking) -> Result<MdsReintReply, RemoteError> {
+        let inode = self
+            .store
+            .read(|ns| ns.inode(l.fid).cloned())
+            .map_err(ns_error)?;
+        let mdt = proto::fid::mdt_of(l.new_parent).unwrap_or(0);
+        let link = Mutation::LinkIn {
+            parent: l.new_parent,
+            name: l.new_name.clone(),
+            inode,
+            noreplace: true,
+        };
+        match self.on_mdt_numbered(mdt, &l.creds, link, l.peer_req).await {
+            Ok(_) => {
+                let done = self
+                    .apply_own(
+                        Mutation::LinkDone {
+                            fid: l.fid,
+                            peer_req: l.peer_req,
+                        },
+                        l.client_req,
+                    )
+                    .await?;
+                Ok(self.moved_reply(done.applied.inode, done.transno))
+            }
+            Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
+                self.apply_own(
+                    Mutation::LinkAbort {
+                        fid: l.fid,
+                        peer_req: l.peer_req,
+                    },
+                    None,
+                )
+                .await?;
+                Err(e)
+            }
+            Err(e) => {
+                self.across.notify_one();
+                Err(e)
+            }
+        }
     }
 
     /// A rename of a file to a directory of another MDT, carried out or refused whole.
@@ -168,6 +271,25 @@ impl MdsService {
                 Err(e) => {
                     left += 1;
                     tracing::warn!(from = %m.parent, to = %m.new_parent, error = %e, "a rename to another MDT waits for it");
+                }
+            }
+        }
+        for l in self.store.read(|ns| ns.linking()) {
+            let _one = self.moving.lock().await;
+            let still = self
+                .store
+                .read(|ns| ns.linking())
+                .into_iter()
+                .any(|p| p == l);
+            if !still {
+                continue;
+            }
+            match self.finish_link(&l).await {
+                Ok(_) => {}
+                Err(e) if matches!(e.code, StatusCode::Fs(_)) => {}
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!(fid = %l.fid, to = %l.new_parent, error = %e, "a link to another MDT waits for it");
                 }
             }
         }

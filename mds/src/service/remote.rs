@@ -68,7 +68,10 @@ impl MdsService {
             | Mutation::MoveDone { .. }
             | Mutation::MoveAbort { .. }
             | Mutation::DropLink { .. }
-            | Mutation::Dropped { .. } => self.server_only(req),
+            | Mutation::Dropped { .. }
+            | Mutation::LinkOut { .. }
+            | Mutation::LinkDone { .. }
+            | Mutation::LinkAbort { .. } => self.server_only(req),
             _ => Ok(()),
         }
     }
@@ -255,6 +258,24 @@ impl MdsService {
     /// Before an rmdir of a directory another MDT holds is applied here: the directory removed
     /// there (refused there when it is not empty). One gone already (a crash came between the
     /// halves) lets the name go.
+    /// Whether `m` removes a directory with a part on another MDT: one placed there, or a
+    /// striped one.
+    pub(super) fn removes_dir_across(&self, m: &Mutation) -> bool {
+        let Mutation::Unlink {
+            parent,
+            name,
+            dir: true,
+        } = m
+        else {
+            return false;
+        };
+        self.store.read(|ns| {
+            ns.lookup(*parent, name, &Creds::root()).is_ok_and(|i| {
+                ns.is_remote(i.fid) || i.xattrs.contains_key(proto::dirstripe::LMV_XATTR)
+            })
+        })
+    }
+
     pub(super) async fn rmdir_remote(
         &self,
         m: &Mutation,
