@@ -549,8 +549,6 @@ fn start_servers(
             mds_addr.into(),
             "--trust".into(),
             "127.0.0.0/8".into(),
-            // MDT0's healer resyncs mirrors; another MDT's files are not reached by it yet.
-            "--no-auto-resync".into(),
         ]
         .into_iter()
         .chain(auth.iter().cloned())

@@ -2027,15 +2027,36 @@ impl Client {
         Ok(s)
     }
 
-    /// Every mirrored file the MDS finds with a stale mirror (`stale`) and/or an object on
-    /// `target`, in FID order, a page at a time.
+    /// Every mirrored file the MDSs find with a stale mirror (`stale`) and/or an object on
+    /// `target`, MDT by MDT, each in FID order. An MDT that does not answer is an error: the
+    /// list would miss its files.
     pub async fn mirror_scan(&self, stale: bool, target: Option<u32>) -> Result<Vec<ScannedFile>> {
+        let mut out = self.mirror_scan_mdt(0, stale, target).await?;
+        for m in self.mdts().await? {
+            if m.index != 0 {
+                out.extend(self.mirror_scan_mdt(m.index, stale, target).await?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// As [`Client::mirror_scan`], the files of MDT `mdt` alone, a page at a time.
+    pub async fn mirror_scan_mdt(
+        &self,
+        mdt: u32,
+        stale: bool,
+        target: Option<u32>,
+    ) -> Result<Vec<ScannedFile>> {
+        let nid = match mdt {
+            0 => self.inner.mds.clone(),
+            k => self.mdt_nid(k).await?,
+        };
         let mut out = vec![];
         let mut after = None;
         loop {
             let page = self
                 .rpc(
-                    &self.inner.mds.clone(),
+                    &nid,
                     &MdsMirrorScan {
                         after,
                         max: MAX_MIRROR_SCAN,
@@ -2290,6 +2311,9 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::LinkDone { fid, .. }
         | Mutation::LinkAbort { fid, .. } => *fid,
         Mutation::LinkOut { linking } => linking.fid,
+        Mutation::PlaceOut { parent, .. }
+        | Mutation::PlaceDone { parent, .. }
+        | Mutation::PlaceAbort { parent, .. } => *parent,
         Mutation::Destroyed { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }

@@ -9,11 +9,11 @@ use proto::{FsErrorKind, StatusCode};
 pub enum ClientError {
     #[error("{what} ({kind:?})")]
     Fs { kind: FsErrorKind, what: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Net(#[from] NetError),
-    #[error("{0}")]
+    #[error(transparent)]
     Layout(#[from] proto::layout::LayoutError),
-    #[error("{0}")]
+    #[error(transparent)]
     Auth(#[from] lnet::auth::AuthError),
     #[error("{fid} on target {target}: checksum mismatch at object offset {object_offset} (file offset {file_offset}, {len} bytes): the server sent crc32c {expected:#010x}, {actual:#010x} arrived")]
     Checksum {
@@ -25,7 +25,7 @@ pub enum ClientError {
         expected: u32,
         actual: u32,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
 }
 

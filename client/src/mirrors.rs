@@ -27,6 +27,9 @@ pub struct HealConfig {
     pub move_after: Duration,
     /// Time between passes.
     pub every: Duration,
+    /// The MDT whose files it heals (each `lode-mds` heals its own); `None`: every MDT, one
+    /// after another, an MDT that does not answer left for the next pass.
+    pub mdt: Option<u32>,
 }
 
 impl Default for HealConfig {
@@ -35,6 +38,7 @@ impl Default for HealConfig {
             rate: 200 << 20,
             move_after: Duration::from_secs(600),
             every: Duration::from_secs(5),
+            mdt: None,
         }
     }
 }
@@ -76,8 +80,9 @@ impl Drop for HealerTask {
 }
 
 impl Healer {
-    /// Starts the healer of the MDS at `mds`, reached through `net`, which must carry the
-    /// server's own key (the healer acts as root and lists files by FID). It connects as a
+    /// Starts the healer of the filesystem whose MDT0 is served at `mds`, reached through
+    /// `net`, which must carry the server's own key (the healer acts as root and lists files
+    /// by FID); it heals the files of [`HealConfig::mdt`]. It connects as a
     /// client that commits nothing behind (it is part of the MDS: when the MDS stops, so does
     /// the healer, and nothing it held is replayed), trying again every 5 s until the MDS
     /// answers, and then passes forever. `lode-mds` starts one; so does the in-process cluster
@@ -140,7 +145,24 @@ impl Healer {
 
     /// One pass over every file with a stale copy.
     pub async fn pass(&mut self) -> Result<PassReport> {
-        let files = self.client.mirror_scan(true, None).await?;
+        let files = match self.cfg.mdt {
+            Some(k) => self.client.mirror_scan_mdt(k, true, None).await?,
+            None => {
+                let mut files = self.client.mirror_scan_mdt(0, true, None).await?;
+                for m in self.client.mdts().await? {
+                    if m.index == 0 {
+                        continue;
+                    }
+                    match self.client.mirror_scan_mdt(m.index, true, None).await {
+                        Ok(more) => files.extend(more),
+                        Err(e) => {
+                            tracing::warn!(mdt = m.index, error = %e, "mirror healer: MDT not scanned this pass")
+                        }
+                    }
+                }
+                files
+            }
+        };
         let now = Instant::now();
         let stale: HashSet<Fid> = files.iter().map(|f| f.fid).collect();
         self.seen.retain(|f, _| stale.contains(f));

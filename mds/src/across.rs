@@ -37,6 +37,16 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
             names.entry(fid).or_default().push((ns.mdt(), dir, name));
         }
     }
+    // mkdirs and rmdirs across MDTs recorded and not yet ended (their MDS ends them when it
+    // starts): the parent, and the name.
+    let placing: Vec<(Fid, Vec<u8>, bool)> = namespaces
+        .iter()
+        .flat_map(|ns| ns.placing())
+        .map(|(d, p)| {
+            let rmdir = matches!(*p.step, crate::namespace::Mutation::RmdirRemote { .. });
+            (d, p.name, rmdir)
+        })
+        .collect();
     for (fid, named) in &names {
         let shown = |(mdt, dir, name): &(u32, Fid, Vec<u8>)| {
             format!("{dir}/{} on MDT{mdt}", String::from_utf8_lossy(name))
@@ -53,7 +63,11 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
             continue;
         };
         for n in named {
+            let removing = placing
+                .iter()
+                .any(|(d, name, rmdir)| *rmdir && *d == n.1 && *name == n.2);
             match home.remote_parent_of(*fid) {
+                None if removing => {}
                 None => problems.push(format!(
                     "{} names {fid}, which MDT{} does not hold as a directory placed from \
                      another MDT (an rmdir cut short between its halves: rmdir the name)",
@@ -171,7 +185,8 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
             let named_there = names
                 .get(&dir)
                 .is_some_and(|n| n.iter().any(|(m, d, _)| *m == k && *d == parent));
-            if !named_there {
+            let making = placing.iter().any(|(d, _, rmdir)| !rmdir && *d == parent);
+            if !named_there && !making {
                 let what = if entries == 0 {
                     "empty: a mkdir across MDTs cut short between its halves".to_string()
                 } else {

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::FastMap;
 
 mod moves;
+mod placing;
 pub use moves::{elsewhere, DROPPING, ELSEWHERE, LINKING, MOVING};
+pub use placing::PLACING;
 use proto::md::new_inode;
 pub use proto::md::{Creds, Inode, Kind, Mutation, RenameFlags, ReqId, SetAttr, Time};
 
@@ -336,15 +338,18 @@ impl Namespace {
                 format!("{} is named already", inode.fid),
             );
         }
-        if self
-            .check_create(parent, name, Kind::Dir, true, who)?
-            .is_some()
-        {
+        // Checked as a create is, the mkdir recorded for this name aside: it ends here.
+        check_name(name)?;
+        self.dir(parent)?;
+        self.check_shard(parent, name, true)?;
+        if self.entries[&parent].contains_key(name) {
             return err(
                 FsErrorKind::Exists,
                 format!("{:?} exists", String::from_utf8_lossy(name)),
             );
         }
+        self.require(parent, who, 3)?;
+        self.end_placing(parent, name);
         let stub = Inode {
             xattrs: BTreeMap::new(),
             ..inode.clone()
@@ -1303,6 +1308,9 @@ impl Namespace {
             Mutation::LinkOut { linking } => self.link_out(linking, who, now),
             Mutation::LinkDone { fid, peer_req } => self.link_done(*fid, *peer_req),
             Mutation::LinkAbort { fid, peer_req } => self.link_abort(*fid, *peer_req, now),
+            Mutation::PlaceOut { parent, placing } => self.place_out(*parent, placing, who),
+            Mutation::PlaceDone { parent, name } => self.place_done(*parent, name, now),
+            Mutation::PlaceAbort { parent, name } => self.place_abort(*parent, name),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -1334,6 +1342,7 @@ impl Namespace {
         check_name(name)?;
         self.dir(parent)?;
         self.check_shard(parent, name, true)?;
+        self.not_moving(parent, name)?;
         let Some(existing) = self.entries[&parent].get(name) else {
             self.require(parent, who, 3)?;
             return Ok(None);
@@ -1458,6 +1467,7 @@ impl Namespace {
         }
         self.dir(parent)?;
         self.check_shard(parent, name, true)?;
+        self.not_moving(parent, name)?;
         self.require(parent, who, 3)?;
         if self.entries[&parent].contains_key(name) {
             return err(

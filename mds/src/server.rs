@@ -282,6 +282,11 @@ impl MdsServer {
         self.net.nid()
     }
 
+    /// The index of the MDT it serves.
+    pub fn mdt(&self) -> u32 {
+        self.registry.filesystem().mdt
+    }
+
     /// Open handles it counts (files held open by clients).
     pub fn open_handles(&self) -> usize {
         self.opens.handles()

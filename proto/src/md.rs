@@ -511,6 +511,47 @@ pub enum Mutation {
         fid: Fid,
         peer_req: ReqId,
     },
+    /// The first step of a mkdir or rmdir of a directory on another MDT, on the MDS of its
+    /// parent (its own, never sent): checked as the change is for the caller, then recorded on
+    /// the parent, the name taking no other change, until the other MDT's half is done and
+    /// [`Mutation::LinkRemoteDir`] or [`Mutation::PlaceDone`] ends it, or it is refused and
+    /// [`Mutation::PlaceAbort`] does.
+    PlaceOut {
+        parent: Fid,
+        placing: Placing,
+    },
+    /// The directory named `name` in `parent`, removed on its MDT, loses its name here (the
+    /// MDS's own).
+    PlaceDone {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+    },
+    /// A mkdir or rmdir the other MDT refused: the record of `name` in `parent` goes, and the
+    /// name is as it was (the MDS's own).
+    PlaceAbort {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+    },
+}
+
+/// A mkdir or rmdir of a directory on another MDT under way, kept on its parent by the
+/// parent's MDS until it ends, so that it ends the same way after any crash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placing {
+    #[serde(with = "crate::msg::bytes_field")]
+    pub name: Vec<u8>,
+    /// The other MDT, and its half: [`Mutation::MkdirForRemote`] or
+    /// [`Mutation::RmdirRemote`].
+    pub mdt: u32,
+    pub step: Box<Mutation>,
+    /// Who asked.
+    pub creds: Creds,
+    /// The client's request, answered once it ends.
+    pub client_req: Option<ReqId>,
+    /// The number of the request to the other MDT, the same every time it is sent.
+    pub peer_req: ReqId,
 }
 
 /// A hard link of a file to another MDT's directory under way, kept on the file by its MDS
@@ -583,6 +624,12 @@ impl Mutation {
             Mutation::LinkOut { .. } | Mutation::LinkDone { .. } | Mutation::LinkAbort { .. } => {
                 "link"
             }
+            Mutation::PlaceOut { placing, .. } => match &*placing.step {
+                Mutation::RmdirRemote { .. } => "unlink",
+                _ => "create",
+            },
+            Mutation::PlaceDone { .. } => "unlink",
+            Mutation::PlaceAbort { .. } => "setattr",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

@@ -125,6 +125,17 @@ impl Mutation {
             | Mutation::LinkDone { fid: f, .. }
             | Mutation::LinkAbort { fid: f, .. } => fid(f),
             Mutation::LinkOut { linking } => fid(&linking.fid),
+            Mutation::PlaceOut { parent, placing } => Touches {
+                entries: vec![(*parent, placing.name.as_slice())],
+                ..Touches::default()
+            },
+            Mutation::PlaceDone { parent, name } | Mutation::PlaceAbort { parent, name } => {
+                Touches {
+                    entries: vec![(*parent, name.as_slice())],
+                    replaces: true,
+                    ..Touches::default()
+                }
+            }
             Mutation::RmdirRemote { fid: f }
             | Mutation::SetDirStripe { fid: f, .. }
             | Mutation::FreezeShard { fid: f, .. }

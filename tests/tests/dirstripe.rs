@@ -606,6 +606,7 @@ async fn a_file_linked_from_another_mdt_counts_every_name_and_goes_with_the_last
         ..TcpConfig::default()
     });
     let b = admin.stat("/b").await.unwrap().fid;
+    let a = admin.stat("/").await.unwrap().fid;
     let forged = Linking {
         fid: g.fid,
         new_parent: b,
@@ -647,6 +648,38 @@ async fn a_file_linked_from_another_mdt_counts_every_name_and_goes_with_the_last
             },
             FsErrorKind::CrossDevice,
         ),
+        // Nor are the records of a mkdir or rmdir across MDTs a client's to make or end.
+        (
+            0,
+            Mutation::PlaceOut {
+                parent: a,
+                placing: Placing {
+                    name: b"b".to_vec(),
+                    mdt: 1,
+                    step: Box::new(Mutation::RmdirRemote { fid: b }),
+                    creds: Creds::root(),
+                    client_req: None,
+                    peer_req: ReqId { client: 7, seq: 8 },
+                },
+            },
+            FsErrorKind::NotPermitted,
+        ),
+        (
+            0,
+            Mutation::PlaceDone {
+                parent: a,
+                name: b"b".to_vec(),
+            },
+            FsErrorKind::NotPermitted,
+        ),
+        (
+            0,
+            Mutation::PlaceAbort {
+                parent: a,
+                name: b"b".to_vec(),
+            },
+            FsErrorKind::NotPermitted,
+        ),
     ] {
         let r = MdsReint::durable(Creds::root(), m);
         match call(&raw, &c.mdt(to).unwrap().nid(), &r, T).await {
@@ -657,8 +690,80 @@ async fn a_file_linked_from_another_mdt_counts_every_name_and_goes_with_the_last
         }
     }
     assert_eq!(admin.stat("/b/g").await.unwrap().nlink, 2);
+    assert_eq!(admin.stat("/b").await.unwrap().fid, b);
     let problems = fsck_all(&c);
     assert!(problems.is_empty(), "{problems:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The mirror healer heals every MDT's files: a copy that went stale while its storage server
+/// was down is resynced in the background once the server is back, for a file of MDT1 as for
+/// one of MDT0, and both copies read the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_mirrors_of_every_mdt_are_resynced_in_the_background() {
+    let heal = client::mirrors::HealConfig {
+        rate: 0,
+        move_after: Duration::from_secs(600),
+        every: Duration::from_millis(200),
+        mdt: None,
+    };
+    let (dir, mut c, admin) =
+        three_mdts("lode-heal-mdts", |b| b.heal(heal, ClientConfig::default())).await;
+    admin.mkdir_on("/m1", 0o755, 1).await.unwrap();
+    let two = client::stripe_args::parse(&["-N", "2", "-c", "1"].map(String::from)).unwrap();
+    let paths = ["/f0", "/m1/f1"];
+    let write_all = |bytes: Vec<u8>| {
+        let (admin, two) = (admin.clone(), two.clone());
+        async move {
+            for p in paths {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .layout(two.clone())
+                    .open(&admin, p)
+                    .await
+                    .unwrap();
+                f.write_at(0, &bytes).await.unwrap();
+                f.fsync().await.unwrap();
+                f.close().await.unwrap();
+            }
+        }
+    };
+    write_all(vec![1u8; 100_000]).await;
+    assert_eq!(mdt_of(admin.stat("/m1/f1").await.unwrap().fid), Some(1));
+    // One server down: the copies on it go stale as the files are written again.
+    c.kill_oss(1);
+    let newer: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+    write_all(newer.clone()).await;
+    for p in paths {
+        let l = admin.getstripe(p).await.unwrap().unwrap();
+        assert_eq!(l.stale_mirrors().len(), 1, "{p}");
+    }
+    c.start_oss(1).await.unwrap();
+    // A new client: the server came back at a new address here, which the writer's client,
+    // holding the old one, would wait out before it asked the MDS again.
+    let admin = root_client(&c, "after").await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for p in paths {
+        loop {
+            let l = admin.getstripe(p).await.unwrap().unwrap();
+            if l.stale_mirrors().is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{p}'s stale copy was never resynced"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let f = OpenOptions::new().read(true).open(&admin, p).await.unwrap();
+        for copy in 0..2 {
+            let back = f.read_copy(copy, 0, newer.len() as u64).await.unwrap();
+            assert!(back == newer, "{p}: copy {copy} differs");
+        }
+        f.close().await.unwrap();
+    }
     c.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

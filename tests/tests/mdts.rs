@@ -403,6 +403,92 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A mkdir and an rmdir of directories on MDT1, asked while MDT1 is down, their clients gone,
+/// and MDT0's MDS killed -9 meanwhile: each was recorded on MDT0 before MDT1 was asked, so
+/// once both MDSs are back MDT0 ends each one whole (the directory made and named, the other
+/// removed with its name), and the two MDTs check clean against each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mkdir_and_an_rmdir_across_mdts_cut_short_by_kill_9_end_whole() {
+    let (dir, mut c, admin) = two_mdts("lode-mdts-placing", |b| {
+        b.open_recovery(Duration::from_millis(500), Duration::from_secs(120))
+    })
+    .await;
+    admin.mkdir_on("/gone", 0o755, 1).await.unwrap();
+    let gone = admin.stat("/gone").await.unwrap();
+    c.kill_mdt(1).await;
+    let asker = c
+        .client(
+            "asker",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let making = {
+        let asker = asker.clone();
+        tokio::spawn(async move { asker.mkdir_on("/half", 0o750, 1).await.map(|_| ()) })
+    };
+    let removing = {
+        let asker = asker.clone();
+        tokio::spawn(async move { asker.rmdir("/gone").await })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !making.is_finished() && !removing.is_finished(),
+        "a change on a down MDT answered"
+    );
+    // The client goes, and MDT0's MDS is killed with both changes recorded and unanswered.
+    making.abort();
+    removing.abort();
+    drop(asker);
+    c.kill_mds().await;
+    c.start_mds().await.unwrap();
+    c.start_mdt(1).await.unwrap();
+    let check = c
+        .client(
+            "check",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let made = check.stat("/half").await;
+        let removed = check.stat("/gone").await;
+        let spaces = [c.mdt(0).unwrap().namespace(), c.mdt(1).unwrap().namespace()];
+        let problems = mds::across::check_across(&[&spaces[0], &spaces[1]]);
+        match (&made, &removed) {
+            (Ok(h), Err(e)) if e.is(FsErrorKind::NotFound) && problems.is_empty() => {
+                assert_eq!((h.kind, h.mode & 0o7777), (Kind::Dir, 0o750));
+                assert_eq!(mdt_of(h.fid), Some(1));
+                break;
+            }
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the restarts: mkdir {:?}, rmdir {:?}, {problems:?}",
+            made.map(|i| i.fid),
+            removed.map(|i| i.fid)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The directory removed is gone from MDT1 too.
+    let e = check.getattr(gone.fid).await.unwrap_err();
+    assert!(e.is(FsErrorKind::Stale), "{e}");
+    write_file(&check, "/half/f", &data(3, 5000)).await;
+    assert_eq!(read_file(&check, "/half/f", 6000).await, data(3, 5000));
+    assert!(c.mdt(0).unwrap().fsck().is_empty());
+    assert!(c.mdt(1).unwrap().fsck().is_empty());
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// kill -9 of MDT1's MDS: what it acknowledged in a directory placed there survives its
 /// restart (its changes are answered once durable), a mkdir placed on it while it is down
 /// waits for it and completes, and MDT0 serves its own files throughout.

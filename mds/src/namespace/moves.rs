@@ -89,8 +89,18 @@ pub fn dropping(i: &Inode) -> Option<ReqId> {
 }
 
 impl Namespace {
-    /// Refuses a change of `name` in `parent` while a move of it to another MDT is under way.
+    /// Refuses a change of `name` in `parent` while a move of it to another MDT, or a mkdir or
+    /// rmdir of it there, is under way.
     pub(super) fn not_moving(&self, parent: Fid, name: &[u8]) -> Result<()> {
+        if self.is_placing(parent, name) {
+            return err(
+                FsErrorKind::WouldBlock,
+                format!(
+                    "{:?} is being made or removed on another MDT",
+                    String::from_utf8_lossy(name)
+                ),
+            );
+        }
         let Some(f) = self.entries.get(&parent).and_then(|d| d.get(name)) else {
             return Ok(());
         };
@@ -259,6 +269,12 @@ impl Namespace {
         self.local(parent)?;
         self.dir(parent)?;
         self.check_shard(parent, name, true)?;
+        if self.is_placing(parent, name) {
+            return err(
+                FsErrorKind::WouldBlock,
+                "the name is being made or removed on another MDT",
+            );
+        }
         self.require(parent, who, 3)?;
         if inode.kind == Kind::Dir {
             return err(

@@ -205,7 +205,10 @@ impl MdsService {
             | Mutation::Dropped { .. }
             | Mutation::LinkOut { .. }
             | Mutation::LinkDone { .. }
-            | Mutation::LinkAbort { .. } => None,
+            | Mutation::LinkAbort { .. }
+            | Mutation::PlaceOut { .. }
+            | Mutation::PlaceDone { .. }
+            | Mutation::PlaceAbort { .. } => None,
         })
     }
 

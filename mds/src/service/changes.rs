@@ -457,7 +457,7 @@ impl MdsService {
                 self.mkdir_striped(&mut m).await?;
                 self.mkdir_on(&mut m, &r.creds, r.req).await?;
                 let removes_across = self.removes_dir_across(&m);
-                self.rmdir_remote(&m, &r.creds, r.req).await?;
+                self.rmdir_remote(&mut m, &r.creds, r.req).await?;
                 self.rmdir_striped(&m, &r.creds).await?;
                 let striped = matches!(m, Mutation::MkdirStriped { .. });
                 let chattr = match &m {
@@ -477,7 +477,11 @@ impl MdsService {
                     _ => None,
                 };
                 let made_remote = match &m {
-                    Mutation::LinkRemoteDir { inode, .. } => Some(inode.fid),
+                    Mutation::LinkRemoteDir {
+                        parent,
+                        name,
+                        inode,
+                    } => Some((inode.fid, *parent, name.clone())),
                     _ => None,
                 };
                 let drops = self.drops_remote_name(&m);
@@ -499,7 +503,7 @@ impl MdsService {
                         // A copy of the request carried out meanwhile (a resend that came
                         // while this one asked the other MDT) is answered as it was: the
                         // directory this one made there is named nowhere.
-                        if let Some(fid) = made_remote {
+                        if let Some((fid, ..)) = made_remote {
                             if d.applied.inode.as_ref().map(|i| i.fid) != Some(fid) {
                                 self.unmake_remote(fid).await;
                             }
@@ -507,8 +511,14 @@ impl MdsService {
                         d
                     }
                     Err(e) => {
-                        if let Some(fid) = made_remote {
-                            self.unmake_remote(fid).await;
+                        // Refused here: the directory made there goes, and the record with
+                        // it. Not applied for want of the journal: the record stays, and the
+                        // name is added once it can be (the other MDT answers the same again).
+                        if let Some((fid, parent, name)) = made_remote {
+                            if matches!(e.code, StatusCode::Fs(_)) {
+                                self.unmake_remote(fid).await;
+                            }
+                            self.end_refused(parent, &name, &e).await;
                         }
                         return Err(e);
                     }

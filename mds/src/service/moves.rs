@@ -367,20 +367,23 @@ impl MdsService {
                     stripes = s.settle_stripes_once().await;
                 }
                 if !moves {
-                    moves = s.resume_moves_once().await;
+                    moves = s.resume_moves_once().await & s.resume_placing_once().await;
                 }
                 if !reported {
                     reported = s.report_dropped_once().await;
                 }
                 s.across.clone()
             };
-            // Holding no reference to the service meanwhile: a stopped MDS's state goes.
-            let wait = if stripes && moves && reported {
-                std::time::Duration::from_secs(10)
-            } else {
-                std::time::Duration::from_secs(1)
-            };
+            // Holding no reference to the service meanwhile: a stopped MDS's state goes. With
+            // work left, the next look is a whole second away whatever wakes it: a step that
+            // failed wakes it too, and would otherwise be tried again at once, for ever.
+            let all_done = stripes && moves && reported;
+            let wait = std::time::Duration::from_secs(if all_done { 10 } else { 1 });
+            let began = tokio::time::Instant::now();
             let woken = tokio::time::timeout(wait, across.notified()).await.is_ok();
+            if woken && !all_done {
+                tokio::time::sleep_until(began + wait).await;
+            }
             idle = if woken { 0 } else { idle + 1 };
             if woken || idle >= 6 {
                 (stripes, moves, reported) = (false, false, false);

@@ -19,6 +19,8 @@
 
 use lnet::call;
 
+use proto::md::Placing;
+
 use super::*;
 
 /// How long one call to another MDS may take before the client's request is answered Busy
@@ -71,7 +73,10 @@ impl MdsService {
             | Mutation::Dropped { .. }
             | Mutation::LinkOut { .. }
             | Mutation::LinkDone { .. }
-            | Mutation::LinkAbort { .. } => self.server_only(req),
+            | Mutation::LinkAbort { .. }
+            | Mutation::PlaceOut { .. }
+            | Mutation::PlaceDone { .. }
+            | Mutation::PlaceAbort { .. } => self.server_only(req),
             _ => Ok(()),
         }
     }
@@ -204,41 +209,118 @@ impl MdsService {
                 })
             })
             .map_err(ns_error)?;
-        let made = self
-            .on_mdt(
-                mdt,
-                creds,
-                Mutation::MkdirForRemote {
-                    parent,
-                    name: name.clone(),
-                    mode: *mode,
-                    gid,
-                    layout,
-                },
-                of,
-            )
+        let step = Mutation::MkdirForRemote {
+            parent,
+            name: name.clone(),
+            mode: *mode,
+            gid,
+            layout,
+        };
+        let placing = Placing {
+            name: name.clone(),
+            mdt,
+            step: Box::new(step.clone()),
+            creds: creds.clone(),
+            client_req: of,
+            peer_req: self.peer_req(of),
+        };
+        let out = Mutation::PlaceOut {
+            parent,
+            placing: placing.clone(),
+        };
+        self.apply(out, creds.clone(), None, None, vec![], false, None)
             .await?;
-        let inode = made.inode.ok_or_else(|| {
-            RemoteError::new(
-                StatusCode::Io,
-                format!("MDT{mdt} made the directory but named none"),
-            )
-        })?;
-        if proto::fid::mdt_of(inode.fid) != Some(mdt) || inode.kind != Kind::Dir {
-            return Err(RemoteError::new(
-                StatusCode::Io,
-                format!(
-                    "MDT{mdt} answered a mkdir with {}, not one of its directories",
-                    inode.fid
-                ),
-            ));
-        }
+        let made = self
+            .on_mdt_numbered(mdt, creds, step, placing.peer_req)
+            .await
+            .and_then(|made| made_dir(mdt, made));
+        let inode = match made {
+            Ok(i) => i,
+            Err(e) => {
+                self.end_refused(parent, &placing.name, &e).await;
+                return Err(e);
+            }
+        };
         *m = Mutation::LinkRemoteDir {
             parent,
             name: std::mem::take(name),
             inode,
         };
         Ok(())
+    }
+
+    /// Ends a mkdir or rmdir on another MDT whose other half was refused there (the record
+    /// goes, and the name is as it was); one not answered stays recorded, and is asked again
+    /// by this MDS's pass over what is left across MDTs.
+    pub(super) async fn end_refused(&self, parent: proto::Fid, name: &[u8], e: &RemoteError) {
+        if !matches!(e.code, StatusCode::Fs(_)) {
+            self.across.notify_one();
+            return;
+        }
+        let abort = Mutation::PlaceAbort {
+            parent,
+            name: name.to_vec(),
+        };
+        if let Err(e) = self.apply_own(abort, None).await {
+            tracing::warn!(%parent, error = %e, "a refused mkdir or rmdir across MDTs stays recorded");
+        }
+    }
+
+    /// Carries on the mkdirs and rmdirs on other MDTs a restart or a silent MDT left; true
+    /// once none is left.
+    pub(super) async fn resume_placing_once(&self) -> bool {
+        let mut left = 0;
+        for (parent, p) in self.store.read(|ns| ns.placing()) {
+            let _one = self.moving.lock().await;
+            let still = self
+                .store
+                .read(|ns| ns.placing())
+                .into_iter()
+                .any(|(d, q)| d == parent && q == p);
+            if !still {
+                continue;
+            }
+            let asked = self
+                .on_mdt_numbered(p.mdt, &p.creds, (*p.step).clone(), p.peer_req)
+                .await;
+            let end = match (&*p.step, asked) {
+                (Mutation::MkdirForRemote { .. }, Ok(made)) => match made_dir(p.mdt, made) {
+                    Ok(inode) => Ok(Mutation::LinkRemoteDir {
+                        parent,
+                        name: p.name.clone(),
+                        inode,
+                    }),
+                    Err(e) => Err(e),
+                },
+                (Mutation::RmdirRemote { .. }, Ok(_)) => Ok(Mutation::PlaceDone {
+                    parent,
+                    name: p.name.clone(),
+                }),
+                (Mutation::RmdirRemote { .. }, Err(e))
+                    if e.code == StatusCode::Fs(FsErrorKind::Stale) =>
+                {
+                    Ok(Mutation::PlaceDone {
+                        parent,
+                        name: p.name.clone(),
+                    })
+                }
+                (_, Err(e)) => Err(e),
+                (_, Ok(_)) => Err(RemoteError::new(StatusCode::Invalid, "not a placing step")),
+            };
+            let ended = match end {
+                Ok(m) => self.apply_own(m, p.client_req).await.map(|_| ()),
+                Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
+                    self.end_refused(parent, &p.name, &e).await;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = ended {
+                left += 1;
+                tracing::warn!(%parent, mdt = p.mdt, error = %e, "a mkdir or rmdir on another MDT waits for it");
+            }
+        }
+        left == 0
     }
 
     /// Undoes the first half of a mkdir on another MDT whose name could not be added here
@@ -255,9 +337,6 @@ impl MdsService {
         }
     }
 
-    /// Before an rmdir of a directory another MDT holds is applied here: the directory removed
-    /// there (refused there when it is not empty). One gone already (a crash came between the
-    /// halves) lets the name go.
     /// Whether `m` removes a directory with a part on another MDT: one placed there, or a
     /// striped one.
     pub(super) fn removes_dir_across(&self, m: &Mutation) -> bool {
@@ -276,9 +355,12 @@ impl MdsService {
         })
     }
 
+    /// An rmdir of a directory another MDT holds: recorded here, the directory removed there
+    /// (refused there when it is not empty), and the change turned into removing the name
+    /// (`PlaceDone`). One gone already (a crash came between the halves) lets the name go.
     pub(super) async fn rmdir_remote(
         &self,
-        m: &Mutation,
+        m: &mut Mutation,
         creds: &Creds,
         of: Option<ReqId>,
     ) -> Result<(), RemoteError> {
@@ -304,18 +386,64 @@ impl MdsService {
             .read(|ns| ns.may_remove(*parent, name, creds))
             .map_err(ns_error)?;
         let mdt = proto::fid::mdt_of(fid).unwrap_or(0);
+        let placing = Placing {
+            name: name.clone(),
+            mdt,
+            step: Box::new(Mutation::RmdirRemote { fid }),
+            creds: creds.clone(),
+            client_req: of,
+            peer_req: self.peer_req(of),
+        };
+        let out = Mutation::PlaceOut {
+            parent: *parent,
+            placing: placing.clone(),
+        };
+        self.apply(out, creds.clone(), None, None, vec![], false, None)
+            .await?;
         match self
-            .on_mdt(mdt, &Creds::root(), Mutation::RmdirRemote { fid }, of)
+            .on_mdt_numbered(
+                mdt,
+                &Creds::root(),
+                Mutation::RmdirRemote { fid },
+                placing.peer_req,
+            )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(e) if e.code == StatusCode::Fs(FsErrorKind::Stale) => {
                 tracing::info!(%fid, mdt, "the directory of a name being removed was gone already");
-                Ok(())
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                self.end_refused(*parent, name, &e).await;
+                return Err(e);
+            }
         }
+        *m = Mutation::PlaceDone {
+            parent: *parent,
+            name: std::mem::take(name),
+        };
+        Ok(())
     }
+}
+
+/// The directory MDT `mdt` answered a mkdir with, checked to be one of its directories.
+fn made_dir(mdt: u32, made: MdsReintReply) -> Result<Inode, RemoteError> {
+    let inode = made.inode.ok_or_else(|| {
+        RemoteError::new(
+            StatusCode::Io,
+            format!("MDT{mdt} made the directory but named none"),
+        )
+    })?;
+    if proto::fid::mdt_of(inode.fid) != Some(mdt) || inode.kind != Kind::Dir {
+        return Err(RemoteError::new(
+            StatusCode::Io,
+            format!(
+                "MDT{mdt} answered a mkdir with {}, not one of its directories",
+                inode.fid
+            ),
+        ));
+    }
+    Ok(inode)
 }
 
 /// A call to another MDS that failed: its own refusal as it gave it; no answer as Busy, which

@@ -521,7 +521,14 @@ fn serve(args: ServeArgs) -> Result<()> {
         let _metrics = telemetry.serve(server.metrics_refresh()).await?;
         println!("lode-mds serving at {}", server.nid());
         let _healer = match args.heal {
-            Some(heal) => Some(heal_mirrors(server.nid(), args.security.clone(), heal)),
+            Some(heal) => Some(heal_mirrors(
+                args.mdt0.clone().unwrap_or_else(|| server.nid()),
+                args.security.clone(),
+                client::mirrors::HealConfig {
+                    mdt: Some(server.mdt()),
+                    ..heal
+                },
+            )),
             None => {
                 tracing::warn!("background resync of stale mirrors is off");
                 None
@@ -534,8 +541,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
-/// The mirror healer: a client of this MDS with the server's own key (the server role: root,
-/// no capabilities needed), resyncing stale mirrors as their servers return.
+/// The mirror healer: a client of the filesystem (through MDT0, at `nid`) with the server's
+/// own key (the server role: root, no capabilities needed), resyncing stale mirrors of this
+/// MDS's files as their servers return.
 fn heal_mirrors(
     nid: proto::Nid,
     security: lnet::auth::Security,
