@@ -184,12 +184,34 @@ fn alive(pid: i32) -> bool {
     if unsafe { libc::kill(pid, 0) } != 0 {
         return false;
     }
-    // The state is the field after the command's closing parenthesis.
+    // The state is the field after the command's closing parenthesis, the flags the seventh.
+    // A process killed a moment ago may not show as a zombie yet, but it is exiting
+    // (PF_EXITING), or the kill is still pending: it counts as gone, to be started again.
+    const PF_EXITING: u64 = 0x4;
+    let exiting = |stat: &str| {
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let state = fields.first().copied().unwrap_or("");
+        let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+        state == "Z" || state == "X" || flags & PF_EXITING != 0
+    };
+    let killed = || {
+        const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+            status.lines().any(|l| {
+                let pending = l
+                    .strip_prefix("ShdPnd:")
+                    .or_else(|| l.strip_prefix("SigPnd:"));
+                pending
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & SIGKILL_BIT != 0)
+            })
+        })
+    };
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| state != "Z" && state != "X"),
+        Ok(stat) => !exiting(&stat) && !killed(),
         Err(_) => false,
     }
 }
