@@ -47,38 +47,40 @@ fn set_elsewhere(i: &mut Inode, n: u32) {
     }
 }
 
-/// The moves under way of `i`'s names.
-pub fn moves(i: &Inode) -> Vec<Moving> {
+/// A list of records kept in `i`'s attribute `key` (none when it has none).
+pub(super) fn records<T: serde::de::DeserializeOwned>(i: &Inode, key: &str) -> Vec<T> {
     i.xattrs
-        .get(MOVING)
+        .get(key)
         .and_then(|v| postcard::from_bytes(v).ok())
         .unwrap_or_default()
 }
 
-fn set_moves(i: &mut Inode, m: &[Moving]) {
-    if m.is_empty() {
-        i.xattrs.remove(MOVING);
+/// Keeps `list` in `i`'s attribute `key`, removed when empty.
+pub(super) fn set_records<T: serde::Serialize>(i: &mut Inode, key: &str, list: &[T]) {
+    if list.is_empty() {
+        i.xattrs.remove(key);
     } else {
-        let v = proto::msg::encode(&m).expect("a list of moves always encodes");
-        i.xattrs.insert(MOVING.to_string(), v);
+        let v = proto::msg::encode(&list).expect("a list of records always encodes");
+        i.xattrs.insert(key.to_string(), v);
     }
+}
+
+/// The moves under way of `i`'s names.
+pub fn moves(i: &Inode) -> Vec<Moving> {
+    records(i, MOVING)
+}
+
+fn set_moves(i: &mut Inode, m: &[Moving]) {
+    set_records(i, MOVING, m)
 }
 
 /// The links of `i` to other MDTs under way.
 pub fn linkings(i: &Inode) -> Vec<Linking> {
-    i.xattrs
-        .get(LINKING)
-        .and_then(|v| postcard::from_bytes(v).ok())
-        .unwrap_or_default()
+    records(i, LINKING)
 }
 
 fn set_linkings(i: &mut Inode, l: &[Linking]) {
-    if l.is_empty() {
-        i.xattrs.remove(LINKING);
-    } else {
-        let v = proto::msg::encode(&l).expect("a list of links always encodes");
-        i.xattrs.insert(LINKING.to_string(), v);
-    }
+    set_records(i, LINKING, l)
 }
 
 /// The report still to be made of `i`, a stub whose name here is gone.

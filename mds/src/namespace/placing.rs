@@ -20,19 +20,11 @@ pub const PLACING: &str = "lode.placing";
 
 /// The changes of `dir`'s names on other MDTs under way.
 pub fn placings(dir: &Inode) -> Vec<Placing> {
-    dir.xattrs
-        .get(PLACING)
-        .and_then(|v| postcard::from_bytes(v).ok())
-        .unwrap_or_default()
+    super::moves::records(dir, PLACING)
 }
 
 fn set_placings(dir: &mut Inode, p: &[Placing]) {
-    if p.is_empty() {
-        dir.xattrs.remove(PLACING);
-    } else {
-        let v = proto::msg::encode(&p).expect("a list of placings always encodes");
-        dir.xattrs.insert(PLACING.to_string(), v);
-    }
+    super::moves::set_records(dir, PLACING, p)
 }
 
 impl Namespace {
