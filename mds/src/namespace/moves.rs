@@ -467,8 +467,8 @@ impl Namespace {
         })
     }
 
-    /// The last step of a link to another MDT: named there, its record goes.
-    pub(super) fn link_done(&mut self, fid: Fid, peer_req: ReqId) -> Result<Applied> {
+    /// Takes the record of link `peer_req` off `fid`, which is returned.
+    fn end_linking(&mut self, fid: Fid, peer_req: ReqId) -> Result<&mut Inode> {
         let i = self.inodes.get_mut(&fid).ok_or_else(|| NsError {
             kind: FsErrorKind::Stale,
             what: format!("{fid} does not exist"),
@@ -480,6 +480,12 @@ impl Namespace {
             return err(FsErrorKind::NotFound, "no such link under way");
         }
         set_linkings(i, &all);
+        Ok(i)
+    }
+
+    /// The last step of a link to another MDT: named there, its record goes.
+    pub(super) fn link_done(&mut self, fid: Fid, peer_req: ReqId) -> Result<Applied> {
+        let i = self.end_linking(fid, peer_req)?;
         Ok(Applied {
             inode: Some(i.clone()),
             removed: vec![],
@@ -490,17 +496,7 @@ impl Namespace {
     /// A link the other MDT refused: its record and its count go (and the file with them, if
     /// its other names went meanwhile).
     pub(super) fn link_abort(&mut self, fid: Fid, peer_req: ReqId, now: Time) -> Result<Applied> {
-        let i = self.inodes.get_mut(&fid).ok_or_else(|| NsError {
-            kind: FsErrorKind::Stale,
-            what: format!("{fid} does not exist"),
-        })?;
-        let mut all = linkings(i);
-        let before = all.len();
-        all.retain(|l| l.peer_req != peer_req);
-        if all.len() == before {
-            return err(FsErrorKind::NotFound, "no such link under way");
-        }
-        set_linkings(i, &all);
+        let i = self.end_linking(fid, peer_req)?;
         set_elsewhere(i, elsewhere(i).saturating_sub(1));
         let removed = self.drop_link(fid, now);
         Ok(Applied {
