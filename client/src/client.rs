@@ -2283,8 +2283,7 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::MkdirStriped { parent, .. }
         | Mutation::MkdirForRemote { parent, .. }
         | Mutation::LinkRemoteDir { parent, .. } => *parent,
-        // A rename between two MDTs goes to the source's, which moves a file's name there
-        // (and refuses a directory's, EXDEV).
+        // A rename between two MDTs goes to the source's, which moves the name there.
         Mutation::Rename { parent, .. } => *parent,
         // A link goes to its file's MDT, which names the file on another MDT's directory.
         Mutation::Link { fid, .. } => *fid,
@@ -2314,7 +2313,9 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         Mutation::PlaceOut { parent, .. }
         | Mutation::PlaceDone { parent, .. }
         | Mutation::PlaceAbort { parent, .. } => *parent,
+        Mutation::Reparent { dir, .. } => *dir,
         Mutation::Destroyed { .. }
+        | Mutation::RenameLock { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }
         | Mutation::Released { .. } => ROOT,

@@ -12,6 +12,9 @@
 //! - a file whose home counts another number of names on other MDTs than they hold, or a
 //!   name of a file its home does not hold.
 //!
+//! A mkdir, rmdir or rename across MDTs recorded and not yet ended is between two of these
+//! states, and is not judged: its MDS ends it when it starts.
+//!
 //! Only the MDTs given are checked against each other: a name or a parent on an MDT not given
 //! is not judged.
 
@@ -47,7 +50,22 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
             (d, p.name, rmdir)
         })
         .collect();
+    // Directories whose names are moving between directories of two MDTs (their MDS ends
+    // the moves when it starts): named in both, or with either parent, meanwhile.
+    let moving: std::collections::HashSet<Fid> = namespaces
+        .iter()
+        .flat_map(|ns| {
+            ns.moving().into_iter().filter_map(|m| {
+                ns.lookup(m.parent, &m.name, &crate::namespace::Creds::root())
+                    .ok()
+                    .map(|i| i.fid)
+            })
+        })
+        .collect();
     for (fid, named) in &names {
+        if moving.contains(fid) {
+            continue;
+        }
         let shown = |(mdt, dir, name): &(u32, Fid, Vec<u8>)| {
             format!("{dir}/{} on MDT{mdt}", String::from_utf8_lossy(name))
         };
@@ -186,7 +204,7 @@ pub fn check_across(namespaces: &[&Namespace]) -> Vec<String> {
                 .get(&dir)
                 .is_some_and(|n| n.iter().any(|(m, d, _)| *m == k && *d == parent));
             let making = placing.iter().any(|(d, _, rmdir)| !rmdir && *d == parent);
-            if !named_there && !making {
+            if !named_there && !making && !moving.contains(&dir) {
                 let what = if entries == 0 {
                     "empty: a mkdir across MDTs cut short between its halves".to_string()
                 } else {

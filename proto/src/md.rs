@@ -534,6 +534,21 @@ pub enum Mutation {
         #[serde(with = "crate::msg::bytes_field")]
         name: Vec<u8>,
     },
+    /// Directory `dir`, whose name moved between two other MDTs, has `parent` for its parent
+    /// now (servers only: the MDS that moved the name).
+    Reparent {
+        dir: Fid,
+        parent: Fid,
+    },
+    /// The filesystem's rename lock, kept by MDT0 (servers only): taken by MDT `holder` for
+    /// the rename `key` when free or held by `holder` already, let go when `key` is `None`.
+    /// A rename of a directory to another parent holds it while it checks that the directory
+    /// does not move below itself and until it ends, so that no two such renames, each
+    /// checked alone, make a loop together (Lustre's big filesystem lock).
+    RenameLock {
+        holder: u32,
+        key: Option<ReqId>,
+    },
 }
 
 /// A mkdir or rmdir of a directory on another MDT under way, kept on its parent by the
@@ -570,8 +585,9 @@ pub struct Linking {
     pub peer_req: ReqId,
 }
 
-/// A rename of a file to another MDT's directory under way, kept on the file by the MDS of its
-/// old name until it ends, so that it ends the same way after any crash.
+/// A rename to another MDT's directory under way (or of a directory of another MDT between two
+/// directories here), kept on the file or directory by the MDS of its old name until it ends,
+/// so that it ends the same way after any crash.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Moving {
     pub parent: Fid,
@@ -630,6 +646,7 @@ impl Mutation {
             },
             Mutation::PlaceDone { .. } => "unlink",
             Mutation::PlaceAbort { .. } => "setattr",
+            Mutation::Reparent { .. } | Mutation::RenameLock { .. } => "rename",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

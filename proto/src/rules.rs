@@ -139,7 +139,8 @@ impl Mutation {
             Mutation::RmdirRemote { fid: f }
             | Mutation::SetDirStripe { fid: f, .. }
             | Mutation::FreezeShard { fid: f, .. }
-            | Mutation::RmdirShard { fid: f } => fid(f),
+            | Mutation::RmdirShard { fid: f }
+            | Mutation::Reparent { dir: f, .. } => fid(f),
             Mutation::Link { fid, parent, name } => Touches {
                 inodes: vec![*fid],
                 entries: vec![(*parent, name.as_slice())],
@@ -183,7 +184,8 @@ impl Mutation {
             | Mutation::ReserveInodes { .. }
             | Mutation::MkdirForRemote { .. }
             | Mutation::MakeShard { .. }
-            | Mutation::Dropped { .. } => Touches::default(),
+            | Mutation::Dropped { .. }
+            | Mutation::RenameLock { .. } => Touches::default(),
         }
     }
 

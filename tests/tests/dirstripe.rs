@@ -419,7 +419,7 @@ async fn a_file_renamed_to_another_mdt_keeps_its_inode_and_goes_with_its_last_na
     let problems = fsck_all(&c);
     assert!(problems.is_empty(), "{problems:?}");
 
-    // The rest as a rename is: RENAME_NOREPLACE, permissions, directories (EXDEV for now).
+    // The rest as a rename is: RENAME_NOREPLACE, permissions.
     write(&admin, "/a/n", b"n").await.unwrap();
     write(&admin, "/b/n", b"taken").await.unwrap();
     let e = admin
@@ -435,9 +435,6 @@ async fn a_file_renamed_to_another_mdt_keeps_its_inode_and_goes_with_its_last_na
         .unwrap_err();
     assert!(e.is(FsErrorKind::Exists), "{e}");
     assert_eq!(read(&admin, "/a/n").await, b"n");
-    admin.mkdir("/a/d", 0o755).await.unwrap();
-    let e = admin.rename("/a/d", "/b/d").await.unwrap_err();
-    assert!(e.is(FsErrorKind::CrossDevice), "{e}");
     admin.mkdir_on("/b/locked", 0o755, 1).await.unwrap();
     let user = c
         .client(
@@ -509,6 +506,175 @@ async fn a_file_renamed_to_another_mdt_keeps_its_inode_and_goes_with_its_last_na
         }
     }
     assert_eq!(read(&admin, "/a/n").await, b"n");
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A directory renamed between directories of different MDTs keeps its inode and its tree
+/// wherever its own MDT is (the old name's, the new name's or a third), replaces only an empty
+/// directory, and never moves below itself, however its ancestors are spread over the MDTs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_renamed_between_mdts_keeps_its_tree_and_never_moves_below_itself() {
+    let (dir, c, admin) = three_mdts("lode-dirmoves", |b| b).await;
+    admin.mkdir_on("/a", 0o755, 0).await.unwrap();
+    admin.mkdir_on("/b", 0o755, 1).await.unwrap();
+    admin.mkdir_on("/c", 0o755, 2).await.unwrap();
+    let other = root_client(&c, "other").await;
+    let cluster = &c;
+    let moved = |from: &'static str, to: &'static str, file: &'static str| {
+        let (admin, other) = (admin.clone(), other.clone());
+        async move {
+            let before = admin.stat(from).await.unwrap();
+            admin.rename(from, to).await.unwrap();
+            let e = admin.stat(from).await.unwrap_err();
+            assert!(e.is(FsErrorKind::NotFound), "{from}: {e}");
+            let after = other.stat(to).await.unwrap();
+            assert_eq!(after.fid, before.fid, "{from} -> {to}");
+            assert_eq!(read(&other, &format!("{to}/{file}")).await, file.as_bytes());
+            write(&admin, &format!("{to}/new"), b"new").await.unwrap();
+            admin.unlink(&format!("{to}/new")).await.unwrap();
+            let problems = fsck_all(cluster);
+            assert!(problems.is_empty(), "{from} -> {to}: {problems:?}");
+            after.fid
+        }
+    };
+    // Its own MDT the old name's (MDT0), then the new name's (home again), then a third's.
+    admin.mkdir("/a/d", 0o755).await.unwrap();
+    write(&admin, "/a/d/f", b"f").await.unwrap();
+    let d = moved("/a/d", "/b/d", "f").await;
+    assert_eq!(mdt_of(d), Some(0));
+    assert!(names(admin.readdir("/b").await.unwrap()).contains(&"d".to_string()));
+    assert!(!names(admin.readdir("/a").await.unwrap()).contains(&"d".to_string()));
+    moved("/b/d", "/a/d2", "f").await;
+    admin.mkdir_on("/a/e", 0o755, 2).await.unwrap();
+    write(&admin, "/a/e/g", b"g").await.unwrap();
+    let e2 = moved("/a/e", "/b/e", "g").await;
+    assert_eq!(mdt_of(e2), Some(2));
+    // A striped directory: its names stay in their shards, found through the new name.
+    admin
+        .mkdir_striped("/a/s", 0o755, 3, None, HashType::Fnv1a64)
+        .await
+        .unwrap();
+    for i in 0..6 {
+        write(&admin, &format!("/a/s/f{i}"), format!("f{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    admin.rename("/a/s", "/c/s").await.unwrap();
+    for i in 0..6 {
+        assert_eq!(
+            read(&other, &format!("/c/s/f{i}")).await,
+            format!("f{i}").as_bytes()
+        );
+    }
+    assert_eq!(admin.readdir("/c/s").await.unwrap().len(), 6);
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+    // Another MDT's directory between two directories of one MDT: its MDT learns its parent.
+    admin.mkdir("/a/y", 0o755).await.unwrap();
+    admin.mkdir_on("/a/x", 0o755, 1).await.unwrap();
+    write(&admin, "/a/x/h", b"h").await.unwrap();
+    moved("/a/x", "/a/y/x", "h").await;
+    // nlink of each parent counts its subdirectories wherever they live.
+    assert_eq!(admin.stat("/a").await.unwrap().nlink, 2 + 2); // d2, y
+    assert_eq!(admin.stat("/b").await.unwrap().nlink, 2 + 1); // e
+    assert_eq!(admin.stat("/c").await.unwrap().nlink, 2 + 1); // s
+
+    // Over a name: an empty directory of the new name's MDT only.
+    admin.mkdir("/b/empty", 0o755).await.unwrap();
+    write(&admin, "/b/file", b"x").await.unwrap();
+    admin.mkdir("/b/full", 0o755).await.unwrap();
+    write(&admin, "/b/full/z", b"z").await.unwrap();
+    for (to, kind) in [
+        ("/b/file", FsErrorKind::NotDir),
+        ("/b/full", FsErrorKind::NotEmpty),
+    ] {
+        let e = admin.rename("/a/d2", to).await.unwrap_err();
+        assert!(e.is(kind), "{to}: {e}");
+        assert_eq!(read(&admin, "/a/d2/f").await, b"f");
+    }
+    let empty = admin.stat("/b/empty").await.unwrap();
+    admin.rename("/a/d2", "/b/empty").await.unwrap();
+    assert_eq!(read(&admin, "/b/empty/f").await, b"f");
+    let e = admin.getattr(empty.fid).await.unwrap_err();
+    assert!(e.is(FsErrorKind::Stale), "{e}");
+    let problems = fsck_all(&c);
+    assert!(problems.is_empty(), "{problems:?}");
+
+    // Never below itself: across MDTs directly ...
+    let e = admin.rename("/b", "/b/e/sub").await.unwrap_err();
+    assert!(e.is(FsErrorKind::Invalid), "{e}");
+    // ... and between two directories of one MDT whose path down passes through another:
+    // /a/y (MDT0) / x (MDT1) / z (MDT0).
+    admin.mkdir_on("/a/y/x/z", 0o755, 0).await.unwrap();
+    let e = admin.rename("/a/y", "/a/y/x/z/y").await.unwrap_err();
+    assert!(e.is(FsErrorKind::Invalid), "{e}");
+    // Two renames that would make a loop together, from two MDSs at once: one is refused.
+    admin.mkdir_on("/b/p", 0o755, 1).await.unwrap();
+    admin.mkdir_on("/c/q", 0o755, 2).await.unwrap();
+    for round in 0..4 {
+        let (p, q) = if round % 2 == 0 {
+            ("/b/p", "/c/q")
+        } else {
+            ("/c/q", "/b/p")
+        };
+        let (p_in, q_in) = (format!("{p}/in"), format!("{q}/in"));
+        let one = admin.rename(p, &q_in);
+        let two = other.rename(q, &p_in);
+        let (one, two) = tokio::join!(one, two);
+        assert!(
+            one.is_err() || two.is_err(),
+            "round {round}: both renames of a loop were carried out"
+        );
+        let problems = fsck_all(&c);
+        assert!(problems.is_empty(), "round {round}: {problems:?}");
+        // Back as they were, whichever went.
+        if one.is_ok() {
+            admin.rename(&format!("{q}/in"), p).await.unwrap();
+        }
+        if two.is_ok() {
+            admin.rename(&format!("{p}/in"), q).await.unwrap();
+        }
+    }
+    // The lock is let go each time.
+    assert_eq!(c.mdt(0).unwrap().namespace().rename_lock(), None);
+
+    // As an attacker with the client key: a directory's new parent and the lock are the
+    // servers' own.
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let y = admin.stat("/a/y").await.unwrap();
+    for (to, m) in [
+        (
+            2,
+            Mutation::Reparent {
+                dir: e2,
+                parent: y.fid,
+            },
+        ),
+        (
+            0,
+            Mutation::RenameLock {
+                holder: 1,
+                key: Some(ReqId { client: 7, seq: 7 }),
+            },
+        ),
+    ] {
+        let r = MdsReint::durable(Creds::root(), m);
+        match call(&raw, &c.mdt(to).unwrap().nid(), &r, T).await {
+            Err(NetError::Remote { err, .. }) => assert_eq!(
+                err.code,
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "{err:?}"
+            ),
+            other => panic!("a client's step of a directory's move: {other:?}"),
+        }
+    }
+    assert_eq!(read(&admin, "/b/e/g").await, b"g");
     let problems = fsck_all(&c);
     assert!(problems.is_empty(), "{problems:?}");
     c.stop().await;
@@ -783,8 +949,9 @@ async fn gone(c: &Client, fid: proto::Fid) {
     }
 }
 
-/// Two clients renaming files back and forth between directories of MDT0 and MDT1, and a third
-/// linking files of MDT0 into MDT1's directory and unlinking them there, while each MDS is
+/// Two clients renaming files back and forth between directories of MDT0 and MDT1, a third
+/// linking files of MDT0 into MDT1's directory and unlinking them there, and a fourth moving
+/// directories (of /x's MDT and of MDT2) between the two, while each MDS is
 /// killed -9 in turn and started again: afterwards every moved file has exactly one name, each
 /// linked file as many names as its link count, all with their own bytes, and the MDTs check
 /// clean against each other.
@@ -813,7 +980,47 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
         .await
         .unwrap();
     }
+    // Directories a fourth client moves between /x and /y: one of /x's MDT, one of MDT2.
+    const DIRS: usize = 2;
+    for k in 0..DIRS {
+        let d = format!("/x/d{k}");
+        if k == 0 {
+            admin.mkdir(&d, 0o755).await.unwrap();
+        } else {
+            admin.mkdir_on(&d, 0o755, 2).await.unwrap();
+        }
+        write(&admin, &format!("{d}/in"), format!("dir {k}").as_bytes())
+            .await
+            .unwrap();
+    }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir_mover = {
+        let cl = root_client(&c, "dirmover").await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut moved = 0u64;
+            let mut round = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (from, to) = if round % 2 == 0 {
+                    ("x", "y")
+                } else {
+                    ("y", "x")
+                };
+                for k in 0..DIRS {
+                    match cl
+                        .rename(&format!("/{from}/d{k}"), &format!("/{to}/d{k}"))
+                        .await
+                    {
+                        Ok(()) => moved += 1,
+                        Err(e) if e.is(FsErrorKind::NotFound) => {}
+                        Err(e) => tracing_like(&e),
+                    }
+                }
+                round += 1;
+            }
+            moved
+        })
+    };
     let linker = {
         let cl = root_client(&c, "linker").await;
         let stop = stop.clone();
@@ -883,8 +1090,12 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
         moved += l.await.unwrap();
     }
     let linked = linker.await.unwrap();
-    eprintln!("{moved} renames and {linked} links across MDTs answered during the crashes");
-    assert!(moved > 0 && linked > 0);
+    let dirs_moved = dir_mover.await.unwrap();
+    eprintln!(
+        "{moved} renames of files, {dirs_moved} of directories and {linked} links across MDTs \
+         answered during the crashes"
+    );
+    assert!(moved > 0 && linked > 0 && dirs_moved > 0);
     // Every move cut short is ended by its MDS; then each file is in exactly one place.
     let check = root_client(&c, "check").await;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -895,7 +1106,8 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
                 *seen.entry(n).or_default() += 1;
             }
         }
-        let once = (0..FILES).all(|i| seen.get(&format!("f{i}")) == Some(&1));
+        let once = (0..FILES).all(|i| seen.get(&format!("f{i}")) == Some(&1))
+            && (0..DIRS).all(|k| seen.get(&format!("d{k}")) == Some(&1));
         // Each linked file has its name in /x, and in /y if the last link stood; its link
         // count says as many (fsck checks the counts across the MDTs).
         let mut counted = true;
@@ -905,7 +1117,7 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             counted &= names == nlink;
         }
         let problems = fsck_all(&c);
-        if once && counted && seen.len() == FILES + LINKED && problems.is_empty() {
+        if once && counted && seen.len() == FILES + LINKED + DIRS && problems.is_empty() {
             break;
         }
         assert!(
@@ -920,6 +1132,18 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             format!("linked {j}").as_bytes()
         );
     }
+    for k in 0..DIRS {
+        let at = if check.stat(&format!("/x/d{k}")).await.is_ok() {
+            "x"
+        } else {
+            "y"
+        };
+        assert_eq!(
+            read(&check, &format!("/{at}/d{k}/in")).await,
+            format!("dir {k}").as_bytes()
+        );
+    }
+    assert_eq!(c.mdt(0).unwrap().namespace().rename_lock(), None);
     for i in 0..FILES {
         let at = if check.stat(&format!("/x/f{i}")).await.is_ok() {
             "x"

@@ -276,13 +276,16 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
         data(4, 5000)
     );
 
-    // A file renamed across MDTs moves its name (the file stays on MDT1); a directory's
-    // rename across MDTs is EXDEV, as between filesystems; one within MDT1 works.
+    // A file renamed across MDTs moves its name (the file stays on MDT1), and so does a
+    // directory (its tree stays on MDT1); one within MDT1 works.
     admin.rename("/remote/f", "/f").await.unwrap();
     assert_eq!(admin.stat("/f").await.unwrap().fid, f.fid);
     admin.rename("/f", "/remote/f").await.unwrap();
-    let e = admin.rename("/remote/sub", "/sub").await.unwrap_err();
-    assert!(e.is(FsErrorKind::CrossDevice), "{e}");
+    let sub = admin.stat("/remote/sub").await.unwrap();
+    admin.rename("/remote/sub", "/sub").await.unwrap();
+    assert_eq!(admin.stat("/sub").await.unwrap().fid, sub.fid);
+    assert_eq!(read_file(&admin, "/sub/back/g", 6000).await, data(4, 5000));
+    admin.rename("/sub", "/remote/sub").await.unwrap();
     admin.rename("/remote/f", "/remote/sub/f").await.unwrap();
     // Not empty: refused by MDT1, and the name stays.
     let e = admin.rmdir("/remote").await.unwrap_err();
@@ -403,10 +406,11 @@ async fn a_directory_on_another_mdt_is_made_used_and_removed_through_the_parents
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A mkdir and an rmdir of directories on MDT1, asked while MDT1 is down, their clients gone,
-/// and MDT0's MDS killed -9 meanwhile: each was recorded on MDT0 before MDT1 was asked, so
-/// once both MDSs are back MDT0 ends each one whole (the directory made and named, the other
-/// removed with its name), and the two MDTs check clean against each other.
+/// A mkdir and an rmdir of directories on MDT1, and a mkdir a parent's default places there,
+/// asked while MDT1 is down, their clients gone, and MDT0's MDS killed -9 meanwhile: each was
+/// recorded on MDT0 before MDT1 was asked, so once both MDSs are back MDT0 ends each one whole
+/// (the directories made and named, the default passed on, the other removed with its name),
+/// and the two MDTs check clean against each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mkdir_and_an_rmdir_across_mdts_cut_short_by_kill_9_end_whole() {
     let (dir, mut c, admin) = two_mdts("lode-mdts-placing", |b| {
@@ -415,6 +419,15 @@ async fn a_mkdir_and_an_rmdir_across_mdts_cut_short_by_kill_9_end_whole() {
     .await;
     admin.mkdir_on("/gone", 0o755, 1).await.unwrap();
     let gone = admin.stat("/gone").await.unwrap();
+    // A parent whose default places subdirectories on MDT1 and goes two levels down.
+    admin.mkdir_on("/dflt", 0o755, 0).await.unwrap();
+    let default = proto::dirstripe::DirDefault {
+        count: 1,
+        offset: Some(1),
+        hash: proto::dirstripe::HashType::Fnv1a64.code(),
+        inherit: 2,
+    };
+    admin.set_dir_default("/dflt", Some(default)).await.unwrap();
     c.kill_mdt(1).await;
     let asker = c
         .client(
@@ -434,14 +447,19 @@ async fn a_mkdir_and_an_rmdir_across_mdts_cut_short_by_kill_9_end_whole() {
         let asker = asker.clone();
         tokio::spawn(async move { asker.rmdir("/gone").await })
     };
+    let defaulted = {
+        let asker = asker.clone();
+        tokio::spawn(async move { asker.mkdir("/dflt/sub", 0o755).await.map(|_| ()) })
+    };
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
-        !making.is_finished() && !removing.is_finished(),
+        !making.is_finished() && !removing.is_finished() && !defaulted.is_finished(),
         "a change on a down MDT answered"
     );
-    // The client goes, and MDT0's MDS is killed with both changes recorded and unanswered.
+    // The client goes, and MDT0's MDS is killed with the changes recorded and unanswered.
     making.abort();
     removing.abort();
+    defaulted.abort();
     drop(asker);
     c.kill_mds().await;
     c.start_mds().await.unwrap();
@@ -478,6 +496,25 @@ async fn a_mkdir_and_an_rmdir_across_mdts_cut_short_by_kill_9_end_whole() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The subdirectory made by the default, carried on after the crash, passes it on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sub = loop {
+        match check.stat("/dflt/sub").await {
+            Ok(i) => break i,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "/dflt/sub never made: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(mdt_of(sub.fid), Some(1));
+    assert_eq!(
+        check.dir_default("/dflt/sub").await.unwrap(),
+        Some(proto::dirstripe::DirDefault {
+            inherit: 1,
+            ..default
+        })
+    );
     // The directory removed is gone from MDT1 too.
     let e = check.getattr(gone.fid).await.unwrap_err();
     assert!(e.is(FsErrorKind::Stale), "{e}");
@@ -600,8 +637,8 @@ async fn new_top_level_directories_spread_over_the_mdts_and_their_trees_stay_on_
             .unwrap();
         assert_eq!(mdt_of(pinned.fid), Some(0));
     }
-    // Renamed in place (a job's output renamed when done), wherever it lives; moved to
-    // another directory, one of MDT1 is refused as between filesystems.
+    // Renamed in place (a job's output renamed when done), wherever it lives, and moved to
+    // another directory and back (one of MDT1 learns its new parent there).
     for i in 0..6 {
         let before = admin.stat(&format!("/job{i}")).await.unwrap();
         admin
@@ -617,19 +654,18 @@ async fn new_top_level_directories_spread_over_the_mdts_and_their_trees_stay_on_
             .rename(&format!("/done{i}"), &format!("/job{i}"))
             .await
             .unwrap();
-        let moved = admin
+        admin
             .rename(&format!("/job{i}"), &format!("/pinned0/job{i}"))
-            .await;
-        if mdt_of(before.fid) == Some(1) {
-            let e = moved.unwrap_err();
-            assert!(e.is(FsErrorKind::CrossDevice), "{e}");
-        } else {
-            moved.unwrap();
-            admin
-                .rename(&format!("/pinned0/job{i}"), &format!("/job{i}"))
-                .await
-                .unwrap();
-        }
+            .await
+            .unwrap();
+        assert_eq!(
+            admin.stat(&format!("/pinned0/job{i}")).await.unwrap().fid,
+            before.fid
+        );
+        admin
+            .rename(&format!("/pinned0/job{i}"), &format!("/job{i}"))
+            .await
+            .unwrap();
         assert_eq!(
             admin.stat(&format!("/job{i}/sub/f")).await.unwrap().size,
             10_000 + i as u64

@@ -88,7 +88,8 @@ impl Sim {
 
     /// A job's tree: a directory striped over both MDTs, or on MDT1, or on MDT0 with a default
     /// that stripes its subdirectories, made, filled with subdirectories and files, read
-    /// back, one file linked into another subdirectory, emptied and removed. A crash between operations leaves it as it was, and the next
+    /// back, one file linked into another subdirectory, one subdirectory moved into another,
+    /// emptied and removed. A crash between operations leaves it as it was, and the next
     /// tree of the same name removes what is left first; every step that succeeded is seen, and
     /// the namespaces stay whole across MDTs (checked with fsck).
     pub(super) async fn tree(&mut self, slot: usize, k: u32) -> Result<(), Failure> {
@@ -204,6 +205,39 @@ impl Sim {
             Err(e) => {
                 self.report.refused += 1;
                 self.note(|| format!("tree {link}: not linked: {e}"));
+            }
+        }
+        // A subdirectory moved into another (between two MDTs in a striped tree): its file
+        // read through the new path, the old one gone; and never below itself.
+        let (from, to) = (format!("{top}/s2"), format!("{top}/s0/m"));
+        match c.rename(&from, &to).await {
+            Ok(()) => {
+                let file = format!("{to}/f");
+                match (read_path(&c, &file).await, c.stat(&from).await) {
+                    (Ok(b), Err(e)) if e.is(proto::FsErrorKind::NotFound) => {
+                        if b != format!("{from}/f").as_bytes() {
+                            return Err(self.fail(format!(
+                                "{file}, moved from {from}, reads {} bytes",
+                                b.len()
+                            )));
+                        }
+                    }
+                    (_, Ok(_)) => {
+                        return Err(self.fail(format!("{from}, moved to {to}, is still there")))
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        self.report.refused += 1;
+                        self.note(|| format!("tree {to}: not read: {e}"));
+                    }
+                }
+                let below = format!("{to}/loop");
+                if c.rename(&format!("{top}/s0"), &below).await.is_ok() {
+                    return Err(self.fail(format!("{top}/s0 moved below itself, to {below}")));
+                }
+            }
+            Err(e) => {
+                self.report.refused += 1;
+                self.note(|| format!("tree {to}: not moved: {e}"));
             }
         }
         match remove_tree(&c, &top).await {

@@ -26,6 +26,8 @@ pub const MOVING: &str = "lode.moving";
 /// On a file: its hard links to other MDTs under way (a list of [`Linking`]), each counted in
 /// its link count and [`ELSEWHERE`] already, so the file outlives its other names meanwhile.
 pub const LINKING: &str = "lode.linking";
+/// On MDT0's root: the filesystem's rename lock, held by (MDT, rename number).
+pub const RENAME_LOCK: &str = "lode.renamelock";
 /// On another MDT's file held here: its name here is gone, and its home is yet to count it
 /// (the [`ReqId`] of that report).
 pub const DROPPING: &str = "lode.dropping";
@@ -220,7 +222,8 @@ impl Namespace {
         check_name(&m.name)?;
         check_name(&m.new_name)?;
         self.local(m.parent)?;
-        if !self.is_remote(m.new_parent) {
+        let src = self.lookup(m.parent, &m.name, who)?.clone();
+        if !self.is_remote(m.new_parent) && (src.kind != Kind::Dir || !self.is_remote(src.fid)) {
             return err(
                 FsErrorKind::Invalid,
                 format!(
@@ -229,14 +232,10 @@ impl Namespace {
                 ),
             );
         }
-        let src = self.lookup(m.parent, &m.name, who)?.clone();
-        if src.kind == Kind::Dir {
+        if src.kind == Kind::Dir && m.parent == m.new_parent {
             return err(
-                FsErrorKind::CrossDevice,
-                format!(
-                    "{} is a directory: it cannot move to another MDT yet",
-                    src.fid
-                ),
+                FsErrorKind::Invalid,
+                "a directory renamed within its parent: a plain rename",
             );
         }
         if dropping(&src).is_some() {
@@ -279,10 +278,7 @@ impl Namespace {
         }
         self.require(parent, who, 3)?;
         if inode.kind == Kind::Dir {
-            return err(
-                FsErrorKind::CrossDevice,
-                "a directory cannot move to another MDT yet",
-            );
+            return self.dir_in(parent, name, inode, noreplace, who, now);
         }
         let home = !self.is_remote(inode.fid);
         if home {
@@ -372,17 +368,23 @@ impl Namespace {
         };
         let i = self.inodes.get_mut(&f).expect("named");
         let mut all = moves(i);
-        let before = all.len();
-        all.retain(|m| !(m.parent == parent && m.name == name));
-        if all.len() == before {
+        let Some(at) = all
+            .iter()
+            .position(|m| m.parent == parent && m.name == name)
+        else {
             return err(FsErrorKind::NotFound, "no such move under way");
-        }
+        };
+        let done = all.remove(at);
         set_moves(i, &all);
         i.ctime = now;
+        let dir = i.kind == Kind::Dir;
         if let Some(d) = self.entries.get_mut(&parent) {
             d.remove(name);
         }
         self.touch_dir(parent, now);
+        if dir {
+            return Ok(self.dir_out(f, parent, &done, now));
+        }
         let moved = if self.is_remote(f) {
             // Another MDT's file, named here once: its name lives on elsewhere now (counted
             // by its home as before, or back home).
@@ -542,5 +544,204 @@ impl Namespace {
             removed: vec![],
             reserved: None,
         })
+    }
+
+    /// Step 2 of a move of directory `inode`, at its new name's MDT: named `name` in
+    /// `parent`, replacing an empty directory there as a rename does. Its own MDT's, it is
+    /// back home (its parent here); another MDT's, it is held as a stub, as a directory made
+    /// there for a name here is. A stub here already is renamed within this MDT (its record
+    /// of the move says so).
+    fn dir_in(
+        &mut self,
+        parent: Fid,
+        name: &[u8],
+        inode: &Inode,
+        noreplace: bool,
+        who: &Creds,
+        now: Time,
+    ) -> Result<Applied> {
+        let fid = inode.fid;
+        let home = !self.is_remote(fid);
+        if let Some(&v) = self.entries[&parent].get(name) {
+            if v == fid {
+                return Ok(Applied {
+                    inode: Some(self.inode(v)?.clone()),
+                    removed: vec![],
+                    reserved: None,
+                });
+            }
+        }
+        if home {
+            self.dir(fid)?;
+            if !self.parents.get(&fid).is_some_and(|p| self.is_remote(*p)) {
+                return err(
+                    FsErrorKind::Invalid,
+                    format!("{fid} is named on this MDT: a plain rename"),
+                );
+            }
+        } else if let Some(stub) = self.inodes.get(&fid) {
+            let here = moves(stub)
+                .iter()
+                .any(|m| m.new_parent == parent && m.new_name == name);
+            if !here {
+                return err(
+                    FsErrorKind::CrossDevice,
+                    format!("{fid} has a name on this MDT already"),
+                );
+            }
+        }
+        let mut removed = vec![];
+        if let Some(&v) = self.entries[&parent].get(name) {
+            if noreplace {
+                return err(
+                    FsErrorKind::Exists,
+                    format!("{:?} exists", String::from_utf8_lossy(name)),
+                );
+            }
+            self.not_moving(parent, name)?;
+            let victim = self.inode(v)?.clone();
+            if victim.kind != Kind::Dir {
+                return err(FsErrorKind::NotDir, format!("{v} is not a directory"));
+            }
+            if self.is_remote(v) {
+                // Its removal would be a third MDT's rmdir, not part of this rename.
+                return err(
+                    FsErrorKind::CrossDevice,
+                    format!("{v} is a directory of another MDT: remove it first"),
+                );
+            }
+            if !self.entries.get(&v).is_none_or(BTreeMap::is_empty) || striped_in_use(&victim) {
+                return err(FsErrorKind::NotEmpty, format!("{v} is not empty"));
+            }
+            let p = self.inode(parent)?.clone();
+            self.may_unlink(&p, &victim, who)?;
+            if let Some(d) = self.entries.get_mut(&parent) {
+                d.remove(name);
+            }
+            removed.extend(self.drop_link(v, now));
+        }
+        let named = if home {
+            self.parents.insert(fid, parent);
+            let i = self.inodes.get_mut(&fid).expect("checked");
+            i.ctime = now;
+            i.clone()
+        } else if let Some(stub) = self.inodes.get(&fid) {
+            stub.clone()
+        } else {
+            let stub = Inode {
+                xattrs: BTreeMap::new(),
+                ctime: now,
+                ..inode.clone()
+            };
+            self.inodes.insert(fid, stub.clone());
+            stub
+        };
+        self.entries
+            .get_mut(&parent)
+            .expect("checked: a directory")
+            .insert(name.to_vec(), fid);
+        if let Some(p) = self.inodes.get_mut(&parent) {
+            p.nlink = p.nlink.saturating_add(1);
+        }
+        self.touch_dir(parent, now);
+        Ok(Applied {
+            inode: Some(named),
+            removed,
+            reserved: None,
+        })
+    }
+
+    /// Step 3 of a move of directory `fid` (its old name gone already): its old parent counts
+    /// it no more; this MDT's, its parent is the new one there; another MDT's, its stub goes,
+    /// unless it was renamed within this MDT (named here still).
+    fn dir_out(&mut self, fid: Fid, parent: Fid, m: &Moving, now: Time) -> Applied {
+        if let Some(p) = self.inodes.get_mut(&parent) {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+        let moved = if !self.is_remote(fid) {
+            self.parents.insert(fid, m.new_parent);
+            self.inodes.get(&fid).cloned()
+        } else if self
+            .entries
+            .get(&m.new_parent)
+            .and_then(|d| d.get(m.new_name.as_slice()))
+            == Some(&fid)
+        {
+            let i = self.inodes.get_mut(&fid).expect("named");
+            i.ctime = now;
+            Some(i.clone())
+        } else {
+            self.inodes.remove(&fid)
+        };
+        Applied {
+            inode: moved,
+            removed: vec![],
+            reserved: None,
+        }
+    }
+
+    /// Directory `dir` of this MDT, named on another, is named on a third now: its parent is
+    /// `parent` there.
+    pub(super) fn reparent(&mut self, dir: Fid, parent: Fid, now: Time) -> Result<Applied> {
+        self.local(dir)?;
+        self.dir(dir)?;
+        if !self.is_remote(parent) || !self.parents.get(&dir).is_some_and(|p| self.is_remote(*p)) {
+            return err(
+                FsErrorKind::Invalid,
+                format!("{dir} is not named on another MDT, or {parent} is this MDT's"),
+            );
+        }
+        self.parents.insert(dir, parent);
+        let i = self.inodes.get_mut(&dir).expect("a directory");
+        i.ctime = now;
+        Ok(Applied {
+            inode: Some(i.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// Who holds the filesystem's rename lock (MDT0 keeps it): (MDT, the rename's number).
+    pub fn rename_lock(&self) -> Option<(u32, ReqId)> {
+        self.inodes
+            .get(&self.root)
+            .and_then(|r| r.xattrs.get(RENAME_LOCK))
+            .and_then(|v| postcard::from_bytes(v).ok())
+    }
+
+    /// Takes the rename lock for MDT `holder`'s rename `key`, or lets it go (`None`).
+    pub(super) fn set_rename_lock(&mut self, holder: u32, key: Option<ReqId>) -> Result<Applied> {
+        if self.mdt() != 0 {
+            return err(FsErrorKind::Invalid, "MDT0 keeps the rename lock");
+        }
+        let held = self.rename_lock();
+        let root = self.root;
+        let r = self.inodes.get_mut(&root).expect("the root");
+        match (key, held) {
+            (Some(_), Some((h, k))) if h != holder => {
+                return err(
+                    FsErrorKind::WouldBlock,
+                    format!("MDT{h} is renaming a directory (rename {k:?})"),
+                );
+            }
+            (Some(k), _) => {
+                let v = proto::msg::encode(&(holder, k)).expect("a lock always encodes");
+                r.xattrs.insert(RENAME_LOCK.to_string(), v);
+            }
+            (None, Some((h, _))) if h == holder => {
+                r.xattrs.remove(RENAME_LOCK);
+            }
+            (None, _) => {}
+        }
+        Ok(Applied {
+            inode: None,
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
+    /// The parent of directory `dir` of this MDT (here, or the MDT its name is on).
+    pub fn parent_of(&self, dir: Fid) -> Option<Fid> {
+        self.parents.get(&dir).copied()
     }
 }

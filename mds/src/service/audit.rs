@@ -208,7 +208,9 @@ impl MdsService {
             | Mutation::LinkAbort { .. }
             | Mutation::PlaceOut { .. }
             | Mutation::PlaceDone { .. }
-            | Mutation::PlaceAbort { .. } => None,
+            | Mutation::PlaceAbort { .. }
+            | Mutation::Reparent { .. }
+            | Mutation::RenameLock { .. } => None,
         })
     }
 

@@ -359,6 +359,25 @@ impl MdsService {
 
     pub(super) async fn reint(
         &self,
+        r: MdsReint,
+        node: Option<std::net::IpAddr>,
+    ) -> Result<MdsReintReply, RemoteError> {
+        if self.moves_across(&r.mutation) {
+            return self.rename_across(&r).await;
+        }
+        if self.links_across(&r.mutation) {
+            return self.link_across(&r).await;
+        }
+        let dirs = self.dirs_reparented(&r.mutation);
+        if !dirs.is_empty() {
+            return self.rename_dirs_locked(r, node, dirs).await;
+        }
+        self.reint_plain(r, node).await
+    }
+
+    /// A change carried out on this MDT alone (its halves on others asked for on the way).
+    pub(super) async fn reint_plain(
+        &self,
         mut r: MdsReint,
         node: Option<std::net::IpAddr>,
     ) -> Result<MdsReintReply, RemoteError> {
@@ -404,12 +423,6 @@ impl MdsService {
         let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
         let mut changed = vec![];
         let mut after = vec![];
-        if self.moves_across(&r.mutation) {
-            return self.rename_across(&r).await;
-        }
-        if self.links_across(&r.mutation) {
-            return self.link_across(&r).await;
-        }
         let decided = self
             .store
             .decide(&r.mutation, &r.creds, r.req, r.acked)
@@ -484,6 +497,7 @@ impl MdsService {
                     } => Some((inode.fid, *parent, name.clone())),
                     _ => None,
                 };
+                let remote_made = made_remote.is_some();
                 let drops = self.drops_remote_name(&m);
                 let objects = self.prepare(&mut m).await?;
                 // Only a client in the table is answered before the change is durable: only
@@ -547,6 +561,8 @@ impl MdsService {
                         }
                     }
                 }
+                // A directory made on another MDT was given it before its name.
+                let pass = pass.filter(|_| !remote_made);
                 if let (Some(pass), Some(made)) = (pass, inode.clone()) {
                     self.pass_dir_default(&made, pass).await;
                     // Answered as it is now, default and all, when it is this MDT's.

@@ -55,6 +55,7 @@ mod moves;
 mod names;
 mod opens;
 mod remote;
+mod renames;
 mod sessions;
 mod spread;
 mod striped;
@@ -92,8 +93,12 @@ pub struct MdsService {
     settling: std::sync::atomic::AtomicBool,
     /// Wakes that work.
     across: Arc<tokio::sync::Notify>,
-    /// Held while a rename to another MDT is carried out (one at a time).
+    /// Held while a rename to another MDT, or of a directory to another parent, is carried
+    /// out (one at a time).
     moving: tokio::sync::Mutex<()>,
+    /// Whether this MDS may hold the filesystem's rename lock with no rename under way (it
+    /// restarted, or could not tell MDT0 it let go): let go once nothing holds it.
+    lock_stale: std::sync::atomic::AtomicBool,
     /// How many top-level directories were placed ([`MdsService::spread_top_dir`]).
     spread_turn: std::sync::atomic::AtomicU64,
 }
@@ -197,6 +202,7 @@ impl MdsService {
             settling: std::sync::atomic::AtomicBool::new(false),
             across: Arc::new(tokio::sync::Notify::new()),
             moving: tokio::sync::Mutex::new(()),
+            lock_stale: std::sync::atomic::AtomicBool::new(true),
             spread_turn: Default::default(),
         })
     }

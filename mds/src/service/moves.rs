@@ -14,12 +14,43 @@ use proto::md::{Linking, Moving};
 use super::*;
 
 impl MdsService {
-    /// Whether `m` is a rename from a directory of this MDT to one of another.
+    /// Whether `m` is a rename from a directory of this MDT to one of another, or of another
+    /// MDT's directory between two directories here (whose MDT must learn its new parent).
     pub(super) fn moves_across(&self, m: &Mutation) -> bool {
         let own = self.registry.filesystem().mdt;
         let mdt = |f: &proto::Fid| proto::fid::mdt_of(*f).unwrap_or(0);
-        matches!(m, Mutation::Rename { parent, new_parent, .. }
-            if mdt(parent) == own && mdt(new_parent) != own)
+        let Mutation::Rename {
+            parent,
+            name,
+            new_parent,
+            flags,
+            ..
+        } = m
+        else {
+            return false;
+        };
+        if mdt(parent) != own {
+            return false;
+        }
+        if mdt(new_parent) != own {
+            return true;
+        }
+        parent != new_parent
+            && !flags.exchange
+            && self.store.read(|ns| {
+                ns.lookup(*parent, name, &Creds::root())
+                    .is_ok_and(|i| i.kind == Kind::Dir && ns.is_remote(i.fid))
+            })
+    }
+
+    /// The directory `m`'s move records, when it moves one.
+    fn moved_dir(&self, m: &Moving) -> Option<proto::Fid> {
+        self.store.read(|ns| {
+            ns.lookup(m.parent, &m.name, &Creds::root())
+                .ok()
+                .filter(|i| i.kind == Kind::Dir)
+                .map(|i| i.fid)
+        })
     }
 
     /// Whether `m` is a hard link of a file of this MDT into a directory of another.
@@ -124,7 +155,8 @@ impl MdsService {
         }
     }
 
-    /// A rename of a file to a directory of another MDT, carried out or refused whole.
+    /// A rename to a directory of another MDT (or of another MDT's directory between two
+    /// here), carried out or refused whole.
     pub(super) async fn rename_across(&self, r: &MdsReint) -> Result<MdsReintReply, RemoteError> {
         let Mutation::Rename {
             parent,
@@ -173,16 +205,34 @@ impl MdsService {
                     client_req: r.req,
                     peer_req: self.peer_req(None),
                 };
-                self.apply(
-                    Mutation::MoveOut { moving: m.clone() },
-                    r.creds.clone(),
-                    None,
-                    None,
-                    vec![],
-                    false,
-                    None,
-                )
-                .await?;
+                // A directory: under the rename lock from the check that it does not move
+                // below itself until the move ends (kept through any crash with the record).
+                let dir = self.moved_dir(&m);
+                if let Some(d) = dir {
+                    self.no_other_dir_move(m.peer_req)?;
+                    self.lock_renames(m.peer_req).await?;
+                    if let Err(e) = self.not_below_itself(&[(d, m.new_parent)]).await {
+                        self.unlock_renames().await;
+                        return Err(e);
+                    }
+                }
+                let out = self
+                    .apply(
+                        Mutation::MoveOut { moving: m.clone() },
+                        r.creds.clone(),
+                        None,
+                        None,
+                        vec![],
+                        false,
+                        None,
+                    )
+                    .await;
+                if let Err(e) = out {
+                    if dir.is_some() {
+                        self.unlock_renames().await;
+                    }
+                    return Err(e);
+                }
                 m
             }
         };
@@ -196,15 +246,49 @@ impl MdsService {
             .store
             .read(|ns| ns.lookup(m.parent, &m.name, &Creds::root()).cloned())
             .map_err(ns_error)?;
+        let own = self.registry.filesystem().mdt;
         let mdt = proto::fid::mdt_of(m.new_parent).unwrap_or(0);
+        let home = proto::fid::mdt_of(inode.fid).unwrap_or(0);
+        let dir = inode.kind == Kind::Dir;
+        let fid = inode.fid;
         let link = Mutation::LinkIn {
             parent: m.new_parent,
             name: m.new_name.clone(),
             inode,
             noreplace,
         };
-        match self.on_mdt_numbered(mdt, &m.creds, link, m.peer_req).await {
-            Ok(_) => {
+        let linked = if mdt == own {
+            // Another MDT's directory renamed between two directories here.
+            self.apply(link, m.creds.clone(), None, None, vec![], false, None)
+                .await
+                .map(|_| ())
+        } else {
+            self.on_mdt_numbered(mdt, &m.creds, link, m.peer_req)
+                .await
+                .map(|_| ())
+        };
+        let linked = match linked {
+            // A directory of a third MDT: its parent there is the new one now.
+            Ok(()) if dir && home != own && home != mdt => {
+                let step = Mutation::Reparent {
+                    dir: fid,
+                    parent: m.new_parent,
+                };
+                match self
+                    .on_mdt_numbered(home, &Creds::root(), step, m.peer_req)
+                    .await
+                {
+                    Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
+                        tracing::error!(dir = %fid, mdt = home, error = %e, "a moved directory's MDT refused its new parent: fsck will report it");
+                        Ok(())
+                    }
+                    other => other.map(|_| ()),
+                }
+            }
+            other => other,
+        };
+        match linked {
+            Ok(()) => {
                 let done = self
                     .apply_own(
                         Mutation::MoveDone {
@@ -214,6 +298,9 @@ impl MdsService {
                         m.client_req,
                     )
                     .await?;
+                if dir {
+                    self.unlock_renames().await;
+                }
                 Ok(self.moved_reply(done.applied.inode, done.transno))
             }
             Err(e) if matches!(e.code, StatusCode::Fs(_)) => {
@@ -225,6 +312,9 @@ impl MdsService {
                     None,
                 )
                 .await?;
+                if dir {
+                    self.unlock_renames().await;
+                }
                 Err(e)
             }
             Err(e) => {
@@ -367,7 +457,9 @@ impl MdsService {
                     stripes = s.settle_stripes_once().await;
                 }
                 if !moves {
-                    moves = s.resume_moves_once().await & s.resume_placing_once().await;
+                    moves = s.resume_moves_once().await
+                        & s.resume_placing_once().await
+                        & s.let_go_stale_lock_once().await;
                 }
                 if !reported {
                     reported = s.report_dropped_once().await;

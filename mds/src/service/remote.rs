@@ -76,13 +76,15 @@ impl MdsService {
             | Mutation::LinkAbort { .. }
             | Mutation::PlaceOut { .. }
             | Mutation::PlaceDone { .. }
-            | Mutation::PlaceAbort { .. } => self.server_only(req),
+            | Mutation::PlaceAbort { .. }
+            | Mutation::Reparent { .. }
+            | Mutation::RenameLock { .. } => self.server_only(req),
             _ => Ok(()),
         }
     }
 
     /// Where MDT `mdt`'s MDS serves: MDT0 keeps the list; another MDT asks MDT0.
-    async fn mdt_nid(&self, mdt: u32) -> Result<proto::Nid, RemoteError> {
+    pub(super) async fn mdt_nid(&self, mdt: u32) -> Result<proto::Nid, RemoteError> {
         let own = self.registry.filesystem().mdt;
         let unknown = || {
             RemoteError::new(
@@ -241,6 +243,7 @@ impl MdsService {
                 return Err(e);
             }
         };
+        self.pass_parents_default(parent, &inode).await;
         *m = Mutation::LinkRemoteDir {
             parent,
             name: std::mem::take(name),
@@ -285,11 +288,14 @@ impl MdsService {
                 .await;
             let end = match (&*p.step, asked) {
                 (Mutation::MkdirForRemote { .. }, Ok(made)) => match made_dir(p.mdt, made) {
-                    Ok(inode) => Ok(Mutation::LinkRemoteDir {
-                        parent,
-                        name: p.name.clone(),
-                        inode,
-                    }),
+                    Ok(inode) => {
+                        self.pass_parents_default(parent, &inode).await;
+                        Ok(Mutation::LinkRemoteDir {
+                            parent,
+                            name: p.name.clone(),
+                            inode,
+                        })
+                    }
                     Err(e) => Err(e),
                 },
                 (Mutation::RmdirRemote { .. }, Ok(_)) => Ok(Mutation::PlaceDone {

@@ -105,6 +105,23 @@ impl MdsService {
         pick(&mdts, turn)
     }
 
+    /// Gives `made`, a directory made on another MDT for a name in `parent` and not named yet,
+    /// what `parent`'s default layout for subdirectories passes on (before its name makes it
+    /// seen, so that a mkdir carried on after a crash passes it too).
+    pub(super) async fn pass_parents_default(&self, parent: proto::Fid, made: &Inode) {
+        let pass = self
+            .store
+            .read(|ns| {
+                ns.inode(parent)
+                    .ok()
+                    .and_then(proto::dirstripe::default_of_inode)
+            })
+            .and_then(|d| d.passed_on());
+        if let Some(pass) = pass {
+            self.pass_dir_default(made, pass).await;
+        }
+    }
+
     /// Gives `made`, a directory just made under a default that goes further down, the
     /// default `pass`: on the directory, and on each shard when it is striped (where its
     /// names, and so its subdirectories' mkdirs, are). Logged when an MDT does not take it:

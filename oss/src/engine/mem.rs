@@ -3,7 +3,8 @@
 //! its durable one; `sync_dir` makes the directory's creations and removals durable; `crash`
 //! throws every live image away and goes back to the durable state, as a machine that lost
 //! power and rebooted would. It can also fail the next operations with a chosen errno and has a
-//! capacity past which writes fail with ENOSPC, leaving nothing half-written. A failed sync
+//! capacity past which writes that need more space fail with ENOSPC (an overwrite in place
+//! needs none), leaving nothing half-written. A failed sync
 //! behaves as Linux's does: the file's unsynced changes still read, but the next sync says Ok
 //! without making them durable (the kernel marked the pages of the failed write-back clean),
 //! until the file is changed again.
@@ -241,7 +242,7 @@ impl Engine for MemEngine {
     fn set_len(&self, f: &FileHandle, len: u64) -> io::Result<()> {
         let mut st = self.state.lock();
         let grow = len.saturating_sub(st.image(f)?.live.len() as u64);
-        if st.used() + grow > st.capacity {
+        if grow > 0 && st.used() + grow > st.capacity {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let img = st.image(f)?;
@@ -265,7 +266,7 @@ impl Engine for MemEngine {
         let mut st = self.state.lock();
         let end = offset.saturating_add(len);
         let grow = end.saturating_sub(st.image(f)?.live.len() as u64);
-        if st.used() + grow > st.capacity {
+        if grow > 0 && st.used() + grow > st.capacity {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         Ok(())
@@ -328,7 +329,7 @@ impl Engine for MemEngine {
             .checked_add(buf.len() as u64)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
         let grow = end.saturating_sub(st.image(f)?.live.len() as u64);
-        if st.used() + grow > st.capacity {
+        if grow > 0 && st.used() + grow > st.capacity {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let img = st.image(f)?;
