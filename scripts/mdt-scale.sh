@@ -6,14 +6,23 @@
 # operation (create, stat and unlink of each file), read from /proc before and after.
 #
 # With SPREAD=striped, every client works in one shared directory striped over K MDTs
-# (`lode setdirstripe -c K`; K = 1: a plain directory) instead of a directory each.
+# (`lode setdirstripe -c K`; K = 1: a plain directory) instead of a directory each. With
+# MODE=behind, clients keep their changes uncommitted and hold leases where an MDS grants them
+# (MDT0), so they walk paths through MDT0 from their caches.
 #
-#   [SPREAD=own|striped] scripts/mdt-scale.sh [CLIENTS] [FILES] [ROUNDS]   (default 16 20000 3)
+#   [SPREAD=own|striped] [MODE=durable|behind] scripts/mdt-scale.sh [CLIENTS] [FILES] [ROUNDS]
+#   (default 16 20000 3)
 set -euo pipefail
 clients=${1:-16}
 files=${2:-20000}
 rounds=${3:-3}
 spread=${SPREAD:-own}
+mode=${MODE:-durable}
+case $mode in # its column in the bench's table
+  behind) col=2 ;;
+  durable) col=3 ;;
+  *) echo "MODE is durable or behind" >&2; exit 2 ;;
+esac
 bin=$(dirname "$0")/../target/release
 dir=$(mktemp -d /var/tmp/lode-mdt-scale.XXXXXX)
 port=${PORT:-19300}
@@ -34,10 +43,12 @@ for ((r = 0; r < rounds; r++)); do
     k=${order[$(((i + r) % 3))]}
     before=$(cpu)
     if [ "$spread" = striped ]; then where=(--meta-dir-stripe "$k"); else where=(--meta-mdts "$k"); fi
+    # On MDT0, whatever MDT a new top-level directory would go to: K = 1 is MDT0 alone.
+    "$bin/lode" mkdir -i 0 "/scale-$k-$r"
     out=$("$bin/lode" bench --meta --clients "$clients" --meta-files "$files" \
-      --meta-modes durable --rounds 1 "${where[@]}" --dir "/scale-$k-$r" 2>/dev/null)
+      --meta-modes "$mode" --rounds 1 "${where[@]}" --dir "/scale-$k-$r" 2>/dev/null)
     after=$(cpu)
-    rates=$(echo "$out" | awk '$1 == "create" || $1 == "stat" || $1 == "unlink" {gsub("/s", "", $3); printf "%s ", $3}')
+    rates=$(echo "$out" | awk -v c="$col" '$1 == "create" || $1 == "stat" || $1 == "unlink" {gsub("/s", "", $c); printf "%s ", $c}')
     per=$(paste <(echo "$before") <(echo "$after") |
       awk -v t="$ticks" -v ops=$((files * 3)) '{printf "%.1f ", ($2 - $1) / t * 1e6 / ops}')
     echo "$k     $((r + 1))      $rates $per"

@@ -1129,7 +1129,8 @@ impl Client {
             }
         }
         let live = leases.live();
-        if live && !leases.held_dir(parent) {
+        // Another MDT's directory is never leased here: nothing to prime.
+        if live && !Self::elsewhere(parent) && !leases.held_dir(parent) {
             // The first miss in a directory: lease it, and read it whole if it is small, so
             // that the next lookups in it (found or not) are answered here.
             self.prime(parent).await;
@@ -1159,6 +1160,7 @@ impl Client {
         // The MDS may hold a file closed behind without the size its close will publish.
         self.after_closings().await;
         let stamp = leases.stamp();
+        let parent_held = leases.held_dir(parent);
         let r = MdsLookup {
             creds: self.creds.clone(),
             parent,
@@ -1169,6 +1171,9 @@ impl Client {
         match self.rpc(&mds, &r).await {
             Ok(a) => {
                 leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
+                if !a.leased && parent_held {
+                    leases.learn_remote_dir(stamp, parent, name, &a.inode);
+                }
                 if !whole {
                     return Ok(a.inode);
                 }

@@ -657,6 +657,27 @@ impl Leases {
         });
     }
 
+    /// `name` in `parent`, which was held when the lookup was sent, is `dir`, a directory of
+    /// another MDT: its attributes are never leased here, but its entry is `parent`'s, so a
+    /// walk passing through takes its FID from the cache (and asks its MDT for the rest).
+    pub fn learn_remote_dir(&self, stamp: Stamp, parent: Fid, name: &[u8], dir: &Inode) {
+        let elsewhere = proto::fid::mdt_of(dir.fid).is_some_and(|k| k != 0);
+        if dir.kind != Kind::Dir || !elsewhere || !plain(name) {
+            return;
+        }
+        self.learn(stamp, &[], &[parent], |s| {
+            if let Some(h) = s.held.get_mut(&parent) {
+                h.names.insert(
+                    name.to_vec(),
+                    Name {
+                        entry: Some((dir.fid, Kind::Dir)),
+                        transno: 0,
+                    },
+                );
+            }
+        });
+    }
+
     /// `name` is not in `parent`, which was held when the lookup was sent.
     pub fn learn_absent(&self, stamp: Stamp, parent: Fid, name: &[u8]) {
         if !plain(name) {

@@ -358,9 +358,10 @@ fn cluster_up_with_three_mdts_lists_them_and_starts_again_a_lost_one() {
     assert!(!out.contains("(down)"), "{out}");
 }
 
-/// Two `lode mv` loops moving files between a directory of MDT0 and one of MDT1 while each
-/// `lode-mds` process is killed -9 and started again: every file ends with exactly one name and
-/// its bytes, and the offline check of both MDTs finds nothing.
+/// Two `lode mv` loops moving files between a directory of MDT0 and one of MDT1, and a third
+/// moving directories, while each `lode-mds` process is killed -9 and started again: every
+/// file and directory ends with exactly one name and its bytes, and the offline check of both
+/// MDTs finds nothing.
 #[test]
 fn renames_across_mdts_survive_kill_9_of_either_mds_process() {
     let dir = scratch("cli-moves");
@@ -386,22 +387,37 @@ fn renames_across_mdts_survive_kill_9_of_either_mds_process() {
         ]);
         assert_eq!(code, 0, "{err}");
     }
+    // Two directories a third loop moves: one of /x's MDT, one of MDT1.
+    assert_eq!(c.lode(&["mkdir", "/x/d0"]).0, 0);
+    assert_eq!(c.lode(&["mkdir", "-i", "1", "/x/d1"]).0, 0);
+    for k in 0..2 {
+        let local = c.dir.join(format!("in{k}"));
+        std::fs::write(&local, format!("dir {k}\n")).unwrap();
+        let to = format!("/x/d{k}/in");
+        let (code, _, err) = c.lode(&["cp", &format!("local:{}", local.display()), &to]);
+        assert_eq!(code, 0, "{err}");
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let moved = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c = std::sync::Arc::new(c);
-    let movers: Vec<_> = (0..2)
+    let movers: Vec<_> = (0..3)
         .map(|k| {
             let (c, stop, moved) = (c.clone(), stop.clone(), moved.clone());
             std::thread::spawn(move || {
                 let mut round = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for i in (k..FILES).step_by(2) {
+                    let names: Vec<String> = if k < 2 {
+                        (k..FILES).step_by(2).map(|i| format!("f{i}")).collect()
+                    } else {
+                        vec!["d0".into(), "d1".into()]
+                    };
+                    for n in names {
                         let (a, b) = if round % 2 == 0 {
                             ("x", "y")
                         } else {
                             ("y", "x")
                         };
-                        if c.lode(&["mv", &format!("/{a}/f{i}"), &format!("/{b}/f{i}")])
+                        if c.lode(&["mv", &format!("/{a}/{n}"), &format!("/{b}/{n}")])
                             .0
                             == 0
                         {
@@ -448,7 +464,9 @@ fn renames_across_mdts_survive_kill_9_of_either_mds_process() {
             seen.extend(out.lines().map(str::to_owned));
         }
         seen.sort();
-        let want: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
+        let mut want: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
+        want.extend(["d0".to_string(), "d1".to_string()]);
+        want.sort();
         if seen == want {
             break;
         }
@@ -467,6 +485,17 @@ fn renames_across_mdts_survive_kill_9_of_either_mds_process() {
         assert_eq!(
             c.lode(&["cat", &format!("/{at}/f{i}")]).1,
             format!("file {i}\n")
+        );
+    }
+    for k in 0..2 {
+        let at = if c.lode(&["stat", &format!("/x/d{k}")]).0 == 0 {
+            "x"
+        } else {
+            "y"
+        };
+        assert_eq!(
+            c.lode(&["cat", &format!("/{at}/d{k}/in")]).1,
+            format!("dir {k}\n")
         );
     }
     let (code, _, err) = c.lode(&["cluster", "down", "--dir", &d]);

@@ -688,3 +688,47 @@ async fn new_top_level_directories_spread_over_the_mdts_and_their_trees_stay_on_
     c.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client walking through a leased directory of MDT0 to a directory of MDT1 takes the
+/// entry from its cache (its MDT asked only for what is in it), and sees the entry go as soon
+/// as another client renames or removes it: the recall of the parent drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_through_a_leased_directory_to_another_mdt_follows_renames_and_removals() {
+    let (dir, c, admin) = two_mdts("lode-mdts-walks", |b| b).await;
+    admin.mkdir_on("/t", 0o755, 0).await.unwrap();
+    admin.mkdir_on("/t/c", 0o755, 1).await.unwrap();
+    let walker = c
+        .client(
+            "walker",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        write_file(&walker, &format!("/t/c/f{i}"), &data(i, 100)).await;
+    }
+    for i in 0..3 {
+        assert_eq!(walker.stat(&format!("/t/c/f{i}")).await.unwrap().size, 100);
+    }
+    // Renamed by another client: the walker's cached entry goes with the recall.
+    admin.rename("/t/c", "/t/d").await.unwrap();
+    let e = walker.stat("/t/c/f0").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotFound), "{e}");
+    assert_eq!(read_file(&walker, "/t/d/f0", 200).await, data(0, 100));
+    // Removed, and a new directory of the same name made on MDT0: found there.
+    for i in 0..3 {
+        admin.unlink(&format!("/t/d/f{i}")).await.unwrap();
+    }
+    admin.rmdir("/t/d").await.unwrap();
+    let e = walker.stat("/t/d/f1").await.unwrap_err();
+    assert!(e.is(FsErrorKind::NotFound), "{e}");
+    let again = admin.mkdir_on("/t/d", 0o755, 0).await.unwrap();
+    write_file(&admin, "/t/d/g", &data(9, 50)).await;
+    assert_eq!(walker.stat("/t/d/g").await.unwrap().size, 50);
+    assert_eq!(walker.stat("/t/d").await.unwrap().fid, again.fid);
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

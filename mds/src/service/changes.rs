@@ -695,6 +695,17 @@ impl MdsService {
             .await
     }
 
+    /// A step of a change across MDTs, checked for `creds` who asked for it and journaled
+    /// durably before it is answered.
+    pub(super) async fn apply_step(
+        &self,
+        m: Mutation,
+        creds: &Creds,
+    ) -> Result<crate::store::Done, RemoteError> {
+        self.apply(m, creds.clone(), None, None, vec![], false, None)
+            .await
+    }
+
     /// Whether `handle` is open on `fid` with the right to write.
     pub(super) fn may_write_through(&self, fid: proto::Fid, handle: OpenHandle) -> bool {
         self.alloc

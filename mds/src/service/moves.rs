@@ -94,16 +94,8 @@ impl MdsService {
                     client_req: r.req,
                     peer_req: self.peer_req(None),
                 };
-                self.apply(
-                    Mutation::LinkOut { linking: l.clone() },
-                    r.creds.clone(),
-                    None,
-                    None,
-                    vec![],
-                    false,
-                    None,
-                )
-                .await?;
+                self.apply_step(Mutation::LinkOut { linking: l.clone() }, &r.creds)
+                    .await?;
                 l
             }
         };
@@ -217,15 +209,7 @@ impl MdsService {
                     }
                 }
                 let out = self
-                    .apply(
-                        Mutation::MoveOut { moving: m.clone() },
-                        r.creds.clone(),
-                        None,
-                        None,
-                        vec![],
-                        false,
-                        None,
-                    )
+                    .apply_step(Mutation::MoveOut { moving: m.clone() }, &r.creds)
                     .await;
                 if let Err(e) = out {
                     if dir.is_some() {
@@ -259,9 +243,7 @@ impl MdsService {
         };
         let linked = if mdt == own {
             // Another MDT's directory renamed between two directories here.
-            self.apply(link, m.creds.clone(), None, None, vec![], false, None)
-                .await
-                .map(|_| ())
+            self.apply_step(link, &m.creds).await.map(|_| ())
         } else {
             self.on_mdt_numbered(mdt, &m.creds, link, m.peer_req)
                 .await

@@ -1,21 +1,12 @@
 //! Changes across MDTs: a directory placed on another MDT than its parent's (`mkdir -i`), and
-//! its removal. The parent's MDS coordinates: it checks the caller and the name, asks the
-//! other MDT's MDS (as a server) to make or remove the directory, then adds or removes the
-//! name in its own journal, so the client sends one request, to the parent's MDT, and every
-//! right is decided by the servers.
-//!
-//! Order, and what a crash between the halves leaves:
-//!
-//! - **mkdir**: the directory is made there first, then named here. A crash between the two
-//!   (or a name taken meanwhile, when undoing fails) leaves an empty directory there that no
-//!   name reaches: it holds nothing, and `lode-mds fsck` given both MDTs' directories names
-//!   it ([`crate::across`]).
-//! - **rmdir**: the directory is removed there first (only if empty), then its name here. A
-//!   crash between the two leaves a name whose directory is gone: `rmdir` of it again removes
-//!   the name (the other MDT answers that the directory is gone).
-//!
-//! So neither half can lose a file: what a crash leaves is an empty directory or a dangling
-//! name, never entries without a name reaching them.
+//! its removal. The parent's MDS coordinates: it checks the caller and the name, records the
+//! change on the parent (`PlaceOut`, journaled and synced), asks the other MDT's MDS (as a
+//! server, numbered so that it is carried out once) to make or remove the directory, then
+//! adds or removes the name in its own journal, which ends the record (or drops the record
+//! if the other MDT refused). So the client sends one request, to the parent's MDT, every
+//! right is decided by the servers, and a crash of either MDS or of the client between the
+//! halves ends the change whole: the parent's MDS carries on every record when it starts
+//! ([`MdsService::resume_placing_once`]).
 
 use lnet::call;
 
@@ -230,8 +221,7 @@ impl MdsService {
             parent,
             placing: placing.clone(),
         };
-        self.apply(out, creds.clone(), None, None, vec![], false, None)
-            .await?;
+        self.apply_step(out, creds).await?;
         let made = self
             .on_mdt_numbered(mdt, creds, step, placing.peer_req)
             .await
@@ -404,8 +394,7 @@ impl MdsService {
             parent: *parent,
             placing: placing.clone(),
         };
-        self.apply(out, creds.clone(), None, None, vec![], false, None)
-            .await?;
+        self.apply_step(out, creds).await?;
         match self
             .on_mdt_numbered(
                 mdt,
