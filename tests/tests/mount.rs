@@ -1714,3 +1714,137 @@ fn ends_within(pid: u32, limit: Duration) -> bool {
     }
     false
 }
+
+/// `lode cluster up --mdts 3` in `root` on `port`, taken down (and its directory removed) when
+/// dropped.
+struct ManyMdts {
+    root: PathBuf,
+    port: u16,
+}
+
+impl ManyMdts {
+    fn lode(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(bin("lode"))
+            .args(args)
+            .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
+            .env("LODE_KEY", self.root.join("client.key"))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+}
+
+impl Drop for ManyMdts {
+    fn drop(&mut self) {
+        let _ = self.lode(&["cluster", "down", "--dir", self.root.to_str().unwrap()]);
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The mount over three MDTs: directories placed on each and striped over all, files and
+/// directories renamed and linked between them through the kernel, `ls -lR` and `rm -r` as
+/// on one MDS, and the MDTs checking clean against each other afterwards.
+#[test]
+fn a_mount_over_three_mdts_renames_links_and_lists_across_them() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let c = ManyMdts {
+        root: scratch("mount-mdts"),
+        port: 9795,
+    };
+    let d = c.root.to_str().unwrap().to_owned();
+    let port = c.port.to_string();
+    let (ok, out) = c.lode(&[
+        "cluster", "up", "--dir", &d, "--port", &port, "--mdts", "3", "--oss", "2",
+    ]);
+    assert!(ok, "cluster up: {out}");
+    let mnt = c.root.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mds = format!("127.0.0.1:{port}@tcp");
+    let key = c.root.join("client.key");
+    let mount = Server::start(
+        "lode",
+        &[
+            "--mds",
+            &mds,
+            "--key",
+            key.to_str().unwrap(),
+            "mount",
+            mnt.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let unmount = Unmount(mnt.clone());
+    assert!(mounted(&mnt));
+    let m = |p: &str| mnt.join(p);
+    for (args, what) in [
+        (&["mkdir", "-i", "1", "/one"][..], "mkdir -i 1"),
+        (&["mkdir", "-i", "2", "/two"][..], "mkdir -i 2"),
+        (&["setdirstripe", "-c", "3", "/wide"][..], "setdirstripe"),
+    ] {
+        let (ok, out) = c.lode(args);
+        assert!(ok, "{what}: {out}");
+    }
+    fs::write(m("one/f"), b"file f\n").unwrap();
+    fs::create_dir(m("one/sub")).unwrap();
+    fs::write(m("one/sub/x"), b"in sub\n").unwrap();
+    for i in 0..12 {
+        fs::write(m(&format!("wide/h{i}")), format!("h{i}")).unwrap();
+    }
+    let f = fs::metadata(m("one/f")).unwrap();
+
+    // A file's name and a directory moved between MDTs, the inode the same.
+    fs::rename(m("one/f"), m("two/f")).unwrap();
+    assert_eq!(fs::metadata(m("two/f")).unwrap().ino(), f.ino());
+    assert_eq!(fs::read(m("two/f")).unwrap(), b"file f\n");
+    fs::rename(m("one/sub"), m("two/sub")).unwrap();
+    assert_eq!(fs::read(m("two/sub/x")).unwrap(), b"in sub\n");
+    fs::rename(m("two/sub"), m("wide/sub")).unwrap();
+    assert_eq!(fs::read(m("wide/sub/x")).unwrap(), b"in sub\n");
+    assert_eq!(errno_of(fs::metadata(m("one/sub"))), libc::ENOENT);
+    // Never below itself.
+    assert_eq!(
+        errno_of(fs::rename(m("wide"), m("wide/sub/in"))),
+        libc::EINVAL
+    );
+    // A hard link from another MDT, counted on the file.
+    fs::hard_link(m("two/f"), m("one/f.link")).unwrap();
+    assert_eq!(fs::metadata(m("two/f")).unwrap().nlink(), 2);
+    assert_eq!(fs::read(m("one/f.link")).unwrap(), b"file f\n");
+
+    let (ok, out) = sh(&mnt, "ls -lR . | grep -c '^-'");
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "15", "files listed by ls -lR"); // f, f.link, x, h0..h11
+    let (ok, out) = sh(&mnt, "rm -r one two wide && ls -A");
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "");
+    drop(mount);
+    drop(unmount);
+    let (ok, out) = c.lode(&["cluster", "down", "--dir", &d]);
+    assert!(ok, "cluster down: {out}");
+    let checked = Command::new(bin("lode-mds"))
+        .args(["fsck", "--data-dir"])
+        .arg(c.root.join("mds"))
+        .arg("--data-dir")
+        .arg(c.root.join("mdt1"))
+        .arg("--data-dir")
+        .arg(c.root.join("mdt2"))
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        checked.status.success() && printed.contains("across the 3 MDTs: 0 problems"),
+        "{printed}{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
