@@ -951,7 +951,7 @@ async fn gone(c: &Client, fid: proto::Fid) {
 
 /// Two clients renaming files back and forth between directories of MDT0 and MDT1, a third
 /// linking files of MDT0 into MDT1's directory and unlinking them there, and a fourth moving
-/// directories (of /x's MDT and of MDT2) between the two, while each MDS is
+/// directories (of /x's MDT and of MDT2) between the two, while each MDS (MDT2's too) is
 /// killed -9 in turn and started again: afterwards every moved file has exactly one name, each
 /// linked file as many names as its link count, all with their own bytes, and the MDTs check
 /// clean against each other.
@@ -1071,16 +1071,17 @@ async fn renames_across_mdts_survive_kill_9_of_either_mds_with_every_file_named_
             moved
         }));
     }
-    for victim in [0u32, 1, 0, 1] {
+    // MDT2 holds one of the directories moved (its parent changes there).
+    for victim in [0u32, 1, 2, 0, 1] {
         tokio::time::sleep(Duration::from_millis(400)).await;
         if victim == 0 {
             c.kill_mds().await;
             tokio::time::sleep(Duration::from_millis(200)).await;
             c.start_mds().await.unwrap();
         } else {
-            c.kill_mdt(1).await;
+            c.kill_mdt(victim).await;
             tokio::time::sleep(Duration::from_millis(200)).await;
-            c.start_mdt(1).await.unwrap();
+            c.start_mdt(victim).await.unwrap();
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
