@@ -319,8 +319,10 @@ pub async fn run(seed: u64, operations: usize) -> Result<Report, Failure> {
                 .map_err(|e| fail(e.to_string()))?,
         );
     }
+    // Virtual time: a message the fabric loses at setup costs a call's whole deadline (an
+    // orphan cleanup's 10 s, a heartbeat's 5 s) before it is sent again.
     cluster
-        .wait_ready(&clients[0], SERVERS as u32, Duration::from_secs(20))
+        .wait_ready(&clients[0], SERVERS as u32, Duration::from_secs(60))
         .await
         .map_err(|e| fail(e.to_string()))?;
     // Half the plain files live in `/m`, a directory on MDT1; MDT1 takes files once it has
