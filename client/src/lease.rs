@@ -662,36 +662,25 @@ impl Leases {
     /// walk passing through takes its FID from the cache (and asks its MDT for the rest).
     pub fn learn_remote_dir(&self, stamp: Stamp, parent: Fid, name: &[u8], dir: &Inode) {
         let elsewhere = proto::fid::mdt_of(dir.fid).is_some_and(|k| k != 0);
-        if dir.kind != Kind::Dir || !elsewhere || !plain(name) {
-            return;
+        if dir.kind == Kind::Dir && elsewhere {
+            self.learn_entry(stamp, parent, name, Some((dir.fid, Kind::Dir)));
         }
-        self.learn(stamp, &[], &[parent], |s| {
-            if let Some(h) = s.held.get_mut(&parent) {
-                h.names.insert(
-                    name.to_vec(),
-                    Name {
-                        entry: Some((dir.fid, Kind::Dir)),
-                        transno: 0,
-                    },
-                );
-            }
-        });
     }
 
     /// `name` is not in `parent`, which was held when the lookup was sent.
     pub fn learn_absent(&self, stamp: Stamp, parent: Fid, name: &[u8]) {
+        self.learn_entry(stamp, parent, name, None);
+    }
+
+    /// The entry `name` of `parent` (held when the lookup was sent) is `entry`, kept under
+    /// `parent`'s lease alone.
+    fn learn_entry(&self, stamp: Stamp, parent: Fid, name: &[u8], entry: Option<(Fid, Kind)>) {
         if !plain(name) {
             return;
         }
         self.learn(stamp, &[], &[parent], |s| {
             if let Some(h) = s.held.get_mut(&parent) {
-                h.names.insert(
-                    name.to_vec(),
-                    Name {
-                        entry: None,
-                        transno: 0,
-                    },
-                );
+                h.names.insert(name.to_vec(), Name { entry, transno: 0 });
             }
         });
     }

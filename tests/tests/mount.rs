@@ -24,12 +24,18 @@ fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
 }
 
 fn sh(dir: &Path, script: &str) -> (bool, String) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
+    said(
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// Whether a command succeeded, and what it printed (stdout, then stderr).
+fn said(out: std::process::Output) -> (bool, String) {
     (
         out.status.success(),
         format!(
@@ -1724,19 +1730,13 @@ struct ManyMdts {
 
 impl ManyMdts {
     fn lode(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(bin("lode"))
-            .args(args)
-            .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
-            .env("LODE_KEY", self.root.join("client.key"))
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
+        said(
+            Command::new(bin("lode"))
+                .args(args)
+                .env("LODE_MDS", format!("127.0.0.1:{}", self.port))
+                .env("LODE_KEY", self.root.join("client.key"))
+                .output()
+                .unwrap(),
         )
     }
 }
