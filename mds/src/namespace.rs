@@ -2140,6 +2140,11 @@ impl Namespace {
         if src_dir && self.is_within(new_parent, src.fid) {
             return err(FsErrorKind::Invalid, "cannot move a directory below itself");
         }
+        // A directory given another parent has its `..` changed: Linux's rule asks write
+        // permission on it too.
+        if src_dir && parent != new_parent {
+            self.require(src.fid, who, 2)?;
+        }
         if let Some(d) = &dst {
             if d.fid == src.fid {
                 return Ok(Applied {
@@ -2159,6 +2164,9 @@ impl Namespace {
             if flags.exchange {
                 if d.kind == Kind::Dir && self.is_within(parent, d.fid) {
                     return err(FsErrorKind::Invalid, "cannot move a directory below itself");
+                }
+                if d.kind == Kind::Dir && parent != new_parent {
+                    self.require(d.fid, who, 2)?;
                 }
                 return Ok(self.exchange(parent, name, &src, new_parent, new_name, d, now));
             }

@@ -603,6 +603,35 @@ async fn a_directory_renamed_between_mdts_keeps_its_tree_and_never_moves_below_i
     let problems = fsck_all(&c);
     assert!(problems.is_empty(), "{problems:?}");
 
+    // Another parent changes a directory's `..`: its owner's (or root's) to do, even
+    // between directories anyone may write, on one MDT or across two.
+    admin.mkdir_on("/a/open", 0o777, 0).await.unwrap();
+    admin.mkdir_on("/a/open2", 0o777, 0).await.unwrap();
+    admin.mkdir_on("/b/open", 0o777, 1).await.unwrap();
+    admin.mkdir("/a/open/roots", 0o755).await.unwrap();
+    let user = c
+        .client(
+            "user",
+            ClientConfig {
+                creds: Creds {
+                    uid: 1000,
+                    gid: 1000,
+                    groups: vec![],
+                },
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    for to in ["/b/open/roots", "/a/open2/roots"] {
+        let e = user.rename("/a/open/roots", to).await.unwrap_err();
+        assert!(e.is(FsErrorKind::AccessDenied), "{to}: {e}");
+    }
+    user.mkdir("/a/open/mine", 0o755).await.unwrap();
+    user.rename("/a/open/mine", "/a/open2/mine").await.unwrap();
+    user.rename("/a/open2/mine", "/b/open/mine").await.unwrap();
+    assert!(admin.stat("/a/open/roots").await.is_ok());
+
     // Never below itself: across MDTs directly ...
     let e = admin.rename("/b", "/b/e/sub").await.unwrap_err();
     assert!(e.is(FsErrorKind::Invalid), "{e}");

@@ -244,6 +244,11 @@ impl Namespace {
         self.not_moving(m.parent, &m.name)?;
         let p = self.inode(m.parent)?.clone();
         self.may_unlink(&p, &src, who)?;
+        if src.kind == Kind::Dir && !self.is_remote(src.fid) {
+            // Its `..` changes: write permission on it too, as Linux asks (not asked of
+            // another MDT's directory, whose stub here may hold an old mode).
+            self.require(src.fid, who, 2)?;
+        }
         let i = self.inodes.get_mut(&src.fid).expect("looked up");
         let mut all = moves(i);
         all.push(m.clone());
