@@ -129,21 +129,35 @@ impl Default for ClientConfig {
 }
 
 impl Inner {
-    /// The state of a new session with the MDS `mds` through `net`, as client `id`.
-    pub(crate) fn new(mds: Nid, net: AnyNet, cfg: ClientConfig, id: u128) -> Inner {
+    /// The state of a new session with the MDS `mds` (MDT0's, the one the client connects
+    /// to) through `net`, as client `id`.
+    pub(crate) fn new(
+        mds: Nid,
+        net: AnyNet,
+        cfg: ClientConfig,
+        id: u128,
+        start: fn(&Arc<Inner>),
+    ) -> Inner {
         let cfg_staging = (cfg.staging_chunk, cfg.staging_chunks);
         Inner {
             mds,
+            home: 0,
+            start,
+            top: std::sync::Weak::new(),
+            others: Default::default(),
+            opening: tokio::sync::Mutex::new(()),
+            hooks: Default::default(),
             net,
             cfg,
-            servers: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            listing_targets: tokio::sync::Mutex::new(()),
-            windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            servers: Default::default(),
+            listing_targets: Default::default(),
+            windows: Default::default(),
             client_id: id,
             requests: Default::default(),
+            handles: Default::default(),
             writes: Arc::new(crate::unstable::Writes::new(write_id(id))),
             opens: crate::opens::Opens::default(),
-            gpu: std::sync::OnceLock::new(),
+            gpu: Default::default(),
             staging: crate::gpu::staging::Staging::new(cfg_staging.0, cfg_staging.1),
             shunned: Default::default(),
             uncommitted: Default::default(),
@@ -159,7 +173,47 @@ impl Inner {
             statahead: Default::default(),
             mdts: Default::default(),
             stripes: Default::default(),
-            mdt_runs: Default::default(),
+        }
+    }
+
+    /// The state of this client's session with MDT `mdt`'s MDS at `mds`: its own leases,
+    /// queue, uncommitted changes and open handles, sharing the data path's state (targets,
+    /// windows, writes, grants, staging) and the request numbers with `top`, MDT0's.
+    pub(crate) fn session(top: &Arc<Inner>, mdt: u32, mds: Nid) -> Inner {
+        Inner {
+            mds,
+            home: mdt,
+            start: top.start,
+            top: Arc::downgrade(top),
+            others: Default::default(),
+            opening: tokio::sync::Mutex::new(()),
+            hooks: Default::default(),
+            net: top.net.clone(),
+            cfg: top.cfg.clone(),
+            servers: top.servers.clone(),
+            listing_targets: top.listing_targets.clone(),
+            windows: top.windows.clone(),
+            client_id: top.client_id,
+            requests: top.requests.clone(),
+            handles: top.handles.clone(),
+            writes: top.writes.clone(),
+            opens: crate::opens::Opens::default(),
+            gpu: top.gpu.clone(),
+            staging: top.staging.clone(),
+            shunned: top.shunned.clone(),
+            uncommitted: Default::default(),
+            evictions_reported: AtomicU64::new(0),
+            joined: Default::default(),
+            kick: Arc::new(tokio::sync::Notify::new()),
+            replaying: tokio::sync::Mutex::new(()),
+            leases: Default::default(),
+            pending: Default::default(),
+            closings: Default::default(),
+            grants: top.grants.clone(),
+            kept: Default::default(),
+            statahead: Default::default(),
+            mdts: top.mdts.clone(),
+            stripes: top.stripes.clone(),
         }
     }
 }
@@ -171,33 +225,56 @@ impl Inner {
     }
 }
 
+/// A client's session with one MDS: MDT0's, which the client connects to (and which holds
+/// the others'), or another MDT's, opened when the client first meets one of its FIDs. Each
+/// session joins its MDS apart, with its own leases, changes answered ahead, uncommitted
+/// changes and open handles, replayed to that MDS alone after its restart (Lustre's one
+/// import per MDT); what the data path keeps is shared.
 pub(crate) struct Inner {
     pub(crate) mds: Nid,
+    /// The MDT this session is with.
+    pub(crate) home: u32,
+    /// Starts a session's background work ([`crate::connect`]'s pinger, lease channel and
+    /// flusher).
+    start: fn(&Arc<Inner>),
+    /// MDT0's session, from another MDT's (none in MDT0's own).
+    top: std::sync::Weak<Inner>,
+    /// In MDT0's session: the sessions with the other MDTs, by index.
+    others: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Inner>>>,
+    /// In MDT0's session: held while a session with another MDT is opened.
+    opening: tokio::sync::Mutex<()>,
+    /// In MDT0's session: the hooks every session's leases call (a mount's), for sessions
+    /// opened after they were set.
+    hooks: parking_lot::Mutex<(Option<crate::lease::Hook>, Option<crate::lease::Barrier>)>,
     /// Where each target's storage server is, learnt from the MDS and kept: the data path
     /// asks the MDS again only for a target it has not seen.
-    servers: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
+    servers: Arc<parking_lot::Mutex<std::collections::HashMap<u32, Nid>>>,
     /// Held while the target list is read again: calls that all missed a target at once (a
     /// mount's first writes, hundreds of closes behind landing together) wait for one read
     /// instead of each asking the MDS.
-    listing_targets: tokio::sync::Mutex<()>,
+    listing_targets: Arc<tokio::sync::Mutex<()>>,
     /// Each target's window: how many of this client's reads and writes may be in flight to
     /// it at once, over all files and calls (Lustre's RPCs in flight per target).
-    windows: parking_lot::Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Semaphore>>>,
+    windows: Arc<parking_lot::Mutex<std::collections::HashMap<u32, Arc<tokio::sync::Semaphore>>>>,
     pub(crate) net: AnyNet,
     pub(crate) cfg: ClientConfig,
     pub(crate) client_id: u128,
-    pub(crate) requests: crate::requests::Requests,
+    /// Request numbers, one sequence over every session: a request's number names it to
+    /// every MDS (a change across MDTs carries it from one to another).
+    pub(crate) requests: Arc<crate::requests::Requests>,
+    /// Open handles' numbers, one sequence over every session.
+    handles: Arc<AtomicU64>,
     /// Unsynced writes per file, and the order of writes.
     pub(crate) writes: Arc<crate::unstable::Writes>,
-    /// The handles this client holds open, counted at the MDS.
+    /// The handles this session holds open, counted at its MDS.
     pub(crate) opens: crate::opens::Opens,
     /// The GPU backend, chosen on first use.
-    gpu: std::sync::OnceLock<crate::gpu::Gpu>,
+    gpu: Arc<std::sync::OnceLock<crate::gpu::Gpu>>,
     /// Pinned host chunks device reads and writes stage through.
     pub(crate) staging: Arc<crate::gpu::staging::Staging>,
     /// Targets that did not answer a mirrored file's call, and when: reads prefer the other
     /// copies for [`SHUNNED_FOR`] instead of waiting on them again.
-    shunned: parking_lot::Mutex<std::collections::HashMap<u32, Instant>>,
+    shunned: Arc<parking_lot::Mutex<std::collections::HashMap<u32, Instant>>>,
     /// Changes answered before they were durable, until the MDS commits them.
     pub(crate) uncommitted: crate::replay::Uncommitted,
     /// Evictions [`Client::sync`] has reported.
@@ -215,7 +292,7 @@ pub(crate) struct Inner {
     /// Closes finishing behind their callers.
     pub(crate) closings: Arc<crate::closing::Closings>,
     /// The grants this client's opens were given, lent to reads begun before their open.
-    pub(crate) grants: crate::caps::Grants,
+    pub(crate) grants: Arc<crate::caps::Grants>,
     /// Handles kept at the MDS past their close, for the next open of the same file.
     pub(crate) kept: crate::kept::Kept,
     /// Per leased directory, how many lookups in it had to ask the MDS since it was last
@@ -223,17 +300,68 @@ pub(crate) struct Inner {
     /// read so.
     statahead: parking_lot::Mutex<crate::FastMap<Fid, usize>>,
     /// Where the other MDTs' MDSs serve, as MDT0 last listed them.
-    mdts: parking_lot::Mutex<std::collections::HashMap<u32, Nid>>,
+    mdts: Arc<parking_lot::Mutex<std::collections::HashMap<u32, Nid>>>,
     /// The layouts of the striped directories this client met ([`crate::striped`]).
-    pub(crate) stripes: parking_lot::Mutex<crate::FastMap<Fid, Arc<proto::dirstripe::DirStripe>>>,
-    /// The run each MDT other than 0 answered last (its restart is when its files' handles
-    /// are counted there again).
-    mdt_runs: parking_lot::Mutex<std::collections::HashMap<u32, u64>>,
+    pub(crate) stripes:
+        Arc<parking_lot::Mutex<crate::FastMap<Fid, Arc<proto::dirstripe::DirStripe>>>>,
 }
 
 impl Inner {
     pub(crate) fn client_id(&self) -> u128 {
         self.client_id
+    }
+
+    /// MDT0's session, from another's.
+    pub(crate) fn top_session(&self) -> Option<Arc<Inner>> {
+        self.top.upgrade()
+    }
+
+    /// In MDT0's session: the session with MDT `k`, if open.
+    pub(crate) fn other(&self, k: u32) -> Option<Arc<Inner>> {
+        self.others.lock().get(&k).cloned()
+    }
+
+    /// In MDT0's session: the session with the other MDT served at `peer`, if open.
+    pub(crate) fn other_at(&self, peer: &Nid) -> Option<Arc<Inner>> {
+        self.others
+            .lock()
+            .values()
+            .find(|s| s.mds == *peer)
+            .cloned()
+    }
+
+    /// In MDT0's session: the sessions with the other MDTs open now, by index.
+    pub(crate) fn others_now(&self) -> Vec<Arc<Inner>> {
+        let mut all: Vec<(u32, Arc<Inner>)> =
+            self.others.lock().iter().map(|(k, s)| (*k, s.clone())).collect();
+        all.sort_by_key(|(k, _)| *k);
+        all.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// In MDT0's session: held while a session is opened.
+    pub(crate) fn opening(&self) -> &tokio::sync::Mutex<()> {
+        &self.opening
+    }
+
+    /// In MDT0's session: takes in `session` with MDT `k`, opened and joined: it gets the
+    /// hooks the others' leases call, and its background work starts.
+    pub(crate) fn adopt(&self, k: u32, session: Arc<Inner>) {
+        {
+            let hooks = self.hooks.lock();
+            if let Some(h) = &hooks.0 {
+                session.leases.on_drop(h.clone());
+            }
+            if let Some(b) = &hooks.1 {
+                session.leases.on_barrier(b.clone());
+            }
+        }
+        (self.start)(&session);
+        self.others.lock().insert(k, session);
+    }
+
+    /// The next open handle's number (one sequence over every session).
+    pub(crate) fn next_handle(&self) -> u64 {
+        self.handles.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
@@ -410,12 +538,17 @@ impl Client {
     /// Waits until the MDS has committed every change it applied so far (this client's and
     /// others'): what `fsync` of a file or directory and `sync` promise.
     pub async fn sync(&self) -> Result<()> {
-        self.sync_quiet().await?;
-        self.evicted_since(&self.inner.evictions_reported)
+        // Every MDT this client has met (one it has not holds nothing of its).
+        for s in self.sessions() {
+            s.sync_quiet().await?;
+            s.evicted_since(&s.inner.evictions_reported)?;
+        }
+        Ok(())
     }
 
-    /// As [`Client::sync`], leaving a loss to an eviction for the caller to report (a file's
-    /// `fsync` reports it for its own handle).
+    /// As [`Client::sync`], of this session's MDS alone, leaving a loss to an eviction for
+    /// the caller to report (a file's `fsync` reports it for its own handle, through its
+    /// MDT's session).
     pub(crate) async fn sync_quiet(&self) -> Result<()> {
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
@@ -444,6 +577,9 @@ impl Client {
     /// Waits until the MDS has committed everything it answered this client, and reports a
     /// change answered ahead in directory `dir` that then failed ([`crate::pending`]).
     pub async fn sync_dir(&self, dir: Fid) -> Result<()> {
+        if !self.here(dir) {
+            return Box::pin(self.at(dir).await?.sync_dir(dir)).await;
+        }
         self.after_closings().await;
         let r = self.rpc(&self.inner.mds.clone(), &MdsSync {}).await?;
         self.inner.uncommitted.served_in(r.instance, r.committed);
@@ -456,8 +592,11 @@ impl Client {
     /// ([`crate::pending`]), and reports the first that failed (not durable yet: see
     /// [`Client::sync`]).
     pub async fn settle_ahead(&self) -> Result<()> {
-        self.inner.pending.settle().await;
-        self.failed_ahead(None)
+        for s in self.sessions() {
+            s.inner.pending.settle().await;
+            s.failed_ahead(None)?;
+        }
+        Ok(())
     }
 
     /// The first change answered ahead that failed since the last report, in `dir` (or of
@@ -479,31 +618,50 @@ impl Client {
         Ok(())
     }
 
-    /// Changes this client holds that the MDS has not committed yet.
+    /// Changes this client holds that an MDS has not committed yet.
     pub fn uncommitted(&self) -> usize {
-        self.inner.uncommitted.len()
+        self.sessions()
+            .iter()
+            .map(|s| s.inner.uncommitted.len())
+            .sum()
     }
 
-    /// Changes answered ahead that the MDS has not answered yet.
+    /// Changes answered ahead that an MDS has not answered yet.
     pub fn unanswered(&self) -> u64 {
-        self.inner.pending.unanswered()
+        self.sessions()
+            .iter()
+            .map(|s| s.inner.pending.unanswered())
+            .sum()
     }
 
     /// Whether every change this client acknowledged is known committed: none answered ahead
-    /// is still unanswered, and none answered is still uncommitted.
+    /// is still unanswered, and none answered is still uncommitted, at any MDT.
     pub fn all_committed(&self) -> bool {
-        self.inner.pending.unanswered() == 0 && self.inner.uncommitted.len() == 0
+        self.sessions()
+            .iter()
+            .all(|s| s.inner.pending.unanswered() == 0 && s.inner.uncommitted.len() == 0)
     }
 
-    /// Leaves the filesystem cleanly: waits for the MDS to commit this client's changes and
-    /// leaves its table of clients (an MDS restart then waits for nothing of this client).
+    /// Leaves the filesystem cleanly: waits for every MDS to commit this client's changes
+    /// and leaves their tables of clients (a restart then waits for nothing of this client).
     pub async fn close(&self) -> Result<()> {
+        let sessions = self.sessions();
+        // The other MDTs' sessions first, MDT0's last.
+        for s in sessions.iter().rev() {
+            s.close_session().await?;
+        }
+        Ok(())
+    }
+
+    /// Leaves this session's MDS cleanly ([`Client::close`]).
+    async fn close_session(&self) -> Result<()> {
         if !self.inner.joined.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
         self.inner.leases.lose_all();
         self.close_kept(true);
-        self.sync().await?;
+        self.sync_quiet().await?;
+        self.evicted_since(&self.inner.evictions_reported)?;
         let r = MdsDisconnect {
             client: self.inner.client_id,
         };
@@ -513,9 +671,7 @@ impl Client {
 
     /// Counts again at the MDS every handle this client holds open.
     async fn reopen_all(&self) -> Result<()> {
-        // MDT0 restarted: its files' handles (another MDT's are counted there).
-        let mut held = self.inner.opens.replaying();
-        held.retain(|(_, fid)| !Self::elsewhere(*fid));
+        let held = self.inner.opens.replaying();
         tracing::info!(
             handles = held.len(),
             "the MDS restarted: counting open files again"
@@ -546,9 +702,16 @@ impl Client {
     /// Remembers the open `handle` of `fid`, counted by the MDS since `replays` (from
     /// [`crate::opens::Opens::replays`] before the open was sent); counts it again if the MDS
     /// restarted and the client reopened its files meanwhile, without it.
+    /// `replays` is from this session's count: a file of another MDT's (a create routed to
+    /// a shard elsewhere) is counted again there, whatever happened meanwhile.
     pub(crate) async fn opened(&self, handle: OpenHandle, fid: Fid, replays: u64) -> Result<()> {
+        if !self.here(fid) {
+            let there = self.at(fid).await?;
+            let replays = there.inner.opens.replays().wrapping_sub(1);
+            return Box::pin(there.opened(handle, fid, replays)).await;
+        }
         self.inner.opens.insert(handle.handle, fid);
-        if self.inner.opens.replays() != replays && !Self::elsewhere(fid) {
+        if self.inner.opens.replays() != replays {
             let r = MdsReopen {
                 handles: vec![(fid, handle)],
             };
@@ -559,9 +722,12 @@ impl Client {
 
     /// Forgets the open `handle` of `fid` and tells the MDS.
     pub(crate) async fn close_handle(&self, handle: OpenHandle, fid: Fid) -> Result<()> {
+        if !self.here(fid) {
+            return Box::pin(self.at(fid).await?.close_handle(handle, fid)).await;
+        }
         self.inner.opens.remove(handle.handle);
-        let mds = self.mds_for(fid).await?;
-        self.rpc(&mds, &MdsClose { fid, handle }).await?;
+        self.rpc(&self.inner.mds.clone(), &MdsClose { fid, handle })
+            .await?;
         Ok(())
     }
 
@@ -640,9 +806,13 @@ impl Client {
         req: &R,
         limit: Option<Duration>,
     ) -> Result<R::Reply> {
-        if *peer == self.inner.mds && !NOT_AFTER_QUEUED.contains(&R::OPCODE) {
-            // After the changes answered ahead of it, in order.
-            self.inner.pending.settle().await;
+        if !NOT_AFTER_QUEUED.contains(&R::OPCODE) {
+            // After the changes answered ahead of it to that MDS, in order.
+            if *peer == self.inner.mds {
+                self.inner.pending.settle().await;
+            } else if let Some(there) = self.session_of_peer(peer) {
+                there.inner.pending.settle().await;
+            }
         }
         self.rpc_raw(peer, req, limit).await
     }
@@ -663,12 +833,10 @@ impl Client {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_retryable() && start.elapsed() < retry_for => {
                     tracing::debug!(%peer, error = %e, "resending");
-                    let an_mds = *peer == self.inner.mds
-                        || self.inner.mdts.lock().values().any(|n| n == peer);
-                    if an_mds {
-                        // Restarting or recovering: the pinger sees a restart and replays,
-                        // or counts the open files there again.
-                        self.inner.kick.notify_one();
+                    // Restarting or recovering: the pinger of its session sees a restart
+                    // and replays, and counts the open files there again.
+                    if let Some(there) = self.session_of_peer(peer) {
+                        there.inner.kick.notify_one();
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
@@ -730,6 +898,11 @@ impl Client {
         open: Option<OpenHandle>,
         size_gen: Option<u64>,
     ) -> Result<MdsReintReply> {
+        let home = home_of(&mutation)?;
+        if !self.here(home) {
+            let there = self.at(home).await?;
+            return Box::pin(there.reint_routed(mutation, open, size_gen)).await;
+        }
         let req = self.next_req();
         let behind = self.inner.joined.load(Ordering::Relaxed);
         if behind && self.inner.uncommitted.full() {
@@ -742,17 +915,7 @@ impl Client {
             self.after_closing(*fid).await;
         }
         let leases = &self.inner.leases;
-        let home = home_of(&mutation)?;
-        let peer = self.mds_for(home).await;
-        let peer = match peer {
-            Ok(p) => p,
-            Err(e) => {
-                self.inner.requests.settle(req.seq);
-                return Err(e);
-            }
-        };
-        // Another MDT answers once durable, and leases nothing to a client that joined MDT0.
-        let there = Self::elsewhere(home);
+        let peer = self.inner.mds.clone();
         let r = MdsReint {
             creds: self.creds.clone(),
             mutation,
@@ -760,8 +923,8 @@ impl Client {
             acked: self.inner.requests.replied_below(),
             open,
             size_gen,
-            behind: behind && !there,
-            lease: leases.live() && !there,
+            behind,
+            lease: leases.live(),
             time: None,
         };
         let stamp = leases.stamp();
@@ -769,9 +932,6 @@ impl Client {
         // Answered or given up on: never sent again.
         self.inner.requests.settle(req.seq);
         let mut reply = sent?;
-        if there {
-            return Ok(reply);
-        }
         let pending = &self.inner.pending;
         leases.learn_change(stamp, &r.mutation, &reply, &|f| pending.settled(f, 0));
         let ticket = std::mem::take(&mut reply.ticket);
@@ -801,12 +961,15 @@ impl Client {
         open: Option<OpenHandle>,
     ) -> Option<Result<(Inode, crate::pending::Sent)>> {
         let parent = self.shard_for(parent, name);
+        if !self.here(parent) {
+            let there = match self.at(parent).await {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            };
+            return Box::pin(there.create_ahead(parent, name, mode, open)).await;
+        }
         let inner = &self.inner;
-        if !inner.joined.load(Ordering::Relaxed)
-            || !inner.cfg.leases
-            || !inner.cfg.ahead
-            || Self::elsewhere(parent)
-        {
+        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
             return None;
         }
         let may = || {
@@ -830,7 +993,11 @@ impl Client {
                     count: crate::pending::RESERVE,
                 };
                 let got = self.rpc(&inner.mds.clone(), &r).await?;
-                Ok((got.first.oid, got.first.oid.saturating_add(got.count)))
+                Ok((
+                    got.first.seq,
+                    got.first.oid,
+                    got.first.oid.saturating_add(got.count),
+                ))
             };
             if let Err(e) = inner.pending.fids_at_hand(reserve).await {
                 return Some(Err(e));
@@ -878,12 +1045,14 @@ impl Client {
     /// be sent and waited for.
     pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
         let parent = self.shard_for(parent, name);
+        if !self.here(parent) {
+            let Ok(there) = self.at(parent).await else {
+                return false;
+            };
+            return Box::pin(there.unlink_ahead(parent, name)).await;
+        }
         let inner = &self.inner;
-        if !inner.joined.load(Ordering::Relaxed)
-            || !inner.cfg.leases
-            || !inner.cfg.ahead
-            || Self::elsewhere(parent)
-        {
+        if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
             return false;
         }
         if inner.leases.may_unlink(parent, name, &self.creds).is_none() {
@@ -938,7 +1107,7 @@ impl Client {
     /// [`proto::md::MdsLeaseAlone`]); not asked again a moment after a refusal.
     async fn hold_alone(&self, dir: Fid) {
         let leases = &self.inner.leases;
-        if Self::elsewhere(dir) || !leases.may_ask_alone(dir) {
+        if !self.here(dir) || !leases.may_ask_alone(dir) {
             return;
         }
         let recalls = leases.recalls();
@@ -970,7 +1139,7 @@ impl Client {
 
     /// Handles kept at the MDS past their close now.
     pub fn kept_opens(&self) -> usize {
-        self.inner.kept.len()
+        self.sessions().iter().map(|s| s.inner.kept.len()).sum()
     }
 
     /// Closes an open counted at the MDS without waiting for the answer (nothing was done
@@ -981,21 +1150,20 @@ impl Client {
         fid: Fid,
         sent: Option<&crate::pending::Sent>,
     ) {
-        if sent.is_some_and(|s| self.inner.pending.drop_open(s.seq())) {
-            return;
-        }
-        if Self::elsewhere(fid) {
-            // The queue goes to MDT0; another MDT's file is closed there, behind the caller.
+        if !self.here(fid) {
+            if let Some(there) = self.at_now(fid) {
+                return there.close_ahead(handle, fid, sent);
+            }
+            // Opened through a session that is gone (the client is closing): sent alone.
             let c = self.clone();
             tokio::spawn(async move {
-                let closed = async {
-                    let mds = c.mds_for(fid).await?;
-                    c.rpc(&mds, &MdsClose { fid, handle }).await
-                };
-                if let Err(e) = closed.await {
+                if let Err(e) = c.close_handle(handle, fid).await {
                     tracing::warn!(%fid, error = %e, "a close on another MDT failed");
                 }
             });
+            return;
+        }
+        if sent.is_some_and(|s| self.inner.pending.drop_open(s.seq())) {
             return;
         }
         self.inner
@@ -1035,6 +1203,9 @@ impl Client {
     /// The entry `name` of `parent` if the lease cache answers for it now (found or absent),
     /// without waiting: `None` when only the MDS can tell.
     pub fn lookup_cached(&self, parent: Fid, name: &[u8]) -> Option<Result<Inode>> {
+        if !self.here(parent) {
+            return self.at_now(parent)?.lookup_cached(parent, name);
+        }
         let hit = self.inner.leases.lookup(parent, name, &self.creds)?;
         match &hit {
             Ok(i) if self.inner.closings.busy(i.fid) => None,
@@ -1045,11 +1216,17 @@ impl Client {
     /// Whether this client's caller may open directory `dir` to list it, if the lease cache
     /// can tell now, without waiting.
     pub fn may_list_cached(&self, dir: Fid) -> Option<Result<()>> {
+        if !self.here(dir) {
+            return self.at_now(dir)?.may_list_cached(dir);
+        }
         self.inner.leases.may_list(dir, &self.creds)
     }
 
     /// An inode's attributes if the lease cache holds them now, without waiting.
     pub fn getattr_cached(&self, fid: Fid) -> Option<Inode> {
+        if !self.here(fid) {
+            return self.at_now(fid)?.getattr_cached(fid);
+        }
         if self.inner.closings.busy(fid) || self.inner.pending.touching(fid).is_some() {
             return None;
         }
@@ -1058,6 +1235,12 @@ impl Client {
 
     /// Waits until no close of `fid` is finishing behind its caller ([`crate::closing`]).
     pub async fn after_closing(&self, fid: Fid) {
+        if !self.here(fid) {
+            if let Some(there) = self.at_now(fid) {
+                Box::pin(there.after_closing(fid)).await;
+            }
+            return;
+        }
         if self.inner.closings.busy(fid) {
             // A close behind lets its create go with the next batch; now someone waits.
             self.inner.pending.hurry_queued();
@@ -1068,13 +1251,21 @@ impl Client {
     /// As [`Client::after_closing`], for a caller nobody waits on (a mount's release): the
     /// create the close waits for goes with the next batch, as it would have.
     pub async fn after_closing_unhurried(&self, fid: Fid) {
+        if !self.here(fid) {
+            if let Some(there) = self.at_now(fid) {
+                Box::pin(there.after_closing_unhurried(fid)).await;
+            }
+            return;
+        }
         self.inner.closings.file(fid).await;
     }
 
     /// Waits until every close begun behind its caller so far has finished
     /// ([`crate::closing`]).
     pub async fn after_closings(&self) {
-        after_closings(&self.inner).await;
+        for s in self.sessions() {
+            after_closings(&s.inner).await;
+        }
     }
 
     pub async fn lookup(&self, parent: Fid, name: &[u8]) -> Result<Inode> {
@@ -1103,6 +1294,10 @@ impl Client {
 
     /// As [`Client::lookup_as`], `parent` the shard `name` lives in.
     async fn lookup_routed(&self, parent: Fid, name: &[u8], whole: bool) -> Result<Inode> {
+        if !self.here(parent) {
+            let there = self.at(parent).await?;
+            return Box::pin(there.lookup_routed(parent, name, whole)).await;
+        }
         let leases = &self.inner.leases;
         if let Some(hit) = leases.lookup(parent, name, &self.creds) {
             match &hit {
@@ -1129,8 +1324,7 @@ impl Client {
             }
         }
         let live = leases.live();
-        // Another MDT's directory is never leased here: nothing to prime.
-        if live && !Self::elsewhere(parent) && !leases.held_dir(parent) {
+        if live && !leases.held_dir(parent) {
             // The first miss in a directory: lease it, and read it whole if it is small, so
             // that the next lookups in it (found or not) are answered here.
             self.prime(parent).await;
@@ -1165,10 +1359,9 @@ impl Client {
             creds: self.creds.clone(),
             parent,
             name: name.to_vec(),
-            lease: (live && !Self::elsewhere(parent)).then_some(self.inner.client_id),
+            lease: live.then_some(self.inner.client_id),
         };
-        let mds = self.mds_for(parent).await?;
-        match self.rpc(&mds, &r).await {
+        match self.rpc(&self.inner.mds.clone(), &r).await {
             Ok(a) => {
                 leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
                 if !a.leased && parent_held {
@@ -1234,6 +1427,9 @@ impl Client {
 
     /// An inode's attributes: from the cache while leased.
     pub async fn getattr(&self, fid: Fid) -> Result<Inode> {
+        if !self.here(fid) {
+            return Box::pin(self.at(fid).await?.getattr(fid)).await;
+        }
         self.after_closing(fid).await;
         let leases = &self.inner.leases;
         if let Some(seq) = self.inner.pending.touching(fid) {
@@ -1251,12 +1447,7 @@ impl Client {
             creds: self.creds().clone(),
             lease: leases.live().then_some(self.inner.client_id),
         };
-        let a = if Self::elsewhere(fid) {
-            let r = MdsGetattr { lease: None, ..r };
-            self.rpc(&self.mds_for(fid).await?, &r).await?
-        } else {
-            self.rpc(&self.inner.mds.clone(), &r).await?
-        };
+        let a = self.rpc(&self.inner.mds.clone(), &r).await?;
         leases.learn_attr(stamp, &a.inode, a.leased);
         self.learn_stripe(&a.inode);
         Ok(a.inode)
@@ -1270,6 +1461,9 @@ impl Client {
     /// and link count are the MDS's only once the queue is answered. `None` where nothing of
     /// this client's is queued in `dir`, or its lease or attributes are not held.
     pub fn dir_attr_ahead(&self, dir: Fid) -> Option<Inode> {
+        if !self.here(dir) {
+            return self.at_now(dir)?.dir_attr_ahead(dir);
+        }
         self.inner.pending.touching(dir)?;
         let mut i = self.inner.leases.dir_attr_held(dir)?;
         let now = self.inner.now();
@@ -1288,48 +1482,69 @@ impl Client {
     /// Whether `fid`'s attributes are answered from the cache now (a mount gives the kernel a
     /// long timeout for them, and hears when they are dropped).
     pub fn leased_attr(&self, fid: Fid) -> bool {
-        self.inner.leases.holds_attr(fid)
+        self.at_now(fid)
+            .is_some_and(|s| s.inner.leases.holds_attr(fid))
     }
 
     /// Whether the lease on `fid`'s attributes is held, even where this client's own changes
     /// moved them since (another client's change would have recalled it first).
     pub fn holds_lease(&self, fid: Fid) -> bool {
-        self.inner.leases.holds(fid)
+        self.at_now(fid).is_some_and(|s| s.inner.leases.holds(fid))
     }
 
     /// Whether root on this node is root at the MDS too (not squashed or mapped), as the
     /// MDS last said: root's supplementary groups then decide nothing. False without leases.
     pub fn root_stays_root(&self) -> bool {
-        self.inner.leases.root_stays_root()
+        self.top()
+            .is_ok_and(|t| t.inner.leases.root_stays_root())
     }
 
     /// Whether the entry `name` of `parent` (found or absent) is answered from the cache now.
     pub fn leased_name(&self, parent: Fid, name: &[u8]) -> bool {
-        self.inner.leases.holds_name(parent, name)
+        self.at_now(parent)
+            .is_some_and(|s| s.inner.leases.holds_name(parent, name))
     }
 
-    /// Calls `f` for every lease dropped (a mount drops the kernel's copy). Once.
+    /// Calls `f` for every lease dropped (a mount drops the kernel's copy), at every MDT.
+    /// Once.
     pub fn on_lease_dropped(&self, f: impl Fn(crate::lease::Dropped) + Send + Sync + 'static) {
-        self.inner.leases.on_drop(Arc::new(f));
+        let f: crate::lease::Hook = Arc::new(f);
+        if let Ok(top) = self.top() {
+            top.inner.hooks.lock().0.get_or_insert(f.clone());
+        }
+        for s in self.sessions() {
+            s.inner.leases.on_drop(f.clone());
+        }
     }
 
-    /// Recalls are acknowledged once `f`'s receiver resolves, or after a short while.
+    /// Recalls are acknowledged once `f`'s receiver resolves, or after a short while, at
+    /// every MDT.
     pub fn on_lease_barrier(
         &self,
         f: impl Fn() -> tokio::sync::oneshot::Receiver<()> + Send + Sync + 'static,
     ) {
-        self.inner.leases.on_barrier(Arc::new(f));
+        let f: crate::lease::Barrier = Arc::new(f);
+        if let Ok(top) = self.top() {
+            top.inner.hooks.lock().1.get_or_insert(f.clone());
+        }
+        for s in self.sessions() {
+            s.inner.leases.on_barrier(f.clone());
+        }
     }
 
-    /// How many recalls or losses of leases this client has seen: an answer given to someone
-    /// else (the kernel) as leased before it moved on may have been dropped meanwhile.
+    /// How many recalls or losses of leases this client has seen, at every MDT: an answer
+    /// given to someone else (the kernel) as leased before it moved on may have been dropped
+    /// meanwhile.
     pub fn lease_recalls(&self) -> u64 {
-        self.inner.leases.recalls()
+        self.sessions()
+            .iter()
+            .map(|s| s.inner.leases.recalls())
+            .sum()
     }
 
-    /// Leases this client holds now.
+    /// Leases this client holds now, at every MDT.
     pub fn leases_held(&self) -> usize {
-        self.inner.leases.len()
+        self.sessions().iter().map(|s| s.inner.leases.len()).sum()
     }
 
     /// Splits an absolute path into its components.
@@ -1382,9 +1597,8 @@ impl Client {
             // the names up to the next `..` go in one.
             let passing = walk || !todo.is_empty();
             let cached = self
-                .inner
-                .leases
-                .lookup_with(dir, &name, &self.creds, passing);
+                .at_now(dir)
+                .and_then(|s| s.inner.leases.lookup_with(dir, &name, &self.creds, passing));
             // With leases, a miss is looked up alone: the answer (and the directory, read
             // whole the first time) is cached for the next walk.
             let one_by_one = self.inner.leases.live();
@@ -1511,7 +1725,7 @@ impl Client {
     /// `i` with its xattrs, layout and target, where the cache gave only the POSIX attributes
     /// a listing brought.
     async fn whole(&self, i: Inode) -> Result<Inode> {
-        if self.inner.leases.is_bare(i.fid) {
+        if self.at_now(i.fid).is_some_and(|s| s.inner.leases.is_bare(i.fid)) {
             return self.getattr(i.fid).await;
         }
         Ok(i)
@@ -1784,6 +1998,10 @@ impl Client {
         limit: usize,
         page: &mut (dyn FnMut(Vec<DirEntry>, Vec<Inode>) + Send),
     ) -> Result<bool> {
+        if !self.here(dir) {
+            let there = self.at(dir).await?;
+            return Box::pin(there.list_shard_pages(dir, plus, limit, page)).await;
+        }
         // A listing shows the sizes closes finishing behind will publish: those of the files
         // made in this directory are waited for first. A file closing behind under another
         // name (a hard link made while it was open) shows up among a page's entries: then
@@ -1806,8 +2024,8 @@ impl Client {
             return Ok(true);
         }
         let stamp = leases.stamp();
-        let lease = (leases.live() && !Self::elsewhere(dir)).then_some(self.inner.client_id);
-        let mds = self.mds_for(dir).await?;
+        let lease = leases.live().then_some(self.inner.client_id);
+        let mds = self.inner.mds.clone();
         // Copies of the pages for the lease cache, while they are leased.
         let mut kept: Vec<(Vec<DirEntry>, Vec<Inode>)> = vec![];
         let mut listed = 0;
@@ -1913,87 +2131,13 @@ impl Client {
     }
 
     /// The MDS holding `fid`: the MDT its FID names (MDT0's, the MDS this client connected
-    /// to, for its own FIDs and any FID no MDT numbers).
+    /// to, for its own FIDs and any FID no MDT numbers), its session opened.
     pub(crate) async fn mds_for(&self, fid: Fid) -> Result<Nid> {
-        match proto::fid::mdt_of(fid) {
-            None | Some(0) => Ok(self.inner.mds.clone()),
-            Some(k) => {
-                let nid = self.mdt_nid(k).await?;
-                if !self.inner.mdt_runs.lock().contains_key(&k) {
-                    // Its run, learnt before anything is opened there: a restart after is
-                    // seen by the pings, and the handles counted there again.
-                    let ping = MdsPing {
-                        client: self.inner.client_id,
-                    };
-                    let pong = self.rpc_raw(&nid, &ping, None).await?;
-                    self.inner.mdt_runs.lock().entry(k).or_insert(pong.instance);
-                }
-                Ok(nid)
-            }
-        }
-    }
-
-    /// Pings every MDT other than 0 that holds files this client has open (its MDS keeps the
-    /// handles of clients it hears from), and counts the handles there again after its
-    /// restart, as [`Client::ping`] does for MDT0.
-    pub(crate) async fn ping_other_mdts(&self) {
-        for (k, held) in self.inner.opens.elsewhere() {
-            let Ok(nid) = self.mdt_nid(k).await else {
-                continue;
-            };
-            let ping = MdsPing {
-                client: self.inner.client_id,
-            };
-            // One attempt's time at most: MDT0's next ping must not wait behind it.
-            let once = Some(self.inner.cfg.attempt);
-            let pong = match self.rpc_raw(&nid, &ping, once).await {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(mdt = k, error = %e, "cannot ping the MDS of MDT{k}");
-                    continue;
-                }
-            };
-            let before = self.inner.mdt_runs.lock().insert(k, pong.instance);
-            if before.is_none_or(|b| b == pong.instance) {
-                continue;
-            }
-            tracing::info!(
-                mdt = k,
-                handles = held.len(),
-                "MDT{k}'s MDS restarted: counting open files there again"
-            );
-            for chunk in held.chunks(MAX_REOPEN) {
-                let handles = chunk
-                    .iter()
-                    .map(|&(h, fid)| (fid, self.handle(h)))
-                    .collect();
-                match self.rpc_raw(&nid, &MdsReopen { handles }, once).await {
-                    Ok(r) => {
-                        for fid in r.gone {
-                            tracing::warn!(%fid, mdt = k, "a file held open is gone from its MDT");
-                        }
-                    }
-                    Err(e) => {
-                        // Counted again at the next ping.
-                        tracing::warn!(mdt = k, error = %e, "cannot count open files again");
-                        if let Some(b) = before {
-                            self.inner.mdt_runs.lock().insert(k, b);
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether `fid` is held by an MDT other than MDT0: changes there are answered once
-    /// durable and nothing there is leased to this client (it joins MDT0 alone).
-    pub(crate) fn elsewhere(fid: Fid) -> bool {
-        proto::fid::mdt_of(fid).is_some_and(|k| k != 0)
+        Ok(self.at(fid).await?.inner.mds.clone())
     }
 
     /// Where MDT `k`'s MDS serves, from MDT0's list (read again when `k` is not in it).
-    async fn mdt_nid(&self, k: u32) -> Result<Nid> {
+    pub(crate) async fn mdt_nid(&self, k: u32) -> Result<Nid> {
         if let Some(n) = self.inner.mdts.lock().get(&k) {
             return Ok(n.clone());
         }
@@ -2012,8 +2156,9 @@ impl Client {
 
     /// The filesystem's other MDTs, as MDT0 (the MDS this client connected to) knows them.
     pub async fn mdts(&self) -> Result<Vec<proto::registry::MdtInfo>> {
-        Ok(self
-            .rpc(&self.inner.mds.clone(), &proto::registry::ListMdts {})
+        let top = self.top()?;
+        Ok(top
+            .rpc(&top.inner.mds.clone(), &proto::registry::ListMdts {})
             .await?
             .mdts)
     }

@@ -49,20 +49,26 @@ impl Client {
             .map_err(|e| ClientError::fs(FsErrorKind::Invalid, e.to_string()))?;
         net.set_peer_rails(&mds, &rails);
         let client = Client {
-            inner: Arc::new(Inner::new(mds, net, cfg, id)),
+            inner: Arc::new(Inner::new(mds, net, cfg, id, start)),
             creds,
         };
         client.ping().await?;
         if client.inner.cfg.commit_behind {
             client.join().await?;
         }
-        let every = client.inner.cfg.ping_every;
-        tokio::spawn(pinger(Arc::downgrade(&client.inner), every));
-        if client.inner.cfg.commit_behind && client.inner.cfg.leases {
-            tokio::spawn(lease_channel(Arc::downgrade(&client.inner)));
-            tokio::spawn(flusher(Arc::downgrade(&client.inner)));
-        }
+        start(&client.inner);
         Ok(client)
+    }
+}
+
+/// Starts a session's background work: its pinger, and with leases its lease channel and
+/// the flusher of its queue. Each session's tasks hold it weakly, and end with it.
+fn start(inner: &Arc<Inner>) {
+    let every = inner.cfg.ping_every;
+    tokio::spawn(pinger(Arc::downgrade(inner), every));
+    if inner.cfg.commit_behind && inner.cfg.leases {
+        tokio::spawn(lease_channel(Arc::downgrade(inner)));
+        tokio::spawn(flusher(Arc::downgrade(inner)));
     }
 }
 
@@ -97,12 +103,8 @@ pub(crate) async fn pinger(inner: Weak<Inner>, every: Duration) {
         }
         let client = Client::from_inner(inner);
         client.close_kept(false);
-        // MDT0's recovery (its replays wait for the other clients) must not hold up the
-        // count of this client's open files at another MDT that restarted, within its own
-        // window.
-        let (pinged, ()) = tokio::join!(client.ping(), client.ping_other_mdts());
-        if let Err(e) = pinged {
-            tracing::warn!(error = %e, "cannot ping the MDS");
+        if let Err(e) = client.ping().await {
+            tracing::warn!(mdt = client.inner.home, error = %e, "cannot ping the MDS");
         }
     }
 }

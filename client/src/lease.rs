@@ -53,7 +53,7 @@ pub struct Dropped {
     pub names: Vec<Vec<u8>>,
 }
 
-type Hook = Arc<dyn Fn(Dropped) + Send + Sync>;
+pub(crate) type Hook = Arc<dyn Fn(Dropped) + Send + Sync>;
 /// Resolves once what the hook was told so far has been carried out.
 pub type Barrier = Arc<dyn Fn() -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
 
@@ -661,7 +661,7 @@ impl Leases {
     /// another MDT: its attributes are never leased here, but its entry is `parent`'s, so a
     /// walk passing through takes its FID from the cache (and asks its MDT for the rest).
     pub fn learn_remote_dir(&self, stamp: Stamp, parent: Fid, name: &[u8], dir: &Inode) {
-        let elsewhere = proto::fid::mdt_of(dir.fid).is_some_and(|k| k != 0);
+        let elsewhere = proto::fid::mdt_of(dir.fid) != proto::fid::mdt_of(parent);
         if dir.kind == Kind::Dir && elsewhere {
             self.learn_entry(stamp, parent, name, Some((dir.fid, Kind::Dir)));
         }

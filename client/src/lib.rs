@@ -36,6 +36,7 @@ pub mod plan;
 pub mod readahead;
 pub mod replay;
 mod requests;
+mod sessions;
 pub mod stripe_args;
 mod striped;
 mod unstable;

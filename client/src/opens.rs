@@ -12,7 +12,6 @@ use proto::Fid;
 #[derive(Default)]
 pub(crate) struct Opens {
     handles: Mutex<HashMap<u64, Fid>>,
-    next: AtomicU64,
     /// The MDS instance last seen (0 before the first ping).
     instance: AtomicU64,
     /// How many times the client counted its handles again.
@@ -22,11 +21,6 @@ pub(crate) struct Opens {
 }
 
 impl Opens {
-    /// A number for a new handle.
-    pub fn next_handle(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
     /// How many replays began so far: read before sending an open, compared after
     /// [`Opens::insert`] (see [`Client::opened`]).
     pub fn replays(&self) -> u64 {
@@ -39,18 +33,6 @@ impl Opens {
 
     pub fn remove(&self, handle: u64) {
         self.handles.lock().remove(&handle);
-    }
-
-    /// The handles held open on files of MDTs other than 0, by MDT: each MDT's MDS counts its
-    /// own files' handles, and is pinged and told them again after its restart apart.
-    pub fn elsewhere(&self) -> std::collections::BTreeMap<u32, Vec<(u64, Fid)>> {
-        let mut by: std::collections::BTreeMap<u32, Vec<(u64, Fid)>> = Default::default();
-        for (h, f) in self.handles.lock().iter() {
-            if let Some(k) = proto::fid::mdt_of(*f).filter(|k| *k != 0) {
-                by.entry(k).or_default().push((*h, *f));
-            }
-        }
-        by
     }
 
     pub fn is_empty(&self) -> bool {
@@ -89,7 +71,7 @@ mod tests {
         let before = o.replays();
         let held = o.replaying();
         assert!(held.is_empty());
-        o.insert(o.next_handle(), Fid::new(0x200000400, 1, 0));
+        o.insert(1, Fid::new(0x200000400, 1, 0));
         assert_ne!(
             o.replays(),
             before,

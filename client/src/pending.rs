@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use proto::fid::INODE_SEQ;
 use proto::md::{BatchOp, MdsReintReply, RESERVATIONS_KEPT};
 use proto::{Fid, FsErrorKind};
 use tokio::sync::{watch, Notify};
@@ -38,6 +37,10 @@ pub const MAX_QUEUED: usize = 8192;
 pub(crate) const RESERVE: u32 = proto::md::MAX_RESERVE;
 /// Most failures kept for `fsync` to report.
 const MAX_ERRORS: usize = 1024;
+
+/// A range of FIDs an MDS set aside for this client: the sequence (of that MDS's MDT), the
+/// first object number and the end.
+pub type Reserved = (u64, u32, u32);
 
 /// How long the sender holds a short queue for more changes to join it, unless someone waits
 /// for an answer: one round trip and one wake-up of the MDS carry what a loop of creates or
@@ -147,10 +150,11 @@ pub(crate) struct Pending {
     /// Wakes the sender: the queue has something, is long, or someone waits.
     pub(crate) hurry: std::sync::Arc<Hurry>,
     pub(crate) room: Notify,
-    /// Inode numbers set aside for this client not yet taken: the next and the end.
-    fids: Mutex<VecDeque<(u32, u32)>>,
+    /// FIDs set aside for this client not yet taken: their sequence (the MDS's MDT's), the
+    /// next and the end.
+    fids: Mutex<VecDeque<Reserved>>,
     /// The ranges the MDS keeps for this client: the last it gave, oldest first.
-    given: Mutex<VecDeque<(u32, u32)>>,
+    given: Mutex<VecDeque<Reserved>>,
     reserving: tokio::sync::Mutex<()>,
     errors: Mutex<VecDeque<Failed>>,
     /// For each inode a change queued (or on its way) touches (its directory, the inode
@@ -321,9 +325,9 @@ impl Pending {
     pub async fn fids_at_hand<F, Fut>(&self, reserve: F) -> Result<()>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(u32, u32)>>,
+        Fut: std::future::Future<Output = Result<Reserved>>,
     {
-        let at_hand = || self.fids.lock().iter().any(|(n, e)| n < e);
+        let at_hand = || self.fids.lock().iter().any(|(_, n, e)| n < e);
         loop {
             if at_hand() {
                 return Ok(());
@@ -355,14 +359,14 @@ impl Pending {
     /// Waits until every create naming a FID of `first..end` has been answered. Each FID is
     /// taken and its create queued under the gate: once the gate was free, every create from
     /// a range no longer handed out shows among the changes on their way.
-    async fn answered_from(&self, (first, end): (u32, u32)) {
+    async fn answered_from(&self, (seq, first, end): Reserved) {
         loop {
             drop(self.gate.lock());
             let last = self
                 .touching
                 .lock()
                 .iter()
-                .filter(|(f, _)| f.seq == INODE_SEQ && f.ver == 0 && (first..end).contains(&f.oid))
+                .filter(|(f, _)| f.seq == seq && f.ver == 0 && (first..end).contains(&f.oid))
                 .map(|(_, seq)| *seq)
                 .max();
             match last {
@@ -376,9 +380,9 @@ impl Pending {
     /// create that names it queued before the gate is let go.
     pub(crate) fn take_fid(&self) -> Option<Fid> {
         let mut fids = self.fids.lock();
-        while let Some((next, end)) = fids.front_mut() {
+        while let Some((seq, next, end)) = fids.front_mut() {
             if *next < *end {
-                let f = Fid::new(INODE_SEQ, *next, 0);
+                let f = Fid::new(*seq, *next, 0);
                 *next += 1;
                 return Some(f);
             }

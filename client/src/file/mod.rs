@@ -127,6 +127,7 @@ impl File {
     /// there is nothing to close.
     pub(crate) fn borrowed(client: &Client, inode: Inode, caps: Caps) -> File {
         let handle = caps.handle();
+        let client = &client.at_now(inode.fid).unwrap_or_else(|| client.clone());
         File {
             client: client.clone(),
             inode: Mutex::new(inode),

@@ -242,7 +242,7 @@ impl OpenOptions {
     /// Sends create `m` with a new handle, so the MDS counts the open with it (one round
     /// trip), and records the handle: the open counted, and whether the file was made now.
     async fn create_counted(client: &Client, m: Mutation) -> Result<(Counted, bool)> {
-        let handle = client.handle(client.inner.opens.next_handle());
+        let handle = client.handle(client.inner.next_handle());
         let replays = client.inner.opens.replays();
         let done = client.reint_with(m, Some(handle)).await?;
         let inode = done
@@ -276,7 +276,7 @@ impl OpenOptions {
         if layout.is_some() {
             return None;
         }
-        let handle = client.handle(client.inner.opens.next_handle());
+        let handle = client.handle(client.inner.next_handle());
         let mode = self.mode.unwrap_or(0o644);
         let (inode, sent) = match client
             .create_ahead(parent, name, mode, Some(handle))
@@ -285,6 +285,8 @@ impl OpenOptions {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
         };
+        // Made through the session of its directory's MDT, which is its own.
+        let client = &client.at_now(inode.fid).unwrap_or_else(|| client.clone());
         let caps = Arc::new(Caps::new(
             inode.fid,
             handle,
@@ -340,6 +342,7 @@ impl OpenOptions {
         path: Option<&str>,
         rights: u8,
     ) -> Result<Counted> {
+        let client = &client.at(fid).await?;
         // Close-to-open with this client's own closes finishing behind.
         if path.is_some() {
             client.after_closings().await;
@@ -359,16 +362,16 @@ impl OpenOptions {
                 kept: Some(e.caps),
             });
         }
-        let handle = client.handle(client.inner.opens.next_handle());
+        let handle = client.handle(client.inner.next_handle());
         let replays = client.inner.opens.replays();
-        let mds = client.mds_for(fid).await?;
+        let mds = client.inner.mds.clone();
         let leases = &client.inner.leases;
         let open = MdsOpen {
             fid,
             handle,
             creds: client.creds().clone(),
             path: path.map(str::to_owned),
-            lease: (leases.live() && !Client::elsewhere(fid)).then_some(client.inner.client_id()),
+            lease: leases.live().then_some(client.inner.client_id()),
         };
         let stamp = leases.stamp();
         let opened = client.rpc(&mds, &open).await?;
@@ -453,6 +456,8 @@ impl OpenOptions {
         path: Option<&str>,
     ) -> Result<File> {
         self.kind_opens(&inode)?;
+        // The file's MDT's session holds its handle and carries its changes.
+        let client = &client.at(inode.fid).await?;
         // Counted open at the MDS: if the file loses its last name meanwhile, its objects stay
         // until this handle closes. Its answer is the freshest view of the file.
         let Counted {

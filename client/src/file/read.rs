@@ -29,7 +29,7 @@ impl File {
             creds: self.client.creds().clone(),
             offset: 0,
             len: u32::try_from(mdt_end.min(proto::layout::MAX_MDT_SIZE)).unwrap_or(u32::MAX),
-            lease: (leases.live() && !Client::elsewhere(fid))
+            lease: (leases.live() && self.client.here(fid))
                 .then_some(self.client.inner.client_id()),
         };
         let mds = self.client.mds_for(fid).await?;
