@@ -1367,7 +1367,11 @@ impl Client {
                 if !a.leased && parent_held {
                     leases.learn_remote_dir(stamp, parent, name, &a.inode);
                 }
-                if !whole {
+                // A directory of another MDT met in a walk is leased there at once (its
+                // session's getattr), as a lookup here leases one of this MDT's: changes in it
+                // may then be answered ahead.
+                let elsewhere = a.inode.kind == Kind::Dir && !self.here(a.inode.fid);
+                if !whole && !(live && elsewhere) {
                     return Ok(a.inode);
                 }
                 self.fresh_if_elsewhere(parent, a.inode).await

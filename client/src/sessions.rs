@@ -64,7 +64,16 @@ impl Client {
         if inner.cfg.commit_behind {
             session.join().await?;
         }
-        top.inner.adopt(k, inner);
+        top.inner.adopt(k, inner.clone());
+        if inner.cfg.commit_behind && inner.cfg.leases {
+            // The lease channel's first wait is answered at once: what the caller asks of
+            // this MDT next is leased (a directory met through another MDT's entry is held
+            // from its first getattr, as one of MDT0's is from its lookup).
+            let start = tokio::time::Instant::now();
+            while !inner.leases.live() && start.elapsed() < inner.cfg.attempt {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
         Ok(session)
     }
 

@@ -5,8 +5,9 @@
 //!
 //! The cluster: MDT0 and MDT1, each on its own MDS, and two storage servers registered with
 //! both, on loopback with authentication on. MDT0's files go through the client library; MDT1
-//! is spoken to over the wire, under its own root, as clients do not reach it yet.
+//! is also spoken to over the wire, under its own root, as a hostile client would.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -729,6 +730,110 @@ async fn a_walk_through_a_leased_directory_to_another_mdt_follows_renames_and_re
     write_file(&admin, "/t/d/g", &data(9, 50)).await;
     assert_eq!(walker.stat("/t/d/g").await.unwrap().size, 50);
     assert_eq!(walker.stat("/t/d").await.unwrap().fid, again.fid);
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Commit-behind and leases on MDT1, as on MDT0: a client's changes in a directory of MDT1
+/// are answered before they are durable (its session with MDT1 keeps them), the directory is
+/// held under MDT1's lease, another client sees every change at once (the lease recalled, what
+/// was answered ahead sent first), and after kill -9 of MDT1 (its journal's tail lost) the
+/// client replays them to MDT1 alone: every name is back, and MDT1 checks clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_on_mdt1_are_answered_behind_under_its_leases_and_replayed_after_its_kill_9() {
+    let (dir, mut c, admin) = two_mdts("lode-mdts-behind", |b| {
+        b.deferred_commit()
+            .open_recovery(Duration::from_millis(500), Duration::from_secs(120))
+    })
+    .await;
+    let raw = TcpEndpoint::client(TcpConfig {
+        security: c.client_security(),
+        ..TcpConfig::default()
+    });
+    let mdt1 = c.mdt(1).expect("MDT1 runs").nid();
+    create_on_mdt1(&raw, &mdt1, "warmup", 1).await;
+    let r = admin.mkdir_on("/r", 0o755, 1).await.unwrap();
+    assert_eq!(mdt_of(r.fid), Some(1));
+    admin.sync().await.unwrap();
+    assert_eq!(admin.uncommitted(), 0);
+
+    let mut names = BTreeSet::new();
+    for k in 0..10 {
+        admin.mkdir(&format!("/r/d{k}"), 0o750).await.unwrap();
+        names.insert(format!("d{k}"));
+    }
+    for k in 0..30 {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(&admin, format!("/r/f{k}").as_str())
+            .await
+            .unwrap();
+        f.write_at(0, format!("{k}").as_bytes()).await.unwrap();
+        f.close().await.unwrap();
+        names.insert(format!("f{k}"));
+    }
+    admin.unlink("/r/f0").await.unwrap();
+    names.remove("f0");
+    admin.settle_ahead().await.unwrap();
+    assert!(
+        admin.uncommitted() > 0,
+        "MDT1 answered every change once durable"
+    );
+    assert!(admin.holds_lease(r.fid), "no lease from MDT1");
+    // Answered from the lease cache: MDT1 holds it whole.
+    assert!(admin.lookup_cached(r.fid, b"f1").is_some());
+    assert!(admin.lookup_cached(r.fid, b"f0").is_some_and(|l| l.is_err()));
+
+    // Another client sees every change at once.
+    let other = c
+        .client(
+            "other",
+            ClientConfig {
+                creds: Creds::root(),
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let seen: BTreeSet<String> = other
+        .readdir("/r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    assert_eq!(seen, names);
+    other.close().await.unwrap();
+    drop(other);
+
+    // MDT1 loses what it had not committed; the client replays it there.
+    assert!(admin.uncommitted() > 0);
+    c.kill_mdt(1).await;
+    c.start_mdt(1).await.unwrap();
+    let listed: BTreeSet<String> = admin
+        .readdir("/r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    assert_eq!(listed, names, "the names after MDT1's restart");
+    for k in 1..30 {
+        let f = OpenOptions::new()
+            .read(true)
+            .open(&admin, format!("/r/f{k}").as_str())
+            .await
+            .unwrap();
+        assert_eq!(f.inode().size, format!("{k}").len() as u64, "f{k}");
+        f.close().await.unwrap();
+    }
+    let d = admin.stat("/r/d3").await.unwrap();
+    assert_eq!((d.kind, d.mode & 0o7777), (Kind::Dir, 0o750));
+    admin.sync().await.unwrap();
+    assert_eq!(admin.uncommitted(), 0);
+    assert!(c.mdt(1).unwrap().fsck().is_empty());
+    admin.close().await.unwrap();
     c.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
