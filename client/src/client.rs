@@ -332,8 +332,12 @@ impl Inner {
 
     /// In MDT0's session: the sessions with the other MDTs open now, by index.
     pub(crate) fn others_now(&self) -> Vec<Arc<Inner>> {
-        let mut all: Vec<(u32, Arc<Inner>)> =
-            self.others.lock().iter().map(|(k, s)| (*k, s.clone())).collect();
+        let mut all: Vec<(u32, Arc<Inner>)> = self
+            .others
+            .lock()
+            .iter()
+            .map(|(k, s)| (*k, s.clone()))
+            .collect();
         all.sort_by_key(|(k, _)| *k);
         all.into_iter().map(|(_, s)| s).collect()
     }
@@ -646,11 +650,15 @@ impl Client {
     /// and leaves their tables of clients (a restart then waits for nothing of this client).
     pub async fn close(&self) -> Result<()> {
         let sessions = self.sessions();
-        // The other MDTs' sessions first, MDT0's last.
+        // The other MDTs' sessions first, MDT0's last; each is left whatever another said.
+        let mut first = Ok(());
         for s in sessions.iter().rev() {
-            s.close_session().await?;
+            let left = s.close_session().await;
+            if first.is_ok() {
+                first = left;
+            }
         }
-        Ok(())
+        first
     }
 
     /// Leaves this session's MDS cleanly ([`Client::close`]).
@@ -1499,8 +1507,7 @@ impl Client {
     /// Whether root on this node is root at the MDS too (not squashed or mapped), as the
     /// MDS last said: root's supplementary groups then decide nothing. False without leases.
     pub fn root_stays_root(&self) -> bool {
-        self.top()
-            .is_ok_and(|t| t.inner.leases.root_stays_root())
+        self.top().is_ok_and(|t| t.inner.leases.root_stays_root())
     }
 
     /// Whether the entry `name` of `parent` (found or absent) is answered from the cache now.
@@ -1729,7 +1736,10 @@ impl Client {
     /// `i` with its xattrs, layout and target, where the cache gave only the POSIX attributes
     /// a listing brought.
     async fn whole(&self, i: Inode) -> Result<Inode> {
-        if self.at_now(i.fid).is_some_and(|s| s.inner.leases.is_bare(i.fid)) {
+        if self
+            .at_now(i.fid)
+            .is_some_and(|s| s.inner.leases.is_bare(i.fid))
+        {
             return self.getattr(i.fid).await;
         }
         Ok(i)

@@ -29,9 +29,10 @@ impl Client {
         if self.inner.home == 0 {
             return Ok(self.clone());
         }
-        let top = self.inner.top_session().ok_or_else(|| {
-            ClientError::fs(FsErrorKind::Invalid, "the client was closed")
-        })?;
+        let top = self
+            .inner
+            .top_session()
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Invalid, "the client was closed"))?;
         Ok(self.with(top))
     }
 

@@ -783,7 +783,9 @@ async fn changes_on_mdt1_are_answered_behind_under_its_leases_and_replayed_after
     assert!(admin.holds_lease(r.fid), "no lease from MDT1");
     // Answered from the lease cache: MDT1 holds it whole.
     assert!(admin.lookup_cached(r.fid, b"f1").is_some());
-    assert!(admin.lookup_cached(r.fid, b"f0").is_some_and(|l| l.is_err()));
+    assert!(admin
+        .lookup_cached(r.fid, b"f0")
+        .is_some_and(|l| l.is_err()));
 
     // Another client sees every change at once.
     let other = c
