@@ -1379,7 +1379,7 @@ impl Client {
                 // session's getattr), as a lookup here leases one of this MDT's: changes in it
                 // may then be answered ahead.
                 let elsewhere = a.inode.kind == Kind::Dir && !self.here(a.inode.fid);
-                if !whole && !(live && elsewhere) {
+                if !(whole || (live && elsewhere)) {
                     return Ok(a.inode);
                 }
                 self.fresh_if_elsewhere(parent, a.inode).await
