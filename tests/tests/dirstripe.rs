@@ -631,6 +631,18 @@ async fn a_directory_renamed_between_mdts_keeps_its_tree_and_never_moves_below_i
     user.rename("/a/open/mine", "/a/open2/mine").await.unwrap();
     user.rename("/a/open2/mine", "/b/open/mine").await.unwrap();
     assert!(admin.stat("/a/open/roots").await.is_ok());
+    // So for a directory of a third MDT, whose mode its own MDT decides (the stub's MDT asks
+    // it): between two MDTs, and between two directories of one.
+    admin.mkdir_on("/a/open/far", 0o755, 2).await.unwrap();
+    for to in ["/b/open/far", "/a/open2/far"] {
+        let e = user.rename("/a/open/far", to).await.unwrap_err();
+        assert!(e.is(FsErrorKind::AccessDenied), "{to}: {e}");
+    }
+    assert!(admin.stat("/a/open/far").await.is_ok());
+    user.mkdir_on("/a/open/far2", 0o755, 2).await.unwrap();
+    user.rename("/a/open/far2", "/a/open2/far2").await.unwrap();
+    user.rename("/a/open2/far2", "/b/open/far2").await.unwrap();
+    assert_eq!(user.stat("/b/open/far2").await.unwrap().uid, 1000);
 
     // Never below itself: across MDTs directly ...
     let e = admin.rename("/b", "/b/e/sub").await.unwrap_err();

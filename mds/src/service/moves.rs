@@ -203,7 +203,11 @@ impl MdsService {
                 if let Some(d) = dir {
                     self.no_other_dir_move(m.peer_req)?;
                     self.lock_renames(m.peer_req).await?;
-                    if let Err(e) = self.not_below_itself(&[(d, m.new_parent)]).await {
+                    let checked = match self.not_below_itself(&[(d, m.new_parent)]).await {
+                        Ok(()) => self.may_reparent_remote(d, &r.creds).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = checked {
                         self.unlock_renames().await;
                         return Err(e);
                     }

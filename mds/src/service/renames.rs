@@ -183,6 +183,36 @@ impl MdsService {
         ))
     }
 
+    /// Write permission on a directory of another MDT given another parent by `creds` (its
+    /// `..` changes), as one of this MDT's is checked: its mode and owners asked of its own
+    /// MDT, as a server (the stub here may hold an old mode).
+    pub(super) async fn may_reparent_remote(
+        &self,
+        dir: Fid,
+        creds: &Creds,
+    ) -> Result<(), RemoteError> {
+        let mdt = proto::fid::mdt_of(dir).unwrap_or(0);
+        if mdt == self.registry.filesystem().mdt {
+            return Ok(());
+        }
+        let nid = self.mdt_nid(mdt).await?;
+        let r = MdsGetattr {
+            fid: dir,
+            creds: Creds::root(),
+            lease: None,
+        };
+        let got = lnet::call(self.alloc.net(), &nid, &r, remote::PEER_CALL)
+            .await
+            .map_err(|e| remote::peer_error(mdt, e))?;
+        if !crate::namespace::Namespace::permits(&got.inode, creds, 2) {
+            return Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::AccessDenied),
+                format!("permission denied on {dir}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses moving each directory under its new parent if that lies below it.
     pub(super) async fn not_below_itself(&self, dirs: &[(Fid, Fid)]) -> Result<(), RemoteError> {
         for &(dir, under) in dirs {
