@@ -172,6 +172,63 @@ async fn a_long_directory_held_alone_stays_held_through_its_own_listing() {
     let _ = fs::remove_dir_all(&root);
 }
 
+/// A directory one client holds alone, with an unlink it answered ahead not sent yet: another
+/// client's `O_CREAT` of that name makes a new file (never opens the one removed), and its
+/// exclusive create of it succeeds. The holder's changes come first, as before any read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_where_another_client_removed_the_name_ahead_makes_a_new_file() {
+    let (root, mds, _oss) = cluster("leases-alone-create");
+    let a = connect(&mds.nid).await;
+    let b = connect(&mds.nid).await;
+    a.mkdir("/d", 0o755).await.unwrap();
+    leased(&a, "/d").await;
+    let dir = a.stat("/d").await.unwrap().fid;
+    let _ = b.stat("/d").await.unwrap();
+    let mut ahead = 0;
+    for i in 0..20 {
+        let name = format!("f{i}");
+        let path = format!("/d/{name}");
+        let old = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(&a, path.as_str())
+            .await
+            .unwrap();
+        let old_fid = old.inode().fid;
+        old.close().await.unwrap();
+        a.sync_dir(dir).await.unwrap();
+        if !a.unlink_ahead(dir, name.as_bytes()).await {
+            a.unlink(&path).await.unwrap();
+        } else {
+            ahead += 1;
+        }
+        // At once, while the unlink may still be on its way.
+        let exclusive = i % 2 == 1;
+        let made = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .create_new(exclusive)
+            .open(&b, path.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("{path} (exclusive: {exclusive}): {e}"));
+        assert_ne!(
+            made.inode().fid,
+            old_fid,
+            "{path}: the removed file was opened"
+        );
+        made.close().await.unwrap();
+        assert_eq!(
+            a.stat(&path).await.unwrap().fid,
+            b.stat(&path).await.unwrap().fid
+        );
+    }
+    assert!(ahead > 0, "no unlink was answered ahead");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    drop(mds);
+    let _ = fs::remove_dir_all(&root);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_begun_before_its_open_counts_only_if_the_open_finds_the_same_file() {
     let (root, mds, _oss) = cluster("leases-early");

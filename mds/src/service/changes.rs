@@ -420,6 +420,15 @@ impl MdsService {
 
         let creds = r.creds.clone();
         let client = r.req.map(|q| q.client);
+        // A directory another client holds alone may hide changes it answered ahead (the
+        // unlink of the name this creates, say): they come first, as before any read there.
+        // Decided before them, an `O_CREAT` would open the file that client removed, or an
+        // exclusive create find the name it freed taken.
+        let dirs: Vec<proto::Fid> = {
+            let t = r.mutation.touches();
+            t.entries.iter().map(|(d, _)| *d).chain(t.inodes).collect()
+        };
+        self.leases.recall_alone(&dirs, client).await;
         let mut stamp: (u64, Option<Vec<u8>>) = (0, None);
         let mut changed = vec![];
         let mut after = vec![];
