@@ -319,7 +319,8 @@ impl Leases {
         let Some((fid, kind)) = entry else {
             return Some(Err(not_found(name)));
         };
-        if walk && kind == Kind::Dir && proto::fid::mdt_of(fid).is_some_and(|k| k != 0) {
+        let elsewhere = proto::fid::mdt_of(fid) != proto::fid::mdt_of(parent);
+        if walk && kind == Kind::Dir && elsewhere {
             // A directory of another MDT, passed through: its FID is all the walk needs (its
             // MDT checks the search right on it at the next name), and its attributes are
             // never leased here.
