@@ -149,6 +149,11 @@ class Filesystem:
         fsync of a directory does; raises OSError (EIO) if an acknowledged change was lost."""
         self._fs.sync()
 
+    def close(self):
+        """Commits what this client changed and leaves every MDS's table of clients; the
+        filesystem connects again if used after."""
+        self._fs.close()
+
     def setstripe(self, path, stripe_count=1, stripe_size=4 << 20):
         self._fs.setstripe(path, stripe_count, stripe_size)
 
