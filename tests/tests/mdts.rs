@@ -60,10 +60,13 @@ async fn two_mdts(
 }
 
 /// Creates `name` under MDT1's root over the raw protocol, striped over both targets,
-/// retrying while MDT1's pools are still filling (ENOSPC); returns the new inode.
+/// retrying while MDT1's pools are still filling (ENOSPC), and resending, as a client does,
+/// while MDT1 is out of reach (a connection to the run before a restart); returns the new
+/// inode.
 async fn create_on_mdt1(raw: &TcpEndpoint, mdt1: &Nid, name: &str, req: u64) -> Inode {
     let layout = client::raid0(Some(2), 1 << 20).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut resent = false;
     loop {
         let r = MdsReint::durable(
             Creds::root(),
@@ -83,6 +86,22 @@ async fn create_on_mdt1(raw: &TcpEndpoint, mdt1: &Nid, name: &str, req: u64) -> 
                 if err.code == StatusCode::NoSpace && Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                resent = true;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // An exclusive create resent after it was carried out: the file it made.
+            Err(NetError::Remote { err, .. })
+                if resent && err.code == StatusCode::Fs(FsErrorKind::Exists) =>
+            {
+                let r = MdsLookup {
+                    creds: Creds::root(),
+                    parent: mdt_root(1),
+                    name: name.as_bytes().to_vec(),
+                    lease: None,
+                };
+                return call(raw, mdt1, &r, T).await.unwrap().inode;
             }
             Err(e) => panic!("create {name} on MDT1 (request {req}): {e}"),
         }
