@@ -1372,8 +1372,9 @@ impl Client {
         match self.rpc(&self.inner.mds.clone(), &r).await {
             Ok(a) => {
                 leases.learn_lookup(stamp, parent, name, &a.inode, a.leased);
-                if !a.leased && parent_held {
-                    leases.learn_remote_dir(stamp, parent, name, &a.inode);
+                let striped = a.inode.xattrs.contains_key(proto::dirstripe::LMV_XATTR);
+                if (!a.leased || striped) && parent_held {
+                    leases.learn_passing_dir(stamp, parent, name, &a.inode, striped);
                 }
                 // A directory of another MDT met in a walk is leased there at once (its
                 // session's getattr), as a lookup here leases one of this MDT's: changes in it
@@ -1607,9 +1608,12 @@ impl Client {
             // A name the lease cache answers costs no round trip; otherwise (without leases)
             // the names up to the next `..` go in one.
             let passing = walk || !todo.is_empty();
-            let cached = self
-                .at_now(dir)
-                .and_then(|s| s.inner.leases.lookup_with(dir, &name, &self.creds, passing));
+            let cached = self.at_now(dir).and_then(|s| {
+                let striped = |f: Fid| self.known_stripe(f).is_some();
+                s.inner
+                    .leases
+                    .lookup_with(dir, &name, &self.creds, passing, &striped)
+            });
             // With leases, a miss is looked up alone: the answer (and the directory, read
             // whole the first time) is cached for the next walk.
             let one_by_one = self.inner.leases.live();

@@ -268,7 +268,7 @@ impl Leases {
     /// The entry `name` of `parent` as cached, looked up as `creds`: `None` when the cache
     /// cannot tell.
     pub fn lookup(&self, parent: Fid, name: &[u8], creds: &Creds) -> Option<Result<Inode>> {
-        self.lookup_with(parent, name, creds, false)
+        self.lookup_with(parent, name, creds, false, &|_| false)
     }
 
     /// As [`Leases::lookup`]; with `walk`, for a path walk passing through: an entry whose
@@ -280,6 +280,7 @@ impl Leases {
         name: &[u8],
         creds: &Creds,
         walk: bool,
+        striped: &dyn Fn(Fid) -> bool,
     ) -> Option<Result<Inode>> {
         if !plain(name) {
             return None;
@@ -320,7 +321,7 @@ impl Leases {
             return Some(Err(not_found(name)));
         };
         let elsewhere = proto::fid::mdt_of(fid) != proto::fid::mdt_of(parent);
-        if walk && kind == Kind::Dir && elsewhere {
+        if walk && kind == Kind::Dir && (elsewhere || striped(fid)) {
             // A directory of another MDT, passed through: its FID is all the walk needs (its
             // MDT checks the search right on it at the next name), and its attributes are
             // never leased here.
@@ -659,11 +660,20 @@ impl Leases {
     }
 
     /// `name` in `parent`, which was held when the lookup was sent, is `dir`, a directory of
-    /// another MDT: its attributes are never leased here, but its entry is `parent`'s, so a
-    /// walk passing through takes its FID from the cache (and asks its MDT for the rest).
-    pub fn learn_remote_dir(&self, stamp: Stamp, parent: Fid, name: &[u8], dir: &Inode) {
+    /// another MDT, or a striped one (`striped`): its attributes are not leased here (or are
+    /// recalled at every change in the shard it shares with its master), but its entry is
+    /// `parent`'s, so a walk passing through takes its FID from the cache (and asks its MDT,
+    /// or its shard, for the rest).
+    pub fn learn_passing_dir(
+        &self,
+        stamp: Stamp,
+        parent: Fid,
+        name: &[u8],
+        dir: &Inode,
+        striped: bool,
+    ) {
         let elsewhere = proto::fid::mdt_of(dir.fid) != proto::fid::mdt_of(parent);
-        if dir.kind == Kind::Dir && elsewhere {
+        if dir.kind == Kind::Dir && (elsewhere || striped) {
             self.learn_entry(stamp, parent, name, Some((dir.fid, Kind::Dir)));
         }
     }
