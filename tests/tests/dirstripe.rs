@@ -94,6 +94,19 @@ fn names(l: Vec<DirEntry>) -> Vec<String> {
         .collect()
 }
 
+/// A client of `c` acting as an unprivileged user (uid and gid 1000).
+async fn user_client(c: &Cluster) -> Client {
+    let cfg = ClientConfig {
+        creds: Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        },
+        ..ClientConfig::default()
+    };
+    c.client("user", cfg).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_striped_directory_spreads_its_names_over_every_mdt_and_is_used_and_removed_as_one() {
     let (dir, c, admin) = three_mdts("lode-dirstripe", |b| b).await;
@@ -436,20 +449,7 @@ async fn a_file_renamed_to_another_mdt_keeps_its_inode_and_goes_with_its_last_na
     assert!(e.is(FsErrorKind::Exists), "{e}");
     assert_eq!(read(&admin, "/a/n").await, b"n");
     admin.mkdir_on("/b/locked", 0o755, 1).await.unwrap();
-    let user = c
-        .client(
-            "user",
-            ClientConfig {
-                creds: Creds {
-                    uid: 1000,
-                    gid: 1000,
-                    groups: vec![],
-                },
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let user = user_client(&c).await;
     admin.mkdir("/a/mine", 0o777).await.unwrap();
     write(&user, "/a/mine/u", b"u").await.unwrap();
     let e = user.rename("/a/mine/u", "/b/locked/u").await.unwrap_err();
@@ -609,20 +609,7 @@ async fn a_directory_renamed_between_mdts_keeps_its_tree_and_never_moves_below_i
     admin.mkdir_on("/a/open2", 0o777, 0).await.unwrap();
     admin.mkdir_on("/b/open", 0o777, 1).await.unwrap();
     admin.mkdir("/a/open/roots", 0o755).await.unwrap();
-    let user = c
-        .client(
-            "user",
-            ClientConfig {
-                creds: Creds {
-                    uid: 1000,
-                    gid: 1000,
-                    groups: vec![],
-                },
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let user = user_client(&c).await;
     for to in ["/b/open/roots", "/a/open2/roots"] {
         let e = user.rename("/a/open/roots", to).await.unwrap_err();
         assert!(e.is(FsErrorKind::AccessDenied), "{to}: {e}");
@@ -758,20 +745,7 @@ async fn a_file_linked_from_another_mdt_counts_every_name_and_goes_with_the_last
     assert!(e.is(FsErrorKind::CrossDevice), "{e}");
     // Write and search on the directory, for the caller.
     admin.mkdir_on("/b/locked", 0o755, 1).await.unwrap();
-    let user = c
-        .client(
-            "user",
-            ClientConfig {
-                creds: Creds {
-                    uid: 1000,
-                    gid: 1000,
-                    groups: vec![],
-                },
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let user = user_client(&c).await;
     let e = user.link("/a/h", "/b/locked/u").await.unwrap_err();
     assert!(e.is(FsErrorKind::NotPermitted), "{e}");
     // Protected hard links: root's file, which the user may not write, is not theirs to link
@@ -1289,20 +1263,7 @@ async fn a_default_directory_layout_lays_out_new_subdirectories_and_goes_down_as
 
     // Only the directory's owner (or root) sets it, whatever a client sends, and only a
     // default that makes sense.
-    let user = c
-        .client(
-            "user",
-            ClientConfig {
-                creds: Creds {
-                    uid: 1000,
-                    gid: 1000,
-                    groups: vec![],
-                },
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let user = user_client(&c).await;
     let e = user.set_dir_default("/data", Some(on2)).await.unwrap_err();
     assert!(e.is(FsErrorKind::NotPermitted), "{e}");
     assert_eq!(admin.dir_default("/data").await.unwrap(), Some(striped2));

@@ -43,20 +43,20 @@ async fn two_mdts(
         .maintain_every(Duration::from_millis(50))
         .mdts(2);
     let c = tweak(b).start().await.unwrap();
-    let admin = c
-        .client(
-            "admin",
-            ClientConfig {
-                creds: Creds::root(),
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let admin = root_client(&c, "admin").await;
     c.wait_ready(&admin, 2, Duration::from_secs(20))
         .await
         .unwrap();
     (dir, c, admin)
+}
+
+/// A client of `c` acting as root, named `name`.
+async fn root_client(c: &Cluster, name: &str) -> Client {
+    let cfg = ClientConfig {
+        creds: Creds::root(),
+        ..ClientConfig::default()
+    };
+    c.client(name, cfg).await.unwrap()
 }
 
 /// Creates `name` under MDT1's root over the raw protocol, striped over both targets,
@@ -807,16 +807,7 @@ async fn changes_on_mdt1_are_answered_behind_under_its_leases_and_replayed_after
         .is_some_and(|l| l.is_err()));
 
     // Another client sees every change at once.
-    let other = c
-        .client(
-            "other",
-            ClientConfig {
-                creds: Creds::root(),
-                ..ClientConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+    let other = root_client(&c, "other").await;
     let seen: BTreeSet<String> = other
         .readdir("/r")
         .await
