@@ -20,6 +20,7 @@ macro_rules! out {
 mod bench;
 mod cluster;
 mod health;
+mod hsm;
 mod jobstats;
 mod metabench;
 mod monitor;
@@ -139,6 +140,10 @@ enum Cmd {
     /// [-N n] PATH...` adds copies, `mirror rebuild --target N` moves every copy off a target.
     #[command(subcommand)]
     Mirror(MirrorCmd),
+    /// Files in S3: `hsm link DIR s3://BUCKET/PREFIX`, `hsm archive|release|restore|state
+    /// PATH...`, `hsm links`, `hsm status` (Lustre's `lfs hsm_*`).
+    #[command(subcommand)]
+    Hsm(hsm::HsmCmd),
     /// Print a layout with Lustre's fields; -y for YAML.
     Getstripe {
         #[arg(short = 'y', long)]
@@ -517,7 +522,8 @@ fn run() -> Result<()> {
         // the benchmark run long, keep what is uncommitted and leave cleanly.
         let long_running = matches!(cmd, Cmd::Mount { .. } | Cmd::Bench(_));
         // Watching the cluster with the cluster key is an administrator's work.
-        let admin = matches!(cmd, Cmd::Top { .. } | Cmd::Health | Cmd::Jobstats { .. });
+        let admin = matches!(cmd, Cmd::Top { .. } | Cmd::Health | Cmd::Jobstats { .. })
+            || matches!(&cmd, Cmd::Hsm(h) if h.admin());
         let security = auth.security()?;
         let mut cfg = client::ClientConfig {
             retry_for: std::time::Duration::from_secs(15),
@@ -642,6 +648,7 @@ fn run() -> Result<()> {
                 resync(&client, &paths, Some(count)).await
             }
             Cmd::Mirror(MirrorCmd::Rebuild { target }) => rebuild(&client, target).await,
+            Cmd::Hsm(h) => hsm::run(&client, h).await,
             Cmd::Df { human, inodes, .. } => df(&client, human, inodes).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => {

@@ -2467,7 +2467,9 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::RmdirRemote { fid }
         | Mutation::SetDirStripe { fid, .. }
         | Mutation::FreezeShard { fid, .. }
-        | Mutation::RmdirShard { fid } => *fid,
+        | Mutation::RmdirShard { fid }
+        | Mutation::HsmSet { fid, .. } => *fid,
+        Mutation::HsmImport { parent, .. } => *parent,
         Mutation::MakeShard { shard, .. } => shard.master,
         Mutation::MoveOut { moving } => moving.parent,
         Mutation::LinkIn { parent, .. }
@@ -2484,6 +2486,7 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         Mutation::Reparent { dir, .. } => *dir,
         Mutation::Destroyed { .. }
         | Mutation::RenameLock { .. }
+        | Mutation::HsmLinks { .. }
         | Mutation::SkipInodes { .. }
         | Mutation::ReserveInodes { .. }
         | Mutation::Released { .. } => ROOT,

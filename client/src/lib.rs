@@ -27,6 +27,7 @@ pub mod early;
 pub mod error;
 pub mod file;
 pub mod gpu;
+pub mod hsm;
 mod kept;
 pub mod lease;
 pub mod mirrors;

@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod audit;
 pub mod disk;
 pub mod format;
+pub mod hsm;
 pub mod identity;
 pub mod journal;
 pub mod lease;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::FastMap;
 
+mod hsm;
 mod moves;
 mod placing;
 pub use moves::{elsewhere, DROPPING, ELSEWHERE, LINKING, MOVING};
@@ -1132,6 +1133,15 @@ impl Namespace {
         for fid in m.touches().inodes {
             self.local(fid)?;
         }
+        let dirty = self.hsm_before(m)?;
+        let applied = self.apply_checked(m, who, now)?;
+        if let Some(fid) = dirty {
+            self.hsm_dirty(fid);
+        }
+        Ok(applied)
+    }
+
+    fn apply_checked(&mut self, m: &Mutation, who: &Creds, now: Time) -> Result<Applied> {
         match m {
             Mutation::Create {
                 parent,
@@ -1313,6 +1323,21 @@ impl Namespace {
             Mutation::PlaceAbort { parent, name } => self.place_abort(*parent, name),
             Mutation::Reparent { dir, parent } => self.reparent(*dir, *parent, now),
             Mutation::RenameLock { holder, key } => self.set_rename_lock(*holder, *key),
+            Mutation::HsmSet {
+                fid,
+                state,
+                release,
+                restored,
+            } => self.hsm_set(*fid, state, *release, *restored),
+            Mutation::HsmLinks { links } => self.hsm_links(links),
+            Mutation::HsmImport {
+                parent,
+                name,
+                size,
+                mtime,
+                state,
+                layout,
+            } => self.hsm_import(*parent, name, *size, *mtime, state, layout, who, now),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {
@@ -2468,7 +2493,7 @@ impl Namespace {
 
     /// Checks the namespace's invariants; returns every violation found.
     pub fn check(&self) -> Vec<String> {
-        let mut problems = vec![];
+        let mut problems = self.check_hsm();
         let mut links: HashMap<Fid, u32> = HashMap::new();
         let mut subdirs: HashMap<Fid, u32> = HashMap::new();
         for (dir, d) in &self.entries {

@@ -9,6 +9,7 @@ pub mod capa;
 pub mod dirstripe;
 pub mod fid;
 pub mod frame;
+pub mod hsm;
 pub mod job;
 pub mod layout;
 pub mod md;

@@ -549,6 +549,37 @@ pub enum Mutation {
         holder: u32,
         key: Option<ReqId>,
     },
+    /// File `fid`'s HSM state becomes `state` (a [`crate::hsm::State`] encoded; the MDS's
+    /// own, at a copytool's or a user's word). With `release`, the file's objects go to the
+    /// destroy queue and every copy is left stale without objects (its bytes are in the
+    /// archive only); with `restored`, mirror 0, placed and filled while the layout was at that
+    /// generation, is in sync again.
+    HsmSet {
+        fid: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        state: Vec<u8>,
+        release: bool,
+        restored: Option<u32>,
+    },
+    /// The data repository links, kept on the root (the MDS's own; a
+    /// [`crate::hsm::Links`] encoded).
+    HsmLinks {
+        #[serde(with = "crate::msg::bytes_field")]
+        links: Vec<u8>,
+    },
+    /// A file named `name` in `parent` for an object of a linked archive, made by the
+    /// directory's owner (the MDS's own, at a copytool's word): released, of `size` and
+    /// `mtime`, with `layout` (stale, without objects) and the HSM state `state`.
+    HsmImport {
+        parent: Fid,
+        #[serde(with = "crate::msg::bytes_field")]
+        name: Vec<u8>,
+        size: u64,
+        mtime: Time,
+        #[serde(with = "crate::msg::bytes_field")]
+        state: Vec<u8>,
+        layout: Layout,
+    },
 }
 
 /// A mkdir or rmdir of a directory on another MDT under way, kept on its parent by the
@@ -647,6 +678,8 @@ impl Mutation {
             Mutation::PlaceDone { .. } => "unlink",
             Mutation::PlaceAbort { .. } => "setattr",
             Mutation::Reparent { .. } | Mutation::RenameLock { .. } => "rename",
+            Mutation::HsmSet { .. } | Mutation::HsmLinks { .. } => "hsm",
+            Mutation::HsmImport { .. } => "create",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

@@ -54,6 +54,7 @@ pub mod opcodes {
     pub const MDS_LEASE_ALONE: Opcode = Opcode(0x0124);
     pub const MDS_REGISTER_MDT: Opcode = Opcode(0x0125);
     pub const MDS_LIST_MDTS: Opcode = Opcode(0x0126);
+    pub const MDS_HSM: Opcode = Opcode(0x0127);
 
     // 0x02xx: object storage servers.
     pub const OST_PRECREATE: Opcode = Opcode(0x0201);
@@ -100,6 +101,7 @@ pub mod opcodes {
         MDS_LEASE_ALONE,
         MDS_REGISTER_MDT,
         MDS_LIST_MDTS,
+        MDS_HSM,
         OST_PRECREATE,
         OST_WRITE,
         OST_READ,
@@ -159,6 +161,7 @@ impl Opcode {
             opcodes::MDS_LEASE_ALONE => "mds_lease_alone",
             opcodes::MDS_REGISTER_MDT => "mds_register_mdt",
             opcodes::MDS_LIST_MDTS => "mds_list_mdts",
+            opcodes::MDS_HSM => "mds_hsm",
             opcodes::OST_PRECREATE => "ost_precreate",
             opcodes::OST_WRITE => "ost_write",
             opcodes::OST_READ => "ost_read",

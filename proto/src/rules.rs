@@ -103,7 +103,8 @@ impl Mutation {
             | Mutation::CreateAt { parent, name, .. }
             | Mutation::MkdirOn { parent, name, .. }
             | Mutation::MkdirStriped { parent, name, .. }
-            | Mutation::LinkRemoteDir { parent, name, .. } => Touches {
+            | Mutation::LinkRemoteDir { parent, name, .. }
+            | Mutation::HsmImport { parent, name, .. } => Touches {
                 entries: vec![(*parent, name.as_slice())],
                 ..Touches::default()
             },
@@ -173,7 +174,9 @@ impl Mutation {
             | Mutation::SetLayout { fid: f, .. }
             | Mutation::MirrorState { fid: f, .. }
             | Mutation::PlaceMirror { fid: f, .. }
-            | Mutation::WriteMdt { fid: f, .. } => fid(f),
+            | Mutation::WriteMdt { fid: f, .. }
+            | Mutation::HsmSet { fid: f, .. } => fid(f),
+
             Mutation::Released { fids } => Touches {
                 inodes: fids.clone(),
                 ..Touches::default()
@@ -185,7 +188,8 @@ impl Mutation {
             | Mutation::MkdirForRemote { .. }
             | Mutation::MakeShard { .. }
             | Mutation::Dropped { .. }
-            | Mutation::RenameLock { .. } => Touches::default(),
+            | Mutation::RenameLock { .. }
+            | Mutation::HsmLinks { .. } => Touches::default(),
         }
     }
 

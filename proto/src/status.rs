@@ -80,6 +80,9 @@ pub enum FsErrorKind {
     /// caller routes by the directory's layout, read again ([`crate::dirstripe`]). Never seen
     /// past the client library.
     WrongShard,
+    /// In use: a file open, or in a state that does not allow the change now (`lode hsm
+    /// release` of a file open, or changed since it was archived).
+    Busy,
 }
 
 impl FsErrorKind {
@@ -111,6 +114,7 @@ impl FsErrorKind {
             FsErrorKind::Stale => 116,       // ESTALE
             FsErrorKind::CrossDevice => 18,  // EXDEV
             FsErrorKind::WrongShard => 5,    // EIO: the library reroutes; never a caller's
+            FsErrorKind::Busy => 16,         // EBUSY
         }
     }
 }

@@ -274,3 +274,108 @@ pub async fn client_riding_restarts(mds: &Nid) -> client::Client {
         .await
         .expect("connecting a client")
 }
+
+/// An S3-compatible server for the HSM tests: moto's (`pip install 'moto[server]'`), started
+/// on a free port of loopback with one bucket made; killed when dropped.
+pub struct S3Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+/// The access key the tests' S3 server takes (moto takes any).
+pub const S3_KEY: (&str, &str) = ("lode-test", "lode-test-secret");
+
+impl S3Server {
+    pub fn start(bucket: &str) -> S3Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "moto_server, an S3-compatible server for the HSM tests: pip install 'moto[server]'",
+            );
+        let s = S3Server {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if s.request("PUT", &format!("/{bucket}"))
+                .is_ok_and(|r| r.contains(" 200 "))
+            {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the S3 server at {} did not start",
+                s.endpoint
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// One request with no body; the status line.
+    fn request(&self, method: &str, path: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let addr = self.endpoint.trim_start_matches("http://");
+        let mut c = std::net::TcpStream::connect(addr)?;
+        write!(
+            c,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        c.read_to_string(&mut out)?;
+        Ok(out.lines().next().unwrap_or("").to_string())
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A copytool (`lode-copytool`, with the cluster key and the tests' S3 key) working for the MDS
+/// at `mds`; killed when dropped.
+pub struct Copytool(pub Child);
+
+impl Copytool {
+    pub fn start(mds: &Nid) -> Copytool {
+        let child = Command::new(bin("lode-copytool"))
+            .args(["--mds", &mds.to_string(), "--key"])
+            .arg(cluster_key_file())
+            .args(["--part-size", "1M", "--streams", "4"])
+            .env("AWS_ACCESS_KEY_ID", S3_KEY.0)
+            .env("AWS_SECRET_ACCESS_KEY", S3_KEY.1)
+            .env_remove("AWS_PROFILE")
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("LODE_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("starting lode-copytool");
+        Copytool(child)
+    }
+
+    /// `kill -9`.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Copytool {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

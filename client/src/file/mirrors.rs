@@ -211,6 +211,46 @@ impl File {
         ))
     }
 
+    /// Gives copy `mirror` (stale) new objects, as a copytool does before it restores a
+    /// released file's bytes into them; returns the layout generation after.
+    pub async fn place_copy(&self, mirror: u16) -> Result<u32> {
+        let layout = self.layout_any()?;
+        self.place_mirror(mirror, layout.generation, &[]).await?;
+        Ok(self.layout_any()?.generation)
+    }
+
+    /// Writes `data` at `offset` into copy `mirror` alone (in sync or not).
+    pub async fn write_copy(&self, mirror: u16, offset: u64, data: Vec<u8>) -> Result<()> {
+        let len = data.len() as u64;
+        let region = Arc::new(self.client.register(data)?);
+        self.write_copies(offset, &region, 0, len, Some(mirror))
+            .await
+    }
+
+    /// Cuts copy `mirror`'s objects to `size` and makes them durable: the end of a restore.
+    pub async fn finish_copy(&self, mirror: u16, size: u64) -> Result<()> {
+        let copy = self.layout_any()?.mirror(mirror);
+        self.truncate_objects(copy.clone(), size, None).await?;
+        self.sync_objects(&copy).await
+    }
+
+    /// The open the MDS counts for this handle.
+    pub fn open_handle(&self) -> OpenHandle {
+        self.handle
+    }
+
+    /// The layout as it is, objects or not (checked).
+    fn layout_any(&self) -> Result<Layout> {
+        let i = self.inode.lock();
+        let l = i
+            .layout
+            .clone()
+            .ok_or_else(|| ClientError::fs(FsErrorKind::Invalid, "a file with no layout"))?;
+        l.validate()
+            .map_err(|e| ClientError::fs(FsErrorKind::Io, format!("{}: bad layout: {e}", i.fid)))?;
+        Ok(l)
+    }
+
     /// Makes every object of `layout` (one copy) durable.
     pub(super) async fn sync_objects(&self, layout: &Layout) -> Result<()> {
         let targets = layout

@@ -17,6 +17,7 @@ pub struct OpenOptions {
     stripe_size: Option<u64>,
     stripe_offset: Option<u32>,
     layout: Option<Layout>,
+    as_is: bool,
 }
 
 /// What [`OpenOptions::open`] opens. A path converts into it (`&str`, `&String`), and so do a
@@ -126,6 +127,12 @@ impl OpenOptions {
     /// The first target of a new file.
     pub fn stripe_offset(mut self, target: u32) -> Self {
         self.stripe_offset = Some(target);
+        self
+    }
+    /// Opens a released file as it is, its bytes left in the archive (a copytool's open, to
+    /// restore them); without it, an open for writing of a released file restores it first.
+    pub fn as_is(mut self, v: bool) -> Self {
+        self.as_is = v;
         self
     }
     /// A whole layout (progressive components) for a new file.
@@ -512,6 +519,10 @@ impl OpenOptions {
             evictions_seen: AtomicU64::new(client.evictions()),
         };
         client.inner.writes.opened(file.inode.lock().fid);
+        // A released file's bytes come back before anything changes them.
+        if (self.write || self.append) && !self.as_is {
+            file.restore_whole().await?;
+        }
         if self.truncate && (self.write || self.append) {
             file.set_len(0).await?;
         }

@@ -92,6 +92,13 @@ impl File {
                 "the read does not fit the region",
             ));
         }
+        // A released file's bytes are brought back from its archive first; while they land,
+        // those landed are read from the copy they land in.
+        if let Some(copy) = self.restored_to(offset + len).await? {
+            let plan = plan::read_copy(&copy, 0, offset, len).map_err(|e| self.plan_error(e))?;
+            self.execute(&plan, region, region_offset, None).await?;
+            return Ok(len as usize);
+        }
         let layout = self.layout_ready().await?;
         let plan = plan::read(&layout, offset, len).map_err(|e| self.plan_error(e))?;
         // The part the MDS keeps comes from it (or from what this handle read last).
@@ -134,6 +141,60 @@ impl File {
             }
         }
         Ok(len as usize)
+    }
+
+    /// Whether the file may be released (its bytes in an archive only): its state says so,
+    /// or its layout has no copy to read (the state may not have come with the attributes).
+    fn maybe_released(&self) -> bool {
+        let i = self.inode.lock();
+        if let Some(s) = proto::hsm::State::of_inode(&i) {
+            return s.released;
+        }
+        i.layout.as_ref().is_some_and(|l| {
+            l.mdt_end().is_none()
+                && (plan::in_sync(l).is_empty()
+                    || l.components.iter().any(|c| !c.is_instantiated()))
+        })
+    }
+
+    /// For a released file: asks the MDS to restore it and waits until its bytes up to `end`
+    /// landed. `None`: the file is whole (again); a layout: read copy 0 of it, where the
+    /// bytes up to `end` are while the rest still lands.
+    async fn restored_to(&self, end: u64) -> Result<Option<Layout>> {
+        if !self.maybe_released() {
+            return Ok(None);
+        }
+        let fid = self.fid();
+        loop {
+            let r = self.client.hsm_restore_step(fid, end).await?;
+            if r.done || r.landed >= end {
+                let mut i = self.inode.lock();
+                if r.done {
+                    i.layout = r.inode.layout;
+                    i.xattrs = r.inode.xattrs;
+                    return Ok(None);
+                }
+                let Some(l) = r.inode.layout.filter(|l| {
+                    l.validate().is_ok()
+                        && l.components
+                            .iter()
+                            .filter(|c| c.mirror == 0)
+                            .all(|c| c.is_instantiated())
+                }) else {
+                    return Err(ClientError::fs(
+                        FsErrorKind::Io,
+                        format!("{fid}: a restore under way with no objects to read"),
+                    ));
+                };
+                return Ok(Some(l));
+            }
+        }
+    }
+
+    /// Restores the file whole if it is released (before a write, which must not meet a
+    /// file whose bytes are elsewhere).
+    pub(super) async fn restore_whole(&self) -> Result<()> {
+        self.restored_to(u64::MAX).await.map(|_| ())
     }
 
     /// A plan's error, as the client reports it.

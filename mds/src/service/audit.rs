@@ -210,7 +210,10 @@ impl MdsService {
             | Mutation::PlaceDone { .. }
             | Mutation::PlaceAbort { .. }
             | Mutation::Reparent { .. }
-            | Mutation::RenameLock { .. } => None,
+            | Mutation::RenameLock { .. }
+            | Mutation::HsmSet { .. }
+            | Mutation::HsmLinks { .. }
+            | Mutation::HsmImport { .. } => None,
         })
     }
 

@@ -19,6 +19,7 @@
 //! - [`mirrors`]: the administrators' mirror scan;
 //! - [`remote`]: the halves of a mkdir and an rmdir across MDTs, and the calls between MDSs;
 //! - [`striped`]: striped directories, their shards made and removed on their MDTs;
+//! - [`hsm`]: data repository links, archive, release and restore, the copytools' queue;
 //! - [`moves`]: renames of files to another MDT's directories, and names of other MDTs' files
 //!   that go;
 //!
@@ -48,6 +49,7 @@ use crate::store::{Store, StoreError};
 
 mod audit;
 mod changes;
+mod hsm;
 mod leases;
 mod mdt;
 mod mirrors;
@@ -101,6 +103,8 @@ pub struct MdsService {
     lock_stale: std::sync::atomic::AtomicBool,
     /// How many top-level directories were placed ([`MdsService::spread_top_dir`]).
     spread_turn: std::sync::atomic::AtomicU64,
+    /// The HSM actions queued and under way.
+    hsm: crate::hsm::Coordinator,
 }
 
 /// What the MDS lets callers do and records of it: the nodemap, the capabilities it grants,
@@ -184,7 +188,7 @@ impl MdsService {
         // Epochs follow the run's instance: random, unless a simulation named it.
         let leases = Arc::new(Leases::default().epochs_from(instance));
         alloc.recall_through(leases.clone());
-        Arc::new(MdsService {
+        let service = Arc::new(MdsService {
             registry,
             store,
             alloc,
@@ -204,7 +208,10 @@ impl MdsService {
             moving: tokio::sync::Mutex::new(()),
             lock_stale: std::sync::atomic::AtomicBool::new(true),
             spread_turn: Default::default(),
-        })
+            hsm: Default::default(),
+        });
+        service.hsm_rebuild();
+        service
     }
 
     /// Refuses a recovery message meant for another run of the MDS (an earlier one: the
@@ -291,6 +298,7 @@ impl MdsService {
             opcodes::MDS_READ_MDT => self.serve_read_mdt(&req),
             opcodes::MDS_READDIR => self.serve_readdir(&req).await,
             opcodes::MDS_LEASE_ALONE => self.serve_lease_alone(&req),
+            opcodes::MDS_HSM => self.serve_hsm(&req).await,
             other => Err(RemoteError::new(
                 StatusCode::NoService,
                 format!("the MDS does not serve {other:?}"),

@@ -38,6 +38,11 @@ impl MdsService {
         } else {
             self.count_open(r.fid, r.handle, allowed, Self::node_of(req))?
         };
+        let inode = if !refused && inode.xattrs.contains_key(proto::hsm::STATE_XATTR) {
+            self.hsm_opened(r.fid)?
+        } else {
+            inode
+        };
         let grant = self.granter.grant_rights(&inode, rights);
         let size_gen = self.store.size_gen(r.fid);
         let out = if refused {

@@ -70,6 +70,13 @@ impl MdsService {
             | Mutation::PlaceAbort { .. }
             | Mutation::Reparent { .. }
             | Mutation::RenameLock { .. } => self.server_only(req),
+            // The MDS's own: decided by the HSM requests, never sent as changes.
+            Mutation::HsmSet { .. } | Mutation::HsmLinks { .. } | Mutation::HsmImport { .. } => {
+                Err(RemoteError::new(
+                    StatusCode::Fs(FsErrorKind::NotPermitted),
+                    "HSM states, links and imports are set through the HSM requests",
+                ))
+            }
             _ => Ok(()),
         }
     }
