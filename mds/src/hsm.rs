@@ -206,8 +206,8 @@ impl Coordinator {
         true
     }
 
-    /// How a restore of `fid` stands: bytes landed while under way, or how it ended (within
-    /// `lately`).
+    /// How the action on `fid` stands: bytes a restore landed while under way, or how the
+    /// last one ended (within `lately`).
     pub fn restore_of(&self, fid: Fid, lately: Duration) -> Option<Result<u64, Ended>> {
         let q = self.q.lock();
         if let Some(e) = q.by_fid.get(&fid).and_then(|id| q.actions.get(id)) {

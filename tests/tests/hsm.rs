@@ -97,6 +97,10 @@ impl Cluster {
     }
 
     async fn link(&self, dir: &str, prefix: &str) {
+        self.link_exporting(dir, prefix, Policy::default()).await
+    }
+
+    async fn link_exporting(&self, dir: &str, prefix: &str, export: Policy) {
         self.admin.mkdir_all(dir, 0o777).await.unwrap();
         self.admin
             .hsm_link(
@@ -105,7 +109,7 @@ impl Cluster {
                 Some(self.s3.endpoint.clone()),
                 None,
                 Policy::parse("new,changed").unwrap(),
-                Policy::default(),
+                export,
             )
             .await
             .unwrap();
@@ -157,6 +161,7 @@ async fn write(c: &Client, path: &str, data: &[u8]) {
     let f = OpenOptions::new()
         .write(true)
         .create(true)
+        .truncate(true)
         .open(c, path)
         .await
         .unwrap();
@@ -257,6 +262,36 @@ async fn a_linked_bucket_is_imported_restored_on_read_and_files_archive_release_
     c.hsm_archive("/lake/a.txt").await.unwrap();
     let s = until_state(&c, "/lake/a.txt", |s| s.action.is_none()).await;
     assert!(s.archived && !s.dirty, "{s:?}");
+    let _ = std::fs::remove_dir_all(&cl.root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_exports_archives_files_closed_after_writing_and_again_once_changed() {
+    let cl = Cluster::start("hsm-export").await;
+    let s3 = store(&cl.s3);
+    let _tool = Copytool::start(&cl.nid);
+    cl.link_exporting("/out", "exp", Policy::parse("new,changed").unwrap())
+        .await;
+    let c = connect(&cl.nid, lode_tests::client_security(), None).await;
+    c.mkdir("/out/run1", 0o755).await.unwrap();
+    let first = pattern(21, (2 << 20) + 5);
+    write(&c, "/out/run1/ckpt.bin", &first).await;
+    let s = until_state(&c, "/out/run1/ckpt.bin", |s| {
+        s.archived && s.action.is_none()
+    })
+    .await;
+    assert_eq!(s.key, "exp/run1/ckpt.bin");
+    let there = s3.get(&Key::from("exp/run1/ckpt.bin")).await.unwrap();
+    assert_eq!(there.bytes().await.unwrap().as_ref(), &first[..]);
+    // Changed: dirty, then archived again on its own.
+    let second = pattern(22, 1 << 20);
+    write(&c, "/out/run1/ckpt.bin", &second).await;
+    until_state(&c, "/out/run1/ckpt.bin", |s| {
+        s.archived && !s.dirty && s.action.is_none() && s.size == second.len() as u64
+    })
+    .await;
+    let there = s3.get(&Key::from("exp/run1/ckpt.bin")).await.unwrap();
+    assert_eq!(there.bytes().await.unwrap().as_ref(), &second[..]);
     let _ = std::fs::remove_dir_all(&cl.root);
 }
 

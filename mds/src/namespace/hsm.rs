@@ -58,6 +58,52 @@ impl Namespace {
         Ok((state.archived && !state.dirty).then_some(fid))
     }
 
+    /// Files below `dir` a link exports, up to `max`, with their paths below it: those never
+    /// archived (with `new`) and those changed since (with `changed`), with no action under
+    /// way. One walk of the tree (this MDT's part).
+    pub fn hsm_to_export(
+        &self,
+        dir: Fid,
+        new: bool,
+        changed: bool,
+        max: usize,
+    ) -> Vec<(Fid, String)> {
+        let mut out = vec![];
+        let mut todo = vec![(dir, String::new())];
+        while let Some((d, at)) = todo.pop() {
+            let Some(names) = self.entries.get(&d) else {
+                continue;
+            };
+            for (name, fid) in names {
+                let Some(i) = self.inodes.get(fid) else {
+                    continue;
+                };
+                let path = format!("{at}/{}", String::from_utf8_lossy(name));
+                match i.kind {
+                    Kind::Dir => todo.push((*fid, path)),
+                    Kind::File => {
+                        let wanted = match State::of_inode(i) {
+                            None => new,
+                            Some(s) => changed && s.archived && s.dirty && s.action.is_none(),
+                        };
+                        let has_bytes = i
+                            .layout
+                            .as_ref()
+                            .is_some_and(|l| l.components.iter().all(|c| c.is_instantiated()));
+                        if wanted && has_bytes {
+                            out.push((*fid, path));
+                            if out.len() >= max {
+                                return out;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+
     /// An archived file changed: its archived copy is no longer its bytes.
     pub(super) fn hsm_dirty(&mut self, fid: Fid) {
         let Some(x) = self.inodes.get_mut(&fid) else {

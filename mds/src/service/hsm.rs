@@ -16,6 +16,12 @@ const RESTORE_WAIT: Duration = Duration::from_secs(8);
 /// How long a failed restore is the answer to readers of its file; a reader after that has
 /// it tried again.
 const FAILED_FOR: Duration = Duration::from_secs(10);
+/// How often links with an export policy are looked through, and the most files one look
+/// queues per link.
+const EXPORT_EVERY: Duration = Duration::from_secs(2);
+const EXPORT_PER_PASS: usize = 4096;
+/// How long a file whose export failed waits before it is tried again.
+const EXPORT_PAUSE: Duration = Duration::from_secs(60);
 /// How long a copytool's take waits for work.
 const TAKE_WAIT: Duration = Duration::from_secs(5);
 /// How long a release waits for the file's last handles to close after its lease is recalled:
@@ -227,6 +233,61 @@ impl MdsService {
         self.store
             .read(|ns| ns.inode(fid).cloned())
             .map_err(ns_error)
+    }
+
+    /// Archives what links with an export policy export, in the background: every 2 s, the
+    /// files below them never archived (`new`) or changed since (`changed`) that nobody holds
+    /// open (closed after writing) are queued.
+    pub(super) async fn hsm_exporter(me: std::sync::Weak<Self>) {
+        loop {
+            tokio::time::sleep(EXPORT_EVERY).await;
+            let Some(s) = me.upgrade() else {
+                return;
+            };
+            if s.clients.recovering() {
+                continue;
+            }
+            let links = s.hsm_links();
+            for l in links
+                .links
+                .iter()
+                .filter(|l| l.export.new || l.export.changed)
+            {
+                let found = s.store.read(|ns| {
+                    ns.hsm_to_export(l.dir, l.export.new, l.export.changed, EXPORT_PER_PASS)
+                });
+                for (fid, rel) in found {
+                    // Open (still being written), queued, or failed lately (tried again later).
+                    let failed = matches!(
+                        s.hsm.restore_of(fid, EXPORT_PAUSE),
+                        Some(Err(Ended::Failed(_)))
+                    );
+                    if failed || s.alloc.open.is_open(fid) || s.hsm.of_file(fid).is_some() {
+                        continue;
+                    }
+                    let Ok(Some(state)) = s
+                        .store
+                        .read(|ns| ns.hsm_state(fid))
+                        .map(|st| Some(st.unwrap_or_default()))
+                    else {
+                        continue;
+                    };
+                    let key = if state.link == l.id && !state.key.is_empty() {
+                        state.key.clone()
+                    } else {
+                        l.key_of(&rel)
+                    };
+                    let state = State {
+                        link: l.id,
+                        key,
+                        ..state
+                    };
+                    if let Err(e) = s.hsm_start(fid, state, ActionKind::Archive).await {
+                        tracing::warn!(%fid, error = %e, "could not queue an export");
+                    }
+                }
+            }
+        }
     }
 
     /// The links, as the root keeps them.

@@ -359,6 +359,7 @@ impl Service for MdsService {
             .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             tokio::spawn(Self::across_mdts(Arc::downgrade(&self)));
+            tokio::spawn(Self::hsm_exporter(Arc::downgrade(&self)));
         }
         Box::pin(async move { self.dispatch(req).await })
     }
