@@ -80,6 +80,7 @@ def main():
     ap.add_argument("--range", type=int, default=8 << 20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--port", type=int, default=9700, help="the cluster's first port")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     bindir = os.path.abspath(a.bin)
@@ -88,12 +89,15 @@ def main():
     os.makedirs(work, exist_ok=True)
     procs = []
     env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
-    s3port, mdsport = free_port(), free_port()
-    endpoint = f"http://127.0.0.1:{s3port}"
+    mdsport = a.port
     cluster = os.path.join(work, "cluster")
     mnt = os.path.join(work, "mnt")
     res = {}
     try:
+        subprocess.run([lode, "cluster", "up", "--dir", cluster, "--port", str(mdsport)],
+                       check=True, stdout=subprocess.DEVNULL)
+        s3port = free_port()
+        endpoint = f"http://127.0.0.1:{s3port}"
         procs.append(subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(s3port)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
@@ -117,8 +121,6 @@ def main():
         with cf.ThreadPoolExecutor(8) as ex:
             list(ex.map(put, range(len(sz))))
 
-        subprocess.run([lode, "cluster", "up", "--dir", cluster, "--port", str(mdsport)],
-                       check=True, stdout=subprocess.DEVNULL)
         env["LODE_MDS"] = f"127.0.0.1:{mdsport}"
         env["LODE_KEY"] = os.path.join(cluster, "client.key")
         admin = [lode, "--key", os.path.join(cluster, "cluster.key")]

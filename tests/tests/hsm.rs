@@ -317,7 +317,10 @@ async fn a_restore_that_fails_is_an_error_never_zeros() {
     put(&s3, "gone/y.bin", pattern(6, 100_000)).await;
     let e = read_all(&c, "/lost/y.bin").await.unwrap_err();
     assert!(e.is(FsErrorKind::Io), "{e}");
-    assert!(e.to_string().contains("ETag"), "{e}");
+    assert!(
+        e.to_string().contains("changed since it was archived"),
+        "{e}"
+    );
     assert!(state(&c, "/lost/y.bin").await.released);
     let _ = std::fs::remove_dir_all(&cl.root);
 }

@@ -7,7 +7,7 @@
 //!   opened it meanwhile.
 //! - A **restore** opens the released file as it is, has the MDS place new objects for its
 //!   copy, fetches the object with parallel ranged GETs (each conditional on the archived
-//!   ETag) into them, reports how far the bytes landed as they land (readers read them at
+//!   ETag, each checking the object's size) into them, reports how far the bytes landed as they land (readers read them at
 //!   once), cuts and syncs the objects, and reports the layout generation it filled: the
 //!   MDS then marks the copy in sync.
 //! - An **import** lists a link's prefix and names every object in the linked directory
@@ -304,26 +304,22 @@ impl Copytool {
     async fn restore(&self, w: &Work) -> Result<Finished> {
         let store = self.stores.of(&w.link)?;
         let path = Path::from(w.key.as_str());
-        let head = store.head(&path).await?;
-        if !w.etag.is_empty() && head.e_tag.as_deref() != Some(w.etag.as_str()) {
-            return Err(CopyError::Changed(format!(
-                "{}: the object's ETag is {:?}, not the archived {:?}",
-                w.key, head.e_tag, w.etag
-            )));
-        }
-        if head.size != w.size {
-            return Err(CopyError::Changed(format!(
-                "{}: the object holds {} bytes, not the archived {}",
-                w.key, head.size, w.size
-            )));
-        }
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .as_is(true)
             .open(&self.client, w.fid)
             .await?;
-        let result = self.fill(&f, &store, &path, w).await;
+        tracing::debug!(fid = %w.fid, "opened");
+        let mut result = self.fill(&f, &store, &path, w).await;
+        if let Err(CopyError::Lode(e)) = &result {
+            // The objects it had (placed for an earlier attempt, perhaps) could not be written:
+            // new ones, once.
+            tracing::info!(fid = %w.fid, error = %e, "placing the copy anew");
+            if f.place_copy(0).await.is_ok() {
+                result = self.fill(&f, &store, &path, w).await;
+            }
+        }
         let _ = f.close().await;
         result
     }
@@ -335,20 +331,52 @@ impl Copytool {
         path: &Path,
         w: &Work,
     ) -> Result<Finished> {
-        let generation = f.place_copy(0).await?;
+        let started = std::time::Instant::now();
+        // The MDS placed the copy's objects as it queued the restore; placed anew when that
+        // failed, or when they could not be written (a server gone: see `restore`).
+        let generation = match f.copy_placed(0) {
+            Some(g) => g,
+            None => f.place_copy(0).await?,
+        };
+        tracing::debug!(fid = %w.fid, ms = started.elapsed().as_secs_f64() * 1e3, "placed");
         let part = self.cfg.part.max(1 << 20) as u64;
         let size = w.size;
         let etag = (!w.etag.is_empty()).then(|| w.etag.clone());
-        let pieces = (0..size).step_by(part as usize).map(|at| {
-            let n = part.min(size - at);
+        // Every GET is conditional on the archived ETag and checks the object's size: the
+        // object must be the one archived, whole.
+        let get = |range: Option<std::ops::Range<u64>>| {
             let etag = etag.clone();
             async move {
                 let opts = GetOptions {
-                    range: Some((at..at + n).into()),
-                    if_match: etag,
+                    range: range.map(Into::into),
+                    if_match: etag.clone(),
                     ..Default::default()
                 };
-                let bytes = store.get_opts(path, opts).await?.bytes().await?;
+                let r = store.get_opts(path, opts).await.map_err(|e| match e {
+                    object_store::Error::Precondition { .. } => CopyError::Changed(format!(
+                        "{}: the object changed since it was archived (its ETag is no longer {})",
+                        w.key,
+                        etag.as_deref().unwrap_or("")
+                    )),
+                    e => e.into(),
+                })?;
+                if r.meta.size != size {
+                    return Err(CopyError::Changed(format!(
+                        "{}: the object holds {} bytes, not the archived {size}",
+                        w.key, r.meta.size
+                    )));
+                }
+                Ok::<_, CopyError>(r.bytes().await?)
+            }
+        };
+        if size == 0 {
+            get(None).await?;
+        }
+        let pieces = (0..size).step_by(part as usize).map(|at| {
+            let n = part.min(size - at);
+            let get = &get;
+            async move {
+                let bytes = get(Some(at..at + n)).await?;
                 if bytes.len() as u64 != n {
                     return Err(CopyError::Changed(format!(
                         "{}: {} bytes at {at}, {n} asked",
@@ -365,12 +393,14 @@ impl Copytool {
         let mut told = std::time::Instant::now();
         while let Some(end) = landed.try_next().await? {
             if told.elapsed() >= Duration::from_millis(50) || end == size {
+                tracing::debug!(fid = %w.fid, end, ms = started.elapsed().as_secs_f64() * 1e3, "landed");
                 self.client.hsm_progress(self.id, w, end).await?;
                 told = std::time::Instant::now();
             }
         }
         drop(landed);
         f.finish_copy(0, size).await?;
+        tracing::debug!(fid = %w.fid, ms = started.elapsed().as_secs_f64() * 1e3, "synced");
         Ok(Finished {
             etag: w.etag.clone(),
             size,

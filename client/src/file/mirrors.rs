@@ -219,6 +219,19 @@ impl File {
         Ok(self.layout_any()?.generation)
     }
 
+    /// The layout generation, when copy `mirror` has objects (placed by the MDS, as a
+    /// restore's are when it is queued).
+    pub fn copy_placed(&self, mirror: u16) -> Option<u32> {
+        let l = self.layout_any().ok()?;
+        let mut copy = l
+            .components
+            .iter()
+            .filter(|c| c.mirror == mirror)
+            .peekable();
+        copy.peek()?;
+        copy.all(|c| c.is_instantiated()).then_some(l.generation)
+    }
+
     /// Writes `data` at `offset` into copy `mirror` alone (in sync or not).
     pub async fn write_copy(&self, mirror: u16, offset: u64, data: Vec<u8>) -> Result<()> {
         let len = data.len() as u64;

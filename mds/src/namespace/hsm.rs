@@ -117,7 +117,7 @@ impl Namespace {
 
     /// The HSM invariants that do not hold (for `fsck`): every state decodes; a released
     /// file is archived, under a key, of its archived size, and its layout names no copy in
-    /// sync, and no objects unless a restore is placing them.
+    /// sync.
     pub(super) fn check_hsm(&self) -> Vec<String> {
         let mut problems = vec![];
         for i in self.inodes.values() {
@@ -129,17 +129,12 @@ impl Namespace {
                 continue;
             };
             if s.released {
-                // A restore under way has placed objects for a copy it has not marked in
-                // sync yet.
-                let restoring = s
-                    .action
+                // Objects may be placed for a copy a restore fills (queued, or about to be):
+                // no copy is in sync until the restore ends.
+                let layout_ok = i
+                    .layout
                     .as_ref()
-                    .is_some_and(|a| a.kind == proto::hsm::ActionKind::Restore);
-                let layout_ok = i.layout.as_ref().is_some_and(|l| {
-                    l.components
-                        .iter()
-                        .all(|c| c.stale && (restoring || c.objects.is_empty()))
-                });
+                    .is_some_and(|l| l.components.iter().all(|c| c.stale));
                 if !s.archived || s.key.is_empty() || s.size != i.size || !layout_ok {
                     problems.push(format!(
                         "{}: released, but {} (size {}, archived {}, layout {:?})",

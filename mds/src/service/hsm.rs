@@ -290,6 +290,54 @@ impl MdsService {
         }
     }
 
+    /// A change of a file's HSM state alone (an action recorded or ended, a restored copy
+    /// marked in sync), durable when returned. It recalls no lease: what clients keep of the
+    /// file (its size, times, mode, and the bytes a reader reads) stays true, and a client
+    /// whose copy still says released asks the MDS, which answers how it is now. A release,
+    /// which does change what readers may use, recalls the file's leases itself.
+    async fn hsm_apply(&self, m: Mutation) -> Result<(), RemoteError> {
+        self.store
+            .apply(crate::store::Change::new(m, Creds::root()))
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
+
+    /// New objects for copy 0 of the released file `fid` (as `inode` is), unless it has them
+    /// (placed for an earlier attempt): a restore writes into them. Recalls no lease.
+    async fn hsm_place(&self, fid: Fid, inode: &Inode) -> Result<(), RemoteError> {
+        let Some(layout) = inode.layout.as_ref() else {
+            return Ok(());
+        };
+        let placed = layout
+            .components
+            .iter()
+            .filter(|c| c.mirror == 0)
+            .all(|c| c.is_instantiated());
+        if placed {
+            return Ok(());
+        }
+        let mut m = Mutation::PlaceMirror {
+            fid,
+            mirror: 0,
+            generation: layout.generation,
+            exclude: vec![],
+            components: vec![],
+        };
+        let objects = self.prepare(&mut m).await?;
+        match self
+            .store
+            .apply(crate::store::Change::new(m, Creds::root()))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.alloc.give_back(&objects);
+                Err(store_error(e))
+            }
+        }
+    }
+
     /// The links, as the root keeps them.
     fn hsm_links(&self) -> Links {
         self.store.read(|ns| {
@@ -435,7 +483,13 @@ impl MdsService {
             release: false,
             restored: None,
         };
-        self.apply_own(m, None).await?;
+        if kind == ActionKind::Archive {
+            // Handles clients keep past their close under the file's lease go with it (at
+            // their next ping): the copytool's open must hold the file alone.
+            self.apply_own(m, None).await?;
+        } else {
+            self.hsm_apply(m).await?;
+        }
         self.hsm.queue(fid, id, kind);
         Ok(state)
     }
@@ -595,6 +649,11 @@ impl MdsService {
                             format!("{fid} is released and its archive is no longer linked"),
                         );
                     }
+                    // Its copy's objects first: the copytool writes at once, and nobody's
+                    // lease is recalled (placing them as a client would recalls the reader's).
+                    if let Err(e) = self.hsm_place(fid, &inode).await {
+                        tracing::debug!(%fid, error = %e, "the copytool places the copy itself");
+                    }
                     self.hsm_start(fid, state, ActionKind::Restore).await?;
                 }
                 (Some(_), Some(Ok(landed)))
@@ -728,7 +787,7 @@ impl MdsService {
                     release: false,
                     restored,
                 };
-                match self.apply_own(m, None).await {
+                match self.hsm_apply(m).await {
                     Ok(_) => {
                         tracing::info!(%fid, key = %state.key, "{what}");
                         self.hsm.finish(id, Ended::Done);
@@ -766,7 +825,7 @@ impl MdsService {
             release: false,
             restored: None,
         };
-        self.apply_own(m, None).await?;
+        self.hsm_apply(m).await?;
         self.hsm.finish(id, Ended::Failed(failure.error));
         Ok(())
     }
