@@ -2468,7 +2468,8 @@ fn home_of(m: &Mutation) -> Result<Fid> {
         | Mutation::SetDirStripe { fid, .. }
         | Mutation::FreezeShard { fid, .. }
         | Mutation::RmdirShard { fid }
-        | Mutation::HsmSet { fid, .. } => *fid,
+        | Mutation::HsmSet { fid, .. }
+        | Mutation::HsmReimport { fid, .. } => *fid,
         Mutation::HsmImport { parent, .. } => *parent,
         Mutation::MakeShard { shard, .. } => shard.master,
         Mutation::MoveOut { moving } => moving.parent,

@@ -1338,6 +1338,12 @@ impl Namespace {
                 state,
                 layout,
             } => self.hsm_import(*parent, name, *size, *mtime, state, layout, who, now),
+            Mutation::HsmReimport {
+                fid,
+                size,
+                mtime,
+                state,
+            } => self.hsm_reimport(*fid, *size, *mtime, state, now),
             Mutation::SkipInodes { next } => {
                 self.next_oid = self.next_oid.max(*next);
                 Ok(Applied {

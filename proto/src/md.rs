@@ -580,6 +580,15 @@ pub enum Mutation {
         state: Vec<u8>,
         layout: Layout,
     },
+    /// A released file whose object changed in its archive takes the new object's `size`,
+    /// `mtime` and state (the MDS's own, at a copytool's import).
+    HsmReimport {
+        fid: Fid,
+        size: u64,
+        mtime: Time,
+        #[serde(with = "crate::msg::bytes_field")]
+        state: Vec<u8>,
+    },
 }
 
 /// A mkdir or rmdir of a directory on another MDT under way, kept on its parent by the
@@ -680,6 +689,7 @@ impl Mutation {
             Mutation::Reparent { .. } | Mutation::RenameLock { .. } => "rename",
             Mutation::HsmSet { .. } | Mutation::HsmLinks { .. } => "hsm",
             Mutation::HsmImport { .. } => "create",
+            Mutation::HsmReimport { .. } => "setattr",
             Mutation::LinkRemoteDir { .. } => "link",
             Mutation::RmdirRemote { .. } => "unlink",
         }

@@ -175,7 +175,8 @@ impl Mutation {
             | Mutation::MirrorState { fid: f, .. }
             | Mutation::PlaceMirror { fid: f, .. }
             | Mutation::WriteMdt { fid: f, .. }
-            | Mutation::HsmSet { fid: f, .. } => fid(f),
+            | Mutation::HsmSet { fid: f, .. }
+            | Mutation::HsmReimport { fid: f, .. } => fid(f),
 
             Mutation::Released { fids } => Touches {
                 inodes: fids.clone(),

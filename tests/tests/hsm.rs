@@ -296,6 +296,57 @@ async fn a_link_that_exports_archives_files_closed_after_writing_and_again_once_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_again_brings_in_new_changed_and_deleted_objects() {
+    let cl = Cluster::start("hsm-reimport").await;
+    let s3 = store(&cl.s3);
+    put(&s3, "re/a.bin", pattern(1, 70_000)).await;
+    put(&s3, "re/b.bin", pattern(2, 80_000)).await;
+    put(&s3, "re/kept.bin", pattern(3, 90_000)).await;
+    let _tool = Copytool::start(&cl.nid);
+    cl.admin.mkdir_all("/re", 0o777).await.unwrap();
+    cl.admin
+        .hsm_link(
+            "/re",
+            &format!("s3://{BUCKET}/re"),
+            Some(cl.s3.endpoint.clone()),
+            None,
+            Policy::parse("new,changed,deleted").unwrap(),
+            Policy::default(),
+        )
+        .await
+        .unwrap();
+    let c = connect(&cl.nid, lode_tests::client_security(), None).await;
+    appears(&c, "/re/b.bin").await;
+    appears(&c, "/re/kept.bin").await;
+    // kept.bin is read (its bytes in lode now): it stays even once its object is deleted.
+    assert_eq!(
+        read_all(&c, "/re/kept.bin").await.unwrap(),
+        pattern(3, 90_000)
+    );
+    let changed = pattern(4, 123_456);
+    put(&s3, "re/a.bin", changed.clone()).await;
+    s3.delete(&Key::from("re/b.bin")).await.unwrap();
+    s3.delete(&Key::from("re/kept.bin")).await.unwrap();
+    put(&s3, "re/c.bin", pattern(5, 1000)).await;
+    cl.admin.hsm_import_again("/re").await.unwrap();
+    appears(&c, "/re/c.bin").await;
+    let until = Instant::now() + Duration::from_secs(30);
+    while c.stat("/re/b.bin").await.is_ok() || c.stat("/re/a.bin").await.unwrap().size != 123_456 {
+        assert!(
+            Instant::now() < until,
+            "the changed and deleted objects were not brought in"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read_all(&c, "/re/a.bin").await.unwrap(), changed);
+    assert_eq!(
+        read_all(&c, "/re/kept.bin").await.unwrap(),
+        pattern(3, 90_000)
+    );
+    let _ = std::fs::remove_dir_all(&cl.root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_that_fails_is_an_error_never_zeros() {
     let cl = Cluster::start("hsm-lost").await;
     let s3 = store(&cl.s3);

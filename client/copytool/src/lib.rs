@@ -456,10 +456,14 @@ impl Copytool {
         let mut made_dirs: HashSet<String> = HashSet::new();
         let mut batches: HashMap<String, Vec<Imported>> = HashMap::new();
         let mut made = 0u64;
+        let mut seen: HashSet<String> = HashSet::new();
         let mut listed = store.list(prefix.as_ref());
         while let Some(meta) = listed.next().await {
             let meta = meta?;
             let key = meta.location.as_ref().to_string();
+            if link.import.deleted {
+                seen.insert(key.clone());
+            }
             let rel = match &prefix {
                 Some(p) => match key.strip_prefix(p.as_ref()) {
                     Some(r) => r.trim_start_matches('/').to_string(),
@@ -506,7 +510,50 @@ impl Copytool {
                     .await?;
             }
         }
+        if link.import.deleted {
+            let gone = self.remove_deleted(link, &seen).await?;
+            tracing::info!(dir = %link.path, removed = gone, "objects deleted from the archive");
+        }
         Ok(made)
+    }
+
+    /// Removes the released files of `link` whose objects are no longer listed (`--import
+    /// deleted`): only released ones, unchanged and with no action under way, whose bytes are
+    /// in the archive alone; a file with bytes in lode stays. How many were removed.
+    async fn remove_deleted(&self, link: &Link, seen: &HashSet<String>) -> Result<u64> {
+        let mut gone = 0;
+        let mut todo = vec![link.path.trim_end_matches('/').to_string()];
+        while let Some(dir) = todo.pop() {
+            let fid = self.client.resolve(&dir, true).await?.fid;
+            for e in self.client.readdir_fid(fid).await? {
+                let name = String::from_utf8_lossy(&e.name).into_owned();
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let path = format!("{dir}/{name}");
+                match e.kind {
+                    proto::md::Kind::Dir => todo.push(path),
+                    proto::md::Kind::File => {
+                        let Some(s) = self.client.hsm_state(e.fid).await? else {
+                            continue;
+                        };
+                        let stale = s.link == link.id
+                            && s.released
+                            && !s.dirty
+                            && s.action.is_none()
+                            && !seen.contains(&s.key);
+                        if stale {
+                            match self.client.unlink(&path).await {
+                                Ok(()) => gone += 1,
+                                Err(e) => tracing::warn!(%path, error = %e, "not removed"),
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(gone)
     }
 
     async fn name_in(

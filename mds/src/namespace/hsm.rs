@@ -220,6 +220,45 @@ impl Namespace {
         })
     }
 
+    /// A released file takes its changed object's size, time and state (see
+    /// [`Mutation::HsmReimport`]).
+    pub(super) fn hsm_reimport(
+        &mut self,
+        fid: Fid,
+        size: u64,
+        mtime: Time,
+        state: &[u8],
+        now: Time,
+    ) -> Result<Applied> {
+        let i = self.inode(fid)?;
+        let released = State::of_inode(i).is_some_and(|s| s.released && !s.dirty);
+        let Some(s) = State::decode(state).filter(|s| s.released && s.archived) else {
+            return err(FsErrorKind::Invalid, "a file imported again stays released");
+        };
+        if !released {
+            return err(
+                FsErrorKind::Busy,
+                format!("{fid} is not released: its bytes in lode are not replaced"),
+            );
+        }
+        if size > MAX_FILE_SIZE {
+            return err(
+                FsErrorKind::FileTooLarge,
+                format!("{size} is past the file size limit"),
+            );
+        }
+        let x = self.inodes.get_mut(&fid).expect("checked above");
+        x.size = size;
+        x.mtime = mtime;
+        x.ctime = now;
+        x.xattrs.insert(STATE_XATTR.to_string(), s.encode());
+        Ok(Applied {
+            inode: Some(x.clone()),
+            removed: vec![],
+            reserved: None,
+        })
+    }
+
     /// Keeps the links on the root.
     pub(super) fn hsm_links(&mut self, links: &[u8]) -> Result<Applied> {
         if proto::hsm::Links::decode(links).is_none() {

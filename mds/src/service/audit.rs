@@ -213,7 +213,8 @@ impl MdsService {
             | Mutation::RenameLock { .. }
             | Mutation::HsmSet { .. }
             | Mutation::HsmLinks { .. }
-            | Mutation::HsmImport { .. } => None,
+            | Mutation::HsmImport { .. }
+            | Mutation::HsmReimport { .. } => None,
         })
     }
 

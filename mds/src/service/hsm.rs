@@ -867,10 +867,49 @@ impl MdsService {
         let layout = released_layout(dir.layout.as_ref());
         let (mut made, mut skipped) = (0, 0);
         for e in entries {
-            let exists = self
-                .store
-                .read(|ns| ns.lookup(parent, &e.name, &Creds::root()).is_ok());
-            if exists {
+            let exists = self.store.read(|ns| {
+                let i = ns.lookup(parent, &e.name, &Creds::root()).ok()?;
+                Some((i.fid, State::of_inode(i)))
+            });
+            if let Some((fid, now)) = exists {
+                // A released file of this object, unchanged here, whose object changed: it
+                // takes the new object (with `--import changed`). Anything else stays.
+                let changed = match now {
+                    Some(s)
+                        if l.import.changed
+                            && s.link == link
+                            && s.key == e.key
+                            && s.etag != e.etag
+                            && s.released
+                            && !s.dirty
+                            && s.action.is_none() =>
+                    {
+                        Some(State {
+                            etag: e.etag.clone(),
+                            size: e.size,
+                            mtime: e.mtime,
+                            ..s
+                        })
+                    }
+                    _ => None,
+                };
+                match changed {
+                    Some(state) => {
+                        let m = Mutation::HsmReimport {
+                            fid,
+                            size: e.size,
+                            mtime: e.mtime,
+                            state: state.encode(),
+                        };
+                        self.apply(m, Creds::root(), None, None, vec![], true, None)
+                            .await?;
+                        made += 1;
+                    }
+                    None => skipped += 1,
+                }
+                continue;
+            }
+            if !l.import.new {
                 skipped += 1;
                 continue;
             }

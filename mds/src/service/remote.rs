@@ -71,12 +71,13 @@ impl MdsService {
             | Mutation::Reparent { .. }
             | Mutation::RenameLock { .. } => self.server_only(req),
             // The MDS's own: decided by the HSM requests, never sent as changes.
-            Mutation::HsmSet { .. } | Mutation::HsmLinks { .. } | Mutation::HsmImport { .. } => {
-                Err(RemoteError::new(
-                    StatusCode::Fs(FsErrorKind::NotPermitted),
-                    "HSM states, links and imports are set through the HSM requests",
-                ))
-            }
+            Mutation::HsmSet { .. }
+            | Mutation::HsmLinks { .. }
+            | Mutation::HsmImport { .. }
+            | Mutation::HsmReimport { .. } => Err(RemoteError::new(
+                StatusCode::Fs(FsErrorKind::NotPermitted),
+                "HSM states, links and imports are set through the HSM requests",
+            )),
             _ => Ok(()),
         }
     }
