@@ -47,18 +47,19 @@ impl Client {
     ) -> Result<Link> {
         let (bucket, prefix) =
             parse_url(url).map_err(|e| ClientError::fs(FsErrorKind::Invalid, e))?;
-        match self
-            .hsm_root(HsmRequest::Link {
-                path: path.to_string(),
-                bucket,
-                prefix,
-                endpoint,
-                region,
-                import,
-                export,
-            })
-            .await?
-        {
+        let link = Link {
+            id: 0,
+            dir: proto::fid::ROOT,
+            path: path.to_string(),
+            bucket,
+            prefix,
+            endpoint,
+            region,
+            import,
+            export,
+            importing: false,
+        };
+        match self.hsm_root(HsmRequest::Link(link)).await? {
             HsmReply::Link(l) => Ok(l),
             other => Err(unexpected(other)),
         }

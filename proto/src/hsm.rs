@@ -267,16 +267,10 @@ pub struct ImportWork {
 /// One request of the HSM family (one opcode).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HsmRequest {
-    /// Links the directory at `path` (administrators). Queues an import if `import` asks.
-    Link {
-        path: String,
-        bucket: String,
-        prefix: String,
-        endpoint: Option<String>,
-        region: Option<String>,
-        import: Policy,
-        export: Policy,
-    },
+    /// Links the directory at `link.path` (administrators); the MDS numbers the link and
+    /// finds its directory (`id`, `dir` and `importing` as sent are not used). Queues an
+    /// import if its import policy asks.
+    Link(Link),
     /// Removes the link of the directory at `path` (administrators); the files keep their
     /// state, and a released one can no longer be restored until linked again.
     Unlink {

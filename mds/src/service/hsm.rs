@@ -89,28 +89,8 @@ impl MdsService {
             }
         };
         let out = match r.request {
-            HsmRequest::Link {
-                path,
-                bucket,
-                prefix,
-                endpoint,
-                region,
-                import,
-                export,
-            } => {
+            HsmRequest::Link(link) => {
                 admins_only()?;
-                let link = Link {
-                    id: 0,
-                    dir: crate::namespace::ROOT,
-                    path,
-                    bucket,
-                    prefix,
-                    endpoint,
-                    region,
-                    import,
-                    export,
-                    importing: false,
-                };
                 HsmReply::Link(self.hsm_link(link).await?)
             }
             HsmRequest::Unlink { path } => {
