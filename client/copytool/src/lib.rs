@@ -31,6 +31,9 @@ use object_store::{GetOptions, ObjectStore, PutPayload, WriteMultipart};
 use proto::hsm::{ActionKind, Failure, Finished, Imported, Link, Work, MAX_IMPORT};
 use proto::md::{Creds, Time};
 
+pub mod metrics;
+pub use metrics::CopytoolMetrics;
+
 /// How the copytool works.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -147,6 +150,7 @@ pub struct Copytool {
     cfg: Config,
     id: u128,
     stores: stores::Stores,
+    metrics: Option<Arc<CopytoolMetrics>>,
 }
 
 mod stores {
@@ -176,11 +180,21 @@ mod stores {
 
 impl Copytool {
     pub fn new(client: Client, cfg: Config) -> Arc<Copytool> {
+        Self::with_metrics(client, cfg, None)
+    }
+
+    /// As [`Copytool::new`], counting its work in `metrics`.
+    pub fn with_metrics(
+        client: Client,
+        cfg: Config,
+        metrics: Option<Arc<CopytoolMetrics>>,
+    ) -> Arc<Copytool> {
         Arc::new(Copytool {
             client,
             cfg,
             id: rand::random(),
             stores: Default::default(),
+            metrics,
         })
     }
 
@@ -218,10 +232,20 @@ impl Copytool {
     async fn carry_out(&self, w: Work) {
         let started = std::time::Instant::now();
         let key = w.key.clone();
+        let kind = match w.kind {
+            ActionKind::Archive => "archive",
+            ActionKind::Restore => "restore",
+        };
+        if let Some(m) = &self.metrics {
+            m.started(kind);
+        }
         let result = match w.kind {
             ActionKind::Archive => self.archive(&w).await,
             ActionKind::Restore => self.restore(&w).await.map(|f| (f, None)),
         };
+        if let Some(m) = &self.metrics {
+            m.ended(kind, result.as_ref().ok().map(|(f, _)| f.size));
+        }
         let (report, file) = match result {
             Ok((f, file)) => {
                 tracing::info!(fid = %w.fid, %key, kind = ?w.kind, bytes = f.size, secs = started.elapsed().as_secs_f64(), "done");
@@ -426,7 +450,16 @@ impl Copytool {
                 }
             };
             let started = std::time::Instant::now();
+            if let Some(m) = &self.metrics {
+                m.started("import");
+            }
             let result = self.import(&link).await;
+            if let Some(m) = &self.metrics {
+                m.ended("import", result.as_ref().ok().map(|_| 0));
+                if let Ok(n) = &result {
+                    m.imported(*n);
+                }
+            }
             let report = match &result {
                 Ok(n) => {
                     tracing::info!(dir = %link.path, archive = %link.url(), names = n, secs = started.elapsed().as_secs_f64(), "imported");

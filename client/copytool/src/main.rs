@@ -32,6 +32,9 @@ struct Args {
     /// Bytes per GET and per uploaded part (at least 5 MiB for uploads), e.g. 16M.
     #[arg(long, default_value = "16M")]
     part_size: String,
+    /// Serve metrics (OpenMetrics text) at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,20 +51,33 @@ fn main() -> anyhow::Result<()> {
         .admin();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let cfg = client::ClientConfig {
+        let mut cfg = client::ClientConfig {
             security: Some(security),
             ..Default::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let counted = args.metrics.map(|_| {
+            cfg.calls = Some(lnet::metrics::CallMetrics::register(&mut registry));
+            copytool::CopytoolMetrics::register(&mut registry)
+        });
+        let _served = match args.metrics {
+            Some(addr) => Some(
+                daemon::metrics::MetricsServer::start(addr, std::sync::Arc::new(registry), None)
+                    .await?,
+            ),
+            None => None,
         };
         let client = client::Client::connect_with(&mds, cfg)
             .await
             .with_context(|| format!("connecting to the MDS at {mds}"))?;
-        let tool = copytool::Copytool::new(
+        let tool = copytool::Copytool::with_metrics(
             client.clone(),
             copytool::Config {
                 workers: args.workers,
                 streams: args.streams,
                 part: part as usize,
             },
+            counted,
         );
         tracing::info!(%mds, "copytool started");
         tokio::select! {
