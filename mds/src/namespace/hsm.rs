@@ -58,23 +58,26 @@ impl Namespace {
         Ok((state.archived && !state.dirty).then_some(fid))
     }
 
-    /// Files below `dir` a link exports, up to `max`, with their paths below it: those never
-    /// archived (with `new`) and those changed since (with `changed`), with no action under
-    /// way. One walk of the tree (this MDT's part).
+    /// Files a link exports, found by a walk that looks at up to `look` entries: the
+    /// directories still to look in are `todo` (each with its path below the link), left as
+    /// the walk stopped (empty once it ended). Those never archived (with `new`) and those
+    /// changed since (with `changed`), with no action under way, with their paths below the
+    /// link. A directory gone since is passed over.
     pub fn hsm_to_export(
         &self,
-        dir: Fid,
+        todo: &mut Vec<(Fid, String)>,
         new: bool,
         changed: bool,
-        max: usize,
+        look: usize,
     ) -> Vec<(Fid, String)> {
         let mut out = vec![];
-        let mut todo = vec![(dir, String::new())];
+        let mut looked = 0;
         while let Some((d, at)) = todo.pop() {
             let Some(names) = self.entries.get(&d) else {
                 continue;
             };
             for (name, fid) in names {
+                looked += 1;
                 let Some(i) = self.inodes.get(fid) else {
                     continue;
                 };
@@ -92,13 +95,13 @@ impl Namespace {
                             .is_some_and(|l| l.components.iter().all(|c| c.is_instantiated()));
                         if wanted && has_bytes {
                             out.push((*fid, path));
-                            if out.len() >= max {
-                                return out;
-                            }
                         }
                     }
                     _ => {}
                 }
+            }
+            if looked >= look {
+                break;
             }
         }
         out

@@ -16,10 +16,10 @@ const RESTORE_WAIT: Duration = Duration::from_secs(8);
 /// How long a failed restore is the answer to readers of its file; a reader after that has
 /// it tried again.
 const FAILED_FOR: Duration = Duration::from_secs(10);
-/// How often links with an export policy are looked through, and the most files one look
-/// queues per link.
+/// How often links with an export policy are looked through, and the most entries one look
+/// looks at per link.
 const EXPORT_EVERY: Duration = Duration::from_secs(2);
-const EXPORT_PER_PASS: usize = 4096;
+const EXPORT_LOOK: usize = 65_536;
 /// How long a file whose export failed waits before it is tried again.
 const EXPORT_PAUSE: Duration = Duration::from_secs(60);
 /// How long a copytool's take waits for work.
@@ -113,7 +113,18 @@ impl MdsService {
             }
             HsmRequest::Links => HsmReply::Links(self.hsm_links().links),
             HsmRequest::State { fid } => {
-                HsmReply::State(self.store.read(|ns| ns.hsm_state(fid)).map_err(ns_error)?)
+                // The flags for anyone; the object's key and ETag (a path in the archive) only
+                // for who may read the file, as its xattrs are.
+                let state = self.store.read(|ns| ns.hsm_state(fid)).map_err(ns_error)?;
+                let state = match state {
+                    Some(s) if self.hsm_may(fid, &creds, 4).is_err() => Some(State {
+                        key: String::new(),
+                        etag: String::new(),
+                        ..s
+                    }),
+                    other => other,
+                };
+                HsmReply::State(state)
             }
             HsmRequest::Archive { fid, path } => {
                 self.hsm_may(fid, &creds, 2)?;
@@ -219,6 +230,10 @@ impl MdsService {
     /// files below them never archived (`new`) or changed since (`changed`) that nobody holds
     /// open (closed after writing) are queued.
     pub(super) async fn hsm_exporter(me: std::sync::Weak<Self>) {
+        // Where each link's walk stands: the directories still to look in. A pass looks at
+        // no more than EXPORT_LOOK entries (the namespace is locked meanwhile) and the next
+        // carries on; a walk that ended starts again from the linked directory.
+        let mut walks: std::collections::HashMap<u32, Vec<(Fid, String)>> = Default::default();
         loop {
             tokio::time::sleep(EXPORT_EVERY).await;
             let Some(s) = me.upgrade() else {
@@ -228,14 +243,19 @@ impl MdsService {
                 continue;
             }
             let links = s.hsm_links();
+            walks.retain(|id, _| links.links.iter().any(|l| l.id == *id));
             for l in links
                 .links
                 .iter()
                 .filter(|l| l.export.new || l.export.changed)
             {
-                let found = s.store.read(|ns| {
-                    ns.hsm_to_export(l.dir, l.export.new, l.export.changed, EXPORT_PER_PASS)
-                });
+                let walk = walks.entry(l.id).or_default();
+                if walk.is_empty() {
+                    walk.push((l.dir, String::new()));
+                }
+                let found = s
+                    .store
+                    .read(|ns| ns.hsm_to_export(walk, l.export.new, l.export.changed, EXPORT_LOOK));
                 for (fid, rel) in found {
                     // Open (still being written), queued, or failed lately (tried again later).
                     let failed = matches!(
@@ -245,13 +265,10 @@ impl MdsService {
                     if failed || s.alloc.open.is_open(fid) || s.hsm.of_file(fid).is_some() {
                         continue;
                     }
-                    let Ok(Some(state)) = s
-                        .store
-                        .read(|ns| ns.hsm_state(fid))
-                        .map(|st| Some(st.unwrap_or_default()))
-                    else {
+                    let Ok(state) = s.store.read(|ns| ns.hsm_state(fid)) else {
                         continue;
                     };
+                    let state = state.unwrap_or_default();
                     let key = if state.link == l.id && !state.key.is_empty() {
                         state.key.clone()
                     } else {
