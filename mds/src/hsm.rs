@@ -64,6 +64,9 @@ pub struct Coordinator {
     pub work: tokio::sync::Notify,
     /// A restore made progress or ended.
     pub progress: tokio::sync::Notify,
+    /// Held while an action is recorded on a file, so that readers asking at once start one
+    /// restore, not one each.
+    pub starting: tokio::sync::Mutex<()>,
 }
 
 impl Coordinator {
@@ -223,7 +226,9 @@ impl Coordinator {
     pub fn finish(&self, id: u64, ended: Ended) {
         let mut q = self.q.lock();
         if let Some(e) = q.actions.remove(&id) {
-            q.by_fid.remove(&e.fid);
+            if q.by_fid.get(&e.fid) == Some(&id) {
+                q.by_fid.remove(&e.fid);
+            }
             match (&ended, e.kind) {
                 (Ended::Done, ActionKind::Archive) => q.archived += 1,
                 (Ended::Done, ActionKind::Restore) => q.restored += 1,
@@ -232,7 +237,10 @@ impl Coordinator {
             if q.ended.len() > 4096 {
                 q.ended.clear();
             }
-            q.ended.insert(e.fid, (ended, Instant::now()));
+            // An action another replaced tells nobody anything about the file.
+            if !q.by_fid.contains_key(&e.fid) {
+                q.ended.insert(e.fid, (ended, Instant::now()));
+            }
         }
         drop(q);
         self.progress.notify_waiters();
@@ -344,6 +352,17 @@ mod tests {
             "forgotten after a while"
         );
         assert_eq!(c.of_file(f), None);
+    }
+
+    #[test]
+    fn an_action_replaced_on_its_file_ends_without_speaking_for_the_file() {
+        let c = Coordinator::default();
+        let f = Fid::new(0x200000400, 8, 0);
+        c.queue(f, 1, ActionKind::Restore);
+        c.queue(f, 2, ActionKind::Restore);
+        c.finish(1, Ended::Failed("the action was replaced".into()));
+        assert_eq!(c.of_file(f), Some((2, ActionKind::Restore)));
+        assert_eq!(c.restore_of(f, Duration::from_secs(9)), Some(Ok(0)));
     }
 
     #[test]

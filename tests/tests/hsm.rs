@@ -241,7 +241,16 @@ async fn a_linked_bucket_is_imported_restored_on_read_and_files_archive_release_
         .iter()
         .all(|c| c.objects.is_empty()));
     assert!(state(&c, "/lake/out/new.bin").await.released);
-    assert_eq!(read_all(&c, "/lake/out/new.bin").await.unwrap(), new);
+    // Four readers at once: one restore, and every reader gets the bytes.
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { read_all(&c, "/lake/out/new.bin").await })
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.await.unwrap().unwrap(), new);
+    }
     assert!(!state(&c, "/lake/out/new.bin").await.released);
 
     // An open file is not released; a changed one is dirty and is not released.

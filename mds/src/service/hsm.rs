@@ -467,6 +467,17 @@ impl MdsService {
         mut state: State,
         kind: ActionKind,
     ) -> Result<State, RemoteError> {
+        // One start at a time: a start that finds an action recorded since its caller looked
+        // (another reader's restore, an archive asked twice) leaves it be.
+        let _one = self.hsm.starting.lock().await;
+        let now = self
+            .store
+            .read(|ns| ns.hsm_state(fid))
+            .map_err(ns_error)?
+            .unwrap_or_default();
+        if now.action.is_some() || (kind == ActionKind::Restore && !now.released) {
+            return Ok(now);
+        }
         let id = loop {
             let id: u64 = rand::random();
             if id != 0 {
