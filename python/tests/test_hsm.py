@@ -33,7 +33,7 @@ def linked():
     `objects` (name -> bytes)."""
     exe = lode_bin()
     root = tempfile.mkdtemp(prefix="lode-py-hsm-")
-    port = random.randrange(50000, 60000, 200)
+    port = random.randrange(15000, 19800, 200)  # below the ephemeral ports
     subprocess.run([exe, "cluster", "up", "--dir", root, "--port", str(port)], check=True,
                    stdout=subprocess.DEVNULL)
     s3port = free_port()

@@ -21,7 +21,7 @@ def three_mdts():
     """The MDS address of a cluster of three MDTs, and a runner of `lode` commands on it."""
     exe = lode_bin()
     root = tempfile.mkdtemp(prefix="lode-py-mdts-")
-    port = random.randrange(40000, 50000, 200)
+    port = random.randrange(10000, 15000, 200)  # below the ephemeral ports
     subprocess.run([exe, "cluster", "up", "--dir", root, "--port", str(port), "--mdts", "3"],
                    check=True, stdout=subprocess.DEVNULL)
     env = dict(os.environ, LODE_MDS=f"127.0.0.1:{port}",
