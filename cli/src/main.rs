@@ -19,6 +19,7 @@ macro_rules! out {
 
 mod bench;
 mod cluster;
+mod crypt;
 mod health;
 mod hsm;
 mod jobstats;
@@ -144,6 +145,10 @@ enum Cmd {
     /// PATH...`, `hsm links`, `hsm status` (Lustre's `lfs hsm_*`).
     #[command(subcommand)]
     Hsm(hsm::HsmCmd),
+    /// Encryption at rest: `crypt set DIR --key-file F` on an empty directory, `crypt unlock
+    /// DIR --key-file F`, `crypt lock DIR`, `crypt status DIR` (fscrypt's).
+    #[command(subcommand)]
+    Crypt(crypt::CryptCmd),
     /// Print a layout with Lustre's fields; -y for YAML.
     Getstripe {
         #[arg(short = 'y', long)]
@@ -649,6 +654,7 @@ fn run() -> Result<()> {
             }
             Cmd::Mirror(MirrorCmd::Rebuild { target }) => rebuild(&client, target).await,
             Cmd::Hsm(h) => hsm::run(&client, h).await,
+            Cmd::Crypt(c) => crypt::run(&client, c).await,
             Cmd::Df { human, inodes, .. } => df(&client, human, inodes).await,
             Cmd::Ls { long, path } => ls(&client, &path, long).await,
             Cmd::Cat { path } => {

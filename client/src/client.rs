@@ -173,6 +173,7 @@ impl Inner {
             statahead: Default::default(),
             mdts: Default::default(),
             stripes: Default::default(),
+            crypt: Default::default(),
         }
     }
 
@@ -214,6 +215,7 @@ impl Inner {
             statahead: Default::default(),
             mdts: top.mdts.clone(),
             stripes: top.stripes.clone(),
+            crypt: top.crypt.clone(),
         }
     }
 }
@@ -304,6 +306,8 @@ pub(crate) struct Inner {
     /// The layouts of the striped directories this client met ([`crate::striped`]).
     pub(crate) stripes:
         Arc<parking_lot::Mutex<crate::FastMap<Fid, Arc<proto::dirstripe::DirStripe>>>>,
+    /// The keys this client holds and the policies of the directories it met.
+    pub(crate) crypt: Arc<crate::crypt::Keys>,
 }
 
 impl Inner {
@@ -877,6 +881,7 @@ impl Client {
         open: Option<OpenHandle>,
         size_gen: Option<u64>,
     ) -> Result<MdsReintReply> {
+        let mutation = self.stored_mutation(mutation).await?;
         let dirs = Self::dirs_of(&mutation);
         if dirs.is_empty() {
             return self.reint_routed(mutation, open, size_gen).await;
@@ -940,6 +945,9 @@ impl Client {
         // Answered or given up on: never sent again.
         self.inner.requests.settle(req.seq);
         let mut reply = sent?;
+        if let Some(i) = &reply.inode {
+            self.learn_policy(i);
+        }
         let pending = &self.inner.pending;
         leases.learn_change(stamp, &r.mutation, &reply, &|f| pending.settled(f, 0));
         let ticket = std::mem::take(&mut reply.ticket);
@@ -968,6 +976,11 @@ impl Client {
         mode: u32,
         open: Option<OpenHandle>,
     ) -> Option<Result<(Inode, crate::pending::Sent)>> {
+        // Answered ahead only where the names are in clear (an encrypted directory's are
+        // encrypted as the change is sent).
+        if self.known_policy(parent) != Some(None) {
+            return None;
+        }
         let parent = self.shard_for(parent, name);
         if !self.here(parent) {
             let there = match self.at(parent).await {
@@ -1052,6 +1065,9 @@ impl Client {
     /// client's leases tell it the outcome (see [`crate::pending`]). False when the unlink must
     /// be sent and waited for.
     pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
+        if self.known_policy(parent) != Some(None) {
+            return false;
+        }
         let parent = self.shard_for(parent, name);
         if !self.here(parent) {
             let Ok(there) = self.at(parent).await else {
@@ -1214,7 +1230,11 @@ impl Client {
         if !self.here(parent) {
             return self.at_now(parent)?.lookup_cached(parent, name);
         }
-        let hit = self.inner.leases.lookup(parent, name, &self.creds)?;
+        let name = match self.stored_name_known(parent, name)? {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        let hit = self.inner.leases.lookup(parent, &name, &self.creds)?;
         match &hit {
             Ok(i) if self.inner.closings.busy(i.fid) => None,
             _ => Some(hit),
@@ -1283,6 +1303,7 @@ impl Client {
     /// As [`Client::lookup`]; without `whole`, a directory of another MDT comes as far as a
     /// walk through it needs (its FID), without asking its MDT for its attributes.
     async fn lookup_as(&self, parent: Fid, name: &[u8], whole: bool) -> Result<Inode> {
+        let name = &self.stored_name(parent, name).await?;
         let mut tries = 0;
         loop {
             let shard = self.shard_for(parent, name);
@@ -1513,8 +1534,11 @@ impl Client {
 
     /// Whether the entry `name` of `parent` (found or absent) is answered from the cache now.
     pub fn leased_name(&self, parent: Fid, name: &[u8]) -> bool {
+        let Some(Ok(name)) = self.stored_name_known(parent, name) else {
+            return false;
+        };
         self.at_now(parent)
-            .is_some_and(|s| s.inner.leases.holds_name(parent, name))
+            .is_some_and(|s| s.inner.leases.holds_name(parent, &name))
     }
 
     /// Calls `f` for every lease dropped (a mount drops the kernel's copy), at every MDT.
@@ -1608,15 +1632,22 @@ impl Client {
             // A name the lease cache answers costs no round trip; otherwise (without leases)
             // the names up to the next `..` go in one.
             let passing = walk || !todo.is_empty();
+            // In an encrypted directory the names are kept encrypted: looked up one by one,
+            // each under its directory's key.
+            let encrypted = self.dir_policy(dir).await?.is_some();
+            let kept = match encrypted {
+                true => self.stored_name(dir, &name).await?,
+                false => name.clone(),
+            };
             let cached = self.at_now(dir).and_then(|s| {
                 let striped = |f: Fid| self.known_stripe(f).is_some();
                 s.inner
                     .leases
-                    .lookup_with(dir, &name, &self.creds, passing, &striped)
+                    .lookup_with(dir, &kept, &self.creds, passing, &striped)
             });
             // With leases, a miss is looked up alone: the answer (and the directory, read
             // whole the first time) is cached for the next walk.
-            let one_by_one = self.inner.leases.live();
+            let one_by_one = self.inner.leases.live() || encrypted;
             let mut names = vec![name];
             while cached.is_none()
                 && !one_by_one
@@ -1683,7 +1714,7 @@ impl Client {
                         format!("too many symlinks in {path:?}"),
                     ));
                 }
-                let target = String::from_utf8_lossy(&inode.target).into_owned();
+                let target = String::from_utf8_lossy(&self.link_target(&inode)?).into_owned();
                 if target.starts_with('/') {
                     stack.truncate(1);
                 }
@@ -1821,7 +1852,7 @@ impl Client {
                 format!("{path} is not a symlink"),
             ));
         }
-        Ok(String::from_utf8_lossy(&i.target).into_owned())
+        Ok(String::from_utf8_lossy(&self.link_target(&i)?).into_owned())
     }
 
     pub async fn link(&self, existing: &str, new: &str) -> Result<Inode> {
@@ -1907,7 +1938,9 @@ impl Client {
 
     /// Every entry of the directory `dir`.
     pub async fn readdir_fid(&self, dir: Fid) -> Result<Vec<DirEntry>> {
-        Ok(self.readdir_pages(dir, false).await?.0)
+        let mut entries = self.readdir_pages(dir, false).await?.0;
+        self.shown_entries(dir, &mut entries).await?;
+        Ok(entries)
     }
 
     /// The entries of `dir` with each one's attributes (without layout, xattrs or symlink
@@ -1920,7 +1953,9 @@ impl Client {
     /// As [`Client::readdir_plus`], the entries and their attributes in two lists of the same
     /// length (for a caller building a listing of its own without a copy between).
     pub async fn readdir_plus_apart(&self, dir: Fid) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
-        self.readdir_pages(dir, true).await
+        let (mut entries, attrs) = self.readdir_pages(dir, true).await?;
+        self.shown_entries(dir, &mut entries).await?;
+        Ok((entries, attrs))
     }
 
     async fn readdir_pages(&self, dir: Fid, plus: bool) -> Result<(Vec<DirEntry>, Vec<Inode>)> {
@@ -1938,6 +1973,12 @@ impl Client {
         dir: Fid,
         mut page: impl FnMut(Vec<DirEntry>, Vec<Inode>) + Send,
     ) -> Result<()> {
+        if self.dir_policy(dir).await?.is_some() {
+            // An encrypted directory's names are decrypted before they are handed on.
+            let (entries, attrs) = self.readdir_plus_apart(dir).await?;
+            page(entries, attrs);
+            return Ok(());
+        }
         self.list_pages(dir, true, usize::MAX, &mut page).await?;
         Ok(())
     }

@@ -24,6 +24,7 @@ use crate::error::{ClientError, Result};
 impl Client {
     /// Keeps the layout of `inode` when it is a striped directory in use.
     pub(crate) fn learn_stripe(&self, inode: &Inode) {
+        self.learn_policy(inode);
         let Some(v) = inode.xattrs.get(LMV_XATTR) else {
             return;
         };

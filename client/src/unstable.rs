@@ -41,6 +41,8 @@ struct FileWrites {
     objects: HashMap<StripeObject, Unstable>,
     /// Taken by each append of this client to the file, for the whole of it ([`Writes::append_turn`]).
     appending: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// An encrypted file's turn and stored length (see [`crate::crypt::CipherTurn`]).
+    ciphered: Option<Arc<crate::crypt::CipherTurn>>,
     /// The furthest end any handle of this client wrote, less what it truncated since.
     end: u64,
 }
@@ -119,6 +121,18 @@ impl Writes {
             .entry(file)
             .or_default()
             .appending
+            .get_or_insert_with(Default::default)
+            .clone()
+    }
+
+    /// The turn every write, truncate and read of encrypted `file` takes on this client,
+    /// through whichever handle.
+    pub fn cipher_turn(&self, file: Fid) -> Arc<crate::crypt::CipherTurn> {
+        self.files
+            .lock()
+            .entry(file)
+            .or_default()
+            .ciphered
             .get_or_insert_with(Default::default)
             .clone()
     }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::FastMap;
 
+mod crypt;
 mod hsm;
 mod moves;
 mod placing;
@@ -182,7 +183,13 @@ mod saved_replies {
 pub use concur::replies::{MAX_CLIENTS, MAX_REPLIES, REPLIES_PER_CLIENT};
 
 /// Whether `name` may be a directory entry (the rule the client answers ahead by too).
+///
+/// A name of an encrypted directory (its ciphertext in base64url) may be longer: the
+/// directory's own checks ([`Namespace::check_name_in`]) keep every other to [`MAX_NAME`].
 pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > MAX_NAME && crypt::stored_name(name) {
+        return Ok(());
+    }
     proto::rules::check_name(name).map_err(|e| NsError {
         kind: e.kind(),
         what: e.to_string(),
@@ -1056,6 +1063,14 @@ impl Namespace {
                 self.check_create(*parent, name, *kind, true, who)?;
                 self.check_reserved(*fid)?;
             }
+            Mutation::MkdirOn { parent, .. } | Mutation::MkdirStriped { parent, .. }
+                if self.inode(*parent).is_ok_and(proto::crypt::is_encrypted) =>
+            {
+                return err(
+                    FsErrorKind::NotSupported,
+                    "an encrypted directory's subdirectories stay on its MDT, unstriped",
+                );
+            }
             // Checked in full before the other MDT is asked to make anything.
             Mutation::MkdirOn {
                 parent, name, mdt, ..
@@ -1372,7 +1387,7 @@ impl Namespace {
         exclusive: bool,
         who: &Creds,
     ) -> Result<Option<&Inode>> {
-        check_name(name)?;
+        self.check_name_in(parent, name)?;
         self.dir(parent)?;
         self.check_shard(parent, name, true)?;
         self.not_moving(parent, name)?;
@@ -1478,11 +1493,12 @@ impl Namespace {
         who: &Creds,
         now: Time,
     ) -> Result<Applied> {
-        check_name(name)?;
+        self.check_name_in(parent, name)?;
         // Counted at its home only: another MDT's file is linked there (across MDTs).
         self.local(fid)?;
         self.local(parent)?;
         let inode = self.inode(fid)?;
+        self.same_policy(inode, parent)?;
         if inode.kind == Kind::Dir {
             return err(
                 FsErrorKind::NotPermitted,
@@ -2156,6 +2172,8 @@ impl Namespace {
         self.not_moving(parent, name)?;
         self.not_moving(new_parent, new_name)?;
         self.dir(new_parent)?;
+        self.check_name_in(new_parent, new_name)?;
+        self.same_policy(&src, new_parent)?;
         self.check_shard(new_parent, new_name, true)?;
         self.require(new_parent, who, 3)?;
         let p = self.inode(parent)?.clone();
@@ -2165,6 +2183,9 @@ impl Namespace {
             .map(|f| self.inodes[f].clone());
         if let Some(d) = dst.as_ref().filter(|d| d.kind == Kind::Dir) {
             self.local(d.fid)?;
+        }
+        if let Some(d) = dst.as_ref().filter(|_| flags.exchange) {
+            self.same_policy(d, parent)?;
         }
         let src_dir = src.kind == Kind::Dir;
         // A directory cannot move below itself.
@@ -2402,6 +2423,9 @@ impl Namespace {
     ) -> Result<Applied> {
         if name == proto::dirstripe::DEFAULT_XATTR {
             return self.set_dir_default(fid, value, who, now);
+        }
+        if name == proto::crypt::POLICY_XATTR {
+            return self.set_crypt_policy(fid, value, who, now);
         }
         let Some(short) = name.strip_prefix("user.") else {
             return err(

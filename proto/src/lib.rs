@@ -6,6 +6,7 @@
 
 pub mod bulk;
 pub mod capa;
+pub mod crypt;
 pub mod dirstripe;
 pub mod fid;
 pub mod frame;

@@ -169,7 +169,8 @@ impl Inode {
         }
     }
 
-    /// The attributes as readdirplus carries them: without xattrs, layout or symlink target.
+    /// The attributes as readdirplus carries them: without layout, symlink target or xattrs
+    /// but the encryption policy (whoever meets a directory needs it for the names in it).
     pub fn bare(&self) -> Inode {
         // Field by field: a clone would copy the layout and xattrs only to drop them.
         Inode {
@@ -183,7 +184,11 @@ impl Inode {
             atime: self.atime,
             mtime: self.mtime,
             ctime: self.ctime,
-            xattrs: BTreeMap::new(),
+            xattrs: self
+                .xattrs
+                .get(crate::crypt::POLICY_XATTR)
+                .map(|v| BTreeMap::from([(crate::crypt::POLICY_XATTR.to_string(), v.clone())]))
+                .unwrap_or_default(),
             layout: None,
             target: vec![],
         }
@@ -703,8 +708,8 @@ pub const MAX_MDT_WRITE: usize = 256 << 10;
 pub const PERM_MASK: u32 = 0o7777;
 
 /// A new inode in directory `p`, as the MDS makes it: it takes the directory's group when that
-/// is setgid, and its default layout unless it brings one (a directory passes it on to
-/// subdirectories too). A client answering a create before sending it makes the same.
+/// is setgid, its encryption policy, and its default layout unless it brings one (a directory
+/// passes it on to subdirectories too). A client answering a create before sending it makes the same.
 #[allow(clippy::too_many_arguments)] // the fields of one Mutation::Create, and where
 pub fn new_inode(
     fid: Fid,
@@ -740,7 +745,12 @@ pub fn new_inode(
         atime: now,
         mtime: now,
         ctime: now,
-        xattrs: BTreeMap::new(),
+        // Everything made in an encrypted tree is encrypted under the tree's policy.
+        xattrs: p
+            .xattrs
+            .get(crate::crypt::POLICY_XATTR)
+            .map(|v| BTreeMap::from([(crate::crypt::POLICY_XATTR.to_string(), v.clone())]))
+            .unwrap_or_default(),
         layout,
         target: target.to_vec(),
     }

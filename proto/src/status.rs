@@ -83,6 +83,9 @@ pub enum FsErrorKind {
     /// In use: a file open, or in a state that does not allow the change now (`lode hsm
     /// release` of a file open, or changed since it was archived).
     Busy,
+    /// The contents or a name of an encrypted file, asked without the key that unlocks its
+    /// directory tree (or with another key).
+    NoKey,
 }
 
 impl FsErrorKind {
@@ -115,6 +118,7 @@ impl FsErrorKind {
             FsErrorKind::CrossDevice => 18,  // EXDEV
             FsErrorKind::WrongShard => 5,    // EIO: the library reroutes; never a caller's
             FsErrorKind::Busy => 16,         // EBUSY
+            FsErrorKind::NoKey => 126,       // ENOKEY
         }
     }
 }

@@ -10,6 +10,7 @@
 //! writers' business: on `fsync` and `close` they report how far they wrote, and the MDS keeps
 //! the largest (so disjoint writers of one file leave the right size).
 
+mod cipher;
 mod device;
 mod mirrors;
 mod open;
@@ -111,6 +112,8 @@ pub struct File {
     /// The client's evictions that lost acknowledged changes, as this handle has reported
     /// them (from its open on): a later one fails its next `fsync` and its close with EIO.
     evictions_seen: AtomicU64,
+    /// The contents cipher of an encrypted file ([`cipher`]).
+    cipher: cipher::Cipher,
 }
 
 impl std::fmt::Debug for File {
@@ -128,6 +131,7 @@ impl File {
     pub(crate) fn borrowed(client: &Client, inode: Inode, caps: Caps) -> File {
         let handle = caps.handle();
         let client = &client.at_now(inode.fid).unwrap_or_else(|| client.clone());
+        let cipher = cipher::Cipher::of(client, &inode);
         File {
             client: client.clone(),
             inode: Mutex::new(inode),
@@ -148,6 +152,7 @@ impl File {
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
             evictions_seen: AtomicU64::new(client.evictions()),
+            cipher,
         }
     }
 

@@ -321,6 +321,7 @@ impl OpenOptions {
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
             evictions_seen: AtomicU64::new(client.evictions()),
+            cipher: super::cipher::Cipher::Clear,
         }))
     }
 
@@ -497,6 +498,7 @@ impl OpenOptions {
                 format!("permission denied on {}", inode.fid),
             ));
         }
+        let cipher = super::cipher::Cipher::of(client, &inode);
         let file = File {
             client: client.clone(),
             inode: Mutex::new(inode),
@@ -517,6 +519,7 @@ impl OpenOptions {
             taking_in: Mutex::new(()),
             mdt: Mutex::new(mdt),
             evictions_seen: AtomicU64::new(client.evictions()),
+            cipher,
         };
         client.inner.writes.opened(file.inode.lock().fid);
         // A released file's bytes come back before anything changes them.

@@ -78,6 +78,22 @@ impl File {
         region_offset: u64,
         len: u64,
     ) -> Result<usize> {
+        if let Some(c) = self.contents()? {
+            return self
+                .read_decrypted(&c, offset, region, region_offset, len)
+                .await;
+        }
+        self.read_raw(offset, region, region_offset, len).await
+    }
+
+    /// [`File::read_into`] of the bytes as they are stored.
+    pub(super) async fn read_raw<B: std::any::Any + Send + Sync>(
+        &self,
+        offset: u64,
+        region: &Registered<B>,
+        region_offset: u64,
+        len: u64,
+    ) -> Result<usize> {
         let size = self.readable_size();
         if offset >= size || len == 0 {
             return Ok(0);

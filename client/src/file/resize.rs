@@ -21,6 +21,17 @@ impl File {
                 "the file is not open for writing",
             ));
         }
+        match self.contents()? {
+            Some(c) => {
+                self.resize_encrypted(&c, size, || self.set_len_placed(size))
+                    .await
+            }
+            None => self.set_len_placed(size).await,
+        }
+    }
+
+    /// [`File::set_len`] on the servers, the bytes as they are stored.
+    async fn set_len_placed(&self, size: u64) -> Result<()> {
         let fid = self.inode.lock().fid;
         if let Ok(layout) = self.layout_ready().await {
             self.on_every_copy(&layout, |ml, failover| {
@@ -70,6 +81,19 @@ impl File {
                 FsErrorKind::BadHandle,
                 "the file is not open for writing",
             ));
+        }
+        if let Some(c) = self.contents()? {
+            // An encrypted unit is all or nothing: the range becomes encrypted zeros, up to
+            // the size (its blocks are not freed).
+            let end = offset.saturating_add(len).min(self.size().await?);
+            let mut at = offset;
+            while at < end {
+                let n = (end - at).min(1 << 20);
+                let zeros = self.client.register(vec![0u8; n as usize])?;
+                self.write_encrypted(&c, at, &zeros, 0, n).await?;
+                at += n;
+            }
+            return Ok(());
         }
         let Ok(layout) = self.layout_ready().await else {
             return Ok(()); // no objects: nothing to deallocate

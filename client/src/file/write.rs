@@ -24,6 +24,25 @@ impl File {
         region_offset: u64,
         len: u64,
     ) -> Result<u64> {
+        if let Some(c) = self.contents()? {
+            return self
+                .write_encrypted(&c, offset, &region, region_offset, len)
+                .await;
+        }
+        self.write_placed(offset, region, region_offset, len, self.append)
+            .await
+    }
+
+    /// [`File::write_from`] of the bytes as they are to be stored; with `append`, at the end
+    /// of the file.
+    pub(super) async fn write_placed<B: std::any::Any + Send + Sync>(
+        &self,
+        offset: u64,
+        region: Arc<Registered<B>>,
+        region_offset: u64,
+        len: u64,
+        append: bool,
+    ) -> Result<u64> {
         if !self.writable {
             return Err(ClientError::fs(
                 FsErrorKind::BadHandle,
@@ -33,7 +52,7 @@ impl File {
         // An append waits for the appends before it from this client (any handle, any
         // process of a mount) and goes where the last of them ended: it finds that end in the
         // size each publishes before letting the next go, and in the client's own count.
-        let turn = match self.append {
+        let turn = match append {
             true => Some(
                 self.client
                     .inner
@@ -44,7 +63,7 @@ impl File {
             ),
             false => None,
         };
-        let offset = if self.append {
+        let offset = if append {
             let mine = self.client.inner.writes.end_of(self.fid());
             self.size().await?.max(mine)
         } else {

@@ -78,6 +78,9 @@ impl MdsService {
                     if i.xattrs.contains_key(proto::dirstripe::LMV_XATTR) {
                         break; // a striped directory: the client walks on in its shards
                     }
+                    if i.kind == Kind::Dir && proto::crypt::is_encrypted(i) {
+                        break; // its names are encrypted: the client walks on with its key
+                    }
                     if i.kind == Kind::Dir {
                         dirs.push(i.fid);
                     }

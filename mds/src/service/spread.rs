@@ -41,13 +41,15 @@ impl MdsService {
             return Ok(None);
         };
         let here = self.registry.filesystem().mdt;
-        let (root, given) = self.store.read(|ns| {
-            let given = ns
-                .inode(*parent)
-                .ok()
-                .and_then(proto::dirstripe::default_of_inode);
-            (ns.root(), given)
+        let (root, given, encrypted) = self.store.read(|ns| {
+            let p = ns.inode(*parent).ok();
+            let given = p.and_then(proto::dirstripe::default_of_inode);
+            (ns.root(), given, p.is_some_and(proto::crypt::is_encrypted))
         });
+        // An encrypted tree stays on its MDT (the policy is passed on where it is made).
+        if encrypted {
+            return Ok(None);
+        }
         let default = match given {
             Some(d) => d,
             // The root's implicit default: top-level directories spread, nothing below.

@@ -52,7 +52,10 @@ impl LodeFs {
         let c = self.client.clone();
         self.inline(async move {
             match c.getattr(fid_of(ino)).await {
-                Ok(i) if i.kind == Kind::Symlink => reply.data(&i.target),
+                Ok(i) if i.kind == Kind::Symlink => match c.link_target(&i) {
+                    Ok(t) => reply.data(&t),
+                    Err(e) => reply.error(errno(&e)),
+                },
                 Ok(_) => reply.error(Errno::EINVAL),
                 Err(e) => reply.error(errno(&e)),
             }
