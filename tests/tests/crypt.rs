@@ -227,6 +227,13 @@ async fn model_run(c: &Client, path: &str, seed: u64) {
             };
             f.set_len(size).await.unwrap();
             model.resize(size as usize, 0);
+            // The whole file, where a unit encrypted at the wrong length would show.
+            let mut buf = vec![0u8; model.len() + 10];
+            let got = f.read_at(0, &mut buf).await.unwrap();
+            assert!(
+                got == model.len() && buf[..got] == model[..],
+                "{path} step {step}: after a truncate to {size}"
+            );
         } else if op < 75 {
             f.close().await.unwrap();
             f = OpenOptions::new()

@@ -219,20 +219,22 @@ impl File {
         let _alone = turn.lock.write().await;
         let old = turn.stored(self.opened_size());
         let last = floor(size);
-        if size % UNIT != 0 && size != old {
-            // The unit that was last, cut short, before the new last one: whole now.
-            if old % UNIT != 0 && floor(old) < last {
-                let o = floor(old);
+        if size > old {
+            // The unit that was last, cut short: as long as it now reaches, zeros after.
+            let o = floor(old);
+            if old % UNIT != 0 {
                 let mut q = self.read_plain(c, o, old - o).await?;
-                q.resize(UNIT as usize, 0);
+                q.resize(UNIT.min(size - o) as usize, 0);
                 self.put_units(c, o, q).await?;
             }
-            let mut p = if last < old {
-                self.read_plain(c, last, UNIT.min(old - last)).await?
-            } else {
-                vec![]
-            };
-            p.resize((size - last) as usize, 0);
+            // A new last unit cut short: zeros, written (one under 16 bytes is no hole).
+            if size % UNIT != 0 && last > o {
+                self.put_units(c, last, vec![0u8; (size - last) as usize])
+                    .await?;
+            }
+        } else if size < old && size % UNIT != 0 {
+            let mut p = self.read_plain(c, last, UNIT.min(old - last)).await?;
+            p.truncate((size - last) as usize);
             self.put_units(c, last, p).await?;
         }
         cut().await?;
