@@ -163,6 +163,25 @@ class Filesystem:
     def df(self):
         return self._fs.df()
 
+    def crypt_set(self, path, key_file):
+        """Encrypts everything made below the empty directory `path` under the master key in
+        `key_file` (64 random bytes); unlocks it for this user on this node. Returns the key's
+        identifier."""
+        return self._fs.crypt_set(path, key_file)
+
+    def crypt_unlock(self, path, key_file):
+        """Gives every process of this user on this node (the kernel keyring, so DataLoader
+        workers too) the key of the encrypted directory `path`."""
+        self._fs.crypt_unlock(path, key_file)
+
+    def crypt_lock(self, path):
+        """Takes the key of the encrypted directory `path` out of the keyring."""
+        return self._fs.crypt_lock(path)
+
+    def crypt_status(self, path):
+        """None for a clear directory, else its key's identifier and whether it is unlocked."""
+        return self._fs.crypt_status(path)
+
     def read_ranges(self, ranges, into=None, max_in_flight=256, path="auto"):
         """Reads every (path, offset, length) at once; returns when all have landed. With
         `into` (one writable buffer per range, host or GPU memory), fills them and returns

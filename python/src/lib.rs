@@ -46,6 +46,17 @@ fn runtime() -> PyResult<Arc<Runtime>> {
     Ok(r)
 }
 
+/// A key or keyring error as an `OSError` (EINVAL for a key file that is no key).
+fn crypt_error(e: client::crypt::CryptError) -> PyErr {
+    let errno = match &e {
+        client::crypt::CryptError::KeyFile { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        client::crypt::CryptError::KeyLength(_) => libc::EINVAL,
+        client::crypt::CryptError::Keyring(io) => io.raw_os_error().unwrap_or(libc::EIO),
+        client::crypt::CryptError::Cipher(_) => libc::EIO,
+    };
+    PyOSError::new_err((errno, e.to_string()))
+}
+
 /// An `OSError` with the errno, which Python turns into FileNotFoundError, PermissionError...
 fn os_error(e: ClientError) -> PyErr {
     PyOSError::new_err((e.errno(), e.to_string()))
@@ -411,6 +422,61 @@ impl Filesystem {
                 c.mkdir(&p, mode).await.map(|_| ())
             }
         })
+    }
+
+    /// Encrypts everything made below the empty directory `path` under the master key in
+    /// `key_file` (64 random bytes), and unlocks it for this user on this node.
+    fn crypt_set(&self, py: Python<'_>, path: &str, key_file: std::path::PathBuf) -> PyResult<String> {
+        let key = client::crypt::MasterKey::read_file(&key_file).map_err(crypt_error)?;
+        client::crypt::keyring::add(&key).map_err(crypt_error)?;
+        let p = path.to_string();
+        self.run(py, move |c| async move { c.crypt_set(&p, &key).await.map(|p| p.key_hex()) })
+    }
+
+    /// Gives every process of this user on this node (the kernel keyring; DataLoader workers
+    /// too) the key of the encrypted directory `path`, from `key_file`.
+    fn crypt_unlock(&self, py: Python<'_>, path: &str, key_file: std::path::PathBuf) -> PyResult<()> {
+        let key = client::crypt::MasterKey::read_file(&key_file).map_err(crypt_error)?;
+        let p = path.to_string();
+        let policy = self.run(py, move |c| async move { c.crypt_policy(&p).await })?;
+        match policy {
+            None => Err(PyOSError::new_err((libc::EINVAL, format!("{path}: not encrypted")))),
+            Some(p) if !key.unlocks(&p) => Err(PyOSError::new_err((
+                libc::ENOKEY,
+                format!("{path}: the key is not the directory's ({})", p.key_hex()),
+            ))),
+            Some(_) => client::crypt::keyring::add(&key).map_err(crypt_error),
+        }
+    }
+
+    /// Takes the key of the encrypted directory `path` out of this user's keyring; whether it
+    /// was there.
+    fn crypt_lock(&self, py: Python<'_>, path: &str) -> PyResult<bool> {
+        let p = path.to_string();
+        match self.run(py, move |c| async move { c.crypt_policy(&p).await })? {
+            None => Err(PyOSError::new_err((libc::EINVAL, format!("{path}: not encrypted")))),
+            Some(p) => client::crypt::keyring::remove(&p.key_id).map_err(crypt_error),
+        }
+    }
+
+    /// Whether `path` is encrypted: None, or the key's identifier and whether it is unlocked.
+    fn crypt_status<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let p = path.to_string();
+        let got = self.run(py, move |c| async move {
+            match c.crypt_policy(&p).await? {
+                None => Ok(None),
+                Some(p) => Ok(Some((p.key_hex(), c.crypt_unlocked(&p)?))),
+            }
+        })?;
+        let Some((key, unlocked)) = got else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("key", key)?;
+        d.set_item("unlocked", unlocked)?;
+        d.set_item("contents", "aes-256-xts")?;
+        d.set_item("names", "aes-256-gcm-siv")?;
+        Ok(Some(d))
     }
 
     /// Removes a file, or an empty directory; with `recursive`, a directory and all below it.

@@ -54,7 +54,14 @@ impl File {
         if path == IoPath::Staged {
             return Ok(Route::Staged(None));
         }
-        match self.direct_region(gpu, buf) {
+        // An encrypted file's bytes are decrypted and encrypted on the host, in the staging
+        // chunk, before its copy to or after its copy from the device.
+        let direct = if self.encrypted() {
+            Err("the file is encrypted: its bytes pass through the host's cipher".to_string())
+        } else {
+            self.direct_region(gpu, buf)
+        };
+        match direct {
             Ok(region) => Ok(Route::Direct(region)),
             Err(why) if path == IoPath::Auto => {
                 tracing::info!(reason = %why, "device {what} staged through host memory");
