@@ -2079,6 +2079,7 @@ impl Client {
             if entries.len() > limit {
                 return Ok(false);
             }
+            attrs.iter().for_each(|i| self.learn_policy(i));
             page(entries, attrs);
             return Ok(true);
         }
@@ -2167,6 +2168,7 @@ impl Client {
             } else {
                 kept.clear();
             }
+            got.attrs.iter().for_each(|i| self.learn_policy(i));
             page(got.entries, got.attrs);
             if got.end {
                 if leased {

@@ -184,6 +184,27 @@ impl Contents {
         self.run(first, data, false)
     }
 
+    /// Encrypts `src` (the units from unit `first` on, laid out as for
+    /// [`Contents::encrypt`]) onto the end of `dst`, out of place: one pass over the bytes.
+    pub fn encrypt_to(&self, first: u64, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
+        dst.reserve(src.len());
+        let mut xts = Xts::new(&self.key, true)?;
+        for (i, unit) in src.chunks(UNIT as usize).enumerate() {
+            let at = dst.len();
+            if unit.len() < 16 {
+                dst.extend_from_slice(unit);
+                self.run(first + i as u64, &mut dst[at..], true)?;
+                continue;
+            }
+            let spare = &mut dst.spare_capacity_mut()[..unit.len()];
+            xts.unit_to(first + i as u64, unit, spare.as_mut_ptr().cast())?;
+            // SAFETY: `unit_to` wrote all `unit.len()` bytes past the old length, within the
+            // capacity reserved above.
+            unsafe { dst.set_len(at + unit.len()) };
+        }
+        Ok(())
+    }
+
     fn run(&self, first: u64, data: &mut [u8], enc: bool) -> Result<()> {
         let mut xts = Xts::new(&self.key, enc)?;
         for (i, unit) in data.chunks_mut(UNIT as usize).enumerate() {
@@ -238,12 +259,19 @@ impl Xts {
 
     /// Encrypts or decrypts one unit (16 bytes or more) in place, its number the tweak.
     fn unit(&mut self, n: u64, data: &mut [u8]) -> Result<()> {
+        let p = data.as_mut_ptr();
+        self.unit_to(n, data, p)
+    }
+
+    /// Encrypts or decrypts one unit (16 bytes or more) from `data` to `out` (`data.len()`
+    /// bytes, which may be `data` itself), its number the tweak.
+    fn unit_to(&mut self, n: u64, data: &[u8], out: *mut u8) -> Result<()> {
         let mut iv = [0u8; 16];
         iv[..8].copy_from_slice(&n.to_le_bytes());
         let len = i32::try_from(data.len()).map_err(|_| CryptError::Cipher("unit too long"))?;
-        let mut out = 0;
-        // SAFETY: the context was initialized in `new`; only the tweak is set again. XTS works
-        // in place, `data` being both the input and the output of `len` bytes.
+        let mut done = 0;
+        // SAFETY: the context was initialized in `new`; only the tweak is set again. `out`
+        // holds `len` bytes (the callers' contract); XTS also works in place.
         let ok = unsafe {
             aws_lc_sys::EVP_CipherInit_ex(
                 self.ctx,
@@ -253,15 +281,9 @@ impl Xts {
                 iv.as_ptr(),
                 -1,
             ) == 1
-                && aws_lc_sys::EVP_CipherUpdate(
-                    self.ctx,
-                    data.as_mut_ptr(),
-                    &mut out,
-                    data.as_ptr(),
-                    len,
-                ) == 1
+                && aws_lc_sys::EVP_CipherUpdate(self.ctx, out, &mut done, data.as_ptr(), len) == 1
         };
-        if !ok || out != len {
+        if !ok || done != len {
             return Err(CryptError::Cipher("AES-XTS"));
         }
         Ok(())
@@ -623,6 +645,15 @@ mod tests {
             a.decrypt(6, &mut w).unwrap();
             assert_ne!(w, plain, "len {len}");
         }
+        // Out of place, the same bytes.
+        for len in [1usize, 15, 16, 17, 4096, 3 * 4096 + 33] {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 3) as u8).collect();
+            let mut inplace = plain.clone();
+            a.encrypt(9, &mut inplace).unwrap();
+            let mut out = vec![1, 2];
+            a.encrypt_to(9, &plain, &mut out).unwrap();
+            assert_eq!(&out[2..], &inplace[..], "len {len}");
+        }
         // Units are apart: the second unit of a run is the unit alone at its number.
         let plain = vec![0x5au8; 8192];
         let mut all = plain.clone();
@@ -674,5 +705,32 @@ mod tests {
         assert!(k.unlocks(&p));
         assert!(!key(2).unlocks(&p));
         assert!(MasterKey::new(&[0; 63]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    /// `cargo test --release -p lode-client --lib crypt::speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn contents_cipher_speed() {
+        let k = super::MasterKey::new(&[1; 64]).unwrap();
+        let p = proto::crypt::Policy::new(k.id(), [2; 16]);
+        let c = k
+            .contents(&p, proto::Fid::new(0x2_0000_0400, 1, 0))
+            .unwrap();
+        let mut buf = vec![7u8; 256 << 20];
+        let t = std::time::Instant::now();
+        c.encrypt(0, &mut buf).unwrap();
+        let e = t.elapsed();
+        let t = std::time::Instant::now();
+        let copy = buf.clone();
+        let m = t.elapsed();
+        std::hint::black_box(copy);
+        println!(
+            "AES-256-XTS: {:.2} GB/s on one core; memcpy {:.2} GB/s",
+            0.268 / e.as_secs_f64(),
+            0.268 / m.as_secs_f64()
+        );
     }
 }

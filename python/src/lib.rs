@@ -49,7 +49,9 @@ fn runtime() -> PyResult<Arc<Runtime>> {
 /// A key or keyring error as an `OSError` (EINVAL for a key file that is no key).
 fn crypt_error(e: client::crypt::CryptError) -> PyErr {
     let errno = match &e {
-        client::crypt::CryptError::KeyFile { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        client::crypt::CryptError::KeyFile { source, .. } => {
+            source.raw_os_error().unwrap_or(libc::EIO)
+        }
         client::crypt::CryptError::KeyLength(_) => libc::EINVAL,
         client::crypt::CryptError::Keyring(io) => io.raw_os_error().unwrap_or(libc::EIO),
         client::crypt::CryptError::Cipher(_) => libc::EIO,
@@ -426,21 +428,36 @@ impl Filesystem {
 
     /// Encrypts everything made below the empty directory `path` under the master key in
     /// `key_file` (64 random bytes), and unlocks it for this user on this node.
-    fn crypt_set(&self, py: Python<'_>, path: &str, key_file: std::path::PathBuf) -> PyResult<String> {
+    fn crypt_set(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        key_file: std::path::PathBuf,
+    ) -> PyResult<String> {
         let key = client::crypt::MasterKey::read_file(&key_file).map_err(crypt_error)?;
         client::crypt::keyring::add(&key).map_err(crypt_error)?;
         let p = path.to_string();
-        self.run(py, move |c| async move { c.crypt_set(&p, &key).await.map(|p| p.key_hex()) })
+        self.run(py, move |c| async move {
+            c.crypt_set(&p, &key).await.map(|p| p.key_hex())
+        })
     }
 
     /// Gives every process of this user on this node (the kernel keyring; DataLoader workers
     /// too) the key of the encrypted directory `path`, from `key_file`.
-    fn crypt_unlock(&self, py: Python<'_>, path: &str, key_file: std::path::PathBuf) -> PyResult<()> {
+    fn crypt_unlock(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        key_file: std::path::PathBuf,
+    ) -> PyResult<()> {
         let key = client::crypt::MasterKey::read_file(&key_file).map_err(crypt_error)?;
         let p = path.to_string();
         let policy = self.run(py, move |c| async move { c.crypt_policy(&p).await })?;
         match policy {
-            None => Err(PyOSError::new_err((libc::EINVAL, format!("{path}: not encrypted")))),
+            None => Err(PyOSError::new_err((
+                libc::EINVAL,
+                format!("{path}: not encrypted"),
+            ))),
             Some(p) if !key.unlocks(&p) => Err(PyOSError::new_err((
                 libc::ENOKEY,
                 format!("{path}: the key is not the directory's ({})", p.key_hex()),
@@ -454,13 +471,20 @@ impl Filesystem {
     fn crypt_lock(&self, py: Python<'_>, path: &str) -> PyResult<bool> {
         let p = path.to_string();
         match self.run(py, move |c| async move { c.crypt_policy(&p).await })? {
-            None => Err(PyOSError::new_err((libc::EINVAL, format!("{path}: not encrypted")))),
+            None => Err(PyOSError::new_err((
+                libc::EINVAL,
+                format!("{path}: not encrypted"),
+            ))),
             Some(p) => client::crypt::keyring::remove(&p.key_id).map_err(crypt_error),
         }
     }
 
     /// Whether `path` is encrypted: None, or the key's identifier and whether it is unlocked.
-    fn crypt_status<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn crypt_status<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let p = path.to_string();
         let got = self.run(py, move |c| async move {
             match c.crypt_policy(&p).await? {

@@ -36,6 +36,67 @@ fn floor(at: u64) -> u64 {
     at / UNIT * UNIT
 }
 
+/// Buffers whole-unit writes are encrypted into, kept for the next ones.
+static SPARE: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
+/// Spare buffers kept, at most, and the largest kept.
+const SPARE_KEPT: usize = 16;
+const SPARE_MAX: usize = 16 << 20;
+
+/// An empty buffer with room for `n` bytes: a spare one if one is large enough.
+fn take_spare(n: usize) -> Vec<u8> {
+    let mut spare = SPARE.lock();
+    match spare.iter().position(|b| b.capacity() >= n) {
+        Some(i) => {
+            let mut b = spare.swap_remove(i);
+            b.clear();
+            b
+        }
+        None => Vec::with_capacity(n),
+    }
+}
+
+/// Keeps `r`'s buffer for a later write, once nothing else holds it.
+async fn give_spare(r: Arc<Registered<Vec<u8>>>) {
+    let Ok(r) = Arc::try_unwrap(r) else {
+        return;
+    };
+    let b = r.deregister().await;
+    let mut spare = SPARE.lock();
+    if b.capacity() <= SPARE_MAX && spare.len() < SPARE_KEPT {
+        spare.push(b);
+    }
+}
+
+/// Below this, a buffer is encrypted or decrypted on the calling thread alone.
+const SPREAD_MIN: usize = 2 << 20;
+
+/// Runs `f` on `buf` (units from unit 0 of it on), split at unit boundaries over the CPUs when
+/// it is large: `f` gets each part's first unit (counted from the buffer's) and the part.
+fn spread<F>(buf: &mut [u8], f: F) -> Result<()>
+where
+    F: Fn(u64, &mut [u8]) -> std::result::Result<(), crate::crypt::CryptError> + Sync,
+{
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let map = |e: crate::crypt::CryptError| ClientError::fs(FsErrorKind::Io, e.to_string());
+    if buf.len() < SPREAD_MIN || cpus == 1 {
+        return f(0, buf).map_err(map);
+    }
+    let per = buf.len().div_ceil(cpus).div_ceil(UNIT as usize) * UNIT as usize;
+    std::thread::scope(|s| {
+        let f = &f;
+        let parts: Vec<_> = buf
+            .chunks_mut(per)
+            .enumerate()
+            .map(|(i, part)| s.spawn(move || f((i * per) as u64 / UNIT, part)))
+            .collect();
+        parts
+            .into_iter()
+            .map(|p| p.join().expect("a cipher thread does not panic"))
+            .collect::<std::result::Result<(), _>>()
+    })
+    .map_err(map)
+}
+
 impl File {
     /// The file's contents cipher: `None` for a file in clear, an error without its key.
     pub(super) fn contents(&self) -> Result<Option<Arc<Contents>>> {
@@ -56,8 +117,7 @@ impl File {
         let region = self.client.register(vec![0u8; len as usize])?;
         let n = self.read_raw(at, &region, 0, len).await?;
         let mut buf = region.read(0, n as u64)?.as_slice().to_vec();
-        c.decrypt(at / UNIT, &mut buf)
-            .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))?;
+        spread(&mut buf, |first, part| c.decrypt(at / UNIT + first, part))?;
         Ok(buf)
     }
 
@@ -83,6 +143,15 @@ impl File {
             return Ok(0);
         }
         let len = len.min(size - offset);
+        // Whole units into host memory: read where they go and decrypted there.
+        let whole = offset % UNIT == 0 && (len % UNIT == 0 || offset + len == size);
+        if whole && region.kind() == lnet::MemoryKind::Host {
+            let n = self.read_raw(offset, region, region_offset, len).await?;
+            let mut at = region.write(region_offset, n as u64)?;
+            let buf = at.as_mut_slice().expect("taken for writing");
+            spread(buf, |first, part| c.decrypt(offset / UNIT + first, part))?;
+            return Ok(n);
+        }
         let a = floor(offset);
         let b = (offset + len).div_ceil(UNIT).saturating_mul(UNIT).min(size);
         let plain = self.read_plain(c, a, b - a).await?;
@@ -125,7 +194,6 @@ impl File {
             return Ok(offset);
         }
         let fid = self.fid();
-        let data = region.read(region_offset, len)?.as_slice().to_vec();
         let turn = self.client.inner.writes.cipher_turn(fid);
         let opened = self.opened_size();
         // Whole units, where no unit cut short by the end is touched: with other such
@@ -137,11 +205,24 @@ impl File {
             let _shared = turn.lock.read().await;
             let stored = turn.stored(opened);
             if stored % UNIT == 0 || end <= floor(stored) {
-                self.put_units(c, offset, data).await?;
+                // Encrypted in one pass from the caller's memory into a buffer kept for the
+                // next write (a fresh one costs more in page faults than the cipher).
+                let mut out = take_spare(len as usize);
+                c.encrypt_to(
+                    offset / UNIT,
+                    region.read(region_offset, len)?.as_slice(),
+                    &mut out,
+                )
+                .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))?;
+                let out = Arc::new(self.client.register(out)?);
+                self.write_placed(offset, out.clone(), 0, len, false)
+                    .await?;
                 turn.grew_to(opened, end);
+                give_spare(out).await;
                 return Ok(offset);
             }
         }
+        let data = region.read(region_offset, len)?.as_slice().to_vec();
         let _alone = turn.lock.write().await;
         let size = turn.stored(opened);
         let offset = if self.append { size } else { offset };
@@ -194,8 +275,7 @@ impl File {
         if plain.is_empty() {
             return Ok(());
         }
-        c.encrypt(at / UNIT, &mut plain)
-            .map_err(|e| ClientError::fs(FsErrorKind::Io, e.to_string()))?;
+        spread(&mut plain, |first, part| c.encrypt(at / UNIT + first, part))?;
         let n = plain.len() as u64;
         let region = Arc::new(self.client.register(plain)?);
         self.write_placed(at, region, 0, n, false).await?;

@@ -415,6 +415,16 @@ impl MdsService {
                 format!("{} is not a directory of this MDT", link.path),
             );
         };
+        // The names imported would be in clear in a tree whose names are encrypted.
+        if self
+            .store
+            .read(|ns| ns.inode(dir).is_ok_and(proto::crypt::is_encrypted))
+        {
+            return refuse(
+                FsErrorKind::NotSupported,
+                format!("{path} is encrypted: a data repository is linked to a clear directory"),
+            );
+        }
         let mut links = self.hsm_links();
         if links.links.len() >= MAX_LINKS {
             return refuse(
