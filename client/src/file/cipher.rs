@@ -91,8 +91,7 @@ where
             .collect();
         parts
             .into_iter()
-            .map(|p| p.join().expect("a cipher thread does not panic"))
-            .collect::<std::result::Result<(), _>>()
+            .try_for_each(|p| p.join().expect("a cipher thread does not panic"))
     })
     .map_err(map)
 }
