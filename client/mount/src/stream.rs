@@ -37,8 +37,9 @@ struct Behind {
 /// Small writes that follow one another, or overlap, through one handle, acknowledged and not
 /// yet issued (the later write's bytes laid over the earlier's): they go to the storage
 /// servers as one write when the next write neither follows on nor meets them, when
-/// they reach `GATHER_MAX`, after `GATHER_LINGER`, or before anything that waits for the
-/// file's writes (a read, a size change, flush, fsync, release).
+/// they reach `GATHER_MAX`, after `GATHER_LINGER` (an encrypted file's up to its last whole
+/// block), or before anything that waits for the file's writes (a read, a size change, flush,
+/// fsync, release).
 struct Gather {
     file: Arc<File>,
     offset: u64,
@@ -72,7 +73,7 @@ fn linger(per: &Arc<PerFile>) {
     tokio::spawn(async move {
         tokio::time::sleep(GATHER_LINGER).await;
         if let Some(per) = per.upgrade() {
-            per.behind.lock().await.issue_gather().await;
+            per.behind.lock().await.lingered().await;
         }
     });
 }
@@ -125,6 +126,29 @@ impl Behind {
             }
             (offset, end, r)
         });
+    }
+
+    /// The gather has lingered its time: it goes. An encrypted file's keeps the part past its
+    /// last whole block for the write that follows on (or for whatever waits for the file's
+    /// writes): sent alone, that unit would be read back, decrypted and written again whole
+    /// by the write that continues it, one at a time.
+    async fn lingered(&mut self) {
+        if let Some(g) = self.gather.as_mut().filter(|g| g.file.encrypted()) {
+            if (g.offset + g.data.len() as u64) % BLOCK != 0 {
+                let Some(cut) = block_cut(g.offset, g.data.len()) else {
+                    return; // under a block: kept whole
+                };
+                let tail = Gather {
+                    file: g.file.clone(),
+                    offset: g.offset + cut as u64,
+                    data: g.data.split_off(cut),
+                };
+                self.issue_gather().await;
+                self.gather = Some(tail);
+                return;
+            }
+        }
+        self.issue_gather().await;
     }
 
     /// Puts the gathered writes in flight, after every write in flight they overlap (and
@@ -453,6 +477,28 @@ impl Streams {
                 return Ok(());
             }
         }
+        // An encrypted file's write that follows on from a gather ending inside a block takes
+        // the gathered bytes of that block with it: sent alone, the block (a unit of the
+        // cipher) would be read back, decrypted and written again whole by this write.
+        let mut offset = offset;
+        let mut data = data;
+        let carries = b.gather.as_ref().is_some_and(|g| {
+            Arc::ptr_eq(&g.file, file)
+                && file.encrypted()
+                && offset == g.offset + g.data.len() as u64
+                && offset % BLOCK != 0
+        });
+        if carries {
+            let g = b.gather.as_mut().expect("checked");
+            let cut = block_cut(g.offset, g.data.len()).unwrap_or(0);
+            let mut carried = g.data.split_off(cut);
+            offset = g.offset + cut as u64;
+            if g.data.is_empty() {
+                b.gather = None;
+            }
+            carried.extend_from_slice(&data);
+            data = carried;
+        }
         b.issue_gather().await;
         loop {
             match b.plan.before(offset, end) {
@@ -462,7 +508,6 @@ impl Streams {
                 Step::Issue => break,
             }
         }
-        let (mut offset, mut data) = (offset, data);
         if data.len() >= GATHER_SMALL {
             let Some(cut) = block_cut(offset, data.len()) else {
                 b.spawn(file.clone(), offset, data);

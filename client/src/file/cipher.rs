@@ -223,6 +223,7 @@ impl File {
         }
         let data = region.read(region_offset, len)?.as_slice().to_vec();
         let _alone = turn.lock.write().await;
+        tracing::debug!(%fid, offset, len, "an encrypted write of part of a unit, or past the last");
         let size = turn.stored(opened);
         let offset = if self.append { size } else { offset };
         let end = offset.checked_add(len).ok_or_else(|| {
