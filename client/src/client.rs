@@ -881,7 +881,31 @@ impl Client {
         open: Option<OpenHandle>,
         size_gen: Option<u64>,
     ) -> Result<MdsReintReply> {
-        let mutation = self.stored_mutation(mutation).await?;
+        let names = crate::crypt::name_dirs(&mutation);
+        if names.is_empty() {
+            return self.reint_stored(mutation, open, size_gen).await;
+        }
+        let stored = self.stored_mutation(mutation.clone()).await?;
+        let clear = stored == mutation;
+        match self.reint_stored(stored, open, size_gen).await {
+            // A directory believed clear was encrypted since (by another client): its policy
+            // is asked for again, and the names encrypted.
+            Err(e) if clear && e.is(FsErrorKind::NoKey) => {
+                self.forget_policies(&names);
+                let stored = self.stored_mutation(mutation).await?;
+                self.reint_stored(stored, open, size_gen).await
+            }
+            other => other,
+        }
+    }
+
+    /// As [`Client::reint_if`], `mutation`'s names as the MDS keeps them.
+    async fn reint_stored(
+        &self,
+        mutation: Mutation,
+        open: Option<OpenHandle>,
+        size_gen: Option<u64>,
+    ) -> Result<MdsReintReply> {
         let dirs = Self::dirs_of(&mutation);
         if dirs.is_empty() {
             return self.reint_routed(mutation, open, size_gen).await;

@@ -343,6 +343,11 @@ impl Keys {
         m.insert(inode.fid, p);
     }
 
+    /// Forgets the policy of directory `dir`.
+    pub fn forget(&self, dir: Fid) {
+        self.policies.lock().remove(&dir);
+    }
+
     /// The policy of directory `dir`, if this client met it.
     pub fn known(&self, dir: Fid) -> Option<Option<Policy>> {
         self.policies.lock().get(&dir).copied()
@@ -392,14 +397,26 @@ impl CipherTurn {
     }
 }
 
+/// The directories whose names `m` changes (and so encrypts in an encrypted one).
+pub fn name_dirs(m: &proto::md::Mutation) -> Vec<Fid> {
+    match m {
+        proto::md::Mutation::Create { parent, .. }
+        | proto::md::Mutation::CreateAt { parent, .. }
+        | proto::md::Mutation::Link { parent, .. }
+        | proto::md::Mutation::Unlink { parent, .. }
+        | proto::md::Mutation::MkdirOn { parent, .. }
+        | proto::md::Mutation::MkdirStriped { parent, .. } => vec![*parent],
+        proto::md::Mutation::Rename {
+            parent, new_parent, ..
+        } => vec![*parent, *new_parent],
+        _ => vec![],
+    }
+}
+
 /// Whether `name` may be an encrypted directory's name as kept (base64url): what a caller
 /// without the key names entries by (as it listed them).
 pub fn stored_form(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.len() <= proto::crypt::MAX_STORED_NAME
-        && name
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+    proto::crypt::is_stored_name(name)
 }
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -36,6 +36,13 @@ fn no_key(p: &Policy) -> ClientError {
 }
 
 impl Client {
+    /// Forgets what this client knew of the policies of `dirs` (asked again when next needed).
+    pub(crate) fn forget_policies(&self, dirs: &[Fid]) {
+        for d in dirs {
+            self.inner.crypt.forget(*d);
+        }
+    }
+
     /// Gives this client the master key `key` (besides those in the user's keyring); its
     /// identifier.
     pub fn crypt_add_key(&self, key: MasterKey) -> [u8; proto::crypt::KEY_ID_LEN] {

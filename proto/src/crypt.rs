@@ -98,6 +98,18 @@ impl Policy {
     }
 }
 
+/// Whether `name` has the form of an encrypted directory's names: base64url (no padding) of a
+/// ciphertext of 32 to 272 bytes in steps of 16 (the name padded to 16 bytes, and its tag).
+pub fn is_stored_name(name: &[u8]) -> bool {
+    let len = name.len();
+    (32usize..=272)
+        .step_by(16)
+        .any(|n| (4 * n).div_ceil(3) == len)
+        && name
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+}
+
 /// Whether `inode` is encrypted (has a policy, known or not).
 pub fn is_encrypted(inode: &Inode) -> bool {
     inode.xattrs.contains_key(POLICY_XATTR)
@@ -123,5 +135,16 @@ mod tests {
         let mut v = p.encode();
         v[1] = 9;
         assert_eq!(Policy::decode(&v), None);
+    }
+
+    #[test]
+    fn stored_names_have_their_lengths_and_alphabet() {
+        assert!(is_stored_name(&[b'A'; 43]));
+        assert!(is_stored_name(&[b'_'; MAX_STORED_NAME]));
+        assert!(!is_stored_name(&[b'A'; 44]));
+        assert!(!is_stored_name(b"weights.bin"));
+        let mut n = vec![b'a'; 64];
+        n[3] = b'.';
+        assert!(!is_stored_name(&n));
     }
 }

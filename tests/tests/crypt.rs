@@ -375,3 +375,59 @@ async fn without_the_key_names_are_kept_encrypted_and_contents_are_enokey_and_th
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_met_a_directory_before_its_policy_encrypts_its_names_all_the_same() {
+    let (_root, mds, _oss, a) = cluster("crypt-late").await;
+    let b = connect(&mds.nid).await;
+    a.mkdir("/late", 0o755).await.unwrap();
+    // `b` lists it and makes a file beside it while it is clear.
+    assert!(b.readdir("/late").await.unwrap().len() <= 2);
+    write(&b, "/before", b"clear").await;
+    let raw = pattern(5, 64);
+    a.crypt_set("/late", &MasterKey::new(&raw).unwrap())
+        .await
+        .unwrap();
+    b.crypt_add_key(MasterKey::new(&raw).unwrap());
+    write(&b, "/late/shard-0001.bin", &pattern(6, 5000)).await;
+    b.mkdir("/late/sub", 0o755).await.unwrap();
+    b.symlink("shard-0001.bin", "/late/link").await.unwrap();
+    assert_eq!(
+        read(&b, "/late/link").await.unwrap(),
+        pattern(6, 5000),
+        "through the symlink"
+    );
+    // No clear name on the MDS: a client without the key sees only encrypted ones.
+    let c = connect(&mds.nid).await;
+    let kept: Vec<Vec<u8>> = c
+        .readdir("/late")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.name)
+        .filter(|n| n != b"." && n != b"..")
+        .collect();
+    assert_eq!(kept.len(), 3);
+    for n in &kept {
+        assert!(
+            client::crypt::stored_form(n),
+            "{:?} kept in clear",
+            String::from_utf8_lossy(n)
+        );
+    }
+    // Without the key, no new name there (the MDS refuses a clear one too: its own tests).
+    let fid = c.stat("/late").await.unwrap().fid;
+    let e = c
+        .reint(Mutation::Create {
+            parent: fid,
+            name: b"clear-name".to_vec(),
+            kind: proto::md::Kind::File,
+            mode: 0o644,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), FsErrorKind::NoKey, "{e}");
+}

@@ -7,26 +7,31 @@ use proto::crypt::{Policy, MAX_STORED_NAME, POLICY_XATTR};
 
 use super::*;
 
-/// Whether `name` has the form of an encrypted directory's names (base64url of ciphertext),
-/// within their length.
+/// Whether `name` has the form of an encrypted directory's names (base64url of ciphertext).
 pub(super) fn stored_name(name: &[u8]) -> bool {
-    name.len() <= MAX_STORED_NAME
-        && name
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+    name.len() <= MAX_STORED_NAME && proto::crypt::is_stored_name(name)
 }
 
 impl Namespace {
     /// `name` may be an entry of directory `parent`: at most [`MAX_NAME`] bytes, or, in an
     /// encrypted directory, an encrypted name up to [`MAX_STORED_NAME`].
+    ///
+    /// A new name in an encrypted directory must have the form of an encrypted one: a client
+    /// that did not know the directory's policy yet (set since by another) is told so, and
+    /// encrypts it (no clear name is kept there by a client that follows the protocol).
     pub(super) fn check_name_in(&self, parent: Fid, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        if name.len() > MAX_NAME
-            && !self
-                .inodes
-                .get(&parent)
-                .is_some_and(proto::crypt::is_encrypted)
-        {
+        let encrypted = self
+            .inodes
+            .get(&parent)
+            .is_some_and(proto::crypt::is_encrypted);
+        if encrypted && !stored_name(name) {
+            return err(
+                FsErrorKind::NoKey,
+                format!("{parent} is encrypted: its names are encrypted by the client"),
+            );
+        }
+        if name.len() > MAX_NAME && !encrypted {
             return err(
                 FsErrorKind::NameTooLong,
                 format!("a name is at most {MAX_NAME} bytes"),
@@ -112,5 +117,134 @@ impl Namespace {
             removed: vec![],
             reserved: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk(ns: &mut Namespace, parent: Fid, name: &[u8], kind: Kind) -> Result<Inode> {
+        let m = Mutation::Create {
+            parent,
+            name: name.to_vec(),
+            kind,
+            mode: 0o755,
+            exclusive: true,
+            target: vec![],
+            layout: None,
+        };
+        let who = Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        };
+        ns.apply(&m, &who, Time::default())
+            .map(|a| a.inode.expect("made"))
+    }
+
+    #[test]
+    fn a_tree_takes_a_policy_once_while_empty_passes_it_on_and_keeps_its_edge() {
+        let mut ns = Namespace::default();
+        let root = ns.root();
+        ns.apply(
+            &Mutation::Setattr {
+                fid: root,
+                attr: proto::md::SetAttr {
+                    mode: Some(0o777),
+                    ..Default::default()
+                },
+            },
+            &Creds::root(),
+            Time::default(),
+        )
+        .unwrap();
+        let dir = mk(&mut ns, root, b"vault", Kind::Dir).unwrap().fid;
+        let clear = mk(&mut ns, root, b"clear", Kind::Dir).unwrap().fid;
+        mk(&mut ns, clear, b"f", Kind::File).unwrap();
+        let p = Policy::new([1; 16], [2; 16]).encode();
+        let set = |fid: Fid, value: Vec<u8>| Mutation::SetXattr {
+            fid,
+            name: POLICY_XATTR.into(),
+            value,
+        };
+        let owner = Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        };
+        let other = Creds {
+            uid: 1001,
+            gid: 1001,
+            groups: vec![],
+        };
+        let kind = |r: Result<Applied>| r.err().map(|e| e.kind);
+        assert_eq!(
+            kind(ns.apply(&set(dir, p.clone()), &other, Time::default())),
+            Some(FsErrorKind::NotPermitted)
+        );
+        assert_eq!(
+            kind(ns.apply(&set(clear, p.clone()), &owner, Time::default())),
+            Some(FsErrorKind::NotEmpty)
+        );
+        assert_eq!(
+            kind(ns.apply(&set(dir, vec![1, 2, 3]), &owner, Time::default())),
+            Some(FsErrorKind::Invalid)
+        );
+        ns.apply(&set(dir, p.clone()), &owner, Time::default())
+            .unwrap();
+        // Again the same: nothing changes; another, or a removal: refused.
+        ns.apply(&set(dir, p.clone()), &owner, Time::default())
+            .unwrap();
+        let q = Policy::new([3; 16], [2; 16]).encode();
+        assert_eq!(
+            kind(ns.apply(&set(dir, q), &owner, Time::default())),
+            Some(FsErrorKind::Exists)
+        );
+        let rm = Mutation::RemoveXattr {
+            fid: dir,
+            name: POLICY_XATTR.into(),
+        };
+        assert_eq!(
+            kind(ns.apply(&rm, &Creds::root(), Time::default())),
+            Some(FsErrorKind::NotPermitted)
+        );
+        // A clear name is refused; an encrypted one is taken, and its inode inherits.
+        assert_eq!(
+            mk(&mut ns, dir, b"weights", Kind::File)
+                .err()
+                .map(|e| e.kind),
+            Some(FsErrorKind::NoKey)
+        );
+        let name = vec![b'Q'; 43];
+        let sub = mk(&mut ns, dir, &name, Kind::Dir).unwrap();
+        assert_eq!(sub.xattrs.get(POLICY_XATTR), Some(&p));
+        let long = vec![b'x'; MAX_STORED_NAME];
+        let deep = mk(&mut ns, sub.fid, &long, Kind::File).unwrap();
+        assert_eq!(deep.xattrs.get(POLICY_XATTR), Some(&p));
+        // Across the edge: EXDEV both ways.
+        let mv = |parent, name: &[u8], new_parent, new_name: &[u8]| Mutation::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags: Default::default(),
+        };
+        assert_eq!(
+            kind(ns.apply(&mv(clear, b"f", dir, &[b'R'; 43]), &owner, Time::default())),
+            Some(FsErrorKind::CrossDevice)
+        );
+        assert_eq!(
+            kind(ns.apply(&mv(dir, &name, clear, b"out"), &owner, Time::default())),
+            Some(FsErrorKind::CrossDevice)
+        );
+        // Within the tree: fine.
+        ns.apply(
+            &mv(sub.fid, &long, dir, &[b'S'; 64]),
+            &owner,
+            Time::default(),
+        )
+        .unwrap();
+        assert!(ns.check().is_empty(), "{:?}", ns.check());
     }
 }
