@@ -109,6 +109,18 @@ impl Namespace {
                 "an encrypted directory is an unstriped one of its own MDT",
             );
         }
+        // Names imported from an S3 bucket would be in clear in it.
+        let root = self.inode(self.root())?;
+        if proto::hsm::Links::of_inode(root)
+            .links
+            .iter()
+            .any(|l| self.is_within(fid, l.dir))
+        {
+            return err(
+                FsErrorKind::NotSupported,
+                format!("{fid} is in a directory linked to S3: its names are imported in clear"),
+            );
+        }
         let x = self.inodes.get_mut(&fid).expect("checked above");
         x.xattrs.insert(POLICY_XATTR.to_owned(), value.clone());
         x.ctime = now;
