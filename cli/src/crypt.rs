@@ -40,7 +40,7 @@ pub async fn run(client: &Client, cmd: CryptCmd) -> Result<()> {
             let k = key(&key_file)?;
             let p = client.crypt_set(&dir, &k).await?;
             keyring::add(&k)?;
-            println!("{dir}: encrypted under key {} (unlocked)", p.key_hex());
+            out!("{dir}: encrypted under key {} (unlocked)", p.key_hex());
         }
         CryptCmd::Unlock { dir, key_file } => {
             let k = key(&key_file)?;
@@ -55,7 +55,7 @@ pub async fn run(client: &Client, cmd: CryptCmd) -> Result<()> {
                 );
             }
             keyring::add(&k)?;
-            println!("{dir}: unlocked (key {})", p.key_hex());
+            out!("{dir}: unlocked (key {})", p.key_hex());
         }
         CryptCmd::Lock { dir } => {
             let Some(p) = client.crypt_policy(&dir).await? else {
@@ -64,13 +64,13 @@ pub async fn run(client: &Client, cmd: CryptCmd) -> Result<()> {
             if !keyring::remove(&p.key_id)? {
                 bail!("{dir}: key {} is not unlocked here", p.key_hex());
             }
-            println!("{dir}: locked (key {})", p.key_hex());
+            out!("{dir}: locked (key {})", p.key_hex());
         }
         CryptCmd::Status { dir } => match client.crypt_policy(&dir).await? {
-            None => println!("{dir}: not encrypted"),
+            None => out!("{dir}: not encrypted"),
             Some(p) => {
                 let unlocked = client.crypt_unlocked(&p)?;
-                println!(
+                out!(
                     "{dir}: encrypted\n  key:       {}\n  contents:  AES-256-XTS, units of {} bytes\n  names:     AES-256-GCM-SIV\n  unlocked:  {}",
                     p.key_hex(),
                     proto::crypt::UNIT,

@@ -113,7 +113,7 @@ pub async fn run(client: &Client, cmd: HsmCmd) -> Result<()> {
                     policy(&export)?,
                 )
                 .await?;
-            println!(
+            out!(
                 "{} -> {} (link {}, import {}, export {}){}",
                 l.path,
                 l.url(),
@@ -127,7 +127,7 @@ pub async fn run(client: &Client, cmd: HsmCmd) -> Result<()> {
         HsmCmd::Links => {
             for l in client.hsm_links().await? {
                 let at = l.endpoint.as_deref().unwrap_or("aws");
-                println!(
+                out!(
                     "{}\t{}\tid={} endpoint={at} import={} export={}{}",
                     l.path,
                     l.url(),
@@ -194,14 +194,14 @@ pub async fn run(client: &Client, cmd: HsmCmd) -> Result<()> {
             each("state", &paths, |p| async move {
                 let fid = client.stat(&p).await?.fid;
                 match client.hsm_state(fid).await? {
-                    None => println!("{p}: (0x00000000)"),
+                    None => out!("{p}: (0x00000000)"),
                     Some(s) => {
                         let flags = 1
                             | u32::from(s.dirty) << 1
                             | u32::from(s.released) << 2
                             | u32::from(s.archived) << 3
                             | u32::from(s.lost) << 5;
-                        println!(
+                        out!(
                             "{p}: (0x{flags:08x}) {}, archive_id:{}\n  key: {}\n  etag: {}",
                             s.words(),
                             s.link,
@@ -225,14 +225,14 @@ pub async fn run(client: &Client, cmd: HsmCmd) -> Result<()> {
             else {
                 anyhow::bail!("the MDS answered the status with something else");
             };
-            println!(
+            out!(
                 "archived {archived}, restored {restored}, failed {failed} (since the MDS started)"
             );
             for (link, what) in imports {
-                println!("import of link {link}: {what}");
+                out!("import of link {link}: {what}");
             }
             for a in actions {
-                println!(
+                out!(
                     "{:016x} {:?} {} {} landed={} attempts={}{}",
                     a.id,
                     a.kind,

@@ -314,20 +314,20 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
         c.close().await?;
     }
     match spread {
-        Spread::Own(mdts) => println!(
+        Spread::Own(mdts) => out!(
             "{} clients, {} files each, {} over {mdts} MDT{}, medians of {rounds} rounds",
             clients,
             per,
             if mdts > 1 { "directories" } else { "all" },
             if mdts > 1 { "s" } else { "" }
         ),
-        Spread::Shared(n) => println!(
+        Spread::Shared(n) => out!(
             "{clients} clients, {per} files each, in one directory striped over {n} MDT{}, \
              medians of {rounds} rounds",
             if n > 1 { "s" } else { "" }
         ),
     }
-    println!(
+    out!(
         "{:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",
         "op",
         "lode commit-behind",
@@ -346,7 +346,7 @@ pub async fn run(mds: &str, cfg: ClientConfig, a: &crate::bench::BenchArgs) -> R
             (Some(x), Some(y)) => format!("{:.2}", x / y.max(1e-9)),
             _ => "-".into(),
         };
-        println!(
+        out!(
             "{op:8} {:>20} {:>14} {:>10} {:>12} {:>10} {:>10}",
             rate(0),
             rate(1),
