@@ -1031,3 +1031,81 @@ async fn the_audit_log_records_what_the_mds_resolved_not_what_the_client_claimed
     s.stop().await;
     let _ = std::fs::remove_file(&log);
 }
+
+/// Encrypted trees against a raw client: it cannot take the victim's empty directory under a
+/// policy of its own, remove or replace a tree's policy, put a clear name into an encrypted
+/// directory it may write, or move a clear file into one (or an encrypted one out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_trees_policy_names_and_edge_hold_against_a_raw_client() {
+    let s = stage("crypt").await;
+    let key = client::crypt::MasterKey::generate().unwrap();
+    s.victim.mkdir("/home/victim/empty", 0o777).await.unwrap();
+    s.admin.mkdir("/shared/enc", 0o777).await.unwrap();
+    let policy = s.admin.crypt_set("/shared/enc", &key).await.unwrap();
+    let empty = s.victim.stat("/home/victim/empty").await.unwrap();
+    let enc = s.admin.stat("/shared/enc").await.unwrap();
+    let mine = proto::crypt::Policy::new([9; 16], [9; 16]).encode();
+    let set = |fid, value: Vec<u8>| Mutation::SetXattr {
+        fid,
+        name: proto::crypt::POLICY_XATTR.into(),
+        value,
+    };
+    for (what, m) in [
+        (
+            "a policy on the victim's directory",
+            set(empty.fid, mine.clone()),
+        ),
+        ("another policy on a tree", set(enc.fid, mine.clone())),
+        (
+            "the removal of a tree's policy",
+            Mutation::RemoveXattr {
+                fid: enc.fid,
+                name: proto::crypt::POLICY_XATTR.into(),
+            },
+        ),
+    ] {
+        let code = refused(what, s.mds_call(&s.reint(m, None)).await);
+        assert!(
+            matches!(
+                code,
+                StatusCode::Fs(FsErrorKind::NotPermitted | FsErrorKind::Exists)
+            ),
+            "{what}: {code:?}"
+        );
+    }
+    let clear_name = Mutation::Create {
+        parent: enc.fid,
+        name: b"not-encrypted".to_vec(),
+        kind: Kind::File,
+        mode: 0o644,
+        exclusive: true,
+        target: vec![],
+        layout: None,
+    };
+    let code = refused("a clear name", s.mds_call(&s.reint(clear_name, None)).await);
+    assert_eq!(code, StatusCode::Fs(FsErrorKind::NoKey));
+    s.mds_call(&s.reint(s.new_file("outside", 0o644), None))
+        .await
+        .unwrap();
+    let move_in = Mutation::Rename {
+        parent: s.shared.fid,
+        name: b"outside".to_vec(),
+        new_parent: enc.fid,
+        new_name: vec![b'A'; 43],
+        flags: RenameFlags::default(),
+    };
+    let code = refused(
+        "a clear file moved in",
+        s.mds_call(&s.reint(move_in, None)).await,
+    );
+    assert_eq!(code, StatusCode::Fs(FsErrorKind::CrossDevice));
+    // What the raw client tried left the tree as it was.
+    let again = s.admin.stat("/shared/enc").await.unwrap();
+    assert_eq!(proto::crypt::Policy::of_inode(&again), Some(policy));
+    assert!(
+        proto::crypt::Policy::of_inode(&s.victim.stat("/home/victim/empty").await.unwrap())
+            .is_none()
+    );
+    s.unchanged().await;
+    s.stop().await;
+}
