@@ -1000,11 +1000,9 @@ impl Client {
         mode: u32,
         open: Option<OpenHandle>,
     ) -> Option<Result<(Inode, crate::pending::Sent)>> {
-        // Answered ahead only where the names are in clear (an encrypted directory's are
-        // encrypted as the change is sent).
-        if self.known_policy(parent) != Some(None) {
-            return None;
-        }
+        // Answered ahead only where the directory's policy is known (and, in an encrypted
+        // one, its key held: the name is encrypted here, before anything is answered).
+        let policy = self.known_policy(parent)?;
         let parent = self.shard_for(parent, name);
         if !self.here(parent) {
             let there = match self.at(parent).await {
@@ -1013,6 +1011,14 @@ impl Client {
             };
             return Box::pin(there.create_ahead(parent, name, mode, open)).await;
         }
+        let stored;
+        let name = match &policy {
+            None => name,
+            Some(p) => {
+                stored = self.new_name_under(p, parent, name)?;
+                &stored[..]
+            }
+        };
         let inner = &self.inner;
         if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
             return None;
@@ -1060,6 +1066,11 @@ impl Client {
             .may_create(parent, name, &self.creds, |dir, who| {
                 new_inode(fid, Kind::File, mode, b"", None, dir, &who, now)
             })?;
+        // The file as made here must be under the policy its directory was known by (its
+        // contents are encrypted by it before the MDS answers).
+        if proto::crypt::Policy::of_inode(&inode) != policy {
+            return None;
+        }
         inner.leases.created_here(parent, name, &inode);
         let r = MdsReint {
             creds: self.creds.clone(),
@@ -1089,7 +1100,7 @@ impl Client {
     /// client's leases tell it the outcome (see [`crate::pending`]). False when the unlink must
     /// be sent and waited for.
     pub async fn unlink_ahead(&self, parent: Fid, name: &[u8]) -> bool {
-        if self.known_policy(parent) != Some(None) {
+        if self.known_policy(parent).is_none() {
             return false;
         }
         let parent = self.shard_for(parent, name);
@@ -1099,6 +1110,10 @@ impl Client {
             };
             return Box::pin(there.unlink_ahead(parent, name)).await;
         }
+        let Some(Ok(stored)) = self.stored_name_known(parent, name) else {
+            return false;
+        };
+        let name = &stored[..];
         let inner = &self.inner;
         if !inner.joined.load(Ordering::Relaxed) || !inner.cfg.leases || !inner.cfg.ahead {
             return false;

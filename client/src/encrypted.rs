@@ -116,6 +116,13 @@ impl Client {
         }
     }
 
+    /// A new `name` of directory `dir` under `policy` as the MDS is to keep it, if this
+    /// client holds the key (a new name needs it).
+    pub(crate) fn new_name_under(&self, policy: &Policy, dir: Fid, name: &[u8]) -> Option<Vec<u8>> {
+        self.key_of(policy).ok().flatten()?;
+        self.encode_name(policy, dir, name).ok()
+    }
+
     /// `name` of directory `dir` as the MDS keeps it: encrypted in an encrypted directory.
     pub(crate) async fn stored_name(&self, dir: Fid, name: &[u8]) -> Result<Vec<u8>> {
         match self.dir_policy(dir).await? {

@@ -294,6 +294,7 @@ impl OpenOptions {
         };
         // Made through the session of its directory's MDT, which is its own.
         let client = &client.at_now(inode.fid).unwrap_or_else(|| client.clone());
+        let cipher = super::cipher::Cipher::of(client, &inode);
         let caps = Arc::new(Caps::new(
             inode.fid,
             handle,
@@ -321,7 +322,7 @@ impl OpenOptions {
             taking_in: Mutex::new(()),
             mdt: Mutex::new(None),
             evictions_seen: AtomicU64::new(client.evictions()),
-            cipher: super::cipher::Cipher::Clear,
+            cipher,
         }))
     }
 
