@@ -302,9 +302,19 @@ impl Drop for Xts {
 pub struct Keys {
     /// Keys given to this client itself (`Client::crypt_add_key`), besides the keyring's.
     added: parking_lot::Mutex<std::collections::HashMap<[u8; KEY_ID_LEN], Arc<MasterKey>>>,
+    /// Keys found in the keyring, and when: looked for there again after [`KEYRING_RECHECK`]
+    /// (two system calls and a derivation per name or open otherwise).
+    found: parking_lot::Mutex<std::collections::HashMap<[u8; KEY_ID_LEN], Found>>,
     /// Each directory met: its policy, or none (a policy is set once, on an empty directory).
     policies: parking_lot::Mutex<std::collections::HashMap<Fid, Option<Policy>>>,
 }
+
+/// A key found in the keyring, and when.
+type Found = (Arc<MasterKey>, std::time::Instant);
+
+/// How long a key found in the keyring is used without looking again: a key locked by
+/// another process (`lode crypt lock`) is no longer used after this.
+pub const KEYRING_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Directories whose policy a client remembers, at most.
 const POLICIES_KEPT: usize = 1 << 18;
@@ -317,17 +327,35 @@ impl Keys {
         id
     }
 
-    /// Forgets the key `id` given to this client; whether it had it.
+    /// Forgets the key `id`, given to this client or found in the keyring; whether it was
+    /// given.
     pub fn remove(&self, id: &[u8; KEY_ID_LEN]) -> bool {
+        self.found.lock().remove(id);
         self.added.lock().remove(id).is_some()
     }
 
     /// The key `policy` names: given to this client, or unlocked in the user's keyring.
     pub fn key_for(&self, policy: &Policy) -> Result<Option<Arc<MasterKey>>> {
-        if let Some(k) = self.added.lock().get(&policy.key_id) {
+        let id = &policy.key_id;
+        if let Some(k) = self.added.lock().get(id) {
             return Ok(Some(k.clone()));
         }
-        Ok(keyring::find(&policy.key_id)?.map(Arc::new))
+        if let Some((k, at)) = self.found.lock().get(id) {
+            if at.elapsed() < KEYRING_RECHECK {
+                return Ok(Some(k.clone()));
+            }
+        }
+        let got = keyring::find(id)?.map(Arc::new);
+        let mut found = self.found.lock();
+        match &got {
+            Some(k) => {
+                found.insert(*id, (k.clone(), std::time::Instant::now()));
+            }
+            None => {
+                found.remove(id);
+            }
+        }
+        Ok(got)
     }
 
     /// Remembers the policy of `inode` when it is a directory.

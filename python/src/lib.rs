@@ -470,12 +470,19 @@ impl Filesystem {
     /// was there.
     fn crypt_lock(&self, py: Python<'_>, path: &str) -> PyResult<bool> {
         let p = path.to_string();
-        match self.run(py, move |c| async move { c.crypt_policy(&p).await })? {
+        let (was, c) = self.run(py, move |c| async move {
+            c.crypt_policy(&p).await.map(|policy| (policy, c))
+        })?;
+        match was {
             None => Err(PyOSError::new_err((
                 libc::EINVAL,
                 format!("{path}: not encrypted"),
             ))),
-            Some(p) => client::crypt::keyring::remove(&p.key_id).map_err(crypt_error),
+            Some(p) => {
+                // This client too lets go of it at once (others within a second).
+                c.crypt_remove_key(&p.key_id);
+                client::crypt::keyring::remove(&p.key_id).map_err(crypt_error)
+            }
         }
     }
 
