@@ -185,7 +185,8 @@ enum Cmd {
     },
     /// Print a file.
     Cat { path: String },
-    /// Check a checkpoint saved by `lode.torch.save` against its manifest of SHA-256 digests.
+    /// Check a checkpoint against its manifest of SHA-256 digests: a file saved by
+    /// `lode.torch.save`, or a directory saved by `lode.torch.dcp.Writer`.
     Verify { path: String },
     /// Copy a file into, out of or within lode. Paths are lode paths; a path on this
     /// machine's own filesystem is written `local:PATH` (`local:-` is stdin or stdout):

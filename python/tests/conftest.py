@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+ROOTS = {}
 
 
 def lode_bin():
@@ -33,11 +34,18 @@ def cluster():
                    stdout=subprocess.DEVNULL)
     # Clients (and the processes the tests start) authenticate with the cluster's client key.
     os.environ["LODE_KEY"] = os.path.join(root, "client.key")
+    ROOTS[f"127.0.0.1:{port}"] = root
     try:
         yield f"127.0.0.1:{port}"
     finally:
         subprocess.run([exe, "cluster", "down", "--dir", root], stdout=subprocess.DEVNULL)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster_dir(cluster):
+    """The cluster's directory: its servers' data directories are below it."""
+    return Path(ROOTS[cluster])
 
 
 @pytest.fixture(scope="session")
