@@ -87,7 +87,10 @@ pub fn without_trailing_zeros(data: &[u8]) -> usize {
 /// that is checked first, by one comparison against [`ZEROS`], which leaves at the first
 /// byte of data: reading a sparse object's holes costs no checksum.
 fn block_ok(data: &[u8], (cur, prev, synced): Entry) -> bool {
-    if (cur == 0 || prev == 0 || synced == 0) && data == &ZEROS[..data.len()] {
+    // A block whose newest contents are known durable (`synced == cur`, set at the sync that
+    // made them so) holds them and nothing else: zeros there are a range the disk lost.
+    let durable = synced != 0 && synced == cur;
+    if !durable && (cur == 0 || prev == 0 || synced == 0) && data == &ZEROS[..data.len()] {
         return true;
     }
     let c = crc32c::crc32c(data);
@@ -803,7 +806,21 @@ impl Object {
         if dir.is_some() {
             *self.new_in.lock() = None;
         }
-        self.state.lock().dirty = Dirty::default();
+        let dirty = std::mem::take(&mut self.state.lock().dirty);
+        // Each block written since the last sync now holds its newest contents durably: its
+        // entry says so (`synced = cur`), so that zeros read there later, where a disk lost
+        // the range, are an error rather than a hole. The entries reach the disk with the
+        // next sync or write-back; until then a crash leaves the weaker entry, which is true.
+        let marked = dirty.0.iter().try_for_each(|(s, e)| {
+            let mut entries = self.read_entries(*s, e - s)?;
+            for entry in &mut entries {
+                entry.2 = entry.0;
+            }
+            self.write_entries(*s, &entries)
+        });
+        if let Err(e) = marked {
+            tracing::warn!(fid = %self.fid, error = %e, "synced blocks could not be marked durable in their checksum entries");
+        }
         self.unsynced_since_open.store(false, Ordering::Release);
         Ok(())
     }
@@ -971,6 +988,47 @@ mod tests {
         let obj = reopen(&engine).await;
         assert_eq!(&obj.read(0, BLOCK).await.unwrap()[..], &w1[..]);
         assert_ne!(w1, synced);
+    }
+
+    #[tokio::test]
+    async fn a_synced_block_the_disk_then_lost_is_an_error_never_zeros() {
+        let engine: Arc<dyn Engine> = Arc::new(MemEngine::new(1 << 30));
+        engine.create_dir_all(Path::new("/t")).unwrap();
+        let fid = Fid::new(1, 1, 0);
+        drop(Object::create(engine.clone(), fid, Path::new("/t/o"), Path::new("/t/o.cs")).unwrap());
+        let none = WriteStamp::default();
+        let obj = reopen(&engine).await;
+        let data = vec![7u8; 2 * BLOCK as usize];
+        obj.write(0, &data, true, none, 0).await.unwrap(); // written once, synced
+        obj.write(2 * BLOCK, &data[..BLOCK as usize], false, none, 0)
+            .await
+            .unwrap(); // written once, not synced
+                       // The disk loses the data file's contents under the running server.
+        engine.set_len(&obj.data, 0).unwrap();
+        let err = obj.read(0, BLOCK).await.unwrap_err();
+        assert!(
+            matches!(err, TargetError::Checksum { offset: 0, .. }),
+            "{err}"
+        );
+        assert!(obj.read(BLOCK, BLOCK).await.is_err());
+        // An unsynced first write may be lost (a torn write leaves a hole): zeros stay good.
+        assert_eq!(
+            &obj.read(2 * BLOCK, BLOCK).await.unwrap()[..],
+            &ZEROS[..BLOCK as usize]
+        );
+        // A block rewritten whole is good again, and so are punched ones.
+        obj.write(0, &data[..BLOCK as usize], true, none, 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            &obj.read(0, BLOCK).await.unwrap()[..],
+            &data[..BLOCK as usize]
+        );
+        obj.punch(BLOCK, BLOCK, none, 0).await.unwrap();
+        assert_eq!(
+            &obj.read(BLOCK, BLOCK).await.unwrap()[..],
+            &ZEROS[..BLOCK as usize]
+        );
     }
 
     #[test]
