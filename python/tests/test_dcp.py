@@ -115,6 +115,35 @@ def test_async_save_snapshots_the_state_and_publishes_it(cluster, tmpdir_lode):
     assert_same(want, back)
 
 
+ASYNC_PROCESS = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    import lode.torch.dcp as ldcp
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        state = {"w": torch.arange(1000.0), "step": 3}
+        fut = dcp.async_save(state, storage_writer=ldcp.Writer(sys.argv[1]),
+                             async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+        state["w"].zero_()
+        fut.result()
+        back = {"w": torch.zeros(1000), "step": 0}
+        dcp.load(back, storage_reader=ldcp.Reader(sys.argv[1]))
+        assert torch.equal(back["w"], torch.arange(1000.0)) and back["step"] == 3
+        dist.destroy_process_group()
+""")
+
+
+def test_async_save_from_another_process(cluster, tmpdir_lode, tmp_path):
+    """DCP's process-based async save pickles the writer into its checkpoint process."""
+    script = tmp_path / "save.py"  # spawned processes re-import the main script by path
+    script.write_text(ASYNC_PROCESS)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(random.randrange(41000, 49000)))
+    r = subprocess.run([sys.executable, str(script), f"lode://{cluster}{tmpdir_lode}/step-7"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 RANK = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
     import torch.distributed.checkpoint as dcp

@@ -384,12 +384,16 @@ class Writer(StorageWriter, BlockingAsyncStager):
 
 
 def _sweep(fs, parent, name):
-    """Removes what failed saves of `name` left behind (their temporary directories)."""
+    """Removes what failed saves of `name` left behind: their temporary directories, and the
+    replaced checkpoint of an overwrite, but only once its replacement holds the name (an
+    overwrite killed between its two renames leaves the old one only there)."""
     stale = re.compile(rf"^\.{re.escape(name)}\.(tmp|old)-[0-9a-f]+$")
+    published = fs.exists(_join(parent, name))
     for entry in fs.ls(parent):
-        name_here = entry.rsplit("/", 1)[-1]
-        if stale.match(name_here):
-            fs.rm(_join(parent, name_here), recursive=True)
+        here = entry.rsplit("/", 1)[-1]
+        found = stale.match(here)
+        if found and (found.group(1) == "tmp" or published):
+            fs.rm(_join(parent, here), recursive=True)
 
 
 def _manifest(fs, path, url):
