@@ -23,13 +23,11 @@ the old file or the new one, whole.
 
 import errno
 import json
-import os
 import struct
-import uuid
 
 import torch
 
-from .torch import _fs
+from .torch import _commit, _fs
 from .torch.dcp import split_url
 
 __all__ = ["load_file", "save_file", "load_header", "SafetensorsError"]
@@ -219,26 +217,16 @@ def save_file(tensors, path, metadata=None, fs=None):
         header = {"__metadata__": dict(metadata), **header}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    parent, name = path.rsplit("/", 1)
-    tmp = f"{parent}/.{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with lfs.open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)) + text)
-            for _, t in order:
-                t = t.detach().contiguous()
-                if t.numel() == 0:
-                    continue
-                flat = t.reshape(-1).view(torch.uint8)
-                data = flat.numpy() if t.device.type == "cpu" else flat
-                done = 0
-                while done < len(flat):
-                    done += f.write(data[done:])
-            f.fsync()
-        lfs.rename(tmp, path)
-        lfs.sync()
-    except BaseException:
-        try:
-            lfs.rm(tmp)
-        except OSError:
-            pass
-        raise
+    def write(f):
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, t in order:
+            t = t.detach().contiguous()
+            if t.numel() == 0:
+                continue
+            flat = t.reshape(-1).view(torch.uint8)
+            data = flat.numpy() if t.device.type == "cpu" else flat
+            done = 0
+            while done < len(flat):
+                done += f.write(data[done:])
+
+    _commit(lfs, path, write)

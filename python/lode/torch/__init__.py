@@ -186,17 +186,21 @@ class StreamingShards(IterableDataset):
 
 
 def _commit(fs, path, payload):
-    """Writes `payload` to a temporary name beside `path`, fsyncs, renames over `path`, and
-    makes the rename durable (the directory's fsync): a checkpoint saved survives a crash of
-    the MDS and this process together."""
+    """Writes `payload` (bytes, or a function that writes to the open file) to a temporary
+    name beside `path`, fsyncs, renames over `path`, and makes the rename durable (the
+    directory's fsync): a checkpoint saved survives a crash of the MDS and this process
+    together."""
     parent, name = path.rsplit("/", 1) if "/" in path else ("", path)
     tmp = f"{parent}/.{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with fs.open(tmp, "wb") as f:
-            view = memoryview(payload)
-            step = 64 << 20
-            for at in range(0, len(view), step):
-                f.write(view[at:at + step])
+            if callable(payload):
+                payload(f)
+            else:
+                view = memoryview(payload)
+                step = 64 << 20
+                for at in range(0, len(view), step):
+                    f.write(view[at:at + step])
             f.fsync()
         fs.rename(tmp, path)
         fs.sync()

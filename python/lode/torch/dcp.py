@@ -202,7 +202,19 @@ class _DeviceStage:
         self.buf = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
 
 
-class Writer(StorageWriter, BlockingAsyncStager):
+class _Located:
+    """Where a checkpoint is: its MDS address and path, as DCP's checkpoint id (a URL)."""
+
+    @property
+    def checkpoint_id(self):
+        return _url(self.address, self.path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return str(checkpoint_id).startswith("lode://")
+
+
+class Writer(_Located, StorageWriter, BlockingAsyncStager):
     """A DCP StorageWriter on lode (see the module's docstring).
 
     url: "lode://host:port/dir/name", or a path with `fs` (a lode.Filesystem or an address).
@@ -238,14 +250,6 @@ class Writer(StorageWriter, BlockingAsyncStager):
         state = dict(self.__dict__)
         state["state_dict_cache"] = None  # a process-based async save stages on its own
         return state
-
-    @property
-    def checkpoint_id(self):
-        return _url(self.address, self.path)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
-        return str(checkpoint_id).startswith("lode://")
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id:
@@ -419,7 +423,7 @@ def _damaged(url, what, shard, detail):
                            f"{shard.length} bytes): {detail} (it is not loaded)")
 
 
-class Reader(StorageReader):
+class Reader(_Located, StorageReader):
     """A DCP StorageReader on lode (see the module's docstring).
 
     url: "lode://host:port/dir/name", or a path with `fs`.
@@ -431,14 +435,6 @@ class Reader(StorageReader):
         self.threads = threads
         self.storage = None
         self.load_id = uuid.uuid4().hex
-
-    @property
-    def checkpoint_id(self):
-        return _url(self.address, self.path)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
-        return str(checkpoint_id).startswith("lode://")
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id:
