@@ -96,6 +96,7 @@ def test_save_load_latest_and_verify(cluster, lodefs, tmpdir_lode):
     lodefs.mkdir(f"{tmpdir_lode}/ckpt/step-900")  # a save that never finished
     lodefs.mkdir(f"{tmpdir_lode}/ckpt/.step-1000.tmp-0123")
     assert ldcp.latest(f"lode://{cluster}{tmpdir_lode}/ckpt") == url
+    assert lt.latest(f"{tmpdir_lode}/ckpt", fs=cluster) == url
     assert ldcp.latest(f"lode://{cluster}{tmpdir_lode}/nothing") is None
     # (DCP reports a failed metadata read as an AssertionError carrying the cause.)
     refused((lt.CheckpointError, AssertionError), "not a complete", dcp.load, zeros_like(state),

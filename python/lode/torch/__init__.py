@@ -9,6 +9,8 @@
   is refused with the tensor's name, never loaded) and `verify` (or `lode verify PATH`)
   checks; `load(..., map_location="cuda")` reads each tensor into GPU memory through a small
   pinned buffer, never holding the whole file in host memory.
+- `lode.torch.dcp`: PyTorch Distributed Checkpoint's storage writer and reader on lode, and
+  `latest` (also here) for the newest complete checkpoint of a directory.
 - Datasets take `device=`: a torch device ("cuda", "cuda:1"), or any object with
   `empty(nbytes)` returning GPU memory (a `lode.SimGpu`); items then land in device memory
   straight from the storage servers (use `num_workers=0`: CUDA does not survive fork).
@@ -432,6 +434,14 @@ def load(path, fs=None, map_location=None, weights_only=True, **kwargs):
             return made[i]
 
         return _Unpickler(bytes(skeleton), tensor, weights_only).load()
+
+
+def latest(url, fs=None):
+    """The newest complete distributed checkpoint under the directory `url`, as a URL, or None;
+    under torch.distributed rank 0 asks and broadcasts (`lode.torch.dcp.latest`)."""
+    from .dcp import latest as newest
+
+    return newest(url, fs)
 
 
 def verify(path, fs=None):
