@@ -103,6 +103,31 @@ def test_save_load_latest_and_verify(cluster, lodefs, tmpdir_lode):
             storage_reader=ldcp.Reader(f"lode://{cluster}{tmpdir_lode}/ckpt/step-900"))
 
 
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/lode-dcp-pwned",))
+
+
+def test_metadata_that_would_run_code_is_refused(cluster, lodefs, tmpdir_lode):
+    """A writer of the directory replaces DCP's metadata with a pickle that runs a command
+    and fixes the manifest's digest to match: the reader refuses it without running it."""
+    import json
+    import pickle
+    url = f"lode://{cluster}{tmpdir_lode}/step-1"
+    dcp.save(state_of(0), storage_writer=ldcp.Writer(url))
+    evil = pickle.dumps(Boom())
+    manifest = json.loads(lodefs.read_bytes(f"{tmpdir_lode}/step-1/.lode-manifest.json"))
+    manifest["metadata"] = {"file": ".metadata", "length": len(evil),
+                            "sha256": ldcp._digests(evil, manifest["piece"])}
+    lodefs.write_bytes(f"{tmpdir_lode}/step-1/.metadata", evil)
+    lodefs.write_bytes(f"{tmpdir_lode}/step-1/.lode-manifest.json", json.dumps(manifest).encode())
+    if os.path.exists("/tmp/lode-dcp-pwned"):
+        os.unlink("/tmp/lode-dcp-pwned")
+    refused((lt.CheckpointError, AssertionError), "posix.system|os.system", dcp.load,
+            zeros_like(state_of(0)), storage_reader=ldcp.Reader(url))
+    assert not os.path.exists("/tmp/lode-dcp-pwned")
+
+
 def test_async_save_snapshots_the_state_and_publishes_it(cluster, tmpdir_lode):
     url = f"lode://{cluster}{tmpdir_lode}/step-1"
     state = state_of(4)

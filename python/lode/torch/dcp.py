@@ -423,6 +423,37 @@ def _damaged(url, what, shard, detail):
                            f"{shard.length} bytes): {detail} (it is not loaded)")
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata is a pickle: loaded allowing only what DCP's metadata is made of (its
+    metadata classes, torch's sizes, dtypes and layouts, lode's storage entries), so a
+    checkpoint directory cannot run code in the process that loads it."""
+
+    METADATA = "torch.distributed.checkpoint.metadata"
+    ALLOWED = {("lode.torch.dcp", "_Shard"), ("torch", "Size"),
+               ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+               ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice")}
+
+    def __init__(self, stream, url):
+        super().__init__(stream)
+        self.url = url
+
+    def find_class(self, module, name):
+        found = None
+        if (module, name) in self.ALLOWED:
+            found = super().find_class(module, name)
+        elif module == "torch" and isinstance(getattr(torch, name, None),
+                                              (torch.dtype, torch.layout, torch.memory_format)):
+            found = getattr(torch, name)
+        elif module == self.METADATA and not name.startswith("__"):
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == self.METADATA:
+                found = obj
+        if found is None:
+            raise CheckpointError(f"{self.url}: DCP's metadata names {module}.{name}, which "
+                                  "checkpoint metadata does not hold (it is not loaded)")
+        return found
+
+
 class Reader(_Located, StorageReader):
     """A DCP StorageReader on lode (see the module's docstring).
 
@@ -453,7 +484,7 @@ class Reader(_Located, StorageReader):
                 or _digests(raw, manifest.get("piece", PIECE)) != entry.get("sha256")):
             raise CheckpointError(f"{url}: DCP's metadata is damaged: its SHA-256 does not "
                                   "match the manifest (it is not loaded)")
-        metadata = pickle.loads(raw)
+        metadata = _MetadataUnpickler(io.BytesIO(raw), url).load()
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
