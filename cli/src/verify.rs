@@ -63,10 +63,7 @@ pub async fn run(client: &Client, path: &str) -> Result<()> {
         entries.push(entry(t, format!("tensor {name:?}"))?);
     }
     let total: u64 = entries.iter().map(|e| e.nbytes).sum();
-    let bar = indicatif::ProgressBar::new(total).with_style(
-        indicatif::ProgressStyle::with_template("{bytes}/{total_bytes} {bar:40} {bytes_per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress(total);
     let mut buf = vec![0u8; CHUNK.min(total.max(1)) as usize];
     let mut damaged = 0;
     for e in &entries {
@@ -82,13 +79,7 @@ pub async fn run(client: &Client, path: &str) -> Result<()> {
                 break;
             }
         }
-        let hex: String = ctx
-            .finish()
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        if at != e.nbytes || hex != e.sha256 {
+        if at != e.nbytes || hex(ctx.finish()) != e.sha256 {
             damaged += 1;
             bar.suspend(|| {
                 eprintln!(
@@ -147,6 +138,14 @@ fn hex(d: digest::Digest) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The bytes checked so far, on a terminal.
+fn progress(total: u64) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template("{bytes}/{total_bytes} {bar:40} {bytes_per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
+}
+
 /// A directory written by `lode.torch.dcp.Writer`: every piece of every shard and DCP's
 /// metadata checked against `.lode-manifest.json`.
 async fn run_dcp(client: &Client, path: &str) -> Result<()> {
@@ -189,10 +188,7 @@ async fn run_dcp(client: &Client, path: &str) -> Result<()> {
         shards.push(shard(s, format!("tensor {name:?}"))?);
     }
     let total: u64 = shards.iter().map(|s| s.length).sum();
-    let bar = indicatif::ProgressBar::new(total).with_style(
-        indicatif::ProgressStyle::with_template("{bytes}/{total_bytes} {bar:40} {bytes_per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress(total);
     let mut buf = vec![0u8; piece.min(total.max(1)) as usize];
     let mut files = std::collections::HashMap::new();
     let mut damaged = 0;

@@ -197,7 +197,6 @@ class _DeviceStage:
     piece."""
 
     def __init__(self, device, piece):
-        self.device = device
         self.stream = torch.cuda.Stream(device)
         self.buf = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
 
@@ -243,7 +242,6 @@ class Writer(_Located, StorageWriter, BlockingAsyncStager):
         self.stripe_count = stripe_count
         self.stripe_size = stripe_size
         self.save_id = uuid.uuid4().hex
-        self.rank = 0
         self.tmp = None
 
     def __getstate__(self):
@@ -259,7 +257,6 @@ class Writer(_Located, StorageWriter, BlockingAsyncStager):
         self.tmp = None
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
-        self.rank = kwargs.get("rank") or 0
         if not kwargs.get("use_collectives", True):
             raise ValueError("lode.torch.dcp.Writer publishes a checkpoint with one rename by "
                              "the coordinator: save with use_collectives=True")
